@@ -1,0 +1,81 @@
+#include "base/torch_compat.h"
+
+#include <cmath>
+
+#include <ATen/autocast_mode.h>
+#include <torch/version.h>
+
+namespace cpptrain {
+
+#if TORCH_VERSION_MAJOR >= 2
+
+AutocastGuard::AutocastGuard(at::DeviceType device_type, at::ScalarType dtype)
+    : device_type_(device_type),
+      previous_enabled_(at::autocast::is_autocast_enabled(device_type)),
+      previous_dtype_(at::autocast::get_autocast_dtype(device_type)) {
+  at::autocast::set_autocast_enabled(device_type_, true);
+  at::autocast::set_autocast_dtype(device_type_, dtype);
+  at::autocast::increment_nesting();
+}
+
+AutocastGuard::~AutocastGuard() {
+  if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+  at::autocast::set_autocast_enabled(device_type_, previous_enabled_);
+  at::autocast::set_autocast_dtype(device_type_, previous_dtype_);
+}
+
+at::Tensor CausalAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  const int64_t groups = q.size(1) / k.size(1);
+  if (groups == 1) {
+    return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0,
+                                            /*is_causal=*/true);
+  }
+  // Expanding keys and values keeps every fused backend (flash included) available.
+  return at::scaled_dot_product_attention(q, k.repeat_interleave(groups, 1),
+                                          v.repeat_interleave(groups, 1), {}, 0.0, true);
+}
+
+#else  // LibTorch 1.13
+
+AutocastGuard::AutocastGuard(at::DeviceType device_type, at::ScalarType dtype)
+    : device_type_(device_type),
+      previous_enabled_(device_type == at::kCPU ? at::autocast::is_cpu_enabled()
+                                                : at::autocast::is_enabled()),
+      previous_dtype_(device_type == at::kCPU ? at::autocast::get_autocast_cpu_dtype()
+                                              : at::autocast::get_autocast_gpu_dtype()) {
+  if (device_type_ == at::kCPU) {
+    at::autocast::set_cpu_enabled(true);
+    at::autocast::set_autocast_cpu_dtype(dtype);
+  } else {
+    at::autocast::set_enabled(true);
+    at::autocast::set_autocast_gpu_dtype(dtype);
+  }
+  at::autocast::increment_nesting();
+}
+
+AutocastGuard::~AutocastGuard() {
+  if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+  if (device_type_ == at::kCPU) {
+    at::autocast::set_cpu_enabled(previous_enabled_);
+    at::autocast::set_autocast_cpu_dtype(previous_dtype_);
+  } else {
+    at::autocast::set_enabled(previous_enabled_);
+    at::autocast::set_autocast_gpu_dtype(previous_dtype_);
+  }
+}
+
+at::Tensor CausalAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  const int64_t groups = q.size(1) / k.size(1);
+  at::Tensor key = groups == 1 ? k : k.repeat_interleave(groups, 1);
+  at::Tensor value = groups == 1 ? v : v.repeat_interleave(groups, 1);
+  const int64_t t = q.size(2);
+  at::Tensor scores = at::matmul(q, key.transpose(-2, -1)) / std::sqrt(double(q.size(-1)));
+  at::Tensor future = at::ones({t, t}, q.options().dtype(at::kBool)).triu(1);
+  scores = scores.masked_fill(future, -std::numeric_limits<float>::infinity());
+  at::Tensor probs = at::softmax(scores, -1, at::kFloat).to(q.scalar_type());
+  return at::matmul(probs, value);
+}
+
+#endif
+
+}  // namespace cpptrain

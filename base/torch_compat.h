@@ -1,0 +1,35 @@
+// Every difference between LibTorch 1.13 (Debian, CPU) and LibTorch 2.x (GPU hosts) that the
+// project depends on lives here, behind functions with one meaning on both.
+//
+//   cpptrain::AutocastGuard guard(torch::kCPU, torch::kBFloat16);   // autocast on in scope
+//   torch::Tensor out = cpptrain::CausalAttention(q, k, v);        // [B, H, T, D]
+#ifndef CPPTRAIN_BASE_TORCH_COMPAT_H_
+#define CPPTRAIN_BASE_TORCH_COMPAT_H_
+
+#include <ATen/ATen.h>
+
+namespace cpptrain {
+
+// Turns autocast on for `device_type` with `dtype` for the guard's lifetime and restores the
+// previous state after (the autocast cache is cleared when the outermost guard ends).
+class AutocastGuard {
+ public:
+  AutocastGuard(at::DeviceType device_type, at::ScalarType dtype);
+  ~AutocastGuard();
+  AutocastGuard(const AutocastGuard&) = delete;
+  AutocastGuard& operator=(const AutocastGuard&) = delete;
+
+ private:
+  at::DeviceType device_type_;
+  bool previous_enabled_;
+  at::ScalarType previous_dtype_;
+};
+
+// Causal self-attention. q: [B, H, T, D]; k, v: [B, Hkv, T, D] with H a multiple of Hkv
+// (grouped-query attention). Returns [B, H, T, D]. Uses the fused kernel where LibTorch has
+// one (2.x), a reference implementation otherwise.
+at::Tensor CausalAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
+
+}  // namespace cpptrain
+
+#endif  // CPPTRAIN_BASE_TORCH_COMPAT_H_

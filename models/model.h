@@ -1,0 +1,41 @@
+// What the Trainer needs from a model: logits for a batch, the summed loss of those logits
+// and how many targets that sum covers. The Trainer divides by the count of the whole
+// accumulated (and, later, global) batch, so accumulation gives exact gradients.
+//
+//   torch::Tensor logits = model->Forward(batch);
+//   torch::Tensor loss = model->LossSum(logits, batch) / num_targets_in_step;
+#ifndef CPPTRAIN_MODELS_MODEL_H_
+#define CPPTRAIN_MODELS_MODEL_H_
+
+#include <string>
+#include <vector>
+
+#include "sharding/unit.h"
+#include "trainer/data/batch.h"
+
+namespace cpptrain {
+
+// A model is the root unit: parameters not in a wrapped child unit belong to it.
+class TrainableModel : public Unit {
+ public:
+  using Unit::Unit;
+
+  virtual torch::Tensor Forward(const Batch& batch) = 0;
+
+  // Sum over the counted targets of the per-target loss (fp32 scalar).
+  virtual torch::Tensor LossSum(const torch::Tensor& logits, const Batch& batch) const = 0;
+
+  // How many targets LossSum counts for `batch` (for a causal LM: shifted labels that are
+  // not kIgnoreIndex). Reads the labels on the host; call it on host batches.
+  virtual int64_t CountLossTargets(const Batch& batch) const = 0;
+
+  // Unit classes a transformer-based wrap policy shards by default (HF _no_split_modules).
+  virtual std::vector<std::string> LayerUnitClasses() const { return {}; }
+
+  // Recompute each layer's activations in backward instead of keeping them.
+  virtual void SetGradientCheckpointing(bool enabled) { (void)enabled; }
+};
+
+}  // namespace cpptrain
+
+#endif  // CPPTRAIN_MODELS_MODEL_H_

@@ -1,0 +1,94 @@
+// The seam between the Trainer and distribution. The Trainer owns the loop; an Engine owns
+// everything about where parameters live: wrapping or sharding the model, placing it on its
+// device, building the optimizer over the parameters it owns, backward (loss scaling),
+// gradient synchronization, clipping and the optimizer step. The Trainer never asks which
+// engine it has.
+//
+//   std::unique_ptr<Engine> engine = ...;                 // from engines/engine_factory.h
+//   CT_RETURN_IF_ERROR(engine->PrepareForTraining(model, optimizer_factory));
+//   {
+//     std::unique_ptr<ForwardScope> scope = engine->EnterForward();   // autocast
+//     loss = ComputeLoss(*model, batch, num_items);
+//   }
+//   CT_RETURN_IF_ERROR(engine->Backward(loss));
+//   CT_ASSIGN_OR_RETURN(double norm, engine->ClipGradNorm(1.0));
+//   CT_ASSIGN_OR_RETURN(bool stepped, engine->OptimizerStep());
+//   engine->ZeroGrad();
+#ifndef CPPTRAIN_ENGINES_ENGINE_H_
+#define CPPTRAIN_ENGINES_ENGINE_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <torch/optim/optimizer.h>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "models/model.h"
+
+namespace cpptrain {
+
+using NamedParameters = std::vector<std::pair<std::string, torch::Tensor>>;
+
+// Builds the optimizer over exactly the parameters an engine owns (replicas, local shards or
+// flat shards), with their model names so it can form parameter groups.
+using OptimizerFactory = std::function<absl::StatusOr<std::unique_ptr<torch::optim::Optimizer>>(
+    const NamedParameters& params)>;
+
+// Held while the forward (and loss) runs; an engine uses it for autocast.
+class ForwardScope {
+ public:
+  virtual ~ForwardScope() = default;
+};
+
+class Engine {
+ public:
+  virtual ~Engine() = default;
+
+  virtual std::string name() const = 0;
+  virtual c10::Device device() const = 0;
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+
+  // Places (and wraps or shards) the model for inference: no optimizer, no gradients kept.
+  // Calling it again, or PrepareForTraining after it, reuses what it did.
+  virtual absl::Status PrepareForInference(std::shared_ptr<TrainableModel> model) = 0;
+
+  // Places (and wraps or shards) the model and builds the optimizer with `factory`.
+  virtual absl::Status PrepareForTraining(std::shared_ptr<TrainableModel> model,
+                                          const OptimizerFactory& factory) = 0;
+
+  virtual std::unique_ptr<ForwardScope> EnterForward() = 0;
+
+  // Backward of `loss` (scaled when the engine uses a loss scaler).
+  virtual absl::Status Backward(const torch::Tensor& loss) = 0;
+
+  // Off for the non-final micro-batches of an accumulation: no gradient communication.
+  virtual void SetGradientSync(bool enabled) = 0;
+
+  // The global L2 norm of all gradients (over every rank's part), before clipping. When
+  // max_norm > 0, gradients are scaled so their norm is at most max_norm.
+  virtual absl::StatusOr<double> ClipGradNorm(double max_norm) = 0;
+
+  // Applies the optimizer. Returns false when the step was skipped on every rank (for
+  // example an fp16 overflow).
+  virtual absl::StatusOr<bool> OptimizerStep() = 0;
+
+  virtual void ZeroGrad() = 0;
+
+  // Null before PrepareForTraining.
+  virtual torch::optim::Optimizer* optimizer() = 0;
+
+  // Sums `values` (a CPU float64 tensor) over all ranks; identity on one process.
+  virtual absl::StatusOr<torch::Tensor> AllReduceSum(const torch::Tensor& values) = 0;
+
+  // Gathers every rank's `values` (CPU tensors of equal shape) along dim 0, in rank order.
+  virtual absl::StatusOr<torch::Tensor> AllGather(const torch::Tensor& values) = 0;
+};
+
+}  // namespace cpptrain
+
+#endif  // CPPTRAIN_ENGINES_ENGINE_H_

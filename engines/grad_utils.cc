@@ -1,0 +1,39 @@
+#include "engines/grad_utils.h"
+
+#include <ATen/ATen.h>
+
+namespace cpptrain {
+
+std::vector<at::Tensor> Gradients(const torch::optim::Optimizer& optimizer) {
+  std::vector<at::Tensor> grads;
+  for (const auto& group : optimizer.param_groups()) {
+    for (const at::Tensor& param : group.params()) {
+      if (param.grad().defined()) grads.push_back(param.grad());
+    }
+  }
+  return grads;
+}
+
+at::Tensor GlobalNorm(const std::vector<at::Tensor>& grads) {
+  if (grads.empty()) return at::zeros({}, at::kFloat);
+  std::vector<at::Tensor> squares;
+  squares.reserve(grads.size());
+  for (const at::Tensor& grad : grads) squares.push_back(grad.to(at::kFloat).pow(2).sum());
+  return at::stack(squares).sum().sqrt();
+}
+
+void ClipByNorm(const std::vector<at::Tensor>& grads, double norm, double max_norm) {
+  const double coefficient = max_norm / (norm + 1e-6);
+  if (coefficient >= 1.0) return;
+  for (const at::Tensor& grad : grads) grad.mul_(coefficient);
+}
+
+void ClearGradients(torch::optim::Optimizer& optimizer) {
+  for (auto& group : optimizer.param_groups()) {
+    for (at::Tensor& param : group.params()) {
+      if (param.grad().defined()) param.mutable_grad().reset();
+    }
+  }
+}
+
+}  // namespace cpptrain

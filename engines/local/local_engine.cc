@@ -1,0 +1,151 @@
+#include "engines/local/local_engine.h"
+
+#include <cstdlib>
+#include <utility>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "absl/strings/str_cat.h"
+#include "base/logging.h"
+#include "base/status.h"
+#include "base/torch_compat.h"
+#include "base/torch_status.h"
+#include "engines/grad_utils.h"
+
+namespace cpptrain {
+namespace {
+
+class AutocastScope : public ForwardScope {
+ public:
+  AutocastScope(at::DeviceType device_type, at::ScalarType dtype) : guard_(device_type, dtype) {}
+
+ private:
+  AutocastGuard guard_;
+};
+
+absl::StatusOr<c10::Device> ResolveDevice(const std::string& spec) {
+  if (spec == "auto") {
+    if (!torch::cuda::is_available()) return c10::Device(c10::kCPU);
+    const char* local_rank = std::getenv("LOCAL_RANK");
+    return c10::Device(c10::kCUDA, local_rank ? std::atoi(local_rank) : 0);
+  }
+  auto device = CatchTorch([&] { return c10::Device(spec); });
+  if (!device.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "local.device is \"", spec, "\", which is not a device: use \"auto\", \"cpu\" or \"cuda:N\""));
+  }
+  if (device->is_cuda() && !torch::cuda::is_available()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "local.device is \"", spec, "\" but this LibTorch build or machine has no CUDA: use \"cpu\""));
+  }
+  return *device;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<LocalEngine>> LocalEngine::Create(
+    const proto::LocalEngineConfig& config, MixedPrecision precision) {
+  CT_ASSIGN_OR_RETURN(c10::Device device, ResolveDevice(config.device()));
+  if (precision == MixedPrecision::kFp16 && !device.is_cuda()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "fp16 is true but the engine runs on ", device.str(),
+        ", where LibTorch has no fp16 autocast: use bf16 on the CPU, or a CUDA device"));
+  }
+  return std::unique_ptr<LocalEngine>(new LocalEngine(device, precision));
+}
+
+LocalEngine::LocalEngine(c10::Device device, MixedPrecision precision)
+    : device_(device), precision_(precision) {
+  if (precision_ == MixedPrecision::kFp16) scaler_.emplace();
+}
+
+absl::Status LocalEngine::PrepareForInference(std::shared_ptr<TrainableModel> model) {
+  if (model_ == model) return absl::OkStatus();
+  CT_RETURN_IF_ERROR(CatchTorch([&] { model->to(device_); }));
+  model_ = std::move(model);
+  return absl::OkStatus();
+}
+
+absl::Status LocalEngine::PrepareForTraining(std::shared_ptr<TrainableModel> model,
+                                             const OptimizerFactory& factory) {
+  CT_RETURN_IF_ERROR(PrepareForInference(std::move(model)));
+  if (optimizer_ != nullptr) return absl::OkStatus();
+  NamedParameters params;
+  for (const auto& item : model_->named_parameters(/*recurse=*/true)) {
+    if (item.value().requires_grad()) params.emplace_back(item.key(), item.value());
+  }
+  CT_ASSIGN_OR_RETURN(optimizer_, factory(params));
+  return absl::OkStatus();
+}
+
+std::unique_ptr<ForwardScope> LocalEngine::EnterForward() {
+  switch (precision_) {
+    case MixedPrecision::kBf16:
+      return std::make_unique<AutocastScope>(device_.type(), at::kBFloat16);
+    case MixedPrecision::kFp16:
+      return std::make_unique<AutocastScope>(device_.type(), at::kHalf);
+    case MixedPrecision::kNone:
+      break;
+  }
+  return std::make_unique<ForwardScope>();
+}
+
+absl::Status LocalEngine::Backward(const torch::Tensor& loss) {
+  grads_unscaled_ = false;
+  return CatchTorch([&] {
+    if (scaler_) {
+      (loss.to(at::kFloat) * scaler_->scale()).backward();
+    } else {
+      loss.backward();
+    }
+  });
+}
+
+absl::StatusOr<double> LocalEngine::ClipGradNorm(double max_norm) {
+  if (optimizer_ == nullptr) {
+    return absl::FailedPreconditionError("ClipGradNorm before PrepareForTraining");
+  }
+  std::vector<torch::Tensor> grads = Gradients(*optimizer_);
+  if (scaler_ && !grads_unscaled_) {
+    grads_finite_ = scaler_->UnscaleAndCheck(grads);
+    grads_unscaled_ = true;
+  }
+  return CatchTorch([&] {
+    const double norm = GlobalNorm(grads).item<double>();
+    if (max_norm > 0) ClipByNorm(grads, norm, max_norm);
+    return norm;
+  });
+}
+
+absl::StatusOr<bool> LocalEngine::OptimizerStep() {
+  if (optimizer_ == nullptr) {
+    return absl::FailedPreconditionError("OptimizerStep before PrepareForTraining");
+  }
+  if (scaler_) {
+    if (!grads_unscaled_) grads_finite_ = scaler_->UnscaleAndCheck(Gradients(*optimizer_));
+    grads_unscaled_ = false;
+    scaler_->Update(grads_finite_);
+    if (!grads_finite_) {
+      LOG(WARNING) << "fp16 gradients overflowed: step skipped, loss scale now "
+                   << scaler_->scale();
+      return false;
+    }
+  }
+  CT_RETURN_IF_ERROR(CatchTorch([&] { optimizer_->step(); }));
+  return true;
+}
+
+void LocalEngine::ZeroGrad() {
+  if (optimizer_ != nullptr) ClearGradients(*optimizer_);
+}
+
+absl::StatusOr<torch::Tensor> LocalEngine::AllReduceSum(const torch::Tensor& values) {
+  return values;
+}
+
+absl::StatusOr<torch::Tensor> LocalEngine::AllGather(const torch::Tensor& values) {
+  return values;
+}
+
+}  // namespace cpptrain

@@ -1,0 +1,63 @@
+// One process on the CPU or one CUDA device: the reference every other engine must match.
+//
+//   CT_ASSIGN_OR_RETURN(auto engine, LocalEngine::Create(config, MixedPrecision::kBf16));
+//   CT_RETURN_IF_ERROR(engine->PrepareForTraining(model, factory));
+#ifndef CPPTRAIN_ENGINES_LOCAL_LOCAL_ENGINE_H_
+#define CPPTRAIN_ENGINES_LOCAL_LOCAL_ENGINE_H_
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "engines/engine.h"
+#include "engines/loss_scaler.h"
+#include "engines/mixed_precision.h"
+#include "proto/engines.pb.h"
+
+namespace cpptrain {
+
+class LocalEngine : public Engine {
+ public:
+  // Resolves the device ("auto": cuda:<LOCAL_RANK> with CUDA, else cpu) and checks that the
+  // precision can run there (fp16 autocast needs CUDA).
+  static absl::StatusOr<std::unique_ptr<LocalEngine>> Create(
+      const proto::LocalEngineConfig& config, MixedPrecision precision);
+
+  std::string name() const override { return "local"; }
+  c10::Device device() const override { return device_; }
+  int rank() const override { return 0; }
+  int world_size() const override { return 1; }
+
+  absl::Status PrepareForInference(std::shared_ptr<TrainableModel> model) override;
+  absl::Status PrepareForTraining(std::shared_ptr<TrainableModel> model,
+                                  const OptimizerFactory& factory) override;
+  std::unique_ptr<ForwardScope> EnterForward() override;
+  absl::Status Backward(const torch::Tensor& loss) override;
+  void SetGradientSync(bool enabled) override {}
+  absl::StatusOr<double> ClipGradNorm(double max_norm) override;
+  absl::StatusOr<bool> OptimizerStep() override;
+  void ZeroGrad() override;
+  torch::optim::Optimizer* optimizer() override { return optimizer_.get(); }
+  absl::StatusOr<torch::Tensor> AllReduceSum(const torch::Tensor& values) override;
+  absl::StatusOr<torch::Tensor> AllGather(const torch::Tensor& values) override;
+
+  // Present with fp16 only.
+  const LossScaler* loss_scaler() const { return scaler_ ? &*scaler_ : nullptr; }
+
+ private:
+  LocalEngine(c10::Device device, MixedPrecision precision);
+
+  c10::Device device_;
+  MixedPrecision precision_;
+  std::optional<LossScaler> scaler_;
+  std::shared_ptr<TrainableModel> model_;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  // Set by ClipGradNorm on fp16 so OptimizerStep does not unscale twice.
+  bool grads_unscaled_ = false;
+  bool grads_finite_ = true;
+};
+
+}  // namespace cpptrain
+
+#endif  // CPPTRAIN_ENGINES_LOCAL_LOCAL_ENGINE_H_

@@ -1,0 +1,51 @@
+#include "engines/loss_scaler.h"
+
+#include <limits>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+namespace cpptrain {
+namespace {
+
+TEST(LossScalerTest, StartsAtTwoToTheSixteen) {
+  LossScaler scaler;
+  EXPECT_EQ(scaler.scale(), 65536.0);
+}
+
+TEST(LossScalerTest, OverflowHalvesScaleAndResetsCount) {
+  LossScaler scaler;
+  scaler.Update(true);
+  scaler.Update(true);
+  EXPECT_EQ(scaler.clean_steps(), 2);
+  scaler.Update(false);
+  EXPECT_EQ(scaler.scale(), 32768.0);
+  EXPECT_EQ(scaler.clean_steps(), 0);
+}
+
+TEST(LossScalerTest, GrowsAfterInterval) {
+  LossScaler scaler(LossScalerOptions{.initial_scale = 8.0, .growth_interval = 3});
+  scaler.Update(true);
+  scaler.Update(true);
+  EXPECT_EQ(scaler.scale(), 8.0);
+  scaler.Update(true);
+  EXPECT_EQ(scaler.scale(), 16.0);
+  EXPECT_EQ(scaler.clean_steps(), 0);
+}
+
+TEST(LossScalerTest, UnscaleDividesAndDetectsNonFinite) {
+  LossScaler scaler(LossScalerOptions{.initial_scale = 4.0});
+  torch::Tensor a = torch::full({3}, 8.0);
+  torch::Tensor b = torch::full({2}, 2.0);
+  EXPECT_TRUE(scaler.UnscaleAndCheck({a, b}));
+  EXPECT_TRUE(torch::allclose(a, torch::full({3}, 2.0)));
+  EXPECT_TRUE(torch::allclose(b, torch::full({2}, 0.5)));
+
+  torch::Tensor c = torch::tensor({1.0, std::numeric_limits<double>::infinity()});
+  EXPECT_FALSE(scaler.UnscaleAndCheck({a, c}));
+  torch::Tensor d = torch::tensor({std::numeric_limits<double>::quiet_NaN()});
+  EXPECT_FALSE(scaler.UnscaleAndCheck({d}));
+}
+
+}  // namespace
+}  // namespace cpptrain

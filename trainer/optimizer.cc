@@ -1,0 +1,58 @@
+#include "trainer/optimizer.h"
+
+#include <regex>
+#include <utility>
+#include <vector>
+
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+
+namespace cpptrain {
+
+bool ExcludedFromWeightDecay(const std::string& parameter_name) {
+  static const std::regex kNormComponent(R"((^|\.)norm($|\.)|_norm($|\.))");
+  const std::string name = absl::AsciiStrToLower(parameter_name);
+  return absl::StrContains(name, "bias") || absl::StrContains(name, "layernorm") ||
+         absl::StrContains(name, "rmsnorm") || std::regex_search(name, kNormComponent);
+}
+
+OptimizerFactory MakeAdamWFactory(const proto::TrainingArguments& args) {
+  return [args](const NamedParameters& params)
+             -> absl::StatusOr<std::unique_ptr<torch::optim::Optimizer>> {
+    std::vector<torch::Tensor> decay, no_decay;
+    for (const auto& [name, param] : params) {
+      (ExcludedFromWeightDecay(name) ? no_decay : decay).push_back(param);
+    }
+    auto options = [&](double weight_decay) {
+      return std::make_unique<torch::optim::AdamWOptions>(
+          torch::optim::AdamWOptions(args.learning_rate())
+              .betas({args.adam_beta1(), args.adam_beta2()})
+              .eps(args.adam_epsilon())
+              .weight_decay(weight_decay));
+    };
+    std::vector<torch::optim::OptimizerParamGroup> groups;
+    if (!decay.empty()) groups.emplace_back(decay, options(args.weight_decay()));
+    if (!no_decay.empty()) groups.emplace_back(no_decay, options(0.0));
+    return std::unique_ptr<torch::optim::Optimizer>(
+        std::make_unique<torch::optim::AdamW>(groups, *options(args.weight_decay())));
+  };
+}
+
+void SetLearningRate(torch::optim::Optimizer& optimizer, double lr) {
+  for (auto& group : optimizer.param_groups()) {
+    auto& options = group.options();
+    if (auto* adamw = dynamic_cast<torch::optim::AdamWOptions*>(&options)) {
+      adamw->lr(lr);
+    } else if (auto* adam = dynamic_cast<torch::optim::AdamOptions*>(&options)) {
+      adam->lr(lr);
+    } else if (auto* sgd = dynamic_cast<torch::optim::SGDOptions*>(&options)) {
+      sgd->lr(lr);
+    }
+  }
+}
+
+}  // namespace cpptrain

@@ -1,0 +1,336 @@
+#include "trainer/trainer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <utility>
+
+#include <torch/torch.h>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "base/logging.h"
+#include "base/status.h"
+#include "base/torch_status.h"
+#include "config/training_args.h"
+#include "engines/engine_factory.h"
+#include "trainer/data/data_loader.h"
+#include "trainer/metrics_log.h"
+#include "trainer/optimizer.h"
+
+namespace cpptrain {
+namespace {
+
+double NowSeconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+bool IsOutOfMemory(const absl::Status& status) {
+  return absl::StrContains(status.message(), "out of memory");
+}
+
+}  // namespace
+
+Trainer::Trainer(proto::TrainingArguments args, std::shared_ptr<TrainableModel> model,
+                 std::shared_ptr<const Dataset> train_dataset,
+                 std::shared_ptr<const Dataset> eval_dataset, std::unique_ptr<Engine> engine)
+    : args_(std::move(args)),
+      model_(std::move(model)),
+      train_dataset_(std::move(train_dataset)),
+      eval_dataset_(std::move(eval_dataset)),
+      engine_(std::move(engine)) {
+  callbacks_.Add(std::make_shared<DefaultFlowCallback>());
+  callbacks_.Add(std::make_shared<ProgressCallback>());
+  callbacks_.Add(std::make_shared<MetricsLogCallback>(
+      (std::filesystem::path(args_.output_dir()) / "metrics.jsonl").string()));
+}
+
+Trainer::~Trainer() = default;
+
+void Trainer::AddCallback(std::shared_ptr<TrainerCallback> callback) {
+  callbacks_.Add(std::move(callback));
+}
+
+absl::Status Trainer::EnsureEngine() {
+  if (model_ == nullptr) {
+    return absl::InvalidArgumentError("the Trainer was given no model: pass a TrainableModel");
+  }
+  CT_RETURN_IF_ERROR(ValidateTrainingArguments(args_));
+  if (engine_ == nullptr) {
+    CT_ASSIGN_OR_RETURN(engine_, CreateEngine(args_));
+  }
+  CT_RETURN_IF_ERROR(ValidateForWorld(args_, engine_->world_size()));
+  state_.is_world_process_zero = engine_->rank() == 0;
+  if (state_.is_world_process_zero) {
+    std::error_code error;
+    std::filesystem::create_directories(args_.output_dir(), error);
+    if (error) {
+      return absl::InvalidArgumentError(absl::StrCat("output_dir \"", args_.output_dir(),
+                                                     "\" cannot be created: ", error.message(),
+                                                     "; choose a writable directory"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<DataLoader>> Trainer::MakeLoader(
+    std::shared_ptr<const Dataset> dataset, bool train, int64_t batch_size) const {
+  const proto::AcceleratorConfig& accel = args_.accelerator_config();
+  DataLoaderOptions options;
+  options.batch_size = batch_size;
+  options.shuffle = train;
+  options.seed = static_cast<uint64_t>(ResolvedDataSeed(args_));
+  options.drop_last = train && args_.dataloader_drop_last();
+  options.num_workers = args_.dataloader_num_workers();
+  if (args_.has_dataloader_prefetch_factor()) {
+    options.prefetch_factor = args_.dataloader_prefetch_factor();
+  }
+  options.pin_memory = args_.dataloader_pin_memory() && engine_->device().is_cuda();
+  options.rank = engine_->rank();
+  options.world_size = engine_->world_size();
+  options.even_batches = accel.even_batches();
+  options.split_batches = accel.split_batches();
+  options.pad_token_id = pad_token_id_;
+  return DataLoader::Create(std::move(dataset), options);
+}
+
+torch::Tensor Trainer::ComputeLoss(TrainableModel& model, const Batch& batch,
+                                   int64_t num_items_in_batch) {
+  torch::Tensor logits = model.Forward(batch);
+  return model.LossSum(logits, batch) / static_cast<double>(num_items_in_batch);
+}
+
+absl::StatusOr<double> Trainer::TrainingStep(const Batch& batch, int64_t num_items_in_batch) {
+  torch::Tensor loss;
+  CT_RETURN_IF_ERROR(CatchTorch([&] {
+    std::unique_ptr<ForwardScope> scope = engine_->EnterForward();
+    loss = ComputeLoss(*model_, batch, num_items_in_batch);
+  }));
+  CT_RETURN_IF_ERROR(engine_->Backward(loss));
+  return CatchTorch([&] { return loss.detach().item<double>(); });
+}
+
+absl::StatusOr<std::unique_ptr<torch::optim::Optimizer>> Trainer::CreateOptimizer(
+    const NamedParameters& params) {
+  return MakeAdamWFactory(args_)(params);
+}
+
+absl::StatusOr<std::unique_ptr<LrSchedule>> Trainer::CreateScheduler(int64_t total_steps) {
+  return LrSchedule::Create(args_, total_steps);
+}
+
+void Trainer::Log(Metrics logs) {
+  logs["epoch"] = state_.epoch;
+  logs["step"] = static_cast<double>(state_.global_step);
+  state_.log_history.push_back(logs);
+  callbacks_.Log(Context(), logs);
+}
+
+absl::StatusOr<TrainOutput> Trainer::Train() {
+  CT_RETURN_IF_ERROR(EnsureEngine());
+  if (train_dataset_ == nullptr) {
+    return absl::InvalidArgumentError("Train() needs a train dataset: pass one to the Trainer");
+  }
+  if (args_.eval_strategy() != proto::TrainingArguments::NO && eval_dataset_ == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "eval_strategy is ", proto::TrainingArguments::Strategy_Name(args_.eval_strategy()),
+        " but the Trainer has no eval dataset: pass one, or set eval_strategy: NO"));
+  }
+  int64_t batch_size = args_.per_device_train_batch_size();
+  while (true) {
+    absl::StatusOr<TrainOutput> out = InnerTrainingLoop(batch_size);
+    if (out.ok() || !args_.auto_find_batch_size() || !IsOutOfMemory(out.status()) ||
+        batch_size == 1) {
+      return out;
+    }
+    const int64_t smaller = std::max<int64_t>(1, static_cast<int64_t>(batch_size * 0.9));
+    LOG(WARNING) << "out of memory at per-device batch size " << batch_size
+                 << "; auto_find_batch_size retries with " << smaller;
+    batch_size = smaller;
+    engine_->ZeroGrad();
+  }
+}
+
+absl::StatusOr<TrainOutput> Trainer::InnerTrainingLoop(int64_t batch_size) {
+  torch::manual_seed(static_cast<uint64_t>(args_.seed()));
+  if (args_.gradient_checkpointing()) model_->SetGradientCheckpointing(true);
+  CT_RETURN_IF_ERROR(engine_->PrepareForTraining(
+      model_, [this](const NamedParameters& params) { return CreateOptimizer(params); }));
+  CT_ASSIGN_OR_RETURN(std::unique_ptr<DataLoader> loader,
+                      MakeLoader(train_dataset_, /*train=*/true, batch_size));
+
+  const int64_t ga = ResolvedGradientAccumulationSteps(args_);
+  const int64_t batches = loader->num_batches();
+  const int64_t steps_per_epoch = std::max<int64_t>(1, batches / ga + (batches % ga > 0));
+  const int64_t max_steps =
+      args_.max_steps() > 0
+          ? args_.max_steps()
+          : static_cast<int64_t>(std::ceil(args_.num_train_epochs() * steps_per_epoch));
+  state_ = TrainerState{};
+  state_.is_world_process_zero = engine_->rank() == 0;
+  state_.max_steps = max_steps;
+  state_.num_update_steps_per_epoch = steps_per_epoch;
+  state_.num_train_epochs = (max_steps + steps_per_epoch - 1) / steps_per_epoch;
+  state_.logging_steps = ResolveStepInterval(args_.logging_steps(), max_steps);
+  state_.eval_steps = ResolveStepInterval(ResolvedEvalSteps(args_), max_steps);
+  state_.save_steps = ResolveStepInterval(args_.save_steps(), max_steps);
+  state_.train_batch_size = batch_size;
+  control_ = TrainerControl{};
+  logged_loss_sum_ = total_loss_sum_ = 0;
+  logged_steps_ = 0;
+
+  CT_ASSIGN_OR_RETURN(schedule_, CreateScheduler(max_steps));
+  plateau_.reset();
+  if (schedule_->is_plateau()) plateau_.emplace(args_.lr_scheduler_kwargs(), args_.learning_rate());
+  CT_LOG_RANK0(INFO) << "training: " << max_steps << " steps, " << steps_per_epoch
+                     << " per epoch, " << batches << " micro-batches of " << batch_size
+                     << " per epoch and rank, accumulation " << ga << ", engine "
+                     << engine_->name() << " on " << engine_->device().str() << ", world "
+                     << engine_->world_size();
+
+  const double start = NowSeconds();
+  callbacks_.TrainBegin(Context());
+  if (args_.eval_on_start()) CT_RETURN_IF_ERROR(Evaluate().status());
+  for (int64_t epoch = 0; epoch < state_.num_train_epochs && !control_.should_training_stop;
+       ++epoch) {
+    loader->SetEpoch(epoch);
+    loader->Start();
+    callbacks_.EpochBegin(Context());
+    for (int64_t update = 0; update < steps_per_epoch; ++update) {
+      std::vector<Batch> micro_batches;
+      while (static_cast<int64_t>(micro_batches.size()) < ga) {
+        std::optional<Batch> batch = loader->Next();
+        if (!batch.has_value()) break;
+        micro_batches.push_back(std::move(*batch));
+      }
+      if (micro_batches.empty()) break;
+      callbacks_.StepBegin(Context());
+      CT_RETURN_IF_ERROR(RunOptimizerStep(micro_batches));
+      state_.epoch = epoch + static_cast<double>(update + 1) / steps_per_epoch;
+      callbacks_.StepEnd(Context());
+      CT_RETURN_IF_ERROR(MaybeLogEvaluateSave());
+      if (control_.should_training_stop || control_.should_epoch_stop) break;
+    }
+    CT_RETURN_IF_ERROR(loader->status());
+    callbacks_.EpochEnd(Context());
+    CT_RETURN_IF_ERROR(MaybeLogEvaluateSave());
+  }
+  callbacks_.TrainEnd(Context());
+
+  const double runtime = NowSeconds() - start;
+  CT_ASSIGN_OR_RETURN(torch::Tensor total,
+                      engine_->AllReduceSum(torch::tensor({total_loss_sum_}, torch::kFloat64)));
+  TrainOutput out;
+  out.global_step = state_.global_step;
+  out.training_loss =
+      state_.global_step > 0 ? total.item<double>() / state_.global_step : 0.0;
+  const double samples = static_cast<double>(state_.global_step) * ga * batch_size *
+                         engine_->world_size();
+  out.metrics = {{"train_runtime", runtime},
+                 {"train_samples_per_second", samples / std::max(runtime, 1e-9)},
+                 {"train_steps_per_second", state_.global_step / std::max(runtime, 1e-9)},
+                 {"train_loss", out.training_loss}};
+  if (args_.load_best_model_at_end()) {
+    LOG(WARNING) << "load_best_model_at_end: checkpoints are not written by this build yet "
+                    "(the checkpoint module is still to come), so the final model is kept";
+  }
+  Log(out.metrics);
+  return out;
+}
+
+absl::Status Trainer::RunOptimizerStep(std::vector<Batch>& micro_batches) {
+  // Exact normalization: every micro-batch's summed loss is divided by the number of counted
+  // targets in the whole accumulated batch, summed over ranks (one all-reduce per step).
+  int64_t local_targets = 0;
+  int64_t local_tokens = 0;
+  for (const Batch& batch : micro_batches) {
+    local_targets += model_->CountLossTargets(batch);
+    local_tokens += batch.inputs.numel();
+  }
+  int64_t normalizer = local_targets * engine_->world_size();
+  if (args_.average_tokens_across_devices()) {
+    CT_ASSIGN_OR_RETURN(torch::Tensor global,
+                        engine_->AllReduceSum(torch::tensor(
+                            {static_cast<double>(local_targets)}, torch::kFloat64)));
+    normalizer = static_cast<int64_t>(global.item<double>());
+  }
+  normalizer = std::max<int64_t>(1, normalizer);
+  state_.num_input_tokens_seen += local_tokens;
+
+  last_lr_ = plateau_ ? plateau_->learning_rate() : schedule_->LearningRate(state_.global_step);
+  torch::optim::Optimizer* optimizer = engine_->optimizer();
+  SetLearningRate(*optimizer, last_lr_);
+
+  const bool sync_each = args_.accelerator_config().gradient_accumulation_kwargs().sync_each_batch();
+  const bool non_blocking = args_.accelerator_config().non_blocking();
+  double step_loss = 0;
+  for (size_t i = 0; i < micro_batches.size(); ++i) {
+    const bool last = i + 1 == micro_batches.size();
+    engine_->SetGradientSync(last || sync_each);
+    Batch on_device = micro_batches[i].To(engine_->device(), non_blocking);
+    CT_ASSIGN_OR_RETURN(double loss, TrainingStep(on_device, normalizer));
+    step_loss += loss;
+    if (!last) callbacks_.SubstepEnd(Context());
+  }
+  CT_ASSIGN_OR_RETURN(last_grad_norm_, engine_->ClipGradNorm(args_.max_grad_norm()));
+  callbacks_.PreOptimizerStep(Context());
+  CT_ASSIGN_OR_RETURN(bool stepped, engine_->OptimizerStep());
+  (void)stepped;  // a skipped step still counts as a step, as in Hugging Face
+  callbacks_.OptimizerStep(Context());
+  engine_->ZeroGrad();
+  ++state_.global_step;
+  if (!std::isfinite(step_loss) && args_.logging_nan_inf_filter() && state_.global_step > 1) {
+    step_loss = total_loss_sum_ / (state_.global_step - 1);  // for logging only
+  }
+  logged_loss_sum_ += step_loss;
+  total_loss_sum_ += step_loss;
+  ++logged_steps_;
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::MaybeLogEvaluateSave() {
+  if (control_.should_log && logged_steps_ > 0) {
+    CT_ASSIGN_OR_RETURN(torch::Tensor loss_sum,
+                        engine_->AllReduceSum(torch::tensor({logged_loss_sum_}, torch::kFloat64)));
+    Metrics logs = {{"loss", loss_sum.item<double>() / logged_steps_},
+                    {"grad_norm", last_grad_norm_},
+                    {"learning_rate", last_lr_}};
+    logged_loss_sum_ = 0;
+    logged_steps_ = 0;
+    Log(std::move(logs));
+  }
+  if (control_.should_evaluate) {
+    CT_ASSIGN_OR_RETURN(Metrics metrics, Evaluate());
+    UpdateBestMetric(metrics);
+    if (plateau_) {
+      const std::string name = ResolvedMetricForBestModel(args_);
+      if (auto it = metrics.find(name); it != metrics.end()) plateau_->Step(it->second);
+    }
+  }
+  if (control_.should_save) {
+    if (!warned_no_checkpointing_) {
+      LOG(WARNING) << "save_strategy "
+                   << proto::TrainingArguments::Strategy_Name(args_.save_strategy())
+                   << " asked for a checkpoint at step " << state_.global_step
+                   << ", but checkpoint writing is not part of this build yet: nothing is saved";
+      warned_no_checkpointing_ = true;
+    }
+    control_.should_save = false;
+  }
+  return absl::OkStatus();
+}
+
+void Trainer::UpdateBestMetric(const Metrics& metrics) {
+  auto it = metrics.find(ResolvedMetricForBestModel(args_));
+  if (it == metrics.end()) return;
+  const bool greater = ResolvedGreaterIsBetter(args_);
+  if (!state_.best_metric.has_value() ||
+      (greater ? it->second > *state_.best_metric : it->second < *state_.best_metric)) {
+    state_.best_metric = it->second;
+    state_.best_global_step = state_.global_step;
+  }
+}
+
+}  // namespace cpptrain

@@ -1,0 +1,144 @@
+// The Trainer owns the loop: epochs and optimizer steps, gradient accumulation with exact
+// loss normalization, evaluation and prediction, logging and callbacks. Everything about where
+// parameters live is delegated to an Engine (engines/engine.h), chosen from the training
+// arguments unless the application passes one. Applications subclass Trainer and override the
+// protected steps.
+//
+//   class MyTrainer : public Trainer {
+//     using Trainer::Trainer;
+//     torch::Tensor ComputeLoss(TrainableModel& m, const Batch& b, int64_t n) override {...}
+//   };
+//   MyTrainer trainer(args, model, train_data, eval_data);
+//   CT_ASSIGN_OR_RETURN(TrainOutput out, trainer.Train());
+//   CT_ASSIGN_OR_RETURN(Metrics metrics, trainer.Evaluate());
+#ifndef CPPTRAIN_TRAINER_TRAINER_H_
+#define CPPTRAIN_TRAINER_TRAINER_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engines/engine.h"
+#include "models/model.h"
+#include "proto/training_args.pb.h"
+#include "trainer/callbacks.h"
+#include "trainer/data/batch.h"
+#include "trainer/data/dataset.h"
+#include "trainer/scheduler.h"
+
+namespace cpptrain {
+
+class DataLoader;
+
+struct EvalPrediction {
+  at::Tensor predictions;  // logits, padded along dim 1 with -100 across batches
+  at::Tensor label_ids;    // labels, padded along dim 1 with -100
+};
+using ComputeMetricsFn = std::function<Metrics(const EvalPrediction&)>;
+
+struct TrainOutput {
+  int64_t global_step = 0;
+  double training_loss = 0;  // mean of the step losses
+  Metrics metrics;           // train_runtime, train_samples_per_second, ...
+};
+
+struct PredictionOutput {
+  at::Tensor predictions;
+  at::Tensor label_ids;
+  Metrics metrics;  // test_loss, user metrics, speed
+};
+
+// What PredictionStep returns for one batch.
+struct PredictionStepOutput {
+  at::Tensor loss_sum;     // fp32 scalar: summed loss over the batch's counted targets
+  int64_t num_targets = 0;
+  at::Tensor logits;       // undefined when only the loss is wanted
+};
+
+class Trainer {
+ public:
+  // `engine` may be null: it is then created from args' engine oneof on first use.
+  Trainer(proto::TrainingArguments args, std::shared_ptr<TrainableModel> model,
+          std::shared_ptr<const Dataset> train_dataset,
+          std::shared_ptr<const Dataset> eval_dataset = nullptr,
+          std::unique_ptr<Engine> engine = nullptr);
+  virtual ~Trainer();
+
+  absl::StatusOr<TrainOutput> Train();
+  // Metrics named "<prefix>_loss", ...; `dataset` null means the eval dataset.
+  absl::StatusOr<Metrics> Evaluate(std::shared_ptr<const Dataset> dataset = nullptr,
+                                   const std::string& prefix = "eval");
+  absl::StatusOr<PredictionOutput> Predict(std::shared_ptr<const Dataset> dataset,
+                                           const std::string& prefix = "test");
+
+  void AddCallback(std::shared_ptr<TrainerCallback> callback);
+  void set_compute_metrics(ComputeMetricsFn fn) { compute_metrics_ = std::move(fn); }
+  // Padding token the collator uses for token datasets (default 0).
+  void set_pad_token_id(int64_t id) { pad_token_id_ = id; }
+
+  const proto::TrainingArguments& args() const { return args_; }
+  const TrainerState& state() const { return state_; }
+  TrainableModel& model() { return *model_; }
+  // Null until the first Train/Evaluate/Predict created it (unless passed in).
+  Engine* engine() { return engine_.get(); }
+
+ protected:
+  // The loss to back-propagate for one micro-batch: its summed loss divided by the number of
+  // targets in the whole accumulated (and, across ranks, global) batch.
+  virtual torch::Tensor ComputeLoss(TrainableModel& model, const Batch& batch,
+                                    int64_t num_items_in_batch);
+  // Forward and backward of one micro-batch already on the device; returns the loss value.
+  virtual absl::StatusOr<double> TrainingStep(const Batch& batch, int64_t num_items_in_batch);
+  // Forward of one evaluation batch (no grad).
+  virtual PredictionStepOutput PredictionStep(const Batch& batch, bool loss_only);
+  virtual absl::StatusOr<std::unique_ptr<torch::optim::Optimizer>> CreateOptimizer(
+      const NamedParameters& params);
+  virtual absl::StatusOr<std::unique_ptr<LrSchedule>> CreateScheduler(int64_t total_steps);
+  // Adds epoch and step, appends to the history and calls the callbacks.
+  virtual void Log(Metrics logs);
+
+  CallbackContext Context() { return CallbackContext{args_, state_, control_}; }
+
+ private:
+  struct EvalResult;
+
+  absl::Status EnsureEngine();
+  absl::StatusOr<std::unique_ptr<DataLoader>> MakeLoader(std::shared_ptr<const Dataset> dataset,
+                                                         bool train, int64_t batch_size) const;
+  absl::StatusOr<TrainOutput> InnerTrainingLoop(int64_t batch_size);
+  absl::Status RunOptimizerStep(std::vector<Batch>& micro_batches);
+  absl::Status MaybeLogEvaluateSave();
+  absl::StatusOr<EvalResult> RunEvaluation(std::shared_ptr<const Dataset> dataset,
+                                           bool keep_outputs);
+  void UpdateBestMetric(const Metrics& metrics);
+
+  proto::TrainingArguments args_;
+  std::shared_ptr<TrainableModel> model_;
+  std::shared_ptr<const Dataset> train_dataset_;
+  std::shared_ptr<const Dataset> eval_dataset_;
+  std::unique_ptr<Engine> engine_;
+  ComputeMetricsFn compute_metrics_;
+  int64_t pad_token_id_ = 0;
+
+  CallbackHandler callbacks_;
+  TrainerState state_;
+  TrainerControl control_;
+  std::unique_ptr<LrSchedule> schedule_;
+  std::optional<ReduceLrOnPlateau> plateau_;
+
+  // Since the last log: summed step losses and steps; last gradient norm and learning rate.
+  double logged_loss_sum_ = 0;
+  int64_t logged_steps_ = 0;
+  double total_loss_sum_ = 0;
+  double last_grad_norm_ = 0;
+  double last_lr_ = 0;
+  bool warned_no_checkpointing_ = false;
+};
+
+}  // namespace cpptrain
+
+#endif  // CPPTRAIN_TRAINER_TRAINER_H_

@@ -1,0 +1,170 @@
+// Trainer::Evaluate and Trainer::Predict: forward passes under no-grad over a dataset, with
+// the loss summed over all counted targets (so the result does not depend on batch size).
+
+#include <algorithm>
+#include <chrono>
+
+#include <torch/torch.h>
+
+#include "absl/strings/str_cat.h"
+#include "base/status.h"
+#include "base/torch_status.h"
+#include "trainer/data/data_loader.h"
+#include "trainer/trainer.h"
+
+namespace cpptrain {
+namespace {
+
+double NowSeconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// Concatenates along dim 0, padding dim 1 (when present) to the longest with `pad`.
+torch::Tensor PadAndConcat(const std::vector<torch::Tensor>& parts, double pad) {
+  if (parts.empty()) return torch::Tensor();
+  if (parts[0].dim() < 2) return torch::cat(parts, 0);
+  int64_t longest = 0;
+  for (const torch::Tensor& t : parts) longest = std::max(longest, t.size(1));
+  std::vector<torch::Tensor> padded;
+  for (const torch::Tensor& t : parts) {
+    if (t.size(1) == longest) {
+      padded.push_back(t);
+      continue;
+    }
+    std::vector<int64_t> shape = t.sizes().vec();
+    shape[1] = longest - t.size(1);
+    padded.push_back(torch::cat({t, torch::full(shape, pad, t.options())}, 1));
+  }
+  return torch::cat(padded, 0);
+}
+
+// Restores train mode when evaluation ends, whatever the exit path.
+class EvalModeGuard {
+ public:
+  explicit EvalModeGuard(TrainableModel& model) : model_(model), was_training_(model.is_training()) {
+    model_.eval();
+  }
+  ~EvalModeGuard() { model_.train(was_training_); }
+
+ private:
+  TrainableModel& model_;
+  bool was_training_;
+};
+
+}  // namespace
+
+struct Trainer::EvalResult {
+  double loss_sum = 0;
+  int64_t num_targets = 0;
+  int64_t num_samples = 0;
+  int64_t num_steps = 0;
+  double runtime = 0;
+  torch::Tensor predictions;
+  torch::Tensor labels;
+};
+
+PredictionStepOutput Trainer::PredictionStep(const Batch& batch, bool loss_only) {
+  PredictionStepOutput out;
+  std::unique_ptr<ForwardScope> scope = engine_->EnterForward();
+  torch::Tensor logits = model_->Forward(batch);
+  out.loss_sum = model_->LossSum(logits, batch).to(torch::kFloat);
+  out.num_targets = model_->CountLossTargets(batch.To(torch::kCPU, false));
+  if (!loss_only) out.logits = logits.detach().to(torch::kFloat);
+  return out;
+}
+
+absl::StatusOr<Trainer::EvalResult> Trainer::RunEvaluation(std::shared_ptr<const Dataset> dataset,
+                                                           bool keep_outputs) {
+  CT_RETURN_IF_ERROR(EnsureEngine());
+  CT_RETURN_IF_ERROR(engine_->PrepareForInference(model_));
+  CT_ASSIGN_OR_RETURN(std::unique_ptr<DataLoader> loader,
+                      MakeLoader(std::move(dataset), /*train=*/false,
+                                 args_.per_device_eval_batch_size()));
+  EvalResult result;
+  const double start = NowSeconds();
+  std::vector<torch::Tensor> logits, labels;
+  std::vector<double> totals;
+  CT_RETURN_IF_ERROR(CatchTorch([&] {
+    torch::NoGradGuard no_grad;
+    EvalModeGuard eval_mode(*model_);
+    loader->SetEpoch(0);
+    loader->Start();
+    double loss_sum = 0;
+    while (std::optional<Batch> batch = loader->Next()) {
+      Batch on_device = batch->To(engine_->device(), args_.accelerator_config().non_blocking());
+      PredictionStepOutput out = PredictionStep(on_device, !keep_outputs);
+      loss_sum += out.loss_sum.item<double>();
+      result.num_targets += out.num_targets;
+      result.num_samples += batch->size();
+      ++result.num_steps;
+      if (keep_outputs) {
+        logits.push_back(out.logits.cpu());
+        labels.push_back(batch->labels.cpu());
+      }
+    }
+    totals = {loss_sum, static_cast<double>(result.num_targets),
+              static_cast<double>(result.num_samples)};
+  }));
+  CT_RETURN_IF_ERROR(loader->status());
+  CT_ASSIGN_OR_RETURN(torch::Tensor global,
+                      engine_->AllReduceSum(torch::tensor(totals, torch::kFloat64)));
+  result.loss_sum = global[0].item<double>();
+  result.num_targets = static_cast<int64_t>(global[1].item<double>());
+  result.num_samples = static_cast<int64_t>(global[2].item<double>());
+  if (keep_outputs) {
+    result.predictions = PadAndConcat(logits, -100.0);
+    result.labels = PadAndConcat(labels, -100.0);
+  }
+  result.runtime = NowSeconds() - start;
+  return result;
+}
+
+absl::StatusOr<Metrics> Trainer::Evaluate(std::shared_ptr<const Dataset> dataset,
+                                          const std::string& prefix) {
+  if (dataset == nullptr) dataset = eval_dataset_;
+  if (dataset == nullptr) {
+    return absl::InvalidArgumentError(
+        "Evaluate() has no dataset: pass one, or give the Trainer an eval dataset");
+  }
+  CT_ASSIGN_OR_RETURN(EvalResult result,
+                      RunEvaluation(std::move(dataset), compute_metrics_ != nullptr));
+  Metrics metrics;
+  if (compute_metrics_) {
+    for (const auto& [key, value] : compute_metrics_({result.predictions, result.labels})) {
+      metrics[absl::StartsWith(key, prefix + "_") ? key : absl::StrCat(prefix, "_", key)] = value;
+    }
+  }
+  metrics[prefix + "_loss"] = result.loss_sum / std::max<int64_t>(1, result.num_targets);
+  metrics[prefix + "_runtime"] = result.runtime;
+  metrics[prefix + "_samples_per_second"] = result.num_samples / std::max(result.runtime, 1e-9);
+  metrics[prefix + "_steps_per_second"] = result.num_steps / std::max(result.runtime, 1e-9);
+  callbacks_.Evaluate(Context(), metrics);
+  Log(metrics);
+  return metrics;
+}
+
+absl::StatusOr<PredictionOutput> Trainer::Predict(std::shared_ptr<const Dataset> dataset,
+                                                  const std::string& prefix) {
+  if (dataset == nullptr) {
+    return absl::InvalidArgumentError("Predict() needs a dataset: pass one");
+  }
+  CT_ASSIGN_OR_RETURN(EvalResult result, RunEvaluation(std::move(dataset), /*keep_outputs=*/true));
+  PredictionOutput out;
+  out.predictions = result.predictions;
+  out.label_ids = result.labels;
+  if (compute_metrics_) {
+    for (const auto& [key, value] : compute_metrics_({out.predictions, out.label_ids})) {
+      out.metrics[absl::StartsWith(key, prefix + "_") ? key : absl::StrCat(prefix, "_", key)] =
+          value;
+    }
+  }
+  out.metrics[prefix + "_loss"] = result.loss_sum / std::max<int64_t>(1, result.num_targets);
+  out.metrics[prefix + "_runtime"] = result.runtime;
+  out.metrics[prefix + "_samples_per_second"] =
+      result.num_samples / std::max(result.runtime, 1e-9);
+  callbacks_.Predict(Context(), out.metrics);
+  return out;
+}
+
+}  // namespace cpptrain

@@ -1,0 +1,179 @@
+#include "trainer/data/data_loader.h"
+
+#include <utility>
+
+#include <ATen/ATen.h>
+#include <torch/cuda.h>
+
+#include "absl/strings/str_cat.h"
+#include "base/status.h"
+#include "base/torch_status.h"
+
+namespace cpptrain {
+
+absl::StatusOr<std::unique_ptr<DataLoader>> DataLoader::Create(
+    std::shared_ptr<const Dataset> dataset, DataLoaderOptions options) {
+  if (dataset == nullptr || dataset->size() == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "data loader got ", dataset == nullptr ? "no dataset" : "an empty dataset (0 samples)",
+        ": check the data files or the builtin sample counts"));
+  }
+  if (options.num_workers < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("num_workers is ", options.num_workers,
+                                                   ": use 0 (batches built in Next()) or more"));
+  }
+  if (options.prefetch_factor.has_value()) {
+    if (options.num_workers == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "prefetch_factor is ", *options.prefetch_factor,
+          " but num_workers is 0: prefetching needs workers; set num_workers > 0 or leave "
+          "prefetch_factor unset"));
+    }
+    if (*options.prefetch_factor < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("prefetch_factor is ", *options.prefetch_factor, ": it must be at least 1"));
+    }
+  }
+  SamplerOptions sampler_options;
+  sampler_options.batch_size = options.batch_size;
+  sampler_options.shuffle = options.shuffle;
+  sampler_options.seed = options.seed;
+  sampler_options.drop_last = options.drop_last;
+  sampler_options.rank = options.rank;
+  sampler_options.world_size = options.world_size;
+  sampler_options.even_batches = options.even_batches;
+  sampler_options.split_batches = options.split_batches;
+  CT_ASSIGN_OR_RETURN(DistributedSampler sampler,
+                      DistributedSampler::Create(dataset->size(), sampler_options));
+  return std::unique_ptr<DataLoader>(
+      new DataLoader(std::move(dataset), std::move(options), std::move(sampler)));
+}
+
+DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, DataLoaderOptions options,
+                       DistributedSampler sampler)
+    : dataset_(std::move(dataset)),
+      options_(std::move(options)),
+      sampler_(std::move(sampler)),
+      collator_(options_.pad_token_id),
+      pin_(options_.pin_memory && torch::cuda::is_available()),
+      capacity_(options_.num_workers * options_.prefetch_factor.value_or(2)) {}
+
+DataLoader::~DataLoader() { StopWorkers(); }
+
+void DataLoader::SetEpoch(int64_t epoch) {
+  StopWorkers();
+  started_ = false;
+  sampler_.SetEpoch(epoch);
+}
+
+void DataLoader::Start(int64_t skip_batches) {
+  StopWorkers();
+  started_ = true;
+  status_ = absl::OkStatus();
+  batches_ = sampler_.Batches();
+  const int64_t num = static_cast<int64_t>(batches_.size());
+  if (skip_batches < 0 || skip_batches > num) {
+    status_ = absl::OutOfRangeError(absl::StrCat(
+        "skip_batches is ", skip_batches, " but epoch ", sampler_.epoch(), " has ", num,
+        " batches on rank ", options_.rank,
+        ": resume with the same batch_size, world_size and dataset as the checkpoint"));
+    cursor_ = num;
+    return;
+  }
+  cursor_ = skip_batches;
+  if (options_.num_workers == 0) return;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = false;
+    next_to_claim_ = skip_batches;
+    next_to_deliver_ = skip_batches;
+    ready_.clear();
+  }
+  workers_.reserve(static_cast<size_t>(options_.num_workers));
+  for (int64_t i = 0; i < options_.num_workers; ++i) {
+    workers_.emplace_back([this] { WorkerLoop(); });
+  }
+}
+
+std::optional<Batch> DataLoader::Next() {
+  if (!started_) {
+    status_ = absl::FailedPreconditionError(
+        "DataLoader::Next() called before Start(): call Start() at the beginning of each "
+        "epoch");
+    return std::nullopt;
+  }
+  if (cursor_ >= static_cast<int64_t>(batches_.size())) return std::nullopt;
+  const int64_t k = cursor_++;
+  absl::StatusOr<Batch> batch = absl::UnknownError("unset");
+  if (workers_.empty()) {
+    batch = MakeBatch(k);
+  } else {
+    std::unique_lock<std::mutex> lock(mutex_);
+    ready_cv_.wait(lock, [&] { return ready_.count(k) > 0; });
+    auto it = ready_.find(k);
+    batch = std::move(it->second);
+    ready_.erase(it);
+    next_to_deliver_ = k + 1;
+    room_cv_.notify_all();
+  }
+  if (!batch.ok()) {
+    status_ = batch.status();
+    StopWorkers();
+    cursor_ = static_cast<int64_t>(batches_.size());
+    return std::nullopt;
+  }
+  return std::move(batch).value();
+}
+
+absl::StatusOr<Batch> DataLoader::MakeBatch(int64_t k) const {
+  const std::vector<int64_t>& indices = batches_[static_cast<size_t>(k)];
+  absl::StatusOr<Batch> batch = absl::UnknownError("unset");
+  const absl::Status torch_status = CatchTorch([&] {
+    std::vector<Example> examples;
+    examples.reserve(indices.size());
+    for (int64_t index : indices) examples.push_back(dataset_->Get(index));
+    batch = collator_.Collate(examples);
+    if (batch.ok() && pin_) batch = batch->PinMemory();
+  });
+  if (!torch_status.ok()) batch = torch_status;
+  if (!batch.ok()) {
+    return absl::Status(batch.status().code(),
+                        absl::StrCat("batch ", k, " of epoch ", sampler_.epoch(), " on rank ",
+                                     options_.rank, ": ", batch.status().message()));
+  }
+  return batch;
+}
+
+void DataLoader::WorkerLoop() {
+  const int64_t end = static_cast<int64_t>(batches_.size());
+  while (true) {
+    int64_t k;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      room_cv_.wait(lock, [&] {
+        return stop_ || next_to_claim_ >= end || next_to_claim_ < next_to_deliver_ + capacity_;
+      });
+      if (stop_ || next_to_claim_ >= end) return;
+      k = next_to_claim_++;
+    }
+    absl::StatusOr<Batch> batch = MakeBatch(k);
+    std::lock_guard<std::mutex> lock(mutex_);
+    ready_.emplace(k, std::move(batch));
+    ready_cv_.notify_all();
+  }
+}
+
+void DataLoader::StopWorkers() {
+  if (workers_.empty()) return;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+  }
+  room_cv_.notify_all();
+  for (std::thread& worker : workers_) worker.join();
+  workers_.clear();
+  std::lock_guard<std::mutex> lock(mutex_);
+  ready_.clear();
+}
+
+}  // namespace cpptrain

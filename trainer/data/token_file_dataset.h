@@ -1,0 +1,79 @@
+// A pre-tokenized corpus on disk: a flat file of little-endian uint16 or uint32 token ids
+// (the nanoGPT / llm.c layout without a header), memory-mapped read-only and cut into
+// consecutive, non-overlapping samples of seq_len tokens. The trailing partial sample is
+// dropped. The file must not be truncated or rewritten while a dataset maps it.
+//
+//   CT_RETURN_IF_ERROR(WriteTokenFile("/tmp/t.bin", {1, 2, 3, 4}, TokenWidth::kUint16));
+//   CT_ASSIGN_OR_RETURN(std::shared_ptr<TokenFileDataset> ds,
+//                       TokenFileDataset::Open("/tmp/t.bin", TokenWidth::kUint16, 2));
+//   Example e = ds->Get(1);  // inputs = int64 {3, 4}; labels undefined (= inputs)
+#ifndef CPPTRAIN_TRAINER_DATA_TOKEN_FILE_DATASET_H_
+#define CPPTRAIN_TRAINER_DATA_TOKEN_FILE_DATASET_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "trainer/data/dataset.h"
+
+namespace cpptrain {
+
+// Bytes per token in the file. Mirrors DataSpec.TokenDType in proto/job.proto.
+enum class TokenWidth { kUint16, kUint32 };
+
+// 2 or 4.
+int64_t TokenWidthBytes(TokenWidth width);
+// "UINT16" or "UINT32", the names DataSpec.token_dtype uses.
+absl::string_view TokenWidthName(TokenWidth width);
+
+class TokenFileDataset final : public Dataset {
+ public:
+  // Maps `path`. Fails when the file is missing or unreadable, its size is not a multiple of
+  // the token width, seq_len <= 0, or it holds fewer than seq_len tokens.
+  static absl::StatusOr<std::shared_ptr<TokenFileDataset>> Open(const std::string& path,
+                                                                TokenWidth width, int64_t seq_len);
+
+  ~TokenFileDataset() override;
+  TokenFileDataset(const TokenFileDataset&) = delete;
+  TokenFileDataset& operator=(const TokenFileDataset&) = delete;
+
+  // Number of whole samples: num_tokens() / seq_len().
+  int64_t size() const override;
+  // inputs: int64 [seq_len] tokens [index * seq_len, (index + 1) * seq_len); labels
+  // undefined. Returns an empty Example when index is out of range.
+  Example Get(int64_t index) const override;
+
+  const std::string& path() const { return path_; }
+  TokenWidth width() const { return width_; }
+  int64_t seq_len() const { return seq_len_; }
+  int64_t num_tokens() const { return num_tokens_; }
+
+ private:
+  TokenFileDataset(std::string path, TokenWidth width, int64_t seq_len, const void* data,
+                   size_t mapped_bytes, int64_t num_tokens);
+
+  // Token at `position` (0 <= position < num_tokens_), decoded little-endian.
+  int64_t TokenAt(int64_t position) const;
+
+  std::string path_;
+  TokenWidth width_;
+  int64_t seq_len_;
+  const unsigned char* data_;  // The read-only mapping, or nullptr.
+  size_t mapped_bytes_;
+  int64_t num_tokens_;
+};
+
+// Writes `tokens` to `path` as little-endian integers of `width`, through a temporary file
+// renamed over `path`. Fails, writing nothing, when a token is negative or does not fit the
+// width.
+absl::Status WriteTokenFile(const std::string& path, const std::vector<int64_t>& tokens,
+                            TokenWidth width);
+
+}  // namespace cpptrain
+
+#endif  // CPPTRAIN_TRAINER_DATA_TOKEN_FILE_DATASET_H_

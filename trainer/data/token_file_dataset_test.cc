@@ -1,0 +1,169 @@
+#include "trainer/data/token_file_dataset.h"
+
+#include <cstdio>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+namespace cpptrain {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string TempPath(const std::string& name) { return ::testing::TempDir() + "/" + name; }
+
+std::vector<unsigned char> ReadBytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::vector<unsigned char>(std::istreambuf_iterator<char>(in), {});
+}
+
+void WriteBytes(const std::string& path, size_t n) {
+  std::ofstream out(path, std::ios::binary);
+  out << std::string(n, '\x01');
+}
+
+std::vector<int64_t> ToVector(const at::Tensor& t) {
+  EXPECT_EQ(t.scalar_type(), at::kLong);
+  const at::Tensor c = t.contiguous();
+  return std::vector<int64_t>(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
+}
+
+TEST(TokenFileDatasetTest, Uint16RoundTripCutsWholeSamples) {
+  const std::string path = TempPath("u16.bin");
+  const std::vector<int64_t> tokens = {0, 1, 65535, 258, 7, 40000, 9, 10, 11, 12, 13};
+  ASSERT_TRUE(WriteTokenFile(path, tokens, TokenWidth::kUint16).ok());
+  EXPECT_EQ(ReadBytes(path).size(), 22u);
+
+  absl::StatusOr<std::shared_ptr<TokenFileDataset>> ds =
+      TokenFileDataset::Open(path, TokenWidth::kUint16, 3);
+  ASSERT_TRUE(ds.ok()) << ds.status();
+  EXPECT_EQ((*ds)->num_tokens(), 11);
+  EXPECT_EQ((*ds)->size(), 3);  // 11 / 3: the two trailing tokens are dropped.
+  for (int64_t i = 0; i < 3; ++i) {
+    Example e = (*ds)->Get(i);
+    EXPECT_FALSE(e.labels.defined());
+    EXPECT_EQ(ToVector(e.inputs),
+              std::vector<int64_t>(tokens.begin() + 3 * i, tokens.begin() + 3 * i + 3));
+  }
+  EXPECT_FALSE((*ds)->Get(3).inputs.defined());
+  EXPECT_FALSE((*ds)->Get(-1).inputs.defined());
+}
+
+TEST(TokenFileDatasetTest, Uint32RoundTrip) {
+  const std::string path = TempPath("u32.bin");
+  const std::vector<int64_t> tokens = {4294967295LL, 70000, 0, 16909060, 5, 6};
+  ASSERT_TRUE(WriteTokenFile(path, tokens, TokenWidth::kUint32).ok());
+  absl::StatusOr<std::shared_ptr<TokenFileDataset>> ds =
+      TokenFileDataset::Open(path, TokenWidth::kUint32, 2);
+  ASSERT_TRUE(ds.ok()) << ds.status();
+  ASSERT_EQ((*ds)->size(), 3);
+  EXPECT_EQ(ToVector((*ds)->Get(0).inputs), (std::vector<int64_t>{4294967295LL, 70000}));
+  EXPECT_EQ(ToVector((*ds)->Get(1).inputs), (std::vector<int64_t>{0, 16909060}));
+  EXPECT_EQ(ToVector((*ds)->Get(2).inputs), (std::vector<int64_t>{5, 6}));
+}
+
+TEST(TokenFileDatasetTest, FileIsLittleEndian) {
+  const std::string path = TempPath("le.bin");
+  ASSERT_TRUE(WriteTokenFile(path, {0x0102, 0x0A0B}, TokenWidth::kUint16).ok());
+  EXPECT_EQ(ReadBytes(path), (std::vector<unsigned char>{0x02, 0x01, 0x0B, 0x0A}));
+  ASSERT_TRUE(WriteTokenFile(path, {0x01020304}, TokenWidth::kUint32).ok());
+  EXPECT_EQ(ReadBytes(path), (std::vector<unsigned char>{0x04, 0x03, 0x02, 0x01}));
+}
+
+TEST(TokenFileDatasetTest, RewritingTheFileKeepsOpenDatasetsValid) {
+  const std::string path = TempPath("rewrite.bin");
+  ASSERT_TRUE(WriteTokenFile(path, {1, 2, 3, 4}, TokenWidth::kUint16).ok());
+  absl::StatusOr<std::shared_ptr<TokenFileDataset>> ds =
+      TokenFileDataset::Open(path, TokenWidth::kUint16, 2);
+  ASSERT_TRUE(ds.ok()) << ds.status();
+  ASSERT_TRUE(WriteTokenFile(path, {9}, TokenWidth::kUint16).ok());
+  EXPECT_EQ(ToVector((*ds)->Get(1).inputs), (std::vector<int64_t>{3, 4}));
+  EXPECT_EQ(ReadBytes(path).size(), 2u);
+}
+
+TEST(TokenFileDatasetTest, TruncatedFileNamesSizeAndDtype) {
+  const std::string path = TempPath("truncated.bin");
+  WriteBytes(path, 1001);
+  absl::StatusOr<std::shared_ptr<TokenFileDataset>> ds =
+      TokenFileDataset::Open(path, TokenWidth::kUint16, 4);
+  ASSERT_FALSE(ds.ok());
+  EXPECT_EQ(ds.status().code(), absl::StatusCode::kInvalidArgument);
+  const std::string message(ds.status().message());
+  EXPECT_THAT(message, HasSubstr(path));
+  EXPECT_THAT(message, HasSubstr("1001 bytes, not a multiple of 2"));
+  EXPECT_THAT(message, HasSubstr("UINT16"));
+  EXPECT_THAT(message, HasSubstr("truncated"));
+
+  WriteBytes(path, 1002);
+  ds = TokenFileDataset::Open(path, TokenWidth::kUint32, 4);
+  ASSERT_FALSE(ds.ok());
+  EXPECT_THAT(std::string(ds.status().message()),
+              HasSubstr("not a multiple of 4 (token_dtype UINT32)"));
+  EXPECT_TRUE(TokenFileDataset::Open(path, TokenWidth::kUint16, 4).ok());
+}
+
+TEST(TokenFileDatasetTest, MissingFileSaysCheckThePath) {
+  const std::string path = TempPath("no_such_file.bin");
+  absl::StatusOr<std::shared_ptr<TokenFileDataset>> ds =
+      TokenFileDataset::Open(path, TokenWidth::kUint16, 4);
+  ASSERT_FALSE(ds.ok());
+  EXPECT_EQ(ds.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(ds.status().message()), HasSubstr(path));
+  EXPECT_THAT(std::string(ds.status().message()), HasSubstr("check the path"));
+}
+
+TEST(TokenFileDatasetTest, ShorterThanOneSample) {
+  const std::string path = TempPath("short.bin");
+  ASSERT_TRUE(WriteTokenFile(path, {1, 2, 3, 4, 5}, TokenWidth::kUint16).ok());
+  absl::StatusOr<std::shared_ptr<TokenFileDataset>> ds =
+      TokenFileDataset::Open(path, TokenWidth::kUint16, 8);
+  ASSERT_FALSE(ds.ok());
+  const std::string message(ds.status().message());
+  EXPECT_THAT(message, HasSubstr("holds 5 tokens"));
+  EXPECT_THAT(message, HasSubstr("shorter than one sample of seq_len 8"));
+  EXPECT_TRUE(TokenFileDataset::Open(path, TokenWidth::kUint16, 5).ok());
+
+  const std::string empty = TempPath("empty.bin");
+  WriteBytes(empty, 0);
+  ds = TokenFileDataset::Open(empty, TokenWidth::kUint16, 1);
+  ASSERT_FALSE(ds.ok());
+  EXPECT_THAT(std::string(ds.status().message()), HasSubstr("shorter than one sample"));
+}
+
+TEST(TokenFileDatasetTest, RejectsBadSeqLenAndDirectory) {
+  const std::string path = TempPath("seq.bin");
+  ASSERT_TRUE(WriteTokenFile(path, {1, 2, 3}, TokenWidth::kUint16).ok());
+  absl::StatusOr<std::shared_ptr<TokenFileDataset>> ds =
+      TokenFileDataset::Open(path, TokenWidth::kUint16, 0);
+  ASSERT_FALSE(ds.ok());
+  EXPECT_THAT(std::string(ds.status().message()), HasSubstr("seq_len is 0"));
+
+  ds = TokenFileDataset::Open(::testing::TempDir(), TokenWidth::kUint16, 1);
+  ASSERT_FALSE(ds.ok());
+  EXPECT_THAT(std::string(ds.status().message()), HasSubstr("not a regular file"));
+}
+
+TEST(TokenFileDatasetTest, WriteRangeChecksTokens) {
+  const std::string path = TempPath("range.bin");
+  absl::Status status = WriteTokenFile(path, {1, 65536}, TokenWidth::kUint16);
+  ASSERT_FALSE(status.ok());
+  EXPECT_THAT(std::string(status.message()), HasSubstr("token 65536 at position 1"));
+  EXPECT_THAT(std::string(status.message()), HasSubstr("UINT32"));
+  status = WriteTokenFile(path, {3, -1}, TokenWidth::kUint32);
+  ASSERT_FALSE(status.ok());
+  EXPECT_THAT(std::string(status.message()), HasSubstr("token -1 at position 1"));
+  EXPECT_FALSE(WriteTokenFile(path, {4294967296LL}, TokenWidth::kUint32).ok());
+  EXPECT_TRUE(WriteTokenFile(path, {65536}, TokenWidth::kUint32).ok());
+
+  status = WriteTokenFile(TempPath("no_dir/x.bin"), {1}, TokenWidth::kUint16);
+  ASSERT_FALSE(status.ok());
+  EXPECT_THAT(std::string(status.message()), HasSubstr("directory does not exist"));
+}
+
+}  // namespace
+}  // namespace cpptrain

@@ -1,0 +1,420 @@
+#include "config/text_proto.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <set>
+#include <sstream>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/io/tokenizer.h"
+#include "google/protobuf/text_format.h"
+
+namespace cpptrain {
+namespace {
+
+using google::protobuf::Descriptor;
+using google::protobuf::EnumDescriptor;
+using google::protobuf::FieldDescriptor;
+using google::protobuf::Message;
+using google::protobuf::Reflection;
+using google::protobuf::TextFormat;
+
+// Records every parser error with its 0-based position.
+class CollectingErrors : public google::protobuf::io::ErrorCollector {
+ public:
+  struct Error {
+    int line;
+    int column;
+    std::string message;
+  };
+
+  void AddError(int line, google::protobuf::io::ColumnNumber column,
+                const std::string& message) override {
+    errors_.push_back({line, column, message});
+  }
+
+  const std::vector<Error>& errors() const { return errors_; }
+
+ private:
+  std::vector<Error> errors_;
+};
+
+// Levenshtein distance, for "did you mean" hints on short identifiers.
+int EditDistance(absl::string_view a, absl::string_view b) {
+  std::vector<int> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = static_cast<int>(j);
+  for (size_t i = 1; i <= a.size(); ++i) {
+    int diagonal = row[0];
+    row[0] = static_cast<int>(i);
+    for (size_t j = 1; j <= b.size(); ++j) {
+      int above = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
+}
+
+// " (did you mean \"x\"?)" when one candidate is close to `name`, otherwise "".
+std::string Suggestion(absl::string_view name, const std::vector<std::string>& candidates) {
+  const std::string lower = absl::AsciiStrToLower(name);
+  const std::string* best = nullptr;
+  int best_distance = std::max<int>(2, static_cast<int>(name.size()) / 3) + 1;
+  for (const std::string& candidate : candidates) {
+    int distance = EditDistance(lower, absl::AsciiStrToLower(candidate));
+    if (distance < best_distance) {
+      best_distance = distance;
+      best = &candidate;
+    }
+  }
+  return best == nullptr ? "" : absl::StrCat(" (did you mean \"", *best, "\"?)");
+}
+
+std::vector<std::string> FieldNames(const Descriptor* type) {
+  std::vector<std::string> names;
+  for (int i = 0; i < type->field_count(); ++i) names.push_back(type->field(i)->name());
+  return names;
+}
+
+std::vector<std::string> EnumValueNames(const EnumDescriptor* type) {
+  std::vector<std::string> names;
+  for (int i = 0; i < type->value_count(); ++i) names.push_back(type->value(i)->name());
+  return names;
+}
+
+// The shortest path ("args.learning_rate") from `type` to a nested field called `name`, or "".
+std::string PathToNestedField(const Descriptor* type, absl::string_view name) {
+  std::vector<std::pair<const Descriptor*, std::string>> level = {{type, ""}};
+  std::set<const Descriptor*> seen = {type};
+  while (!level.empty()) {
+    std::vector<std::pair<const Descriptor*, std::string>> next;
+    for (const auto& [message, prefix] : level) {
+      for (int i = 0; i < message->field_count(); ++i) {
+        const FieldDescriptor* field = message->field(i);
+        const std::string path = absl::StrCat(prefix, field->name());
+        if (!prefix.empty() && field->name() == name) return path;
+        const Descriptor* child = field->message_type();
+        if (child != nullptr && !field->is_repeated() && seen.insert(child).second) {
+          next.push_back({child, absl::StrCat(path, ".")});
+        }
+      }
+    }
+    level = std::move(next);
+  }
+  return "";
+}
+
+std::string UnknownFieldText(const Descriptor* type, absl::string_view name) {
+  std::vector<std::string> names = FieldNames(type);
+  std::string hint = Suggestion(name, names);
+  const std::string nested = PathToNestedField(type, name);
+  if (!nested.empty()) hint = absl::StrCat(" (did you mean \"", nested, "\"?)");
+  return absl::StrCat("message ", type->full_name(), " has no field \"", name, "\"", hint,
+                      "; valid fields: ", absl::StrJoin(names, ", "));
+}
+
+std::string EnumValuesText(const EnumDescriptor* type, absl::string_view value) {
+  std::vector<std::string> names = EnumValueNames(type);
+  return absl::StrCat(Suggestion(value, names), "; valid values of ", type->full_name(), ": ",
+                      absl::StrJoin(names, ", "));
+}
+
+// The text between `open` and the next `close` after it, or "" when absent.
+std::string Between(absl::string_view text, absl::string_view open, absl::string_view close) {
+  size_t start = text.find(open);
+  if (start == absl::string_view::npos) return "";
+  start += open.size();
+  size_t end = text.find(close, start);
+  if (end == absl::string_view::npos) return "";
+  return std::string(text.substr(start, end - start));
+}
+
+// Enum types of fields named `field_name` in every message reachable from `root`.
+std::vector<const EnumDescriptor*> EnumTypesOfField(const Descriptor* root,
+                                                    const std::string& field_name) {
+  std::vector<const EnumDescriptor*> found;
+  std::set<const Descriptor*> seen = {root};
+  std::vector<const Descriptor*> pending = {root};
+  while (!pending.empty()) {
+    const Descriptor* type = pending.back();
+    pending.pop_back();
+    for (int i = 0; i < type->field_count(); ++i) {
+      const FieldDescriptor* field = type->field(i);
+      if (field->type() == FieldDescriptor::TYPE_ENUM && field->name() == field_name &&
+          std::find(found.begin(), found.end(), field->enum_type()) == found.end()) {
+        found.push_back(field->enum_type());
+      }
+      const Descriptor* child = field->message_type();
+      if (child != nullptr && seen.insert(child).second) pending.push_back(child);
+    }
+  }
+  return found;
+}
+
+// Appends the valid names to the parser's unknown-field and unknown-enum messages.
+std::string ExplainParserError(const Descriptor* root, const std::string& message) {
+  if (absl::StrContains(message, "has no field named")) {
+    const std::string type_name = Between(message, "Message type \"", "\"");
+    const std::string field_name = Between(message, "has no field named \"", "\"");
+    const Descriptor* type = root->file()->pool()->FindMessageTypeByName(type_name);
+    if (type == nullptr) return message;
+    std::vector<std::string> names = FieldNames(type);
+    return absl::StrCat(message, Suggestion(field_name, names), " Valid fields of ", type->name(),
+                        ": ", absl::StrJoin(names, ", "));
+  }
+  if (absl::StrContains(message, "Unknown enumeration value of")) {
+    const std::string value = Between(message, "Unknown enumeration value of \"", "\"");
+    const std::string field_name = Between(message, "for field \"", "\"");
+    std::string result = message;
+    for (const EnumDescriptor* type : EnumTypesOfField(root, field_name)) {
+      std::vector<std::string> names = EnumValueNames(type);
+      absl::StrAppend(&result, Suggestion(value, names), " Valid values of ", type->name(), ": ",
+                      absl::StrJoin(names, ", "));
+    }
+    return result;
+  }
+  return message;
+}
+
+// The byte offset of a tokenizer position (0-based line, column with tabs advancing to the
+// next multiple of 8), clamped to the text.
+size_t OffsetOf(absl::string_view text, int line, int column) {
+  size_t offset = 0;
+  for (int l = 0; l < line && offset < text.size(); ++offset) {
+    if (text[offset] == '\n') ++l;
+  }
+  for (int c = 0; c < column && offset < text.size() && text[offset] != '\n'; ++offset) {
+    c = text[offset] == '\t' ? c + 8 - c % 8 : c + 1;
+  }
+  return offset;
+}
+
+bool IsIdentifierChar(char c) { return absl::ascii_isalnum(c) || c == '_'; }
+
+// The parser reports unknown names after consuming them, i.e. at the next token (possibly on
+// a later line). Moves the position back to the last whole-word occurrence of `token`.
+void MoveToToken(absl::string_view text, absl::string_view token, int* line, int* column) {
+  if (token.empty()) return;
+  size_t end = OffsetOf(text, *line, *column);
+  size_t found = absl::string_view::npos;
+  while (end > 0) {
+    size_t at = text.substr(0, end).rfind(token);
+    if (at == absl::string_view::npos) break;
+    const bool starts = at == 0 || !IsIdentifierChar(text[at - 1]);
+    const size_t after = at + token.size();
+    if (starts && (after >= text.size() || !IsIdentifierChar(text[after]))) {
+      found = at;
+      break;
+    }
+    end = at;
+  }
+  if (found == absl::string_view::npos) return;
+  *line = 0;
+  *column = 0;
+  for (size_t i = 0; i < found; ++i) {
+    if (text[i] == '\n') {
+      ++*line;
+      *column = 0;
+    } else {
+      *column = text[i] == '\t' ? *column + 8 - *column % 8 : *column + 1;
+    }
+  }
+}
+
+// Formats the collected errors as "source:line:column: message" lines.
+std::string FormatErrors(const CollectingErrors& errors, absl::string_view text,
+                         absl::string_view source_name, const Descriptor* root) {
+  std::vector<std::string> lines;
+  for (const CollectingErrors::Error& e : errors.errors()) {
+    int line = e.line;
+    int column = e.column;
+    if (absl::StrContains(e.message, "has no field named")) {
+      MoveToToken(text, Between(e.message, "has no field named \"", "\""), &line, &column);
+    } else if (absl::StrContains(e.message, "Unknown enumeration value of")) {
+      MoveToToken(text, Between(e.message, "Unknown enumeration value of \"", "\""), &line,
+                  &column);
+    }
+    lines.push_back(absl::StrCat(source_name, ":", line + 1, ":", column + 1, ": ",
+                                 ExplainParserError(root, e.message)));
+  }
+  if (lines.empty()) lines.push_back(absl::StrCat(source_name, ": malformed text proto"));
+  return absl::StrJoin(lines, "\n");
+}
+
+bool IsQuoted(absl::string_view value) {
+  return value.size() >= 2 && (value.front() == '"' || value.front() == '\'') &&
+         value.back() == value.front();
+}
+
+// One scalar value in text-format syntax: strings are quoted unless they already are, enum
+// names are matched case-insensitively.
+std::string ScalarText(const FieldDescriptor* field, absl::string_view value) {
+  value = absl::StripAsciiWhitespace(value);
+  switch (field->cpp_type()) {
+    case FieldDescriptor::CPPTYPE_STRING:
+      if (IsQuoted(value)) return std::string(value);
+      return absl::StrCat("\"", absl::CEscape(value), "\"");
+    case FieldDescriptor::CPPTYPE_ENUM: {
+      const EnumDescriptor* type = field->enum_type();
+      if (type->FindValueByName(std::string(value)) == nullptr) {
+        for (int i = 0; i < type->value_count(); ++i) {
+          if (absl::EqualsIgnoreCase(type->value(i)->name(), value)) return type->value(i)->name();
+        }
+      }
+      return std::string(value);
+    }
+    default:
+      return std::string(value);
+  }
+}
+
+// The text-format assignment of `value` to the leaf `field`, e.g. "learning_rate: 3e-4".
+// Returns "" for an empty repeated value (the field is only cleared).
+std::string LeafText(const FieldDescriptor* field, absl::string_view value) {
+  const std::string& name = field->name();
+  if (field->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE) {
+    return absl::StrCat(name, " ", value);
+  }
+  if (!field->is_repeated()) return absl::StrCat(name, ": ", ScalarText(field, value));
+  if (value.empty()) return "";
+  if (value.front() == '[') return absl::StrCat(name, ": ", value);
+  std::vector<std::string> items;
+  for (absl::string_view item : absl::StrSplit(value, ',')) {
+    items.push_back(ScalarText(field, item));
+  }
+  return absl::StrCat(name, ": [", absl::StrJoin(items, ", "), "]");
+}
+
+// Applies `assignment` to `msg` in place; the caller works on a copy. Returns the reason
+// (without the "--set=" prefix) on failure.
+absl::Status ApplyInPlace(absl::string_view assignment, Message* msg) {
+  const size_t eq = assignment.find('=');
+  if (eq == absl::string_view::npos) {
+    return absl::InvalidArgumentError("expected path.to.field=value");
+  }
+  const absl::string_view path = absl::StripAsciiWhitespace(assignment.substr(0, eq));
+  const absl::string_view value = absl::StripAsciiWhitespace(assignment.substr(eq + 1));
+  if (path.empty()) return absl::InvalidArgumentError("empty field path before '='");
+
+  const std::vector<absl::string_view> parts = absl::StrSplit(path, '.');
+  Message* parent = msg;
+  for (size_t i = 0; i + 1 < parts.size(); ++i) {
+    const Descriptor* type = parent->GetDescriptor();
+    const FieldDescriptor* field = type->FindFieldByName(std::string(parts[i]));
+    if (field == nullptr) return absl::InvalidArgumentError(UnknownFieldText(type, parts[i]));
+    if (field->cpp_type() != FieldDescriptor::CPPTYPE_MESSAGE || field->is_repeated()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field->full_name(), " is not a singular message field, so \"", parts[i + 1],
+                       "\" cannot follow it in the path"));
+    }
+    // For a oneof member this selects the case and clears the other member.
+    parent = parent->GetReflection()->MutableMessage(parent, field);
+  }
+
+  const Descriptor* type = parent->GetDescriptor();
+  const FieldDescriptor* leaf = type->FindFieldByName(std::string(parts.back()));
+  if (leaf == nullptr) return absl::InvalidArgumentError(UnknownFieldText(type, parts.back()));
+  if (leaf->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE) {
+    if (leaf->is_repeated()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          leaf->full_name(), " is a repeated message field; overrides set scalar fields"));
+    }
+    if (value.size() < 2 || value.front() != '{' || value.back() != '}') {
+      const Descriptor* body_type = leaf->message_type();
+      const std::string example =
+          body_type->field_count() > 0
+              ? absl::StrCat("e.g. ", parts.back(), ".", body_type->field(0)->name(), "=...; ")
+              : "";
+      return absl::InvalidArgumentError(absl::StrCat(
+          leaf->full_name(), " is a message: set one of its fields (", example,
+          "fields: ", absl::StrJoin(FieldNames(body_type), ", "),
+          ") or give a text-format body in braces (", parts.back(), "={} for the defaults)"));
+    }
+  }
+
+  const Reflection* reflection = parent->GetReflection();
+  if (leaf->containing_oneof() != nullptr) {
+    reflection->ClearOneof(parent, leaf->containing_oneof());
+  }
+  reflection->ClearField(parent, leaf);
+  const std::string text = LeafText(leaf, value);
+  if (text.empty()) return absl::OkStatus();
+
+  CollectingErrors errors;
+  TextFormat::Parser parser;
+  parser.RecordErrorsTo(&errors);
+  if (parser.MergeFromString(text, parent)) return absl::OkStatus();
+
+  std::vector<std::string> reasons;
+  for (const CollectingErrors::Error& e : errors.errors()) {
+    reasons.push_back(std::string(absl::StripSuffix(e.message, ".")));
+  }
+  std::string why = absl::StrCat("bad value \"", value, "\" for ", leaf->full_name(), " (",
+                                 leaf->is_repeated() ? "repeated " : "", leaf->type_name(),
+                                 "): ", absl::StrJoin(reasons, "; "));
+  if (leaf->cpp_type() == FieldDescriptor::CPPTYPE_ENUM) {
+    absl::StrAppend(&why, EnumValuesText(leaf->enum_type(), value));
+  }
+  return absl::InvalidArgumentError(why);
+}
+
+}  // namespace
+
+absl::Status ParseTextProto(absl::string_view text, absl::string_view source_name, Message* msg) {
+  CollectingErrors errors;
+  TextFormat::Parser parser;
+  parser.RecordErrorsTo(&errors);
+  if (parser.ParseFromString(std::string(text), msg)) return absl::OkStatus();
+  return absl::InvalidArgumentError(FormatErrors(errors, text, source_name, msg->GetDescriptor()));
+}
+
+absl::Status LoadTextProtoFile(const std::string& path, Message* msg) {
+  std::ifstream file(path, std::ios::binary);
+  if (!file) {
+    return absl::NotFoundError(
+        absl::StrCat("cannot read config file \"", path, "\": ", std::strerror(errno)));
+  }
+  std::ostringstream contents;
+  contents << file.rdbuf();
+  if (file.bad()) {
+    return absl::DataLossError(absl::StrCat("error while reading config file \"", path, "\""));
+  }
+  return ParseTextProto(contents.str(), path, msg);
+}
+
+absl::Status ApplyOverride(absl::string_view assignment, Message* msg) {
+  std::unique_ptr<Message> copy(msg->New());
+  copy->CopyFrom(*msg);
+  absl::Status status = ApplyInPlace(assignment, copy.get());
+  if (!status.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--set=", assignment, ": ", status.message()));
+  }
+  msg->GetReflection()->Swap(msg, copy.get());
+  return absl::OkStatus();
+}
+
+absl::Status ApplyOverrides(const std::vector<std::string>& assignments, Message* msg) {
+  std::unique_ptr<Message> copy(msg->New());
+  copy->CopyFrom(*msg);
+  std::vector<std::string> failures;
+  for (const std::string& assignment : assignments) {
+    absl::Status status = ApplyOverride(assignment, copy.get());
+    if (!status.ok()) failures.push_back(std::string(status.message()));
+  }
+  if (!failures.empty()) return absl::InvalidArgumentError(absl::StrJoin(failures, "\n"));
+  msg->GetReflection()->Swap(msg, copy.get());
+  return absl::OkStatus();
+}
+
+}  // namespace cpptrain

@@ -1,0 +1,206 @@
+#include "config/training_args.h"
+
+#include <cmath>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "base/status.h"
+#include "config/internal/validation.h"
+#include "config/text_proto.h"
+
+namespace cpptrain {
+
+namespace {
+
+using config_internal::Problems;
+using proto::TrainingArguments;
+
+Problems TrainingArgumentsProblems(const TrainingArguments& args) {
+  Problems problems;
+  config_internal::CheckSteps(args, &problems);
+  config_internal::CheckLoop(args, &problems);
+  config_internal::CheckOptimizerAndScheduler(args, &problems);
+  config_internal::CheckEngine(args, &problems);
+  return problems;
+}
+
+// One InvalidArgument error listing every problem on its own line, or OK.
+absl::Status ToStatus(const std::string& what, const Problems& problems) {
+  if (problems.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("invalid ", what, " (", problems.size(),
+                                                 problems.size() == 1 ? " problem" : " problems",
+                                                 "):\n  ", absl::StrJoin(problems, "\n  ")));
+}
+
+absl::Status WithSource(const std::string& path, const absl::Status& status) {
+  if (status.ok() || path.empty()) return status;
+  return absl::Status(status.code(), absl::StrCat(path, ": ", status.message()));
+}
+
+void CheckData(const proto::TrainJob& job, Problems* problems) {
+  const proto::DataSpec& data = job.data();
+  const bool builtin = data.has_builtin() && !data.builtin().empty();
+  const bool train_file = data.has_train_file() && !data.train_file().empty();
+  if (builtin == train_file) {
+    problems->push_back(
+        absl::StrCat("data: give exactly one of data.train_file and data.builtin (saw train_file=",
+                     train_file ? "\"" + data.train_file() + "\"" : "<unset>",
+                     ", builtin=", builtin ? "\"" + data.builtin() + "\"" : "<unset>", ")"));
+  }
+  if (data.seq_len() < 1) {
+    problems->push_back(absl::StrCat("data.seq_len=", data.seq_len(), " must be >= 1"));
+  }
+  if (builtin && data.builtin_train_samples() < 1) {
+    problems->push_back(
+        absl::StrCat("data.builtin_train_samples=", data.builtin_train_samples(), " must be >= 1"));
+  }
+  const TrainingArguments::Strategy eval = job.args().eval_strategy();
+  if (eval == TrainingArguments::NO) return;
+  const bool eval_file = data.has_eval_file() && !data.eval_file().empty();
+  if (!eval_file && !builtin) {
+    problems->push_back(absl::StrCat("args.eval_strategy=", TrainingArguments::Strategy_Name(eval),
+                                     " needs evaluation data; set data.eval_file or use "
+                                     "data.builtin, or set args.eval_strategy=NO"));
+  } else if (!eval_file && data.builtin_eval_samples() < 1) {
+    problems->push_back(absl::StrCat("args.eval_strategy=", TrainingArguments::Strategy_Name(eval),
+                                     " needs evaluation data, but data.builtin_eval_samples=",
+                                     data.builtin_eval_samples(), "; set it >= 1"));
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<TrainingArguments> LoadTrainingArguments(const std::string& path,
+                                                        const std::vector<std::string>& overrides) {
+  TrainingArguments args;
+  if (!path.empty()) CT_RETURN_IF_ERROR(LoadTextProtoFile(path, &args));
+  CT_RETURN_IF_ERROR(ApplyOverrides(overrides, &args));
+  CT_RETURN_IF_ERROR(WithSource(path, ValidateTrainingArguments(args)));
+  return args;
+}
+
+absl::StatusOr<proto::TrainJob> LoadTrainJob(const std::string& path,
+                                             const std::vector<std::string>& overrides) {
+  proto::TrainJob job;
+  if (!path.empty()) CT_RETURN_IF_ERROR(LoadTextProtoFile(path, &job));
+  CT_RETURN_IF_ERROR(ApplyOverrides(overrides, &job));
+  CT_RETURN_IF_ERROR(WithSource(path, ValidateTrainJob(job)));
+  return job;
+}
+
+absl::Status ValidateTrainingArguments(const TrainingArguments& args) {
+  return ToStatus("training arguments", TrainingArgumentsProblems(args));
+}
+
+absl::Status ValidateTrainJob(const proto::TrainJob& job) {
+  Problems problems;
+  for (const std::string& problem : TrainingArgumentsProblems(job.args())) {
+    problems.push_back(absl::StrCat("args: ", problem));
+  }
+  if (job.model().model_case() == proto::ModelSpec::MODEL_NOT_SET ||
+      (job.model().has_name() && job.model().name().empty())) {
+    problems.push_back(
+        "model: no model given; set model.name (a named config such as \"tiny\") or "
+        "model.decoder");
+  }
+  CheckData(job, &problems);
+  return ToStatus("train job", problems);
+}
+
+std::vector<std::string> TrainingArgumentsWarnings(const TrainingArguments& args) {
+  std::vector<std::string> warnings;
+  if (args.accelerator_config().non_blocking() && !args.dataloader_pin_memory()) {
+    warnings.push_back(
+        "accelerator_config.non_blocking=true with dataloader_pin_memory=false: host-to-device "
+        "copies from pageable memory are synchronous; enable both for overlap");
+  }
+  if (args.load_best_model_at_end() && args.eval_strategy() == TrainingArguments::NO) {
+    warnings.push_back(
+        "load_best_model_at_end=true with eval_strategy=NO never evaluates, so no best model "
+        "is tracked; set eval_strategy (and a matching save_strategy)");
+  }
+  config_internal::AddEngineWarnings(args, &warnings);
+  return warnings;
+}
+
+absl::Status ValidateForWorld(const TrainingArguments& args, int world_size) {
+  Problems problems;
+  if (world_size < 1) {
+    problems.push_back(absl::StrCat("world_size=", world_size, " must be >= 1"));
+    return ToStatus("training arguments for this world", problems);
+  }
+  if (args.accelerator_config().split_batches()) {
+    const std::pair<const char*, int> batches[] = {
+        {"per_device_train_batch_size", args.per_device_train_batch_size()},
+        {"per_device_eval_batch_size", args.per_device_eval_batch_size()},
+    };
+    for (const auto& [name, batch] : batches) {
+      if (batch % world_size == 0) continue;
+      problems.push_back(absl::StrCat(
+          "accelerator_config.split_batches=true: to use a data loader in split_batches mode, "
+          "the batch size (",
+          name, "=", batch, ") needs to be a round multiple of the number of processes (",
+          world_size, "); change the batch size or turn split_batches off"));
+    }
+  }
+  if (args.has_fsdp()) {
+    const proto::FsdpConfig& fsdp = args.fsdp();
+    const int replicate = fsdp.dp_replicate_size();
+    const int shard = fsdp.dp_shard_size();
+    if (replicate >= 1 && shard > 0 && replicate * shard != world_size) {
+      problems.push_back(absl::StrCat("fsdp.dp_replicate_size=", replicate,
+                                      " x fsdp.dp_shard_size=", shard, " = ", replicate * shard,
+                                      " does not match the world size ", world_size,
+                                      "; make the product equal the number of processes"));
+    } else if (replicate >= 1 && shard == 0 && world_size % replicate != 0) {
+      problems.push_back(absl::StrCat("fsdp.dp_replicate_size=", replicate,
+                                      " does not divide the world size ", world_size,
+                                      " (fsdp.dp_shard_size=0 shards over the rest)"));
+    }
+  }
+  return ToStatus("training arguments for this world", problems);
+}
+
+double ResolvedEvalSteps(const TrainingArguments& args) {
+  return args.has_eval_steps() && args.eval_steps() != 0 ? args.eval_steps() : args.logging_steps();
+}
+
+std::string ResolvedMetricForBestModel(const TrainingArguments& args) {
+  const std::string metric =
+      args.has_metric_for_best_model() && !args.metric_for_best_model().empty()
+          ? args.metric_for_best_model()
+          : "loss";
+  return absl::StartsWith(metric, "eval_") ? metric : absl::StrCat("eval_", metric);
+}
+
+bool ResolvedGreaterIsBetter(const TrainingArguments& args) {
+  if (args.has_greater_is_better()) return args.greater_is_better();
+  return !absl::EndsWith(ResolvedMetricForBestModel(args), "loss");
+}
+
+int64_t ResolveStepInterval(double steps, int64_t max_steps) {
+  if (steps > 0 && steps < 1) {
+    return static_cast<int64_t>(std::ceil(static_cast<double>(max_steps) * steps));
+  }
+  return static_cast<int64_t>(steps);
+}
+
+int64_t ResolveWarmupSteps(const TrainingArguments& args, int64_t total_steps) {
+  const double warmup = args.warmup_steps();
+  if (warmup >= 1) return static_cast<int64_t>(warmup);
+  return static_cast<int64_t>(std::ceil(static_cast<double>(total_steps) * warmup));
+}
+
+int64_t ResolvedDataSeed(const TrainingArguments& args) {
+  return args.has_data_seed() ? args.data_seed() : args.seed();
+}
+
+int32_t ResolvedGradientAccumulationSteps(const TrainingArguments& args) {
+  const proto::GradientAccumulationKwargs& ga =
+      args.accelerator_config().gradient_accumulation_kwargs();
+  return ga.has_num_steps() ? ga.num_steps() : args.gradient_accumulation_steps();
+}
+
+}  // namespace cpptrain

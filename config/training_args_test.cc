@@ -1,0 +1,322 @@
+#include "config/training_args.h"
+
+#include <cstdlib>
+#include <fstream>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "config/text_proto.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace cpptrain {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::Contains;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+
+std::string EnvOrEmpty(const char* name) {
+  const char* value = std::getenv(name);
+  return value == nullptr ? "" : value;
+}
+
+std::string FixturePath() {
+  return absl::StrCat(EnvOrEmpty("TEST_SRCDIR"), "/", EnvOrEmpty("TEST_WORKSPACE"),
+                      "/config/testdata/full.textproto");
+}
+
+proto::TrainingArguments Args(const std::string& text) {
+  proto::TrainingArguments args;
+  absl::Status status = ParseTextProto(text, "test", &args);
+  EXPECT_TRUE(status.ok()) << status;
+  return args;
+}
+
+// The validation error of `text`; fails the test when it validates.
+std::string Problems(const std::string& text) {
+  absl::Status status = ValidateTrainingArguments(Args(text));
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << text;
+  return std::string(status.message());
+}
+
+void ExpectValid(const std::string& text) {
+  absl::Status status = ValidateTrainingArguments(Args(text));
+  EXPECT_TRUE(status.ok()) << text << "\n" << status;
+}
+
+// ---------------------------------------------------------------------------------------
+// Whole configs.
+
+TEST(ValidateTrainingArgumentsTest, DefaultsAreValid) { ExpectValid(""); }
+
+TEST(ValidateTrainingArgumentsTest, ValidConfigWithManyFieldsPasses) {
+  ExpectValid(R"pb(
+    output_dir: "/tmp/run"
+    per_device_train_batch_size: 4
+    per_device_eval_batch_size: 16
+    gradient_accumulation_steps: 8
+    num_train_epochs: 1.5
+    learning_rate: 1e-3
+    lr_scheduler_type: WARMUP_STABLE_DECAY
+    lr_scheduler_kwargs { num_stable_steps: 100 num_decay_steps: 50 decay_type: "1-sqrt" }
+    warmup_steps: 0.1
+    weight_decay: 0.01
+    adam_beta2: 0.98
+    max_grad_norm: 0
+    logging_steps: 0.01
+    eval_strategy: STEPS
+    eval_steps: 0.1
+    save_strategy: STEPS
+    save_steps: 0.2
+    save_total_limit: 1
+    load_best_model_at_end: true
+    metric_for_best_model: "accuracy"
+    greater_is_better: true
+    fp16: true
+    auto_find_batch_size: true
+    dataloader_num_workers: 4
+    dataloader_prefetch_factor: 2
+    dataloader_persistent_workers: true
+    accelerator_config { split_batches: true non_blocking: true }
+    zero { stage: 2 offload_optimizer_device: CPU }
+  )pb");
+}
+
+TEST(ValidateTrainingArgumentsTest, FullFixturePasses) {
+  absl::StatusOr<proto::TrainJob> job = LoadTrainJob(FixturePath(), {});
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->args().per_device_train_batch_size(), 16);
+}
+
+TEST(ValidateTrainingArgumentsTest, CollectsEveryProblemOneLineEach) {
+  const std::string message = Problems(R"pb(
+    fp16: true
+    bf16: true
+    learning_rate: -1
+    per_device_train_batch_size: 0
+    zero { stage: 7 }
+  )pb");
+  EXPECT_THAT(message,
+              AllOf(HasSubstr("(4 problems)"), HasSubstr("\n  fp16=true"),
+                    HasSubstr("\n  learning_rate=-1"),
+                    HasSubstr("\n  per_device_train_batch_size=0"), HasSubstr("\n  zero.stage=7")));
+}
+
+// ---------------------------------------------------------------------------------------
+// Warnings.
+
+TEST(WarningsTest, DefaultsHaveNone) {
+  EXPECT_THAT(TrainingArgumentsWarnings(Args("")), IsEmpty());
+}
+
+TEST(WarningsTest, GradientCheckpointingWithFullShard) {
+  EXPECT_THAT(TrainingArgumentsWarnings(Args("gradient_checkpointing: true fsdp {}")),
+              Contains(HasSubstr("fsdp.activation_checkpointing")));
+  EXPECT_THAT(TrainingArgumentsWarnings(Args("gradient_checkpointing: true fsdp { version: 1 "
+                                             "sharding_strategy: HYBRID_SHARD }")),
+              Contains(HasSubstr("gradient_checkpointing=true")));
+  EXPECT_THAT(TrainingArgumentsWarnings(
+                  Args("gradient_checkpointing: true fsdp { reshard_after_forward: false }")),
+              IsEmpty());
+}
+
+TEST(WarningsTest, NonBlockingWithoutPinMemory) {
+  EXPECT_THAT(
+      TrainingArgumentsWarnings(
+          Args("dataloader_pin_memory: false accelerator_config { non_blocking: true }")),
+      Contains(AllOf(HasSubstr("non_blocking=true"), HasSubstr("dataloader_pin_memory=false"))));
+  EXPECT_THAT(TrainingArgumentsWarnings(Args("accelerator_config { non_blocking: true }")),
+              IsEmpty());
+}
+
+TEST(WarningsTest, LoadBestWithoutEvaluation) {
+  EXPECT_THAT(TrainingArgumentsWarnings(Args("load_best_model_at_end: true save_strategy: NO")),
+              Contains(HasSubstr("eval_strategy=NO")));
+}
+
+TEST(WarningsTest, Fsdp1KeysIgnoredByFsdp2) {
+  EXPECT_THAT(TrainingArgumentsWarnings(Args("fsdp { backward_prefetch: BACKWARD_POST }")),
+              Contains(HasSubstr("fsdp.backward_prefetch")));
+}
+
+TEST(WarningsTest, SizeBasedWrapWithoutThreshold) {
+  EXPECT_THAT(TrainingArgumentsWarnings(Args("fsdp { auto_wrap_policy: SIZE_BASED_WRAP }")),
+              Contains(HasSubstr("min_num_params=0")));
+}
+
+// ---------------------------------------------------------------------------------------
+// World-size checks.
+
+TEST(ValidateForWorldTest, SplitBatchesNeedsDivisibleBatch) {
+  const proto::TrainingArguments args =
+      Args("per_device_train_batch_size: 6 accelerator_config { split_batches: true }");
+  const std::string four = std::string(ValidateForWorld(args, 4).message());
+  EXPECT_THAT(four, AllOf(HasSubstr("per_device_train_batch_size=6"), HasSubstr("round multiple"),
+                          HasSubstr("number of processes (4)"), HasSubstr("(1 problem)")));
+  EXPECT_THAT(std::string(ValidateForWorld(args, 3).message()),
+              AllOf(HasSubstr("per_device_eval_batch_size=8"), HasSubstr("(1 problem)")));
+  EXPECT_TRUE(ValidateForWorld(args, 2).ok());
+  EXPECT_TRUE(ValidateForWorld(Args("per_device_train_batch_size: 6"), 4).ok());
+}
+
+TEST(ValidateForWorldTest, FsdpMeshMustCoverWorld) {
+  const proto::TrainingArguments args = Args("fsdp { dp_replicate_size: 2 dp_shard_size: 4 }");
+  EXPECT_TRUE(ValidateForWorld(args, 8).ok());
+  absl::Status status = ValidateForWorld(args, 6);
+  ASSERT_FALSE(status.ok());
+  EXPECT_THAT(status.message(), AllOf(HasSubstr("dp_replicate_size=2"),
+                                      HasSubstr("dp_shard_size=4"), HasSubstr("world size 6")));
+}
+
+TEST(ValidateForWorldTest, ReplicateSizeMustDivideWorld) {
+  const proto::TrainingArguments args = Args("fsdp { dp_replicate_size: 3 }");
+  EXPECT_TRUE(ValidateForWorld(args, 6).ok());
+  EXPECT_THAT(ValidateForWorld(args, 4).message(),
+              AllOf(HasSubstr("dp_replicate_size=3"), HasSubstr("world size 4")));
+}
+
+TEST(ValidateForWorldTest, WorldSizeMustBePositive) {
+  EXPECT_THAT(ValidateForWorld(Args(""), 0).message(), HasSubstr("world_size=0"));
+}
+
+// ---------------------------------------------------------------------------------------
+// Resolution helpers.
+
+TEST(ResolveTest, EvalStepsFallBackToLoggingSteps) {
+  EXPECT_DOUBLE_EQ(ResolvedEvalSteps(Args("logging_steps: 20")), 20);
+  EXPECT_DOUBLE_EQ(ResolvedEvalSteps(Args("logging_steps: 20 eval_steps: 0")), 20);
+  EXPECT_DOUBLE_EQ(ResolvedEvalSteps(Args("logging_steps: 20 eval_steps: 0.25")), 0.25);
+}
+
+TEST(ResolveTest, MetricForBestModelGetsEvalPrefix) {
+  EXPECT_EQ(ResolvedMetricForBestModel(Args("")), "eval_loss");
+  EXPECT_EQ(ResolvedMetricForBestModel(Args("metric_for_best_model: \"accuracy\"")),
+            "eval_accuracy");
+  EXPECT_EQ(ResolvedMetricForBestModel(Args("metric_for_best_model: \"eval_f1\"")), "eval_f1");
+}
+
+TEST(ResolveTest, GreaterIsBetterFollowsMetricName) {
+  EXPECT_FALSE(ResolvedGreaterIsBetter(Args("")));
+  EXPECT_FALSE(ResolvedGreaterIsBetter(Args("metric_for_best_model: \"nll_loss\"")));
+  EXPECT_TRUE(ResolvedGreaterIsBetter(Args("metric_for_best_model: \"accuracy\"")));
+  EXPECT_TRUE(ResolvedGreaterIsBetter(Args("greater_is_better: true")));
+}
+
+TEST(ResolveTest, StepIntervalRatioRoundsUp) {
+  EXPECT_EQ(ResolveStepInterval(0.1, 1005), 101);
+  EXPECT_EQ(ResolveStepInterval(0.5, 10), 5);
+  EXPECT_EQ(ResolveStepInterval(500, 1005), 500);
+  EXPECT_EQ(ResolveStepInterval(1, 1005), 1);
+}
+
+TEST(ResolveTest, WarmupStepsRatioRoundsUp) {
+  EXPECT_EQ(ResolveWarmupSteps(Args("warmup_steps: 0.05"), 1010), 51);
+  EXPECT_EQ(ResolveWarmupSteps(Args("warmup_steps: 30"), 1010), 30);
+  EXPECT_EQ(ResolveWarmupSteps(Args(""), 1010), 0);
+}
+
+TEST(ResolveTest, DataSeedFallsBackToSeed) {
+  EXPECT_EQ(ResolvedDataSeed(Args("seed: 3")), 3);
+  EXPECT_EQ(ResolvedDataSeed(Args("seed: 3 data_seed: 9")), 9);
+}
+
+TEST(ResolveTest, GradientAccumulationNumStepsOverrides) {
+  EXPECT_EQ(ResolvedGradientAccumulationSteps(Args("gradient_accumulation_steps: 4")), 4);
+  EXPECT_EQ(ResolvedGradientAccumulationSteps(
+                Args("accelerator_config { gradient_accumulation_kwargs { num_steps: 3 } }")),
+            3);
+}
+
+// ---------------------------------------------------------------------------------------
+// Loading.
+
+TEST(LoadTrainingArgumentsTest, FromDefaultsWithOverrides) {
+  absl::StatusOr<proto::TrainingArguments> args =
+      LoadTrainingArguments("", {"learning_rate=3e-4", "lr_scheduler_type=cosine"});
+  ASSERT_TRUE(args.ok()) << args.status();
+  EXPECT_DOUBLE_EQ(args->learning_rate(), 3e-4);
+  EXPECT_EQ(args->lr_scheduler_type(), proto::TrainingArguments::COSINE);
+}
+
+TEST(LoadTrainingArgumentsTest, FromFileValidatesAndNamesPath) {
+  const std::string path = absl::StrCat(EnvOrEmpty("TEST_TMPDIR"), "/args.textproto");
+  std::ofstream(path) << "fp16: true\nlogging_steps: 10\n";
+  ASSERT_TRUE(LoadTrainingArguments(path, {}).ok());
+  absl::StatusOr<proto::TrainingArguments> args = LoadTrainingArguments(path, {"bf16=true"});
+  ASSERT_FALSE(args.ok());
+  EXPECT_THAT(args.status().message(),
+              AllOf(HasSubstr(path), HasSubstr("fp16=true and bf16=true")));
+}
+
+TEST(LoadTrainingArgumentsTest, MissingFile) {
+  EXPECT_EQ(LoadTrainingArguments("/nonexistent.textproto", {}).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST(LoadTrainJobTest, FixtureWithOverrides) {
+  absl::StatusOr<proto::TrainJob> job = LoadTrainJob(
+      FixturePath(),
+      {"args.fsdp.version=1", "args.fsdp.reshard_after_forward=", "args.learning_rate=1e-3"});
+  // An empty value for a singular field is a type error, not a clear.
+  ASSERT_FALSE(job.ok());
+  EXPECT_THAT(job.status().message(), HasSubstr("--set=args.fsdp.reshard_after_forward=:"));
+
+  job = LoadTrainJob(FixturePath(), {"args.ddp={}", "args.learning_rate=1e-3"});
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_TRUE(job->args().has_ddp());
+  EXPECT_DOUBLE_EQ(job->args().learning_rate(), 1e-3);
+}
+
+TEST(LoadTrainJobTest, OverrideBreakingARuleIsReportedWithPath) {
+  absl::StatusOr<proto::TrainJob> job = LoadTrainJob(FixturePath(), {"args.fsdp.version=1"});
+  ASSERT_FALSE(job.ok());
+  EXPECT_THAT(job.status().message(),
+              AllOf(HasSubstr("full.textproto"), HasSubstr("args: fsdp.reshard_after_forward")));
+}
+
+TEST(ValidateTrainJobTest, NeedsModelAndData) {
+  absl::Status status = ValidateTrainJob(proto::TrainJob());
+  EXPECT_THAT(status.message(), AllOf(HasSubstr("(2 problems)"), HasSubstr("model.name"),
+                                      HasSubstr("data.train_file")));
+}
+
+TEST(ValidateTrainJobTest, TrainFileAndBuiltinAreExclusive) {
+  proto::TrainJob job;
+  job.mutable_model()->set_name("tiny");
+  job.mutable_data()->set_train_file("train.bin");
+  job.mutable_data()->set_builtin("arithmetic");
+  EXPECT_THAT(ValidateTrainJob(job).message(),
+              AllOf(HasSubstr("train_file=\"train.bin\""), HasSubstr("builtin=\"arithmetic\"")));
+}
+
+TEST(ValidateTrainJobTest, EvaluationNeedsEvalData) {
+  proto::TrainJob job;
+  job.mutable_model()->set_name("tiny");
+  job.mutable_data()->set_train_file("train.bin");
+  job.mutable_args()->set_eval_strategy(proto::TrainingArguments::EPOCH);
+  EXPECT_THAT(ValidateTrainJob(job).message(),
+              AllOf(HasSubstr("args.eval_strategy=EPOCH"), HasSubstr("data.eval_file")));
+  job.mutable_data()->set_eval_file("eval.bin");
+  EXPECT_TRUE(ValidateTrainJob(job).ok());
+}
+
+TEST(ValidateTrainJobTest, SeqLenMustBePositive) {
+  proto::TrainJob job;
+  job.mutable_model()->set_name("tiny");
+  job.mutable_data()->set_builtin("arithmetic");
+  job.mutable_data()->set_seq_len(0);
+  EXPECT_THAT(ValidateTrainJob(job).message(), HasSubstr("data.seq_len=0"));
+}
+
+TEST(ValidateTrainJobTest, ArgsProblemsArePrefixed) {
+  proto::TrainJob job;
+  job.mutable_model()->set_name("tiny");
+  job.mutable_data()->set_builtin("arithmetic");
+  job.mutable_args()->set_max_steps(0);
+  EXPECT_THAT(ValidateTrainJob(job).message(), HasSubstr("args: max_steps=0"));
+}
+
+}  // namespace
+}  // namespace cpptrain

@@ -11,8 +11,8 @@ namespace cpptrain {
 
 AutocastGuard::AutocastGuard(at::DeviceType device_type, at::ScalarType dtype)
     : device_type_(device_type),
-      previous_enabled_(at::autocast::is_autocast_enabled(device_type)),
-      previous_dtype_(at::autocast::get_autocast_dtype(device_type)) {
+      previous_enabled_(AutocastEnabled(device_type)),
+      previous_dtype_(AutocastDtype(device_type)) {
   at::autocast::set_autocast_enabled(device_type_, true);
   at::autocast::set_autocast_dtype(device_type_, dtype);
   at::autocast::increment_nesting();
@@ -22,6 +22,14 @@ AutocastGuard::~AutocastGuard() {
   if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
   at::autocast::set_autocast_enabled(device_type_, previous_enabled_);
   at::autocast::set_autocast_dtype(device_type_, previous_dtype_);
+}
+
+bool AutocastEnabled(at::DeviceType device_type) {
+  return at::autocast::is_autocast_enabled(device_type);
+}
+
+at::ScalarType AutocastDtype(at::DeviceType device_type) {
+  return at::autocast::get_autocast_dtype(device_type);
 }
 
 at::Tensor CausalAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
@@ -39,10 +47,8 @@ at::Tensor CausalAttention(const at::Tensor& q, const at::Tensor& k, const at::T
 
 AutocastGuard::AutocastGuard(at::DeviceType device_type, at::ScalarType dtype)
     : device_type_(device_type),
-      previous_enabled_(device_type == at::kCPU ? at::autocast::is_cpu_enabled()
-                                                : at::autocast::is_enabled()),
-      previous_dtype_(device_type == at::kCPU ? at::autocast::get_autocast_cpu_dtype()
-                                              : at::autocast::get_autocast_gpu_dtype()) {
+      previous_enabled_(AutocastEnabled(device_type)),
+      previous_dtype_(AutocastDtype(device_type)) {
   if (device_type_ == at::kCPU) {
     at::autocast::set_cpu_enabled(true);
     at::autocast::set_autocast_cpu_dtype(dtype);
@@ -62,6 +68,15 @@ AutocastGuard::~AutocastGuard() {
     at::autocast::set_enabled(previous_enabled_);
     at::autocast::set_autocast_gpu_dtype(previous_dtype_);
   }
+}
+
+bool AutocastEnabled(at::DeviceType device_type) {
+  return device_type == at::kCPU ? at::autocast::is_cpu_enabled() : at::autocast::is_enabled();
+}
+
+at::ScalarType AutocastDtype(at::DeviceType device_type) {
+  return device_type == at::kCPU ? at::autocast::get_autocast_cpu_dtype()
+                                 : at::autocast::get_autocast_gpu_dtype();
 }
 
 at::Tensor CausalAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {

@@ -25,6 +25,10 @@ class AutocastGuard {
   at::ScalarType previous_dtype_;
 };
 
+// Whether autocast is on for `device_type`, and its low-precision dtype.
+bool AutocastEnabled(at::DeviceType device_type);
+at::ScalarType AutocastDtype(at::DeviceType device_type);
+
 // Causal self-attention. q: [B, H, T, D]; k, v: [B, Hkv, T, D] with H a multiple of Hkv
 // (grouped-query attention). Returns [B, H, T, D]. Uses the fused kernel where LibTorch has
 // one (2.x), a reference implementation otherwise.

@@ -6,6 +6,7 @@
 
 #include <torch/torch.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
 #include "base/torch_status.h"

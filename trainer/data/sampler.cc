@@ -78,8 +78,14 @@ int64_t DistributedSampler::num_steps() const {
   return CeilDiv(dataset_size_, global_batch_size_);
 }
 
+bool DistributedSampler::pads() const {
+  // One process has no other rank to keep in step with: nothing is repeated (as Accelerate,
+  // which shards batches only when there are several processes).
+  return options_.even_batches && options_.world_size > 1;
+}
+
 int64_t DistributedSampler::num_samples_padded() const {
-  if (options_.drop_last || options_.even_batches) return num_steps() * global_batch_size_;
+  if (options_.drop_last || pads()) return num_steps() * global_batch_size_;
   return dataset_size_;
 }
 
@@ -88,14 +94,14 @@ int64_t DistributedSampler::num_padding_samples() const {
 }
 
 int64_t DistributedSampler::rank_padding_samples() const {
-  if (options_.drop_last || !options_.even_batches) return 0;
+  if (options_.drop_last || !pads()) return 0;
   const int64_t end =
       (num_steps() - 1) * global_batch_size_ + (options_.rank + 1) * rank_batch_size_;
   return std::clamp<int64_t>(end - dataset_size_, 0, rank_batch_size_);
 }
 
 int64_t DistributedSampler::num_batches() const {
-  if (options_.drop_last || options_.even_batches) return num_steps();
+  if (options_.drop_last || pads()) return num_steps();
   const int64_t offset = options_.rank * rank_batch_size_;
   return dataset_size_ > offset ? CeilDiv(dataset_size_ - offset, global_batch_size_) : 0;
 }

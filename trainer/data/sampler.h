@@ -85,6 +85,8 @@ class DistributedSampler {
 
   // Global steps this epoch; the last may be partial without even_batches or drop_last.
   int64_t num_steps() const;
+  // Whether even_batches repeats samples here (only with more than one rank).
+  bool pads() const;
 
   int64_t dataset_size_;
   SamplerOptions options_;

@@ -1,0 +1,172 @@
+#include "models/configs.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "base/status.h"
+#include "base/torch_status.h"
+
+namespace cpptrain {
+namespace {
+
+struct Shape {
+  int64_t vocab, hidden, intermediate, layers, heads, kv_heads, head_dim;  // head_dim 0: unset
+  double theta, eps;
+  bool tied, qk_norm;
+};
+
+proto::DecoderConfig FromShape(const Shape& s) {
+  proto::DecoderConfig c;
+  c.set_vocab_size(s.vocab);
+  c.set_hidden_size(s.hidden);
+  c.set_intermediate_size(s.intermediate);
+  c.set_num_hidden_layers(s.layers);
+  c.set_num_attention_heads(s.heads);
+  c.set_num_key_value_heads(s.kv_heads);
+  if (s.head_dim > 0) c.set_head_dim(s.head_dim);
+  c.set_rope_theta(s.theta);
+  c.set_rms_norm_eps(s.eps);
+  c.set_tie_word_embeddings(s.tied);
+  c.set_qk_norm(s.qk_norm);
+  return c;
+}
+
+// Shapes from the models' Hugging Face config.json files; "tiny" is for unit tests and "demo"
+// learns a character-level corpus on two CPU cores in under a minute.
+const std::vector<std::pair<std::string, Shape>>& NamedShapes() {
+  static const auto* shapes = new std::vector<std::pair<std::string, Shape>>{
+      {"qwen3-0.6b", {151936, 1024, 3072, 28, 16, 8, 128, 1e6, 1e-6, true, true}},
+      {"llama3-8b", {128256, 4096, 14336, 32, 32, 8, 0, 500000, 1e-5, false, false}},
+      {"tiny", {64, 32, 64, 2, 4, 2, 8, 10000, 1e-6, true, true}},
+      {"demo", {32, 64, 128, 2, 4, 2, 0, 10000, 1e-6, false, false}},
+  };
+  return *shapes;
+}
+
+absl::Status CheckPositive(absl::string_view field, bool has, int64_t value) {
+  if (!has) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "DecoderConfig.", field, " is not set; set it to a positive size, or use a named "
+        "config (ModelSpec.name: ", absl::StrJoin(KnownDecoderConfigNames(), ", "), ")"));
+  }
+  if (value <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("DecoderConfig.", field, " = ", value,
+                                                   " must be positive; set it to a size > 0"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::vector<std::string> KnownDecoderConfigNames() {
+  std::vector<std::string> names;
+  for (const auto& [name, shape] : NamedShapes()) names.push_back(name);
+  return names;
+}
+
+absl::StatusOr<proto::DecoderConfig> NamedDecoderConfig(absl::string_view name) {
+  for (const auto& [known, shape] : NamedShapes()) {
+    if (known == name) return FromShape(shape);
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown model config name \"", name, "\"; known names: ",
+                   absl::StrJoin(KnownDecoderConfigNames(), ", "),
+                   " (or give a DecoderConfig in ModelSpec.decoder)"));
+}
+
+absl::StatusOr<proto::DecoderConfig> ResolveModelSpec(const proto::ModelSpec& spec) {
+  proto::DecoderConfig config;
+  switch (spec.model_case()) {
+    case proto::ModelSpec::kName: {
+      CT_ASSIGN_OR_RETURN(config, NamedDecoderConfig(spec.name()));
+      break;
+    }
+    case proto::ModelSpec::kDecoder:
+      config = spec.decoder();
+      break;
+    case proto::ModelSpec::MODEL_NOT_SET:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "ModelSpec sets neither name nor decoder; set name to one of ",
+          absl::StrJoin(KnownDecoderConfigNames(), ", "), " or give a DecoderConfig"));
+  }
+  CT_RETURN_IF_ERROR(ValidateDecoderConfig(config));
+  return config;
+}
+
+absl::Status ValidateDecoderConfig(const proto::DecoderConfig& c) {
+  CT_RETURN_IF_ERROR(CheckPositive("vocab_size", c.has_vocab_size(), c.vocab_size()));
+  CT_RETURN_IF_ERROR(CheckPositive("hidden_size", c.has_hidden_size(), c.hidden_size()));
+  CT_RETURN_IF_ERROR(CheckPositive("intermediate_size", c.has_intermediate_size(),
+                                   c.intermediate_size()));
+  CT_RETURN_IF_ERROR(CheckPositive("num_hidden_layers", c.has_num_hidden_layers(),
+                                   c.num_hidden_layers()));
+  CT_RETURN_IF_ERROR(CheckPositive("num_attention_heads", c.has_num_attention_heads(),
+                                   c.num_attention_heads()));
+  CT_RETURN_IF_ERROR(CheckPositive("num_key_value_heads", c.has_num_key_value_heads(),
+                                   c.num_key_value_heads()));
+  if (c.num_attention_heads() % c.num_key_value_heads() != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "DecoderConfig.num_attention_heads = ", c.num_attention_heads(),
+        " is not a multiple of num_key_value_heads = ", c.num_key_value_heads(),
+        "; choose num_key_value_heads dividing num_attention_heads"));
+  }
+  if (c.has_head_dim()) {
+    CT_RETURN_IF_ERROR(CheckPositive("head_dim", true, c.head_dim()));
+  } else if (c.hidden_size() % c.num_attention_heads() != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "DecoderConfig.hidden_size = ", c.hidden_size(),
+        " is not a multiple of num_attention_heads = ", c.num_attention_heads(),
+        " and head_dim is unset; set head_dim explicitly or make hidden_size divisible"));
+  }
+  const int64_t head_dim = ResolvedHeadDim(c);
+  if (head_dim % 2 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("DecoderConfig head_dim = ", head_dim,
+                     " is odd; rotary embeddings rotate pairs, so use an even head_dim"));
+  }
+  if (!(c.rope_theta() > 0) || !(c.rms_norm_eps() > 0) || !(c.initializer_range() >= 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "DecoderConfig needs rope_theta > 0, rms_norm_eps > 0 and initializer_range >= 0; got ",
+        c.rope_theta(), ", ", c.rms_norm_eps(), ", ", c.initializer_range()));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<DecoderLM>> BuildDecoder(const proto::DecoderConfig& config) {
+  CT_RETURN_IF_ERROR(ValidateDecoderConfig(config));
+  return CatchTorch([&] { return std::make_shared<DecoderLM>(config); });
+}
+
+int64_t DecoderParameterCount(const proto::DecoderConfig& c) {
+  const int64_t hidden = c.hidden_size();
+  const int64_t head_dim = ResolvedHeadDim(c);
+  const int64_t q_size = c.num_attention_heads() * head_dim;
+  const int64_t kv_size = c.num_key_value_heads() * head_dim;
+  int64_t per_layer = hidden * (q_size + 2 * kv_size) + q_size * hidden +
+                      3 * hidden * c.intermediate_size() + 2 * hidden;
+  if (c.qk_norm()) per_layer += 2 * head_dim;
+  if (c.attention_bias()) per_layer += q_size + 2 * kv_size + hidden;
+  const int64_t embedding = c.vocab_size() * hidden;
+  const int64_t lm_head = c.tie_word_embeddings() ? 0 : c.vocab_size() * hidden;
+  return embedding + c.num_hidden_layers() * per_layer + hidden + lm_head;
+}
+
+int64_t DecoderMatmulParameterCount(const proto::DecoderConfig& c) {
+  const int64_t hidden = c.hidden_size();
+  const int64_t head_dim = ResolvedHeadDim(c);
+  const int64_t q_size = c.num_attention_heads() * head_dim;
+  const int64_t kv_size = c.num_key_value_heads() * head_dim;
+  const int64_t per_layer = hidden * (q_size + 2 * kv_size) + q_size * hidden +
+                            3 * hidden * c.intermediate_size();
+  return c.num_hidden_layers() * per_layer + c.vocab_size() * hidden;
+}
+
+double DecoderTrainingFlopsPerToken(const proto::DecoderConfig& c, int64_t seq_len) {
+  return 6.0 * static_cast<double>(DecoderMatmulParameterCount(c)) +
+         12.0 * static_cast<double>(c.num_hidden_layers()) *
+             static_cast<double>(c.num_attention_heads()) *
+             static_cast<double>(ResolvedHeadDim(c)) * static_cast<double>(seq_len);
+}
+
+}  // namespace cpptrain

@@ -1,0 +1,53 @@
+// Named decoder shapes ("qwen3-0.6b", "llama3-8b", "tiny", "demo"), their validation, the
+// builder, and the parameter / FLOP counts benchmarks report.
+//
+//   CT_ASSIGN_OR_RETURN(proto::DecoderConfig config, ResolveModelSpec(job.model()));
+//   CT_ASSIGN_OR_RETURN(std::shared_ptr<DecoderLM> model, BuildDecoder(config));
+//   double flops = DecoderTrainingFlopsPerToken(config, seq_len) * tokens_per_second;
+#ifndef CPPTRAIN_MODELS_CONFIGS_H_
+#define CPPTRAIN_MODELS_CONFIGS_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "models/decoder.h"
+#include "proto/model.pb.h"
+
+namespace cpptrain {
+
+// The names NamedDecoderConfig knows, in a stable order.
+std::vector<std::string> KnownDecoderConfigNames();
+
+// The config registered under `name`; InvalidArgument naming the known ones otherwise.
+absl::StatusOr<proto::DecoderConfig> NamedDecoderConfig(absl::string_view name);
+
+// The spec's named or inline config, validated. An empty spec is InvalidArgument.
+absl::StatusOr<proto::DecoderConfig> ResolveModelSpec(const proto::ModelSpec& spec);
+
+// Every size is set and positive; heads are a multiple of KV heads; without head_dim,
+// hidden_size is a multiple of num_attention_heads; head_dim is even (rotary pairs).
+absl::Status ValidateDecoderConfig(const proto::DecoderConfig& config);
+
+// Validates `config` and builds the model on the CPU, initialized from the global generator.
+absl::StatusOr<std::shared_ptr<DecoderLM>> BuildDecoder(const proto::DecoderConfig& config);
+
+// The counts below take a valid config and allocate nothing.
+
+// Number of parameters DecoderLM registers (a tied LM head is counted once, in the embedding).
+int64_t DecoderParameterCount(const proto::DecoderConfig& config);
+
+// Weights multiplied by each token's activations: attention and MLP projections and the LM
+// head (counted even when tied); not the embedding lookup, norms or biases.
+int64_t DecoderMatmulParameterCount(const proto::DecoderConfig& config);
+
+// Training FLOPs per token at sequence length `seq_len` (PaLM, appendix B):
+//   6 * matmul parameters + 12 * layers * heads * head_dim * seq_len.
+double DecoderTrainingFlopsPerToken(const proto::DecoderConfig& config, int64_t seq_len);
+
+}  // namespace cpptrain
+
+#endif  // CPPTRAIN_MODELS_CONFIGS_H_

@@ -1,0 +1,156 @@
+#include "models/configs.h"
+
+#include <string>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+namespace cpptrain {
+namespace {
+
+int64_t CountRegistered(DecoderLM& model) {
+  int64_t n = 0;
+  for (const auto& p : model.parameters()) n += p.numel();
+  return n;
+}
+
+// The brief's formula: embedding + per layer (q, k, v, o, MLP, two norms, qk norms) + final
+// norm (+ LM head when untied).
+int64_t FormulaCount(int64_t v, int64_t h, int64_t inter, int64_t layers, int64_t heads,
+                     int64_t kv_heads, int64_t d, bool tied, bool qk_norm) {
+  const int64_t per_layer = h * heads * d + 2 * h * kv_heads * d + heads * d * h +
+                            3 * h * inter + 2 * h + (qk_norm ? 2 * d : 0);
+  return v * h + layers * per_layer + h + (tied ? 0 : v * h);
+}
+
+void ExpectInvalid(const proto::DecoderConfig& config, const std::string& needle) {
+  absl::Status status = ValidateDecoderConfig(config);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << config.ShortDebugString();
+  EXPECT_NE(status.message().find(needle), absl::string_view::npos) << status;
+}
+
+TEST(ConfigsTest, NamedConfigsHaveTheirPublishedShapes) {
+  const proto::DecoderConfig qwen = NamedDecoderConfig("qwen3-0.6b").value();
+  EXPECT_EQ(qwen.vocab_size(), 151936);
+  EXPECT_EQ(qwen.hidden_size(), 1024);
+  EXPECT_EQ(qwen.intermediate_size(), 3072);
+  EXPECT_EQ(qwen.num_hidden_layers(), 28);
+  EXPECT_EQ(qwen.num_attention_heads(), 16);
+  EXPECT_EQ(qwen.num_key_value_heads(), 8);
+  EXPECT_EQ(qwen.head_dim(), 128);  // set explicitly: 16 * 128 != 1024
+  EXPECT_TRUE(qwen.tie_word_embeddings());
+  EXPECT_TRUE(qwen.qk_norm());
+  EXPECT_EQ(qwen.rope_theta(), 1e6);
+  EXPECT_EQ(qwen.rms_norm_eps(), 1e-6);
+
+  const proto::DecoderConfig llama = NamedDecoderConfig("llama3-8b").value();
+  EXPECT_EQ(llama.vocab_size(), 128256);
+  EXPECT_EQ(llama.num_key_value_heads(), 8);
+  EXPECT_EQ(ResolvedHeadDim(llama), 128);
+  EXPECT_FALSE(llama.tie_word_embeddings());
+  EXPECT_FALSE(llama.qk_norm());
+  EXPECT_EQ(llama.rope_theta(), 500000);
+  EXPECT_EQ(llama.rms_norm_eps(), 1e-5);
+
+  for (const std::string& name : KnownDecoderConfigNames()) {
+    EXPECT_TRUE(ValidateDecoderConfig(NamedDecoderConfig(name).value()).ok()) << name;
+  }
+}
+
+TEST(ConfigsTest, UnknownNameListsTheKnownOnes) {
+  absl::StatusOr<proto::DecoderConfig> config = NamedDecoderConfig("gpt5");
+  ASSERT_FALSE(config.ok());
+  EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
+  for (const std::string& name : {"gpt5", "qwen3-0.6b", "llama3-8b", "tiny", "demo"}) {
+    EXPECT_NE(config.status().message().find(name), absl::string_view::npos) << config.status();
+  }
+}
+
+TEST(ConfigsTest, ResolveModelSpec) {
+  proto::ModelSpec spec;
+  EXPECT_EQ(ResolveModelSpec(spec).status().code(), absl::StatusCode::kInvalidArgument);
+  spec.set_name("tiny");
+  EXPECT_EQ(ResolveModelSpec(spec).value().SerializeAsString(),
+            NamedDecoderConfig("tiny").value().SerializeAsString());
+  *spec.mutable_decoder() = NamedDecoderConfig("demo").value();
+  EXPECT_EQ(ResolveModelSpec(spec).value().vocab_size(), 32);
+  spec.mutable_decoder()->set_num_key_value_heads(3);
+  EXPECT_EQ(ResolveModelSpec(spec).status().code(), absl::StatusCode::kInvalidArgument);
+  spec.set_name("nope");
+  EXPECT_EQ(ResolveModelSpec(spec).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ConfigsTest, ValidationNamesFieldAndValue) {
+  const proto::DecoderConfig tiny = NamedDecoderConfig("tiny").value();
+  proto::DecoderConfig c = tiny;
+  c.clear_vocab_size();
+  ExpectInvalid(c, "vocab_size is not set");
+  c = tiny;
+  c.set_intermediate_size(-4);
+  ExpectInvalid(c, "intermediate_size = -4 must be positive");
+  c = tiny;
+  c.set_num_key_value_heads(3);
+  ExpectInvalid(c, "num_attention_heads = 4 is not a multiple of num_key_value_heads = 3");
+  c = tiny;
+  c.clear_head_dim();
+  c.set_hidden_size(30);
+  ExpectInvalid(c, "hidden_size = 30 is not a multiple of num_attention_heads = 4");
+  c.set_head_dim(8);  // an explicit head_dim lifts the divisibility requirement
+  EXPECT_TRUE(ValidateDecoderConfig(c).ok());
+  c.set_head_dim(7);
+  ExpectInvalid(c, "head_dim = 7 is odd");
+  c = tiny;
+  c.set_rms_norm_eps(0);
+  ExpectInvalid(c, "rms_norm_eps > 0");
+  EXPECT_FALSE(BuildDecoder(c).ok());
+}
+
+TEST(ConfigsTest, HeadDimDefaultsToHiddenOverHeads) {
+  proto::DecoderConfig c = NamedDecoderConfig("demo").value();
+  EXPECT_FALSE(c.has_head_dim());
+  EXPECT_EQ(ResolvedHeadDim(c), 64 / 4);
+}
+
+TEST(ConfigsTest, ParameterCountMatchesBuiltModels) {
+  for (bool tied : {false, true}) {
+    for (bool qk_norm : {false, true}) {
+      for (bool bias : {false, true}) {
+        proto::DecoderConfig c = NamedDecoderConfig("tiny").value();
+        c.set_tie_word_embeddings(tied);
+        c.set_qk_norm(qk_norm);
+        c.set_attention_bias(bias);
+        auto model = BuildDecoder(c).value();
+        EXPECT_EQ(DecoderParameterCount(c), CountRegistered(*model)) << c.ShortDebugString();
+        if (!bias) {
+          EXPECT_EQ(DecoderParameterCount(c), FormulaCount(64, 32, 64, 2, 4, 2, 8, tied, qk_norm));
+        }
+      }
+    }
+  }
+  auto demo = BuildDecoder(NamedDecoderConfig("demo").value()).value();
+  EXPECT_EQ(DecoderParameterCount(demo->config()), CountRegistered(*demo));
+}
+
+TEST(ConfigsTest, ReferenceModelParameterCounts) {
+  const int64_t qwen = FormulaCount(151936, 1024, 3072, 28, 16, 8, 128, true, true);
+  EXPECT_EQ(DecoderParameterCount(NamedDecoderConfig("qwen3-0.6b").value()), qwen);
+  EXPECT_EQ(qwen, 596049920);  // "0.6B" on the model card
+  const int64_t llama = FormulaCount(128256, 4096, 14336, 32, 32, 8, 128, false, false);
+  EXPECT_EQ(DecoderParameterCount(NamedDecoderConfig("llama3-8b").value()), llama);
+  EXPECT_EQ(llama, 8030261248);  // "8B" on the model card
+}
+
+TEST(ConfigsTest, FlopsPerToken) {
+  const proto::DecoderConfig c = NamedDecoderConfig("tiny").value();
+  // Per layer q 32*32, k and v 2*32*16, o 32*32, MLP 3*32*64; LM head 64*32 (tied, counted).
+  const int64_t matmul = 2 * (32 * 32 + 2 * 32 * 16 + 32 * 32 + 3 * 32 * 64) + 64 * 32;
+  EXPECT_EQ(DecoderMatmulParameterCount(c), matmul);
+  EXPECT_DOUBLE_EQ(DecoderTrainingFlopsPerToken(c, 16), 6.0 * matmul + 12.0 * 2 * 4 * 8 * 16);
+  // Untied Llama: every parameter but the embedding and the 2 * 32 + 1 norms is a matmul weight.
+  const proto::DecoderConfig llama = NamedDecoderConfig("llama3-8b").value();
+  EXPECT_EQ(DecoderMatmulParameterCount(llama),
+            DecoderParameterCount(llama) - 128256LL * 4096 - 65 * 4096);
+}
+
+}  // namespace
+}  // namespace cpptrain

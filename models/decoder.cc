@@ -1,0 +1,82 @@
+#include "models/decoder.h"
+
+#include <ATen/ATen.h>
+#include <torch/nn/init.h>
+
+namespace cpptrain {
+
+DecoderLM::DecoderLM(const proto::DecoderConfig& config)
+    : TrainableModel("DecoderLM"), config_(config), head_dim_(ResolvedHeadDim(config)) {
+  TORCH_CHECK(config.num_hidden_layers() > 0 && head_dim_ > 0 && head_dim_ % 2 == 0 &&
+                  config.num_key_value_heads() > 0 &&
+                  config.num_attention_heads() % config.num_key_value_heads() == 0,
+              "DecoderLM: invalid DecoderConfig; build it through BuildDecoder, which says why");
+  model_ = register_module("model", std::make_shared<torch::nn::Module>("DecoderModel"));
+  embed_tokens_ = model_->register_module(
+      "embed_tokens", torch::nn::Embedding(config.vocab_size(), config.hidden_size()));
+  layer_list_ = model_->register_module("layers", torch::nn::ModuleList());
+  for (int64_t i = 0; i < config.num_hidden_layers(); ++i) {
+    layers_.push_back(std::make_shared<DecoderLayer>(config));
+    layer_list_->push_back(layers_.back());
+  }
+  norm_ = model_->register_module(
+      "norm", std::make_shared<RmsNorm>(config.hidden_size(), config.rms_norm_eps()));
+  if (!config.tie_word_embeddings()) {
+    lm_head_ = register_module(
+        "lm_head", torch::nn::Linear(torch::nn::LinearOptions(config.hidden_size(),
+                                                              config.vocab_size())
+                                         .bias(false)));
+  }
+  InitializeWeights();
+}
+
+void DecoderLM::InitializeWeights() {
+  torch::NoGradGuard no_grad;
+  const double std = config_.initializer_range();
+  // modules() is a pre-order walk in registration order, so the draws are reproducible.
+  for (const auto& module : modules(/*include_self=*/false)) {
+    if (auto* linear = module->as<torch::nn::Linear>()) {
+      torch::nn::init::normal_(linear->weight, 0.0, std);
+      if (linear->bias.defined()) torch::nn::init::zeros_(linear->bias);
+    } else if (auto* embedding = module->as<torch::nn::Embedding>()) {
+      torch::nn::init::normal_(embedding->weight, 0.0, std);
+    } else if (auto* norm = module->as<RmsNorm>()) {
+      torch::nn::init::ones_(norm->weight());
+    }
+  }
+}
+
+torch::Tensor DecoderLM::Forward(const Batch& batch) { return Logits(batch.inputs); }
+
+torch::Tensor DecoderLM::Logits(const torch::Tensor& input_ids) {
+  TORCH_CHECK(input_ids.dim() == 2 && input_ids.scalar_type() == at::kLong,
+              "DecoderLM expects [B, T] int64 token ids, got ", input_ids.sizes(), " ",
+              input_ids.scalar_type());
+  return Hooked(input_ids, [this](const torch::Tensor& ids) {
+    at::Tensor h = embed_tokens_->forward(ids);
+    const RotaryTables rope =
+        ComputeRotary(ids.size(1), head_dim_, config_.rope_theta(), h.device());
+    for (const auto& layer : layers_) h = layer->Forward(std::move(h), rope);
+    h = norm_->Forward(h);
+    return lm_head_ ? lm_head_->forward(h) : at::linear(h, embed_tokens_->weight);
+  });
+}
+
+torch::Tensor DecoderLM::LossSum(const torch::Tensor& logits, const Batch& batch) const {
+  const int64_t t = logits.size(1);
+  const at::Tensor shifted_logits =
+      logits.slice(1, 0, t - 1).reshape({-1, logits.size(-1)}).to(at::kFloat);
+  const at::Tensor shifted_labels = batch.labels.slice(1, 1).reshape({-1});
+  return at::cross_entropy_loss(shifted_logits, shifted_labels, /*weight=*/{},
+                                at::Reduction::Sum, kIgnoreIndex);
+}
+
+int64_t DecoderLM::CountLossTargets(const Batch& batch) const {
+  return batch.labels.slice(1, 1).ne(kIgnoreIndex).sum().item<int64_t>();
+}
+
+void DecoderLM::SetGradientCheckpointing(bool enabled) {
+  for (const auto& layer : layers_) layer->set_gradient_checkpointing(enabled);
+}
+
+}  // namespace cpptrain

@@ -1,0 +1,126 @@
+#include "models/decoder_layer.h"
+
+#include <ATen/ATen.h>
+
+#include "base/torch_compat.h"
+#include "models/recompute.h"
+
+namespace cpptrain {
+namespace {
+
+torch::nn::Linear MakeLinear(int64_t in, int64_t out, bool bias) {
+  return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias));
+}
+
+}  // namespace
+
+int64_t ResolvedHeadDim(const proto::DecoderConfig& config) {
+  if (config.has_head_dim()) return config.head_dim();
+  return config.hidden_size() / config.num_attention_heads();
+}
+
+RmsNorm::RmsNorm(int64_t size, double eps) : torch::nn::Module("RmsNorm"), eps_(eps) {
+  weight_ = register_parameter("weight", at::ones({size}));
+}
+
+torch::Tensor RmsNorm::Forward(const torch::Tensor& x) const {
+  const at::Tensor x32 = x.to(at::kFloat);
+  const at::Tensor normed = x32 * at::rsqrt(x32.pow(2).mean(-1, /*keepdim=*/true) + eps_);
+  return weight_ * normed.to(x.scalar_type());
+}
+
+RotaryTables ComputeRotary(int64_t seq_len, int64_t head_dim, double theta,
+                           const c10::Device& device) {
+  const auto options = at::TensorOptions().dtype(at::kFloat).device(device);
+  // Same fp32 operations as HF's _compute_default_rope_parameters and LlamaRotaryEmbedding.
+  const at::Tensor exponents =
+      at::arange(0, head_dim, 2, options.dtype(at::kLong)).to(at::kFloat) / head_dim;
+  const at::Tensor inv_freq = 1.0 / at::pow(theta, exponents);
+  const at::Tensor positions = at::arange(seq_len, options);
+  const at::Tensor freqs = at::outer(positions, inv_freq);  // [T, D/2]
+  const at::Tensor emb = at::cat({freqs, freqs}, -1);       // [T, D]
+  return {emb.cos(), emb.sin()};
+}
+
+torch::Tensor ApplyRotary(const torch::Tensor& x, const RotaryTables& rope) {
+  const int64_t half = x.size(-1) / 2;
+  const at::Tensor rotated = at::cat({-x.slice(-1, half), x.slice(-1, 0, half)}, -1);
+  return x * rope.cos.to(x.scalar_type()) + rotated * rope.sin.to(x.scalar_type());
+}
+
+Attention::Attention(const proto::DecoderConfig& config)
+    : torch::nn::Module("Attention"),
+      num_heads_(config.num_attention_heads()),
+      num_kv_heads_(config.num_key_value_heads()),
+      head_dim_(ResolvedHeadDim(config)) {
+  const int64_t hidden = config.hidden_size();
+  const bool bias = config.attention_bias();
+  q_proj_ = register_module("q_proj", MakeLinear(hidden, num_heads_ * head_dim_, bias));
+  k_proj_ = register_module("k_proj", MakeLinear(hidden, num_kv_heads_ * head_dim_, bias));
+  v_proj_ = register_module("v_proj", MakeLinear(hidden, num_kv_heads_ * head_dim_, bias));
+  o_proj_ = register_module("o_proj", MakeLinear(num_heads_ * head_dim_, hidden, bias));
+  if (config.qk_norm()) {
+    const double eps = config.rms_norm_eps();
+    q_norm_ = register_module("q_norm", std::make_shared<RmsNorm>(head_dim_, eps));
+    k_norm_ = register_module("k_norm", std::make_shared<RmsNorm>(head_dim_, eps));
+  }
+}
+
+torch::Tensor Attention::Forward(const torch::Tensor& x, const RotaryTables& rope) {
+  const int64_t b = x.size(0);
+  const int64_t t = x.size(1);
+  at::Tensor q = q_proj_->forward(x).view({b, t, num_heads_, head_dim_});
+  at::Tensor k = k_proj_->forward(x).view({b, t, num_kv_heads_, head_dim_});
+  const at::Tensor v = v_proj_->forward(x).view({b, t, num_kv_heads_, head_dim_}).transpose(1, 2);
+  if (q_norm_ != nullptr) {
+    q = q_norm_->Forward(q);
+    k = k_norm_->Forward(k);
+  }
+  q = ApplyRotary(q.transpose(1, 2), rope);
+  k = ApplyRotary(k.transpose(1, 2), rope);
+  // Under autocast the norms promote q and k to fp32 while v stays in the compute dtype; the
+  // attention kernels want one dtype.
+  const at::Tensor out =
+      CausalAttention(q.to(v.scalar_type()), k.to(v.scalar_type()), v);  // [B, H, T, D]
+  return o_proj_->forward(out.transpose(1, 2).reshape({b, t, num_heads_ * head_dim_}));
+}
+
+SwiGluMlp::SwiGluMlp(const proto::DecoderConfig& config) : torch::nn::Module("SwiGluMlp") {
+  const int64_t hidden = config.hidden_size();
+  const int64_t inter = config.intermediate_size();
+  gate_proj_ = register_module("gate_proj", MakeLinear(hidden, inter, false));
+  up_proj_ = register_module("up_proj", MakeLinear(hidden, inter, false));
+  down_proj_ = register_module("down_proj", MakeLinear(inter, hidden, false));
+}
+
+torch::Tensor SwiGluMlp::Forward(const torch::Tensor& x) {
+  return down_proj_->forward(at::silu(gate_proj_->forward(x)) * up_proj_->forward(x));
+}
+
+// Registration order follows HF's LlamaDecoderLayer.__init__, so named_parameters() lists
+// parameters in the same order as Hugging Face does.
+DecoderLayer::DecoderLayer(const proto::DecoderConfig& config) : Unit("DecoderLayer") {
+  self_attn_ = register_module("self_attn", std::make_shared<Attention>(config));
+  mlp_ = register_module("mlp", std::make_shared<SwiGluMlp>(config));
+  input_layernorm_ = register_module(
+      "input_layernorm", std::make_shared<RmsNorm>(config.hidden_size(), config.rms_norm_eps()));
+  post_attention_layernorm_ = register_module(
+      "post_attention_layernorm",
+      std::make_shared<RmsNorm>(config.hidden_size(), config.rms_norm_eps()));
+}
+
+torch::Tensor DecoderLayer::Forward(torch::Tensor x, const RotaryTables& rope) {
+  return Hooked(std::move(x), [&](const torch::Tensor& h) {
+    if (!gradient_checkpointing_) return Body(h, rope);
+    // The body is kept until backward: capture the tables by value.
+    return RecomputeInBackward(
+        [this, rope](const torch::Tensor& in) { return Body(in, rope); }, h);
+  });
+}
+
+torch::Tensor DecoderLayer::Body(const torch::Tensor& x, const RotaryTables& rope) {
+  const at::Tensor h = x + self_attn_->Forward(input_layernorm_->Forward(x), rope);
+  return h + mlp_->Forward(post_attention_layernorm_->Forward(h));
+}
+
+}  // namespace cpptrain

@@ -1,0 +1,108 @@
+// The pieces of a Llama/Qwen3 decoder layer, with Hugging Face's submodule names so that
+// named_parameters() reads "self_attn.q_proj.weight", "mlp.gate_proj.weight", ...
+// DecoderLM (decoder.h) stacks them; use that rather than these directly.
+//
+//   RotaryTables rope = ComputeRotary(seq_len, head_dim, theta, device);
+//   auto layer = std::make_shared<DecoderLayer>(config);
+//   torch::Tensor out = layer->Forward(hidden, rope);   // [B, T, hidden], through the hook
+#ifndef CPPTRAIN_MODELS_DECODER_LAYER_H_
+#define CPPTRAIN_MODELS_DECODER_LAYER_H_
+
+#include <memory>
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/linear.h>
+
+#include "proto/model.pb.h"
+#include "sharding/unit.h"
+
+namespace cpptrain {
+
+// The per-head size: head_dim when set, hidden_size / num_attention_heads otherwise (Llama).
+int64_t ResolvedHeadDim(const proto::DecoderConfig& config);
+
+// weight * x / sqrt(mean(x^2) + eps) over the last dimension. Like Hugging Face's LlamaRMSNorm,
+// the normalization runs in fp32 and is cast back to the input dtype before the weight
+// multiplies it (so the result has the promoted dtype of weight and input).
+class RmsNorm : public torch::nn::Module {
+ public:
+  RmsNorm(int64_t size, double eps);
+  torch::Tensor Forward(const torch::Tensor& x) const;
+  const torch::Tensor& weight() const { return weight_; }
+
+ private:
+  double eps_;
+  torch::Tensor weight_;
+};
+
+// Rotary tables for positions 0..T-1, fp32, [T, head_dim]: Hugging Face's cat(freqs, freqs)
+// layout with inv_freq[i] = theta^(-2i / head_dim). Computed per forward, never registered.
+struct RotaryTables {
+  torch::Tensor cos;
+  torch::Tensor sin;
+};
+RotaryTables ComputeRotary(int64_t seq_len, int64_t head_dim, double theta,
+                           const c10::Device& device);
+
+// x * cos + rotate_half(x) * sin for x [B, H, T, D], in x's dtype (HF apply_rotary_pos_emb).
+torch::Tensor ApplyRotary(const torch::Tensor& x, const RotaryTables& rope);
+
+// Grouped-query causal self-attention: q_proj, k_proj, v_proj, o_proj (bias on all four when
+// attention_bias, as in HF Llama/Qwen3), and Qwen3's per-head q_norm / k_norm when qk_norm.
+class Attention : public torch::nn::Module {
+ public:
+  explicit Attention(const proto::DecoderConfig& config);
+  // x: [B, T, hidden] -> [B, T, hidden].
+  torch::Tensor Forward(const torch::Tensor& x, const RotaryTables& rope);
+
+ private:
+  int64_t num_heads_;
+  int64_t num_kv_heads_;
+  int64_t head_dim_;
+  torch::nn::Linear q_proj_{nullptr};
+  torch::nn::Linear k_proj_{nullptr};
+  torch::nn::Linear v_proj_{nullptr};
+  torch::nn::Linear o_proj_{nullptr};
+  std::shared_ptr<RmsNorm> q_norm_;  // null without qk_norm
+  std::shared_ptr<RmsNorm> k_norm_;
+};
+
+// down_proj(silu(gate_proj(x)) * up_proj(x)), no biases.
+class SwiGluMlp : public torch::nn::Module {
+ public:
+  explicit SwiGluMlp(const proto::DecoderConfig& config);
+  torch::Tensor Forward(const torch::Tensor& x);
+
+ private:
+  torch::nn::Linear gate_proj_{nullptr};
+  torch::nn::Linear up_proj_{nullptr};
+  torch::nn::Linear down_proj_{nullptr};
+};
+
+// Pre-norm residual block, unit class "DecoderLayer":
+//   h = x + self_attn(input_layernorm(x)); out = h + mlp(post_attention_layernorm(h)).
+class DecoderLayer : public Unit {
+ public:
+  explicit DecoderLayer(const proto::DecoderConfig& config);
+
+  // Runs the block through the unit hook. With checkpointing, the block runs inside the hook
+  // through RecomputeInBackward, so a hook that gathers parameters before the forward (and
+  // again before the backward) has them in place for the recomputation too.
+  torch::Tensor Forward(torch::Tensor x, const RotaryTables& rope);
+
+  void set_gradient_checkpointing(bool enabled) { gradient_checkpointing_ = enabled; }
+  bool gradient_checkpointing() const { return gradient_checkpointing_; }
+
+ private:
+  torch::Tensor Body(const torch::Tensor& x, const RotaryTables& rope);
+
+  bool gradient_checkpointing_ = false;
+  std::shared_ptr<Attention> self_attn_;
+  std::shared_ptr<SwiGluMlp> mlp_;
+  std::shared_ptr<RmsNorm> input_layernorm_;
+  std::shared_ptr<RmsNorm> post_attention_layernorm_;
+};
+
+}  // namespace cpptrain
+
+#endif  // CPPTRAIN_MODELS_DECODER_LAYER_H_

@@ -1,0 +1,369 @@
+#include "models/decoder.h"
+
+#include <cmath>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "base/torch_compat.h"
+#include "models/configs.h"
+#include "models/decoder_layer.h"
+
+namespace cpptrain {
+namespace {
+
+proto::DecoderConfig Tiny() { return NamedDecoderConfig("tiny").value(); }
+
+std::shared_ptr<DecoderLM> Build(const proto::DecoderConfig& config, uint64_t seed = 0) {
+  torch::manual_seed(seed);
+  return BuildDecoder(config).value();
+}
+
+std::vector<std::pair<std::string, std::vector<int64_t>>> NamesAndShapes(DecoderLM& model) {
+  std::vector<std::pair<std::string, std::vector<int64_t>>> out;
+  for (const auto& item : model.named_parameters()) {
+    out.emplace_back(item.key(), item.value().sizes().vec());
+  }
+  return out;
+}
+
+// Hugging Face's names, in its registration order, for a config with these switches.
+std::vector<std::pair<std::string, std::vector<int64_t>>> ExpectedNamesAndShapes(
+    const proto::DecoderConfig& c) {
+  const int64_t h = c.hidden_size(), v = c.vocab_size(), i = c.intermediate_size();
+  const int64_t d = ResolvedHeadDim(c);
+  const int64_t q = c.num_attention_heads() * d, kv = c.num_key_value_heads() * d;
+  std::vector<std::pair<std::string, std::vector<int64_t>>> out;
+  out.push_back({"model.embed_tokens.weight", {v, h}});
+  for (int64_t l = 0; l < c.num_hidden_layers(); ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    const bool bias = c.attention_bias();
+    out.push_back({p + "self_attn.q_proj.weight", {q, h}});
+    if (bias) out.push_back({p + "self_attn.q_proj.bias", {q}});
+    out.push_back({p + "self_attn.k_proj.weight", {kv, h}});
+    if (bias) out.push_back({p + "self_attn.k_proj.bias", {kv}});
+    out.push_back({p + "self_attn.v_proj.weight", {kv, h}});
+    if (bias) out.push_back({p + "self_attn.v_proj.bias", {kv}});
+    out.push_back({p + "self_attn.o_proj.weight", {h, q}});
+    if (bias) out.push_back({p + "self_attn.o_proj.bias", {h}});
+    if (c.qk_norm()) {
+      out.push_back({p + "self_attn.q_norm.weight", {d}});
+      out.push_back({p + "self_attn.k_norm.weight", {d}});
+    }
+    out.push_back({p + "mlp.gate_proj.weight", {i, h}});
+    out.push_back({p + "mlp.up_proj.weight", {i, h}});
+    out.push_back({p + "mlp.down_proj.weight", {h, i}});
+    out.push_back({p + "input_layernorm.weight", {h}});
+    out.push_back({p + "post_attention_layernorm.weight", {h}});
+  }
+  out.push_back({"model.norm.weight", {h}});
+  if (!c.tie_word_embeddings()) out.push_back({"lm_head.weight", {v, h}});
+  return out;
+}
+
+// Copies every parameter of `from` into the same-named parameter of `to`.
+void CopyParameters(DecoderLM& from, DecoderLM& to) {
+  torch::NoGradGuard no_grad;
+  auto dst = to.named_parameters();
+  for (const auto& item : from.named_parameters()) dst[item.key()].copy_(item.value());
+}
+
+torch::Tensor RandomIds(int64_t b, int64_t t, int64_t vocab, uint64_t seed) {
+  torch::manual_seed(seed);
+  return torch::randint(vocab, {b, t}, torch::kLong);
+}
+
+TEST(DecoderTest, ParameterNamesAndShapesMatchHuggingFace) {
+  proto::DecoderConfig tied_qk = Tiny();
+  proto::DecoderConfig untied_plain = Tiny();
+  untied_plain.set_tie_word_embeddings(false);
+  untied_plain.set_qk_norm(false);
+  proto::DecoderConfig tied_plain = Tiny();
+  tied_plain.set_qk_norm(false);
+  proto::DecoderConfig untied_bias_qk = Tiny();
+  untied_bias_qk.set_tie_word_embeddings(false);
+  untied_bias_qk.set_attention_bias(true);
+  for (const auto& config : {tied_qk, untied_plain, tied_plain, untied_bias_qk}) {
+    auto model = Build(config);
+    EXPECT_EQ(NamesAndShapes(*model), ExpectedNamesAndShapes(config))
+        << config.ShortDebugString();
+  }
+}
+
+TEST(DecoderTest, InitializationIsReproducibleAndHfStyle) {
+  proto::DecoderConfig config = Tiny();
+  config.set_attention_bias(true);
+  config.set_hidden_size(64);  // enough draws for a meaningful std
+  auto a = Build(config, 7);
+  auto b = Build(config, 7);
+  auto b_params = b->named_parameters();
+  for (const auto& item : a->named_parameters()) {
+    const std::string& name = item.key();
+    EXPECT_TRUE(torch::equal(item.value(), b_params[name])) << name;
+    if (name.find("norm") != std::string::npos) {
+      EXPECT_TRUE(torch::equal(item.value(), torch::ones_like(item.value()))) << name;
+    } else if (name.find(".bias") != std::string::npos) {
+      EXPECT_TRUE(torch::equal(item.value(), torch::zeros_like(item.value()))) << name;
+    } else {
+      EXPECT_NEAR(item.value().std().item<double>(), 0.02, 0.003) << name;
+      EXPECT_NEAR(item.value().mean().item<double>(), 0.0, 0.003) << name;
+    }
+  }
+  auto c = Build(config, 8);
+  EXPECT_FALSE(torch::equal(a->named_parameters()["model.embed_tokens.weight"],
+                            c->named_parameters()["model.embed_tokens.weight"]));
+}
+
+TEST(DecoderTest, LogitsShape) {
+  auto model = Build(Tiny());
+  Batch batch;
+  batch.inputs = RandomIds(3, 5, 64, 1);
+  torch::Tensor logits = model->Forward(batch);
+  EXPECT_EQ(logits.sizes().vec(), (std::vector<int64_t>{3, 5, 64}));
+  EXPECT_EQ(logits.scalar_type(), torch::kFloat);
+}
+
+TEST(DecoderTest, TiedHeadEqualsUntiedHeadHoldingTheEmbedding) {
+  proto::DecoderConfig untied_config = Tiny();
+  untied_config.set_tie_word_embeddings(false);
+  auto tied = Build(Tiny());
+  auto untied = Build(untied_config, 3);
+  CopyParameters(*tied, *untied);
+  {
+    torch::NoGradGuard no_grad;
+    untied->named_parameters()["lm_head.weight"].copy_(
+        tied->named_parameters()["model.embed_tokens.weight"]);
+  }
+  const torch::Tensor ids = RandomIds(2, 6, 64, 2);
+  EXPECT_TRUE(torch::allclose(tied->Logits(ids), untied->Logits(ids), 1e-6, 1e-6));
+}
+
+TEST(DecoderTest, LossSumAndCountMatchMeanCrossEntropy) {
+  auto model = Build(Tiny());
+  Batch batch;
+  batch.inputs = RandomIds(2, 7, 64, 4);
+  batch.labels = batch.inputs.clone();
+  batch.labels.index_put_({0, torch::indexing::Slice(4, torch::indexing::None)}, kIgnoreIndex);
+  batch.labels.index_put_({1, 2}, kIgnoreIndex);
+  torch::Tensor logits = model->Forward(batch);
+
+  const int64_t count = model->CountLossTargets(batch);
+  EXPECT_EQ(count, 2 * 6 - 3 - 1);  // row 0 ignores targets 4..6, row 1 target 2
+  const torch::Tensor mean = torch::nn::functional::cross_entropy(
+      logits.slice(1, 0, 6).reshape({-1, 64}), batch.labels.slice(1, 1).reshape({-1}),
+      torch::nn::functional::CrossEntropyFuncOptions().ignore_index(kIgnoreIndex));
+  const torch::Tensor sum = model->LossSum(logits, batch);
+  EXPECT_EQ(sum.dim(), 0);
+  EXPECT_EQ(sum.scalar_type(), torch::kFloat);
+  EXPECT_NEAR(sum.item<double>(), mean.item<double>() * count, 1e-4);
+  // Near-uniform logits at initialization: each target costs about log(vocab).
+  EXPECT_NEAR(sum.item<double>() / count, std::log(64.0), 0.2);
+}
+
+TEST(DecoderTest, ChangingATokenChangesNoEarlierLogits) {
+  auto model = Build(Tiny());
+  torch::NoGradGuard no_grad;
+  const torch::Tensor ids = RandomIds(2, 8, 64, 5);
+  const torch::Tensor base = model->Logits(ids);
+  for (int64_t t : {0, 3, 7}) {
+    torch::Tensor changed_ids = ids.clone();
+    const int64_t other = (ids.index({0, t}).item<int64_t>() + 1) % 64;
+    changed_ids.index_put_({torch::indexing::Slice(), t}, other);
+    const torch::Tensor changed = model->Logits(changed_ids);
+    EXPECT_TRUE(torch::allclose(changed.slice(1, 0, t), base.slice(1, 0, t), 0, 1e-6)) << t;
+    EXPECT_FALSE(torch::allclose(changed.slice(1, t), base.slice(1, t), 0, 1e-4)) << t;
+  }
+}
+
+TEST(DecoderTest, RightPaddingLeavesRealTokensUnchanged) {
+  auto model = Build(Tiny());
+  torch::NoGradGuard no_grad;
+  Batch real;
+  real.inputs = RandomIds(1, 5, 64, 6);
+  real.labels = real.inputs.clone();
+  real.attention_mask = torch::ones({1, 5}, torch::kLong);
+  Batch padded;
+  padded.inputs = torch::cat({real.inputs, torch::zeros({1, 3}, torch::kLong)}, 1);
+  padded.labels = torch::cat({real.labels, torch::full({1, 3}, kIgnoreIndex, torch::kLong)}, 1);
+  padded.attention_mask = torch::cat({real.attention_mask, torch::zeros({1, 3}, torch::kLong)}, 1);
+
+  const torch::Tensor real_logits = model->Forward(real);
+  const torch::Tensor padded_logits = model->Forward(padded);
+  EXPECT_TRUE(torch::allclose(padded_logits.slice(1, 0, 5), real_logits, 1e-5, 1e-6));
+  EXPECT_EQ(model->CountLossTargets(padded), model->CountLossTargets(real));
+  EXPECT_NEAR(model->LossSum(padded_logits, padded).item<double>(),
+              model->LossSum(real_logits, real).item<double>(), 1e-4);
+}
+
+TEST(DecoderTest, GroupedQueryAttentionEqualsRepeatedKeyValueHeads) {
+  proto::DecoderConfig gqa = Tiny();  // 4 heads, 2 KV heads: heads 0,1 read KV head 0
+  proto::DecoderConfig mha = gqa;
+  mha.set_num_key_value_heads(gqa.num_attention_heads());
+  auto grouped = Build(gqa);
+  auto full = Build(mha, 1);
+  const int64_t d = ResolvedHeadDim(gqa), h = gqa.hidden_size();
+  const int64_t groups = gqa.num_attention_heads() / gqa.num_key_value_heads();
+  {
+    torch::NoGradGuard no_grad;
+    auto dst = full->named_parameters();
+    for (const auto& item : grouped->named_parameters()) {
+      const std::string& name = item.key();
+      torch::Tensor value = item.value();
+      if (name.find("k_proj") != std::string::npos || name.find("v_proj") != std::string::npos) {
+        value = value.view({-1, d, h}).repeat_interleave(groups, 0).reshape({-1, h});
+      }
+      dst[name].copy_(value);
+    }
+  }
+  const torch::Tensor ids = RandomIds(2, 6, 64, 7);
+  EXPECT_TRUE(torch::allclose(grouped->Logits(ids), full->Logits(ids), 1e-5, 1e-6));
+}
+
+TEST(DecoderTest, RotaryFollowsRotateHalfConvention) {
+  const int64_t d = 8;
+  const double theta = 100.0;
+  const RotaryTables rope = ComputeRotary(5, d, theta, torch::kCPU);
+  torch::manual_seed(0);
+  const torch::Tensor x = torch::randn({1, 1, 5, d});
+  const torch::Tensor y = ApplyRotary(x, rope);
+  // Position 0 is the identity.
+  EXPECT_TRUE(torch::allclose(y.select(2, 0), x.select(2, 0)));
+  // Element i pairs with i + d/2 and turns by pos * theta^(-2i/d).
+  for (int64_t pos : {1, 4}) {
+    for (int64_t i = 0; i < d / 2; ++i) {
+      const double angle = pos * std::pow(theta, -2.0 * i / d);
+      const double a = x[0][0][pos][i].item<double>(), b = x[0][0][pos][i + d / 2].item<double>();
+      EXPECT_NEAR(y[0][0][pos][i].item<double>(), a * std::cos(angle) - b * std::sin(angle), 1e-5);
+      EXPECT_NEAR(y[0][0][pos][i + d / 2].item<double>(), b * std::cos(angle) + a * std::sin(angle),
+                  1e-5);
+    }
+  }
+  // q.k after rotation depends only on the distance: (pos 1, pos 3) and (pos 2, pos 4).
+  const torch::Tensor q = torch::randn({d}).expand({1, 1, 5, d});
+  const torch::Tensor k = torch::randn({d}).expand({1, 1, 5, d});
+  const torch::Tensor rq = ApplyRotary(q, rope), rk = ApplyRotary(k, rope);
+  EXPECT_NEAR(rq[0][0][1].dot(rk[0][0][3]).item<double>(),
+              rq[0][0][2].dot(rk[0][0][4]).item<double>(), 1e-5);
+  // Output keeps the input dtype.
+  EXPECT_EQ(ApplyRotary(x.to(torch::kBFloat16), rope).scalar_type(), torch::kBFloat16);
+}
+
+TEST(DecoderTest, RmsNormMatchesFormulaAndComputesInFp32) {
+  RmsNorm norm(6, 1e-6);
+  {
+    torch::NoGradGuard no_grad;
+    norm.named_parameters()["weight"].copy_(torch::arange(1, 7, torch::kFloat));
+  }
+  torch::manual_seed(0);
+  const torch::Tensor x = torch::randn({2, 3, 6});
+  const torch::Tensor expected =
+      torch::arange(1, 7, torch::kFloat) * x / torch::sqrt(x.pow(2).mean(-1, true) + 1e-6);
+  EXPECT_TRUE(torch::allclose(norm.Forward(x), expected, 1e-5, 1e-6));
+  // bf16 input: normalized in fp32, rounded to bf16 once, then scaled by the fp32 weight.
+  const torch::Tensor xb = (x * 1000).to(torch::kBFloat16);
+  const torch::Tensor x32 = xb.to(torch::kFloat);
+  const torch::Tensor normed_bf16 =
+      (x32 * torch::rsqrt(x32.pow(2).mean(-1, true) + 1e-6)).to(torch::kBFloat16);
+  EXPECT_TRUE(torch::equal(norm.Forward(xb), torch::arange(1, 7, torch::kFloat) * normed_bf16));
+}
+
+// Records every hook call as "<unit>:pre" / "<unit>:post"; layers are named by index.
+class RecordingHook : public UnitHook {
+ public:
+  explicit RecordingHook(const DecoderLM& model) : model_(model) {}
+  torch::Tensor PreForward(Unit& unit, torch::Tensor input) override {
+    calls.push_back(Name(unit) + ":pre");
+    return input;
+  }
+  torch::Tensor PostForward(Unit& unit, torch::Tensor output) override {
+    calls.push_back(Name(unit) + ":post");
+    return output;
+  }
+  std::vector<std::string> calls;
+
+ private:
+  std::string Name(const Unit& unit) const {
+    for (size_t i = 0; i < model_.layers().size(); ++i) {
+      if (model_.layers()[i].get() == &unit) return unit.unit_class() + std::to_string(i);
+    }
+    return unit.unit_class();
+  }
+  const DecoderLM& model_;
+};
+
+TEST(DecoderTest, UnitHooksRunOncePerUnitInForwardOrder) {
+  for (bool checkpointing : {false, true}) {
+    auto model = Build(Tiny());
+    model->SetGradientCheckpointing(checkpointing);
+    EXPECT_EQ(model->LayerUnitClasses(), std::vector<std::string>{"DecoderLayer"});
+    RecordingHook hook(*model);
+    model->set_hook(&hook);
+    for (const auto& layer : model->layers()) layer->set_hook(&hook);
+    Batch batch;
+    batch.inputs = RandomIds(2, 4, 64, 8);
+    batch.labels = batch.inputs;
+    model->LossSum(model->Forward(batch), batch).backward();
+    // Recomputation happens inside the hooked call, so backward adds no hook calls.
+    EXPECT_EQ(hook.calls,
+              (std::vector<std::string>{"DecoderLM:pre", "DecoderLayer0:pre", "DecoderLayer0:post",
+                                        "DecoderLayer1:pre", "DecoderLayer1:post",
+                                        "DecoderLM:post"}))
+        << "checkpointing " << checkpointing;
+  }
+}
+
+// Loss and parameter gradients after one backward, by name.
+std::pair<double, std::map<std::string, torch::Tensor>> LossAndGrads(DecoderLM& model,
+                                                                     const Batch& batch) {
+  model.zero_grad();
+  torch::Tensor loss = model.LossSum(model.Forward(batch), batch);
+  loss.backward();
+  std::map<std::string, torch::Tensor> grads;
+  for (const auto& item : model.named_parameters()) grads[item.key()] = item.value().grad().clone();
+  return {loss.item<double>(), grads};
+}
+
+TEST(DecoderTest, GradientCheckpointingGivesTheSameGradients) {
+  auto model = Build(Tiny());
+  Batch batch;
+  batch.inputs = RandomIds(2, 6, 64, 9);
+  batch.labels = batch.inputs;
+  const auto [loss, grads] = LossAndGrads(*model, batch);
+  model->SetGradientCheckpointing(true);
+  const auto [checkpointed_loss, checkpointed_grads] = LossAndGrads(*model, batch);
+  EXPECT_EQ(loss, checkpointed_loss);
+  ASSERT_EQ(grads.size(), checkpointed_grads.size());
+  for (const auto& [name, grad] : grads) {
+    EXPECT_GT(grad.abs().sum().item<double>(), 0) << name;
+    EXPECT_TRUE(torch::allclose(checkpointed_grads.at(name), grad, 1e-5, 1e-7)) << name;
+  }
+}
+
+TEST(DecoderTest, GradientCheckpointingUnderAutocastMatches) {
+  auto model = Build(Tiny());
+  Batch batch;
+  batch.inputs = RandomIds(2, 6, 64, 10);
+  batch.labels = batch.inputs;
+  auto run = [&] {
+    model->zero_grad();
+    torch::Tensor loss;
+    {
+      AutocastGuard autocast(torch::kCPU, torch::kBFloat16);
+      loss = model->LossSum(model->Forward(batch), batch);
+    }
+    loss.backward();  // outside autocast, as training loops do
+    return model->named_parameters()["model.layers.0.self_attn.q_proj.weight"].grad().clone();
+  };
+  const torch::Tensor grad = run();
+  model->SetGradientCheckpointing(true);
+  const torch::Tensor checkpointed_grad = run();
+  EXPECT_TRUE(torch::allclose(checkpointed_grad, grad, 1e-5, 1e-7))
+      << (checkpointed_grad - grad).abs().max().item<double>();
+}
+
+}  // namespace
+}  // namespace cpptrain

@@ -1,0 +1,341 @@
+// The Trainer on the LocalEngine: exact gradient accumulation, overridable steps, evaluation
+// and prediction, logging and callbacks.
+#include "trainer/trainer.h"
+
+#include <cstdlib>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "models/configs.h"
+#include "models/decoder.h"
+#include "trainer/data/in_memory_dataset.h"
+
+namespace cpptrain {
+namespace {
+
+std::string TempDir(const std::string& name) {
+  return std::string(std::getenv("TEST_TMPDIR")) + "/" + name;
+}
+
+std::shared_ptr<DecoderLM> TinyDecoder(uint64_t seed = 7) {
+  torch::manual_seed(seed);
+  auto config = NamedDecoderConfig("tiny");
+  EXPECT_TRUE(config.ok());
+  auto model = BuildDecoder(*config);
+  EXPECT_TRUE(model.ok()) << model.status();
+  return *model;
+}
+
+// Token sequences of lengths 3..12, so batches need padding and hold different numbers of
+// label tokens.
+std::shared_ptr<const Dataset> VariableLengthTokens(int64_t count, uint64_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<std::vector<int64_t>> sequences;
+  for (int64_t i = 0; i < count; ++i) {
+    std::vector<int64_t> tokens(3 + rng() % 10);
+    for (int64_t& t : tokens) t = 1 + rng() % 60;
+    sequences.push_back(tokens);
+  }
+  auto ds = InMemoryDataset::FromTokenSequences(sequences);
+  EXPECT_TRUE(ds.ok());
+  return *ds;
+}
+
+proto::TrainingArguments BaseArgs(const std::string& name) {
+  proto::TrainingArguments args;
+  args.set_output_dir(TempDir(name));
+  args.set_learning_rate(1e-2);
+  args.set_lr_scheduler_type(proto::TrainingArguments::CONSTANT);
+  args.set_save_strategy(proto::TrainingArguments::NO);
+  args.set_logging_steps(1);
+  args.set_disable_tqdm(true);
+  args.set_weight_decay(0.1);
+  return args;
+}
+
+std::vector<torch::Tensor> Parameters(TrainableModel& model) {
+  std::vector<torch::Tensor> out;
+  for (const auto& p : model.parameters()) out.push_back(p.detach().clone());
+  return out;
+}
+
+double MaxRelativeDifference(const std::vector<torch::Tensor>& a,
+                             const std::vector<torch::Tensor>& b) {
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double scale = std::max(1e-6, a[i].abs().max().item<double>());
+    worst = std::max(worst, (a[i] - b[i]).abs().max().item<double>() / scale);
+  }
+  return worst;
+}
+
+// Plain SGD for the accumulation test: Adam's first steps move every weight by about the
+// learning rate times the sign of its gradient, which turns rounding-level differences in
+// near-zero gradients into visible parameter differences.
+class SgdTrainer : public Trainer {
+ public:
+  using Trainer::Trainer;
+
+ protected:
+  absl::StatusOr<std::unique_ptr<torch::optim::Optimizer>> CreateOptimizer(
+      const NamedParameters& params) override {
+    std::vector<torch::Tensor> tensors;
+    for (const auto& [name, p] : params) tensors.push_back(p);
+    return std::unique_ptr<torch::optim::Optimizer>(
+        std::make_unique<torch::optim::SGD>(tensors, torch::optim::SGDOptions(0.5)));
+  }
+};
+
+TEST(TrainerTest, AccumulationMatchesOneLargerBatch) {
+  auto data = VariableLengthTokens(48, 1);
+  std::vector<std::vector<torch::Tensor>> results;
+  std::vector<std::vector<double>> losses;
+  for (int accumulation : {4, 1}) {
+    auto model = TinyDecoder();
+    proto::TrainingArguments args = BaseArgs("accumulation_" + std::to_string(accumulation));
+    args.set_gradient_accumulation_steps(accumulation);
+    args.set_per_device_train_batch_size(16 / accumulation);
+    args.set_max_steps(3);
+    args.set_max_grad_norm(1.0);
+    SgdTrainer trainer(args, model, data);
+    auto out = trainer.Train();
+    ASSERT_TRUE(out.ok()) << out.status();
+    EXPECT_EQ(out->global_step, 3);
+    results.push_back(Parameters(*model));
+    std::vector<double> step_losses;
+    for (const Metrics& record : trainer.state().log_history) {
+      if (record.count("loss")) step_losses.push_back(record.at("loss"));
+    }
+    losses.push_back(step_losses);
+  }
+  EXPECT_LT(MaxRelativeDifference(results[0], results[1]), 1e-5);
+  ASSERT_EQ(losses[0].size(), 3u);
+  ASSERT_EQ(losses[1].size(), 3u);
+  for (int i = 0; i < 3; ++i) EXPECT_NEAR(losses[0][i], losses[1][i], 1e-5 * losses[1][i]);
+  // The model did train.
+  auto untrained = TinyDecoder();
+  EXPECT_GT(MaxRelativeDifference(results[1], Parameters(*untrained)), 1e-3);
+}
+
+class ZeroLossTrainer : public Trainer {
+ public:
+  using Trainer::Trainer;
+  int calls = 0;
+
+ protected:
+  torch::Tensor ComputeLoss(TrainableModel& model, const Batch& batch,
+                            int64_t num_items_in_batch) override {
+    ++calls;
+    return Trainer::ComputeLoss(model, batch, num_items_in_batch) * 0.0;
+  }
+};
+
+TEST(TrainerTest, SubclassComputeLossOverrideIsUsed) {
+  auto model = TinyDecoder();
+  auto before = Parameters(*model);
+  proto::TrainingArguments args = BaseArgs("override");
+  args.set_weight_decay(0.0);
+  args.set_per_device_train_batch_size(4);
+  args.set_gradient_accumulation_steps(2);
+  args.set_max_steps(3);
+  ZeroLossTrainer trainer(args, model, VariableLengthTokens(40, 2));
+  auto out = trainer.Train();
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(trainer.calls, 6);  // 3 steps x 2 micro-batches
+  // A zero loss gives zero gradients, and AdamW without decay then leaves every parameter.
+  EXPECT_EQ(MaxRelativeDifference(before, Parameters(*model)), 0.0);
+}
+
+double DirectLoss(DecoderLM& model, const Dataset& data) {
+  torch::NoGradGuard no_grad;
+  double loss = 0;
+  int64_t count = 0;
+  for (int64_t i = 0; i < data.size(); ++i) {
+    Example e = data.Get(i);
+    Batch batch{e.inputs.unsqueeze(0), e.inputs.unsqueeze(0), torch::ones_like(e.inputs).unsqueeze(0)};
+    loss += model.LossSum(model.Forward(batch), batch).item<double>();
+    count += model.CountLossTargets(batch);
+  }
+  return loss / count;
+}
+
+TEST(TrainerTest, EvaluateIsTheTokenMeanLossWhateverTheBatchSize) {
+  auto model = TinyDecoder();
+  auto data = VariableLengthTokens(23, 3);
+  const double expected = DirectLoss(*model, *data);
+  for (int batch : {1, 5, 23}) {
+    proto::TrainingArguments args = BaseArgs("evaluate");
+    args.set_per_device_eval_batch_size(batch);
+    Trainer trainer(args, model, nullptr, data);
+    auto metrics = trainer.Evaluate();
+    ASSERT_TRUE(metrics.ok()) << metrics.status();
+    EXPECT_NEAR(metrics->at("eval_loss"), expected, 1e-5) << "batch " << batch;
+    EXPECT_EQ(metrics->count("eval_runtime"), 1u);
+    // Evaluation before any training needs no optimizer.
+    EXPECT_EQ(trainer.engine()->optimizer(), nullptr);
+  }
+}
+
+TEST(TrainerTest, PredictReturnsPaddedLogitsLabelsAndMetrics) {
+  auto model = TinyDecoder();
+  auto data = VariableLengthTokens(10, 4);
+  proto::TrainingArguments args = BaseArgs("predict");
+  args.set_per_device_eval_batch_size(4);
+  Trainer trainer(args, model, nullptr);
+  trainer.set_compute_metrics([](const EvalPrediction& p) {
+    torch::Tensor predicted = p.predictions.argmax(-1).slice(1, 0, -1);
+    torch::Tensor target = p.label_ids.slice(1, 1);
+    torch::Tensor counted = target.ne(-100);
+    return Metrics{{"accuracy", (predicted.eq(target) & counted).sum().item<double>() /
+                                    counted.sum().item<double>()},
+                   {"count", counted.sum().item<double>()}};
+  });
+  auto out = trainer.Predict(data);
+  ASSERT_TRUE(out.ok()) << out.status();
+  int64_t longest = 0, targets = 0;
+  for (int64_t i = 0; i < data->size(); ++i) {
+    longest = std::max(longest, data->Get(i).inputs.size(0));
+    targets += data->Get(i).inputs.size(0) - 1;
+  }
+  ASSERT_EQ(out->predictions.dim(), 3);
+  EXPECT_EQ(out->predictions.size(0), 10);
+  EXPECT_EQ(out->predictions.size(1), longest);
+  EXPECT_EQ(out->label_ids.sizes(), (std::vector<int64_t>{10, longest}));
+  for (int64_t i = 0; i < data->size(); ++i) {
+    torch::Tensor tokens = data->Get(i).inputs;
+    EXPECT_TRUE(out->label_ids[i].slice(0, 0, tokens.size(0)).equal(tokens));
+  }
+  EXPECT_EQ(out->metrics.at("test_count"), targets);
+  EXPECT_GE(out->metrics.at("test_accuracy"), 0.0);
+  EXPECT_NEAR(out->metrics.at("test_loss"), DirectLoss(*model, *data), 1e-5);
+}
+
+TEST(TrainerTest, LogsAtLoggingStepsAndWritesMetricsJsonl) {
+  auto model = TinyDecoder();
+  proto::TrainingArguments args = BaseArgs("jsonl");
+  args.set_per_device_train_batch_size(4);
+  args.set_max_steps(6);
+  args.set_logging_steps(2);
+  args.set_eval_strategy(proto::TrainingArguments::STEPS);
+  args.set_eval_steps(3);
+  Trainer trainer(args, model, VariableLengthTokens(40, 5), VariableLengthTokens(8, 6));
+  ASSERT_TRUE(trainer.Train().ok());
+  std::vector<int64_t> loss_steps, eval_steps;
+  for (const Metrics& record : trainer.state().log_history) {
+    if (record.count("loss")) loss_steps.push_back(static_cast<int64_t>(record.at("step")));
+    if (record.count("eval_loss")) eval_steps.push_back(static_cast<int64_t>(record.at("step")));
+  }
+  EXPECT_EQ(loss_steps, (std::vector<int64_t>{2, 4, 6}));
+  EXPECT_EQ(eval_steps, (std::vector<int64_t>{3, 6}));
+  std::ifstream in(args.output_dir() + "/metrics.jsonl");
+  std::string line;
+  int lines = 0, with_loss = 0;
+  while (std::getline(in, line)) {
+    ++lines;
+    EXPECT_EQ(line.front(), '{');
+    EXPECT_EQ(line.back(), '}');
+    if (line.find("\"loss\":") != std::string::npos) ++with_loss;
+  }
+  EXPECT_EQ(with_loss, 3);
+  EXPECT_EQ(lines, 3 + 2 + 1);  // logs, evaluations, the train summary
+}
+
+TEST(TrainerTest, EarlyStoppingEndsTrainingWhenTheMetricStalls) {
+  auto model = TinyDecoder();
+  proto::TrainingArguments args = BaseArgs("early_stop");
+  args.set_learning_rate(0.0);  // eval_loss never improves after the first evaluation
+  args.set_per_device_train_batch_size(4);
+  args.set_max_steps(50);
+  args.set_eval_strategy(proto::TrainingArguments::STEPS);
+  args.set_eval_steps(2);
+  args.set_metric_for_best_model("eval_loss");
+  Trainer trainer(args, model, VariableLengthTokens(40, 7), VariableLengthTokens(8, 8));
+  trainer.AddCallback(std::make_shared<EarlyStoppingCallback>(/*patience=*/2));
+  auto out = trainer.Train();
+  ASSERT_TRUE(out.ok()) << out.status();
+  // Evaluations at steps 2 (best), 4 and 6 (no improvement): stop after step 6.
+  EXPECT_EQ(out->global_step, 6);
+  EXPECT_EQ(trainer.state().best_global_step, 2);
+}
+
+class EventRecorder : public TrainerCallback {
+ public:
+  std::vector<std::string> events;
+  void OnTrainBegin(const CallbackContext&) override { events.push_back("train_begin"); }
+  void OnEpochBegin(const CallbackContext&) override { events.push_back("epoch_begin"); }
+  void OnStepBegin(const CallbackContext&) override { events.push_back("step_begin"); }
+  void OnSubstepEnd(const CallbackContext&) override { events.push_back("substep_end"); }
+  void OnPreOptimizerStep(const CallbackContext&) override { events.push_back("pre_optimizer"); }
+  void OnOptimizerStep(const CallbackContext&) override { events.push_back("optimizer"); }
+  void OnStepEnd(const CallbackContext& c) override {
+    events.push_back("step_end");
+    if (c.state.global_step == 2) c.control.should_training_stop = true;
+  }
+  void OnEpochEnd(const CallbackContext&) override { events.push_back("epoch_end"); }
+  void OnTrainEnd(const CallbackContext&) override { events.push_back("train_end"); }
+};
+
+TEST(TrainerTest, CallbacksSeeEventsInOrderAndCanStopTraining) {
+  auto model = TinyDecoder();
+  proto::TrainingArguments args = BaseArgs("events");
+  args.set_per_device_train_batch_size(4);
+  args.set_gradient_accumulation_steps(2);
+  args.set_max_steps(10);
+  args.set_logging_steps(100);
+  Trainer trainer(args, model, VariableLengthTokens(40, 9));
+  auto recorder = std::make_shared<EventRecorder>();
+  trainer.AddCallback(recorder);
+  auto out = trainer.Train();
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(out->global_step, 2);
+  const std::vector<std::string> step = {"step_begin", "substep_end", "pre_optimizer",
+                                         "optimizer", "step_end"};
+  std::vector<std::string> expected = {"train_begin", "epoch_begin"};
+  expected.insert(expected.end(), step.begin(), step.end());
+  expected.insert(expected.end(), step.begin(), step.end());
+  expected.insert(expected.end(), {"epoch_end", "train_end"});
+  EXPECT_EQ(recorder->events, expected);
+}
+
+TEST(TrainerTest, EvalStrategyWithoutEvalDatasetIsAClearError) {
+  auto model = TinyDecoder();
+  proto::TrainingArguments args = BaseArgs("no_eval");
+  args.set_eval_strategy(proto::TrainingArguments::STEPS);
+  args.set_eval_steps(1);
+  Trainer trainer(args, model, VariableLengthTokens(8, 10));
+  auto out = trainer.Train();
+  ASSERT_FALSE(out.ok());
+  EXPECT_NE(out.status().message().find("eval_strategy"), std::string::npos);
+  EXPECT_NE(out.status().message().find("eval dataset"), std::string::npos);
+}
+
+TEST(TrainerTest, DatasetShorterThanOneBatchWithDropLastIsAClearError) {
+  auto model = TinyDecoder();
+  proto::TrainingArguments args = BaseArgs("short");
+  args.set_per_device_train_batch_size(16);
+  args.set_dataloader_drop_last(true);
+  Trainer trainer(args, model, VariableLengthTokens(5, 11));
+  auto out = trainer.Train();
+  ASSERT_FALSE(out.ok());
+  EXPECT_NE(out.status().message().find("5"), std::string::npos) << out.status();
+  EXPECT_NE(out.status().message().find("16"), std::string::npos) << out.status();
+}
+
+TEST(TrainerTest, UnbuiltEngineIsAClearError) {
+  auto model = TinyDecoder();
+  proto::TrainingArguments args = BaseArgs("ddp");
+  args.mutable_ddp();
+  Trainer trainer(args, model, VariableLengthTokens(8, 12));
+  auto out = trainer.Train();
+  ASSERT_FALSE(out.ok());
+  EXPECT_NE(out.status().message().find("ddp"), std::string::npos);
+  EXPECT_NE(out.status().message().find("local"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace cpptrain

@@ -2,6 +2,7 @@
 // device, evaluates it, and writes <output_dir>/metrics.jsonl plus a final summary line.
 //
 //   bazel run //tools:train -- --config=tools/demo.textproto --set=args.max_steps=50
+#include <algorithm>
 #include <cstdlib>
 #include <iostream>
 #include <memory>
@@ -21,11 +22,12 @@
 #include "trainer/data/arithmetic_corpus.h"
 #include "trainer/data/token_file_dataset.h"
 #include "trainer/metrics_log.h"
+#include "tools/repeated_flag.h"
 #include "trainer/trainer.h"
 
 ABSL_FLAG(std::string, config, "", "TrainJob in protobuf text format (proto/job.proto).");
-ABSL_FLAG(std::vector<std::string>, set, {},
-          "Overrides of config fields by path, e.g. --set=args.learning_rate=1e-3 (repeatable).");
+// --set=path=value (repeatable) overrides a config field by its path, e.g.
+// --set=args.learning_rate=1e-3; it is taken out of argv before absl parses the rest.
 
 namespace cpptrain {
 namespace {
@@ -87,8 +89,17 @@ absl::Status Run(const std::string& config_path, const std::vector<std::string>&
   CT_ASSIGN_OR_RETURN(TrainOutput out, trainer.Train());
   Metrics summary = out.metrics;
   if (data.second != nullptr) {
-    CT_ASSIGN_OR_RETURN(Metrics eval, trainer.Evaluate());
-    summary.insert(eval.begin(), eval.end());
+    // Reuse the evaluation the schedule ran at the final step, if there was one.
+    const std::vector<Metrics>& history = trainer.state().log_history;
+    auto last_eval = std::find_if(history.rbegin(), history.rend(), [](const Metrics& m) {
+      return m.count("eval_loss") > 0;
+    });
+    if (last_eval != history.rend() && last_eval->at("step") == out.global_step) {
+      summary.insert(last_eval->begin(), last_eval->end());
+    } else {
+      CT_ASSIGN_OR_RETURN(Metrics eval, trainer.Evaluate());
+      summary.insert(eval.begin(), eval.end());
+    }
   }
   summary["global_step"] = static_cast<double>(out.global_step);
   std::cout << MetricsToJson(summary) << std::endl;
@@ -99,11 +110,12 @@ absl::Status Run(const std::string& config_path, const std::vector<std::string>&
 }  // namespace cpptrain
 
 int main(int argc, char** argv) {
+  std::vector<std::string> overrides = cpptrain::TakeRepeatedFlag("set", argc, argv);
   absl::ParseCommandLine(argc, argv);
   const char* rank = std::getenv("RANK");
   cpptrain::InitLogging(argv[0], rank ? std::atoi(rank) : 0);
   absl::Status status =
-      cpptrain::Run(absl::GetFlag(FLAGS_config), absl::GetFlag(FLAGS_set));
+      cpptrain::Run(absl::GetFlag(FLAGS_config), overrides);
   if (!status.ok()) {
     LOG(ERROR) << status.message();
     return 1;

@@ -1,0 +1,432 @@
+#include "sharding/rendezvous.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <numeric>
+#include <utility>
+
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "base/logging.h"
+#include "base/status.h"
+#include "base/torch_status.h"
+#include "sharding/gloo_communicator.h"
+
+namespace cpptrain {
+namespace {
+
+using GetEnv = std::function<const char*(const char*)>;
+
+constexpr int kDefaultMasterPort = 29500;
+
+// Abseil 20220623 has no StrContainsIgnoreCase.
+bool ContainsIgnoreCase(absl::string_view text, absl::string_view needle) {
+  return absl::StrContains(absl::AsciiStrToLower(text), absl::AsciiStrToLower(needle));
+}
+
+// The variables a launcher sets, for error messages.
+struct VariableNames {
+  const char* rank;
+  const char* local_rank;
+  const char* world_size;
+  const char* local_world_size;
+};
+
+bool IsSet(const GetEnv& getenv, const char* name) { return getenv(name) != nullptr; }
+
+absl::StatusOr<int> ParseInt(absl::string_view name, absl::string_view value) {
+  int result = 0;
+  if (!absl::SimpleAtoi(value, &result)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, "=\"", value, "\" is not an integer; set it to a whole number"));
+  }
+  return result;
+}
+
+// The integer in variable `name`; `why_required` says who needs it when it is missing.
+absl::StatusOr<int> RequiredInt(const GetEnv& getenv, const char* name,
+                                absl::string_view why_required) {
+  const char* value = getenv(name);
+  if (value == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(name, " is not set; ", why_required));
+  }
+  return ParseInt(name, value);
+}
+
+absl::StatusOr<int> OptionalInt(const GetEnv& getenv, const char* name, int fallback) {
+  const char* value = getenv(name);
+  if (value == nullptr) return fallback;
+  return ParseInt(name, value);
+}
+
+absl::Status CheckPort(int port, absl::string_view source) {
+  if (port < 1 || port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("MASTER_PORT=", port, " (", source,
+                                                   ") is outside 1..65535; pick a free TCP port"));
+  }
+  return absl::OkStatus();
+}
+
+// Checks the relations every launcher guarantees. `uniform_nodes`: every node runs
+// local_world_size ranks, so the world is a multiple of it.
+absl::Status CheckRanks(const DistributedEnv& env, const VariableNames& names, bool uniform_nodes) {
+  if (env.world_size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(names.world_size, "=", env.world_size, " must be at least 1"));
+  }
+  if (env.local_world_size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(names.local_world_size, "=", env.local_world_size, " must be at least 1"));
+  }
+  if (env.rank < 0 || env.rank >= env.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat(names.rank, "=", env.rank, " is outside [0, ",
+                                                   names.world_size, "=", env.world_size, ")"));
+  }
+  if (env.local_rank < 0 || env.local_rank >= env.local_world_size) {
+    return absl::InvalidArgumentError(absl::StrCat(names.local_rank, "=", env.local_rank,
+                                                   " is outside [0, ", names.local_world_size, "=",
+                                                   env.local_world_size, ")"));
+  }
+  if (env.local_world_size > env.world_size ||
+      (uniform_nodes && env.world_size % env.local_world_size != 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        names.world_size, "=", env.world_size, " is not a multiple of ", names.local_world_size,
+        "=", env.local_world_size, "; every node must run the same number of ranks"));
+  }
+  return CheckPort(env.master_port, env.source);
+}
+
+absl::StatusOr<DistributedEnv> FromTorchrun(const GetEnv& getenv) {
+  constexpr absl::string_view kWhy =
+      "torchrun sets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR and "
+      "MASTER_PORT together; launch with torchrun or set all six";
+  DistributedEnv env;
+  env.source = "torchrun";
+  CT_ASSIGN_OR_RETURN(env.rank, RequiredInt(getenv, "RANK", kWhy));
+  CT_ASSIGN_OR_RETURN(env.local_rank, RequiredInt(getenv, "LOCAL_RANK", kWhy));
+  CT_ASSIGN_OR_RETURN(env.world_size, RequiredInt(getenv, "WORLD_SIZE", kWhy));
+  CT_ASSIGN_OR_RETURN(env.local_world_size, RequiredInt(getenv, "LOCAL_WORLD_SIZE", kWhy));
+  const char* addr = getenv("MASTER_ADDR");
+  if (addr == nullptr || *addr == '\0') {
+    return absl::InvalidArgumentError(
+        absl::StrCat("MASTER_ADDR is ", addr == nullptr ? "not set" : "empty", "; ", kWhy));
+  }
+  env.master_addr = addr;
+  CT_ASSIGN_OR_RETURN(env.master_port, RequiredInt(getenv, "MASTER_PORT", kWhy));
+  const char* agent = getenv("TORCHELASTIC_USE_AGENT_STORE");
+  env.use_agent_store = agent != nullptr && absl::string_view(agent) == "True";
+  CT_ASSIGN_OR_RETURN(env.restart_count, OptionalInt(getenv, "TORCHELASTIC_RESTART_COUNT", 0));
+  CT_RETURN_IF_ERROR(
+      CheckRanks(env, {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"}, true));
+  return env;
+}
+
+// Ranks per node from SLURM_NTASKS_PER_NODE or SLURM_TASKS_PER_NODE; `uniform` says whether
+// every node runs as many.
+absl::Status SlurmLocalWorld(const GetEnv& getenv, DistributedEnv& env, bool& uniform) {
+  uniform = true;
+  if (IsSet(getenv, "SLURM_NTASKS_PER_NODE")) {
+    CT_ASSIGN_OR_RETURN(env.local_world_size,
+                        ParseInt("SLURM_NTASKS_PER_NODE", getenv("SLURM_NTASKS_PER_NODE")));
+    return absl::OkStatus();
+  }
+  const char* tasks = getenv("SLURM_TASKS_PER_NODE");
+  if (tasks == nullptr) {
+    return absl::InvalidArgumentError(
+        "SLURM_PROCID is set but neither SLURM_NTASKS_PER_NODE nor SLURM_TASKS_PER_NODE is; "
+        "launch the ranks with srun");
+  }
+  CT_ASSIGN_OR_RETURN(std::vector<int> per_node, ParseSlurmTasksPerNode(tasks));
+  const int total = std::accumulate(per_node.begin(), per_node.end(), 0);
+  if (total != env.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("SLURM_TASKS_PER_NODE=\"", tasks,
+                                                   "\" adds up to ", total,
+                                                   " tasks but SLURM_NTASKS=", env.world_size));
+  }
+  uniform = std::all_of(per_node.begin(), per_node.end(), [&](int n) { return n == per_node[0]; });
+  if (uniform) {
+    env.local_world_size = per_node[0];
+    return absl::OkStatus();
+  }
+  CT_ASSIGN_OR_RETURN(int node,
+                      RequiredInt(getenv, "SLURM_NODEID",
+                                  absl::StrCat("nodes run different task counts (SLURM_TASKS_"
+                                               "PER_NODE=\"",
+                                               tasks,
+                                               "\") and SLURM_NODEID "
+                                               "says which node this is")));
+  if (node < 0 || node >= static_cast<int>(per_node.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("SLURM_NODEID=", node, " is outside [0, ",
+                                                   per_node.size(), ") (SLURM_TASKS_PER_NODE=\"",
+                                                   tasks, "\")"));
+  }
+  env.local_world_size = per_node[node];
+  return absl::OkStatus();
+}
+
+absl::StatusOr<DistributedEnv> FromSlurm(const GetEnv& getenv) {
+  constexpr absl::string_view kWhy = "srun sets it for every task; launch the ranks with srun";
+  DistributedEnv env;
+  env.source = "slurm";
+  CT_ASSIGN_OR_RETURN(env.rank, RequiredInt(getenv, "SLURM_PROCID", kWhy));
+  CT_ASSIGN_OR_RETURN(env.local_rank, RequiredInt(getenv, "SLURM_LOCALID", kWhy));
+  CT_ASSIGN_OR_RETURN(env.world_size, RequiredInt(getenv, "SLURM_NTASKS", kWhy));
+  bool uniform = true;
+  CT_RETURN_IF_ERROR(SlurmLocalWorld(getenv, env, uniform));
+  const char* addr = getenv("MASTER_ADDR");
+  if (addr != nullptr && *addr != '\0') {
+    env.master_addr = addr;
+  } else {
+    const char* nodelist = getenv("SLURM_JOB_NODELIST");
+    if (nodelist == nullptr) {
+      return absl::InvalidArgumentError(
+          "SLURM_JOB_NODELIST is not set (it names the host of rank 0); run inside a SLURM "
+          "allocation or set MASTER_ADDR");
+    }
+    absl::StatusOr<std::string> host = FirstSlurmHost(nodelist);
+    if (!host.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("SLURM_JOB_NODELIST: ", host.status().message()));
+    }
+    env.master_addr = *std::move(host);
+  }
+  CT_ASSIGN_OR_RETURN(env.master_port, OptionalInt(getenv, "MASTER_PORT", kDefaultMasterPort));
+  CT_RETURN_IF_ERROR(CheckRanks(
+      env, {"SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS", "the local task count"}, uniform));
+  return env;
+}
+
+absl::StatusOr<DistributedEnv> FromSingleProcess(const GetEnv& getenv) {
+  DistributedEnv env;
+  env.source = "single";
+  const char* addr = getenv("MASTER_ADDR");
+  if (addr != nullptr && *addr != '\0') env.master_addr = addr;
+  CT_ASSIGN_OR_RETURN(env.master_port, OptionalInt(getenv, "MASTER_PORT", kDefaultMasterPort));
+  CT_RETURN_IF_ERROR(CheckPort(env.master_port, env.source));
+  return env;
+}
+
+// Parses the digits of one bracket range start: "01-04" -> "01", "7" -> "7".
+absl::StatusOr<std::string> FirstOfRange(absl::string_view nodelist, absl::string_view range) {
+  std::vector<absl::string_view> ends = absl::StrSplit(range, '-');
+  const auto all_digits = [](absl::string_view s) {
+    return !s.empty() && std::all_of(s.begin(), s.end(), absl::ascii_isdigit);
+  };
+  if (ends.size() > 2 || !std::all_of(ends.begin(), ends.end(), all_digits)) {
+    return absl::InvalidArgumentError(absl::StrCat("\"", nodelist, "\": \"[", range,
+                                                   "...]\" is not a range of numbers like "
+                                                   "[01-04,07]"));
+  }
+  return std::string(ends[0]);
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> FirstSlurmHost(absl::string_view nodelist) {
+  const absl::string_view list = absl::StripAsciiWhitespace(nodelist);
+  std::string host;
+  size_t i = 0;
+  while (i < list.size() && list[i] != ',') {
+    if (list[i] == ']') {
+      return absl::InvalidArgumentError(absl::StrCat("\"", nodelist, "\" has a ']' without a '['"));
+    }
+    if (list[i] != '[') {
+      host.push_back(list[i++]);
+      continue;
+    }
+    const size_t close = list.find(']', i);
+    if (close == absl::string_view::npos) {
+      return absl::InvalidArgumentError(absl::StrCat("\"", nodelist, "\" has an unclosed '['"));
+    }
+    const absl::string_view inside = list.substr(i + 1, close - i - 1);
+    CT_ASSIGN_OR_RETURN(std::string first,
+                        FirstOfRange(nodelist, inside.substr(0, inside.find(','))));
+    host += first;
+    i = close + 1;
+  }
+  if (host.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("\"", nodelist, "\" does not start with a host name"));
+  }
+  return host;
+}
+
+absl::StatusOr<std::vector<int>> ParseSlurmTasksPerNode(absl::string_view value) {
+  std::vector<int> per_node;
+  const auto malformed = [&](absl::string_view item) {
+    return absl::InvalidArgumentError(absl::StrCat("SLURM_TASKS_PER_NODE=\"", value, "\": \"", item,
+                                                   "\" is not N or N(xM) with N, M >= 1"));
+  };
+  for (absl::string_view item : absl::StrSplit(value, ',')) {
+    item = absl::StripAsciiWhitespace(item);
+    int tasks = 0;
+    int repeat = 1;
+    const size_t paren = item.find('(');
+    if (paren == absl::string_view::npos) {
+      if (!absl::SimpleAtoi(item, &tasks)) return malformed(item);
+    } else {
+      const absl::string_view count = item.substr(paren);
+      if (count.size() < 4 || count.substr(0, 2) != "(x" || count.back() != ')' ||
+          !absl::SimpleAtoi(item.substr(0, paren), &tasks) ||
+          !absl::SimpleAtoi(count.substr(2, count.size() - 3), &repeat)) {
+        return malformed(item);
+      }
+    }
+    if (tasks < 1 || repeat < 1) return malformed(item);
+    per_node.insert(per_node.end(), repeat, tasks);
+  }
+  return per_node;
+}
+
+absl::StatusOr<DistributedEnv> DistributedEnvFromEnvironment(const GetEnv& getenv) {
+  if (IsSet(getenv, "RANK") || IsSet(getenv, "WORLD_SIZE")) return FromTorchrun(getenv);
+  if (IsSet(getenv, "SLURM_PROCID")) return FromSlurm(getenv);
+  return FromSingleProcess(getenv);
+}
+
+absl::StatusOr<DistributedEnv> DistributedEnvFromEnvironment() {
+  return DistributedEnvFromEnvironment(&std::getenv);
+}
+
+namespace {
+
+std::string Address(const DistributedEnv& env) {
+  return absl::StrCat(env.master_addr, ":", env.master_port);
+}
+
+std::string HostedBy(const DistributedEnv& env) {
+  return env.use_agent_store ? "torchrun's agent" : "rank 0";
+}
+
+absl::Status ConnectError(const DistributedEnv& env, std::chrono::milliseconds timeout,
+                          const std::string& message) {
+  const bool hosting = env.rank == 0 && !env.use_agent_store;
+  if (hosting && (absl::StrContains(message, "Address already in use") ||
+                  absl::StrContains(message, "errno: 98"))) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "ConnectStore: rank 0 cannot host the TCPStore on port ", env.master_port,
+        ": the port is already in use (another job or an earlier run holds it); pick another "
+        "MASTER_PORT, or launch with torchrun --master_port=0 to get a free one [c10d: ",
+        message, "]"));
+  }
+  if (ContainsIgnoreCase(message, "timed out") || ContainsIgnoreCase(message, "timeout")) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("ConnectStore: rank ", env.rank, " could not reach the TCPStore at ",
+                     Address(env), " within ", timeout.count(), " ms; expected ", env.world_size,
+                     " ranks, the store "
+                     "hosted by ",
+                     HostedBy(env),
+                     ". Check that it started and that MASTER_ADDR and "
+                     "MASTER_PORT are the same on every rank [c10d: ",
+                     message, "]"));
+  }
+  return absl::UnavailableError(absl::StrCat("ConnectStore: rank ", env.rank, " of ",
+                                             env.world_size, " cannot use the TCPStore at ",
+                                             Address(env), ": ", message));
+}
+
+// Every rank announces itself and waits for the others, so a missing rank shows up here, by
+// number, rather than later as a collective timeout.
+absl::Status WaitForAllRanks(c10d::Store& store, const DistributedEnv& env,
+                             std::chrono::milliseconds timeout) {
+  const auto key = [](int rank) { return absl::StrCat("cpptrain/connect/rank", rank); };
+  std::vector<std::string> keys;
+  for (int r = 0; r < env.world_size; ++r) keys.push_back(key(r));
+  absl::Status status = CatchTorch([&] {
+    store.set(key(env.rank), std::vector<uint8_t>{1});
+    store.wait(keys, timeout);
+  });
+  if (status.ok()) return status;
+  std::vector<int> missing;
+  (void)CatchTorch([&] {
+    for (int r = 0; r < env.world_size && missing.size() < 16; ++r) {
+      if (!store.check({key(r)})) missing.push_back(r);
+    }
+  });
+  return absl::DeadlineExceededError(absl::StrCat(
+      "ConnectStore: rank ", env.rank, " waited ", timeout.count(), " ms at ", Address(env),
+      " for ", env.world_size, " ranks; missing ranks (first 16): [", absl::StrJoin(missing, ", "),
+      "]. Check that every rank was launched with the same "
+      "world size and MASTER_ADDR/MASTER_PORT [",
+      status.message(), "]"));
+}
+
+}  // namespace
+
+absl::StatusOr<c10::intrusive_ptr<c10d::Store>> ConnectStore(const DistributedEnv& env,
+                                                             std::chrono::milliseconds timeout) {
+  if (env.world_size < 1 || env.rank < 0 || env.rank >= env.world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ConnectStore: need 0 <= rank < world_size, "
+                     "got rank ",
+                     env.rank, ", world_size ", env.world_size));
+  }
+  CT_RETURN_IF_ERROR(CheckPort(env.master_port, env.source));
+  if (timeout.count() <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ConnectStore: timeout must be positive, "
+                     "got ",
+                     timeout.count(), " ms"));
+  }
+  if (env.world_size == 1 && !env.use_agent_store) {
+    // Nobody to meet: no port to collide with another job's.
+    return c10::intrusive_ptr<c10d::Store>(c10::make_intrusive<c10d::HashStore>());
+  }
+  c10d::TCPStoreOptions options;
+  options.port = static_cast<uint16_t>(env.master_port);
+  options.isServer = env.rank == 0 && !env.use_agent_store;
+  options.numWorkers = env.world_size;
+  options.waitWorkers = false;  // WaitForAllRanks below names the missing ranks.
+  options.timeout = timeout;
+  options.multiTenant = true;
+  c10::intrusive_ptr<c10d::Store> store;
+  try {
+    store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, options);
+  } catch (const std::exception& e) {
+    return ConnectError(env, timeout, TorchErrorMessage(e));
+  }
+  if (env.use_agent_store) {
+    store = c10::make_intrusive<c10d::PrefixStore>(
+        absl::StrCat("/worker/attempt_", env.restart_count), store);
+  }
+  CT_RETURN_IF_ERROR(WaitForAllRanks(*store, env, timeout));
+  VLOG(1) << "ConnectStore: rank " << env.rank << " of " << env.world_size << " at " << Address(env)
+          << " (hosted by " << HostedBy(env) << ")";
+  return store;
+}
+
+absl::StatusOr<std::unique_ptr<Communicator>> CreateCommunicatorForDevice(
+    c10::intrusive_ptr<c10d::Store> store, int rank, int size, c10::DeviceType device_type,
+    std::chrono::milliseconds timeout) {
+  switch (device_type) {
+    case c10::DeviceType::CPU: {
+      CT_ASSIGN_OR_RETURN(std::unique_ptr<GlooCommunicator> gloo,
+                          GlooCommunicator::Create(std::move(store), rank, size, timeout));
+      return std::unique_ptr<Communicator>(std::move(gloo));
+    }
+    case c10::DeviceType::CUDA:
+      // ---- NCCL: CUDA builds only (CPPTRAIN_HAS_NCCL) --------------------------------------
+#ifdef CPPTRAIN_HAS_NCCL
+      // The NCCL communicator is created and returned here.
+#endif
+      // ---- end NCCL ----------------------------------------------------------------------
+      return absl::UnimplementedError(
+          "CreateCommunicatorForDevice: CUDA tensors need the NCCL communicator, which is "
+          "compiled only in CUDA builds (CPPTRAIN_HAS_NCCL); this build moves CPU tensors "
+          "with Gloo only, so train on device cpu or use a CUDA build");
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("CreateCommunicatorForDevice: no communicator for device type ",
+                       c10::DeviceTypeName(device_type), "; use cpu (Gloo) or cuda (NCCL)"));
+  }
+}
+
+}  // namespace cpptrain

@@ -1,0 +1,76 @@
+// How a process finds its place in a job: read rank and world from the launcher's environment
+// (torchrun, else SLURM, else a single process), connect the c10d store every rank shares,
+// and create the communicator for a device type.
+//
+//   CT_ASSIGN_OR_RETURN(DistributedEnv env, DistributedEnvFromEnvironment());
+//   CT_ASSIGN_OR_RETURN(auto store, ConnectStore(env, std::chrono::minutes(5)));
+//   CT_ASSIGN_OR_RETURN(auto comm, CreateCommunicatorForDevice(
+//       store, env.rank, env.world_size, c10::DeviceType::CPU, std::chrono::minutes(5)));
+#ifndef CPPTRAIN_SHARDING_RENDEZVOUS_H_
+#define CPPTRAIN_SHARDING_RENDEZVOUS_H_
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <c10/core/DeviceType.h>
+#include <c10/util/intrusive_ptr.h>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "sharding/communicator.h"
+
+namespace cpptrain {
+
+struct DistributedEnv {
+  int rank = 0;
+  int local_rank = 0;
+  int world_size = 1;
+  int local_world_size = 1;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  // torchrun's agent already hosts a TCPStore at master_addr:master_port; every rank is a
+  // client (TORCHELASTIC_USE_AGENT_STORE=True).
+  bool use_agent_store = false;
+  // TORCHELASTIC_RESTART_COUNT: with the agent's store, each restart of the workers uses its
+  // own key prefix (as torch.distributed does), so keys of a failed attempt are not reused.
+  int restart_count = 0;
+  // "torchrun", "slurm" or "single".
+  std::string source = "single";
+};
+
+// torchrun's variables when RANK or WORLD_SIZE is set (RANK, LOCAL_RANK, WORLD_SIZE,
+// LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT all required); else SLURM's when SLURM_PROCID
+// is set (SLURM_PROCID, SLURM_LOCALID, SLURM_NTASKS, SLURM_NTASKS_PER_NODE or
+// SLURM_TASKS_PER_NODE, SLURM_JOB_NODELIST's first host unless MASTER_ADDR is set,
+// MASTER_PORT or 29500); else rank 0 of 1. Errors name the variable and its value.
+absl::StatusOr<DistributedEnv> DistributedEnvFromEnvironment();
+absl::StatusOr<DistributedEnv> DistributedEnvFromEnvironment(
+    const std::function<const char*(const char*)>& getenv);
+
+// The first host of a SLURM node list: "node[01-04,07]" -> "node01", "a,b" -> "a",
+// "gpu-[1-3]x" -> "gpu-1x", "rack[1-2]-n[3-4]" -> "rack1-n3", "host" -> "host".
+absl::StatusOr<std::string> FirstSlurmHost(absl::string_view nodelist);
+
+// SLURM_TASKS_PER_NODE expanded per node: "4(x2),3" -> {4, 4, 3}.
+absl::StatusOr<std::vector<int>> ParseSlurmTasksPerNode(absl::string_view value);
+
+// The store every rank of `env` shares: a c10d::TCPStore at master_addr:master_port, hosted
+// by rank 0 unless use_agent_store (a HashStore for a world of one without the agent).
+// Blocks until all world_size ranks have connected, at most `timeout`, which also becomes the
+// store's timeout for later waits.
+absl::StatusOr<c10::intrusive_ptr<c10d::Store>> ConnectStore(const DistributedEnv& env,
+                                                             std::chrono::milliseconds timeout);
+
+// Gloo for CPU; NCCL for CUDA in builds with CPPTRAIN_HAS_NCCL (an error otherwise). Blocks
+// like the communicator's Create (until every rank of the group joined, at most `timeout`).
+absl::StatusOr<std::unique_ptr<Communicator>> CreateCommunicatorForDevice(
+    c10::intrusive_ptr<c10d::Store> store, int rank, int size, c10::DeviceType device_type,
+    std::chrono::milliseconds timeout);
+
+}  // namespace cpptrain
+
+#endif  // CPPTRAIN_SHARDING_RENDEZVOUS_H_

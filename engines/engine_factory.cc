@@ -2,7 +2,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
+#include <chrono>
+
+#include <torch/cuda.h>
+
+#include "engines/ddp/ddp_engine.h"
 #include "engines/local/local_engine.h"
+#include "sharding/rendezvous.h"
 
 namespace cpptrain {
 
@@ -21,12 +27,25 @@ absl::StatusOr<std::unique_ptr<Engine>> CreateEngine(const proto::TrainingArgume
                           LocalEngine::Create(args.local(), precision));
       return std::unique_ptr<Engine>(std::move(engine));
     }
-    case proto::TrainingArguments::kDdp:
+    case proto::TrainingArguments::kDdp: {
+      CT_ASSIGN_OR_RETURN(DistributedEnv env, DistributedEnvFromEnvironment());
+      const std::chrono::milliseconds timeout(int64_t{args.ddp_timeout()} * 1000);
+      const c10::Device device = torch::cuda::is_available()
+                                     ? c10::Device(c10::kCUDA, env.local_rank)
+                                     : c10::Device(c10::kCPU);
+      CT_ASSIGN_OR_RETURN(auto store, ConnectStore(env, timeout));
+      CT_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> comm,
+                          CreateCommunicatorForDevice(store, env.rank, env.world_size,
+                                                      device.type(), timeout));
+      CT_ASSIGN_OR_RETURN(std::unique_ptr<DdpEngine> engine,
+                          DdpEngine::Create(args.ddp(), precision, device, std::move(comm)));
+      return std::unique_ptr<Engine>(std::move(engine));
+    }
     case proto::TrainingArguments::kFsdp:
     case proto::TrainingArguments::kZero:
       break;
   }
-  const char* names[] = {"", "", "ddp", "fsdp", "zero"};
+  const char* names[] = {"", "", "ddp", "fsdp", "zero"};  // indexed by the oneof case
   const int index = args.engine_case() - proto::TrainingArguments::kLocal + 1;
   return absl::UnimplementedError(absl::StrCat(
       "the training arguments select the `", names[index],

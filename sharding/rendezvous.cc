@@ -19,6 +19,11 @@
 #include "base/status.h"
 #include "base/torch_status.h"
 #include "sharding/gloo_communicator.h"
+#ifdef CPPTRAIN_HAS_NCCL
+#include <c10/cuda/CUDAFunctions.h>
+
+#include "sharding/nccl_communicator.h"
+#endif
 
 namespace cpptrain {
 namespace {
@@ -415,7 +420,15 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateCommunicatorForDevice(
     case c10::DeviceType::CUDA:
       // ---- NCCL: CUDA builds only (CPPTRAIN_HAS_NCCL) --------------------------------------
 #ifdef CPPTRAIN_HAS_NCCL
-      // The NCCL communicator is created and returned here.
+    {
+      // One GPU per local rank: LOCAL_RANK picks it and becomes the current device.
+      const char* local_rank = std::getenv("LOCAL_RANK");
+      const int device = local_rank != nullptr ? std::atoi(local_rank) : 0;
+      c10::cuda::set_device(static_cast<c10::DeviceIndex>(device));
+      CT_ASSIGN_OR_RETURN(std::unique_ptr<NcclCommunicator> nccl,
+                          NcclCommunicator::Create(store, rank, size, device, timeout));
+      return std::unique_ptr<Communicator>(std::move(nccl));
+    }
 #endif
       // ---- end NCCL ----------------------------------------------------------------------
       return absl::UnimplementedError(

@@ -328,12 +328,12 @@ TEST(TrainerTest, DatasetShorterThanOneBatchWithDropLastIsAClearError) {
 
 TEST(TrainerTest, UnbuiltEngineIsAClearError) {
   auto model = TinyDecoder();
-  proto::TrainingArguments args = BaseArgs("ddp");
-  args.mutable_ddp();
+  proto::TrainingArguments args = BaseArgs("fsdp");
+  args.mutable_fsdp();
   Trainer trainer(args, model, VariableLengthTokens(8, 12));
   auto out = trainer.Train();
   ASSERT_FALSE(out.ok());
-  EXPECT_NE(out.status().message().find("ddp"), std::string::npos);
+  EXPECT_NE(out.status().message().find("fsdp"), std::string::npos);
   EXPECT_NE(out.status().message().find("local"), std::string::npos);
 }
 

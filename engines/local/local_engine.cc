@@ -102,15 +102,20 @@ absl::Status LocalEngine::Backward(const torch::Tensor& loss) {
   });
 }
 
+absl::Status LocalEngine::UnscaleOnce() {
+  if (!scaler_ || grads_unscaled_) return absl::OkStatus();
+  CT_ASSIGN_OR_RETURN(grads_finite_,
+                      AllRanksFinite(scaler_->UnscaleAndCheck(Gradients(*optimizer_))));
+  grads_unscaled_ = true;
+  return absl::OkStatus();
+}
+
 absl::StatusOr<double> LocalEngine::ClipGradNorm(double max_norm) {
   if (optimizer_ == nullptr) {
     return absl::FailedPreconditionError("ClipGradNorm before PrepareForTraining");
   }
+  CT_RETURN_IF_ERROR(UnscaleOnce());
   std::vector<torch::Tensor> grads = Gradients(*optimizer_);
-  if (scaler_ && !grads_unscaled_) {
-    grads_finite_ = scaler_->UnscaleAndCheck(grads);
-    grads_unscaled_ = true;
-  }
   return CatchTorch([&] {
     const double norm = GlobalNorm(grads).item<double>();
     if (max_norm > 0) ClipByNorm(grads, norm, max_norm);
@@ -123,7 +128,7 @@ absl::StatusOr<bool> LocalEngine::OptimizerStep() {
     return absl::FailedPreconditionError("OptimizerStep before PrepareForTraining");
   }
   if (scaler_) {
-    if (!grads_unscaled_) grads_finite_ = scaler_->UnscaleAndCheck(Gradients(*optimizer_));
+    CT_RETURN_IF_ERROR(UnscaleOnce());
     grads_unscaled_ = false;
     scaler_->Update(grads_finite_);
     if (!grads_finite_) {

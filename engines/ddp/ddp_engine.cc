@@ -1,0 +1,294 @@
+#include "engines/ddp/ddp_engine.h"
+
+#include <algorithm>
+#include <mutex>
+#include <utility>
+
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/torch.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "base/logging.h"
+#include "base/status.h"
+#include "base/torch_status.h"
+
+namespace cpptrain {
+
+struct DdpEngine::Reducer {
+  struct Bucket {
+    at::Tensor buffer;        // flat; each parameter's .grad is a view of it
+    std::vector<int> params;  // indices into `params`
+    int pending = 0;          // gradients not yet accumulated in this backward
+    std::unique_ptr<Work> work;
+  };
+
+  Communicator* comm = nullptr;
+  const bool* sync = nullptr;
+  bool find_unused = false;
+  std::vector<std::string> names;
+  std::vector<at::Tensor> params;
+  std::vector<int> bucket_of;
+  std::vector<Bucket> buckets;  // launch order
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;  // keeps the hooks alive
+
+  std::mutex mu;
+  std::vector<bool> ready;
+  size_t next_to_launch = 0;
+  bool in_backward = false;
+  absl::Status error;
+
+  void StartBackwardLocked() {
+    in_backward = true;
+    std::fill(ready.begin(), ready.end(), false);
+    for (Bucket& b : buckets) b.pending = static_cast<int>(b.params.size());
+    next_to_launch = 0;
+    torch::autograd::Engine::get_default_engine().queue_callback([this] { Finalize(); });
+  }
+
+  void MarkReadyLocked(int index) {
+    if (ready[index]) return;
+    ready[index] = true;
+    --buckets[bucket_of[index]].pending;
+  }
+
+  // Buckets go out strictly in order, so every rank issues the same collectives.
+  void LaunchReadyLocked() {
+    while (next_to_launch < buckets.size() && buckets[next_to_launch].pending == 0) {
+      Bucket& b = buckets[next_to_launch++];
+      absl::StatusOr<std::unique_ptr<Work>> work = comm->AllReduce(b.buffer, ReduceOp::kSum);
+      if (!work.ok()) {
+        if (error.ok()) error = work.status();
+        continue;
+      }
+      b.work = std::move(*work);
+    }
+  }
+
+  // Called from the hook on parameter `index`'s gradient accumulator.
+  void OnGradientAccumulated(int index) {
+    if (!*sync) return;
+    std::lock_guard<std::mutex> lock(mu);
+    if (!in_backward) StartBackwardLocked();
+    MarkReadyLocked(index);
+    LaunchReadyLocked();
+  }
+
+  // End of a synchronized backward (queued autograd callback, or called directly when no
+  // gradient reached any parameter).
+  void Finalize() {
+    std::lock_guard<std::mutex> lock(mu);
+    std::vector<std::string> unused;
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (!ready[i]) unused.push_back(names[i]);
+    }
+    if (!unused.empty() && find_unused) {
+      for (size_t i = 0; i < params.size(); ++i) MarkReadyLocked(static_cast<int>(i));
+      LaunchReadyLocked();
+    } else if (!unused.empty() && error.ok()) {
+      error = absl::FailedPreconditionError(absl::StrCat(
+          "rank ", comm->rank(), ": DDP: ", unused.size(),
+          " parameter(s) received no gradient in this backward: ", absl::StrJoin(unused, ", "),
+          ". With ddp.find_unused_parameters=false every parameter must take part in the loss:"
+          " set ddp.find_unused_parameters=true, or freeze them (requires_grad=false)"));
+    }
+    for (size_t i = 0; i < next_to_launch; ++i) {
+      if (buckets[i].work == nullptr) continue;
+      absl::Status waited = buckets[i].work->Wait();
+      if (!waited.ok() && error.ok()) error = waited;
+      buckets[i].work.reset();
+    }
+    in_backward = false;
+  }
+};
+
+namespace {
+
+class GradientReadyHook : public torch::autograd::FunctionPostHook {
+ public:
+  GradientReadyHook(DdpEngine::Reducer* reducer, int index) : reducer_(reducer), index_(index) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list&) override {
+    reducer_->OnGradientAccumulated(index_);
+    return outputs;
+  }
+
+ private:
+  DdpEngine::Reducer* reducer_;
+  int index_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<DdpEngine>> DdpEngine::Create(const proto::DdpConfig& config,
+                                                             MixedPrecision precision,
+                                                             c10::Device device,
+                                                             std::shared_ptr<Communicator> comm) {
+  if (comm == nullptr) return absl::InvalidArgumentError("DdpEngine needs a communicator");
+  if (precision == MixedPrecision::kFp16 && !device.is_cuda()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "fp16 is true but the DDP engine runs on ", device.str(),
+        ", where LibTorch has no fp16 autocast: use bf16 on the CPU, or CUDA devices"));
+  }
+  return std::unique_ptr<DdpEngine>(new DdpEngine(config, precision, device, std::move(comm)));
+}
+
+DdpEngine::DdpEngine(const proto::DdpConfig& config, MixedPrecision precision, c10::Device device,
+                     std::shared_ptr<Communicator> comm)
+    : LocalEngine(device, precision), config_(config), comm_(std::move(comm)) {}
+
+DdpEngine::~DdpEngine() = default;
+
+absl::Status DdpEngine::BroadcastState() {
+  std::vector<at::Tensor> tensors;
+  for (const auto& p : model_->parameters()) tensors.push_back(p);
+  for (const auto& b : model_->buffers()) tensors.push_back(b);
+  torch::NoGradGuard no_grad;
+  for (at::Tensor& t : tensors) {
+    at::Tensor data = t.detach();
+    CT_ASSIGN_OR_RETURN(std::unique_ptr<Work> work, comm_->Broadcast(data, 0));
+    CT_RETURN_IF_ERROR(work->Wait());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DdpEngine::PrepareForInference(std::shared_ptr<TrainableModel> model) {
+  CT_RETURN_IF_ERROR(LocalEngine::PrepareForInference(std::move(model)));
+  if (!broadcast_done_) {
+    CT_RETURN_IF_ERROR(BroadcastState());
+    broadcast_done_ = true;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DdpEngine::PrepareForTraining(std::shared_ptr<TrainableModel> model,
+                                           const OptimizerFactory& factory) {
+  CT_RETURN_IF_ERROR(PrepareForInference(model));
+  if (reducer_ != nullptr) return LocalEngine::PrepareForTraining(std::move(model), factory);
+  auto reducer = std::make_unique<Reducer>();
+  reducer->comm = comm_.get();
+  reducer->sync = &sync_;
+  reducer->find_unused = config_.find_unused_parameters();
+  for (const auto& item : model_->named_parameters(/*recurse=*/true)) {
+    if (!item.value().requires_grad()) continue;
+    reducer->names.push_back(item.key());
+    reducer->params.push_back(item.value());
+  }
+  // Buckets in reverse registration order (roughly the order backward produces gradients),
+  // each up to bucket_cap_mb and of one dtype.
+  const int64_t cap_bytes = static_cast<int64_t>(config_.bucket_cap_mb() * 1024 * 1024);
+  reducer->bucket_of.assign(reducer->params.size(), -1);
+  std::vector<std::vector<int>> groups;
+  int64_t bytes = 0;
+  for (int i = static_cast<int>(reducer->params.size()) - 1; i >= 0; --i) {
+    const at::Tensor& p = reducer->params[i];
+    const int64_t size = p.numel() * p.element_size();
+    const bool new_bucket = groups.empty() || bytes + size > cap_bytes ||
+                            reducer->params[groups.back()[0]].scalar_type() != p.scalar_type();
+    if (new_bucket && !(groups.size() == 1 && groups[0].empty())) {
+      groups.emplace_back();
+      bytes = 0;
+    }
+    groups.back().push_back(i);
+    bytes += size;
+  }
+  CT_RETURN_IF_ERROR(CatchTorch([&] {
+    for (const std::vector<int>& group : groups) {
+      Reducer::Bucket bucket;
+      int64_t numel = 0;
+      for (int i : group) numel += reducer->params[i].numel();
+      bucket.buffer = torch::zeros({numel}, reducer->params[group[0]].options());
+      int64_t offset = 0;
+      for (int i : group) {
+        at::Tensor& p = reducer->params[i];
+        p.mutable_grad() = bucket.buffer.narrow(0, offset, p.numel()).view(p.sizes());
+        offset += p.numel();
+        reducer->bucket_of[i] = static_cast<int>(reducer->buckets.size());
+      }
+      bucket.params = group;
+      reducer->buckets.push_back(std::move(bucket));
+    }
+    for (size_t i = 0; i < reducer->params.size(); ++i) {
+      std::shared_ptr<torch::autograd::Node> accumulator =
+          torch::autograd::impl::grad_accumulator(reducer->params[i]);
+      accumulator->add_post_hook(
+          std::make_unique<GradientReadyHook>(reducer.get(), static_cast<int>(i)));
+      reducer->accumulators.push_back(std::move(accumulator));
+    }
+  }));
+  reducer->ready.assign(reducer->params.size(), false);
+  reducer_ = std::move(reducer);
+  CT_LOG_RANK0(INFO) << "DDP: " << reducer_->params.size() << " parameters in "
+                     << reducer_->buckets.size() << " buckets of up to "
+                     << config_.bucket_cap_mb() << " MiB over " << comm_->size() << " ranks ("
+                     << comm_->backend() << ")";
+  return LocalEngine::PrepareForTraining(model_, factory);
+}
+
+absl::Status DdpEngine::Backward(const torch::Tensor& loss) {
+  CT_RETURN_IF_ERROR(LocalEngine::Backward(loss));
+  if (!sync_ || reducer_ == nullptr) return absl::OkStatus();
+  bool finalized;
+  {
+    std::lock_guard<std::mutex> lock(reducer_->mu);
+    finalized = !reducer_->in_backward;
+    if (finalized && reducer_->next_to_launch == 0 && !reducer_->params.empty()) {
+      // No gradient reached any parameter, so no hook started the synchronization.
+      std::fill(reducer_->ready.begin(), reducer_->ready.end(), false);
+      for (auto& b : reducer_->buckets) b.pending = static_cast<int>(b.params.size());
+      reducer_->in_backward = true;
+      finalized = false;
+    }
+  }
+  if (!finalized) reducer_->Finalize();
+  std::lock_guard<std::mutex> lock(reducer_->mu);
+  absl::Status error = std::move(reducer_->error);
+  reducer_->error = absl::OkStatus();
+  reducer_->next_to_launch = 0;
+  return error;
+}
+
+void DdpEngine::ZeroGrad() {
+  if (reducer_ == nullptr) return;
+  torch::NoGradGuard no_grad;
+  for (auto& bucket : reducer_->buckets) bucket.buffer.zero_();
+}
+
+absl::StatusOr<bool> DdpEngine::AllRanksFinite(bool local_finite) {
+  at::Tensor flag = torch::full({1}, local_finite ? 0.0 : 1.0,
+                                torch::TensorOptions().dtype(torch::kFloat).device(device_));
+  CT_ASSIGN_OR_RETURN(std::unique_ptr<Work> work, comm_->AllReduce(flag, ReduceOp::kMax));
+  CT_RETURN_IF_ERROR(work->Synchronize());
+  return flag.cpu().item<float>() == 0.0f;
+}
+
+absl::StatusOr<torch::Tensor> DdpEngine::AllReduceSum(const torch::Tensor& values) {
+  at::Tensor on_device = values.to(device_, /*non_blocking=*/false, /*copy=*/true);
+  CT_ASSIGN_OR_RETURN(std::unique_ptr<Work> work, comm_->AllReduce(on_device, ReduceOp::kSum));
+  CT_RETURN_IF_ERROR(work->Synchronize());
+  return on_device.cpu();
+}
+
+absl::StatusOr<torch::Tensor> DdpEngine::AllGather(const torch::Tensor& values) {
+  at::Tensor input = values.contiguous().to(device_);
+  std::vector<int64_t> shape = input.sizes().vec();
+  if (shape.empty()) shape.push_back(1);
+  shape[0] *= comm_->size();
+  at::Tensor output = torch::empty(shape, input.options());
+  CT_ASSIGN_OR_RETURN(std::unique_ptr<Work> work, comm_->AllGather(input, output));
+  CT_RETURN_IF_ERROR(work->Synchronize());
+  return output.cpu();
+}
+
+std::vector<std::vector<std::string>> DdpEngine::BucketParameterNames() const {
+  std::vector<std::vector<std::string>> out;
+  if (reducer_ == nullptr) return out;
+  for (const auto& bucket : reducer_->buckets) {
+    out.emplace_back();
+    for (int i : bucket.params) out.back().push_back(reducer_->names[i]);
+  }
+  return out;
+}
+
+}  // namespace cpptrain

@@ -1,0 +1,70 @@
+// Data parallel: every rank holds the whole model. Parameters and buffers are broadcast from
+// rank 0 when prepared. Gradients live in flat buckets (reverse order of registration, about
+// bucket_cap_mb each; each parameter's .grad is a view of its bucket), and a bucket is
+// all-reduced as soon as every gradient in it has been accumulated, from a hook on the
+// parameter's gradient accumulator, while the rest of backward still runs. Buckets are launched
+// in order on every rank. With gradient synchronization off (non-final micro-batches of an
+// accumulation) there is no communication at all. Gradients are summed, not averaged: the
+// Trainer divides the loss by the global number of targets.
+//
+//   CT_ASSIGN_OR_RETURN(auto engine, DdpEngine::Create(config, precision, device, comm));
+//   CT_RETURN_IF_ERROR(engine->PrepareForTraining(model, factory));
+#ifndef CPPTRAIN_ENGINES_DDP_DDP_ENGINE_H_
+#define CPPTRAIN_ENGINES_DDP_DDP_ENGINE_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engines/local/local_engine.h"
+#include "proto/engines.pb.h"
+#include "sharding/communicator.h"
+
+namespace cpptrain {
+
+class DdpEngine : public LocalEngine {
+ public:
+  // `comm` spans all ranks and serves tensors on `device` (NCCL for CUDA, Gloo for CPU).
+  static absl::StatusOr<std::unique_ptr<DdpEngine>> Create(const proto::DdpConfig& config,
+                                                           MixedPrecision precision,
+                                                           c10::Device device,
+                                                           std::shared_ptr<Communicator> comm);
+  ~DdpEngine() override;
+
+  std::string name() const override { return "ddp"; }
+  int rank() const override { return comm_->rank(); }
+  int world_size() const override { return comm_->size(); }
+
+  absl::Status PrepareForInference(std::shared_ptr<TrainableModel> model) override;
+  absl::Status PrepareForTraining(std::shared_ptr<TrainableModel> model,
+                                  const OptimizerFactory& factory) override;
+  absl::Status Backward(const torch::Tensor& loss) override;
+  void SetGradientSync(bool enabled) override { sync_ = enabled; }
+  void ZeroGrad() override;
+  absl::StatusOr<torch::Tensor> AllReduceSum(const torch::Tensor& values) override;
+  absl::StatusOr<torch::Tensor> AllGather(const torch::Tensor& values) override;
+
+  // Bucket layout, for tests: parameter names per bucket, in launch order.
+  std::vector<std::vector<std::string>> BucketParameterNames() const;
+
+  struct Reducer;  // buckets, hooks and in-flight work (ddp_engine.cc)
+
+ protected:
+  absl::StatusOr<bool> AllRanksFinite(bool local_finite) override;
+
+ private:
+  DdpEngine(const proto::DdpConfig& config, MixedPrecision precision, c10::Device device,
+            std::shared_ptr<Communicator> comm);
+  absl::Status BroadcastState();
+
+  proto::DdpConfig config_;
+  std::shared_ptr<Communicator> comm_;
+  bool sync_ = true;
+  bool broadcast_done_ = false;
+  std::unique_ptr<Reducer> reducer_;
+};
+
+}  // namespace cpptrain
+
+#endif  // CPPTRAIN_ENGINES_DDP_DDP_ENGINE_H_

@@ -1,0 +1,409 @@
+#include "sharding/nccl_communicator.h"
+
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <nccl.h>
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "base/logging.h"
+#include "base/status.h"
+#include "base/torch_status.h"
+
+namespace cpptrain {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+absl::Status NcclError(ncclResult_t result, const char* what, int rank, const char* file,
+                       int line) {
+  const char* last = ncclGetLastError(nullptr);
+  return absl::InternalError(absl::StrCat(file, ":", line, ": rank ", rank, ": ", what, ": ",
+                                          ncclGetErrorString(result),
+                                          last && *last ? absl::StrCat(" (", last, ")") : ""));
+}
+
+#define CT_NCCL_RETURN_IF_ERROR(expr, rank)                                    \
+  do {                                                                         \
+    ncclResult_t ct_nccl_result_ = (expr);                                     \
+    if (ct_nccl_result_ != ncclSuccess && ct_nccl_result_ != ncclInProgress) { \
+      return NcclError(ct_nccl_result_, #expr, (rank), __FILE__, __LINE__);    \
+    }                                                                          \
+  } while (false)
+
+absl::StatusOr<ncclDataType_t> NcclType(const at::Tensor& t) {
+  switch (t.scalar_type()) {
+    case at::kFloat:
+      return ncclFloat32;
+    case at::kDouble:
+      return ncclFloat64;
+    case at::kHalf:
+      return ncclFloat16;
+    case at::kBFloat16:
+      return ncclBfloat16;
+    case at::kInt:
+      return ncclInt32;
+    case at::kLong:
+      return ncclInt64;
+    case at::kByte:
+      return ncclUint8;
+    case at::kChar:
+      return ncclInt8;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "NCCL collectives take float32/64, float16, bfloat16, int8/32/64 or uint8 tensors, not ",
+          c10::toString(t.scalar_type())));
+  }
+}
+
+absl::StatusOr<ncclRedOp_t> NcclOp(ReduceOp op, const at::Tensor& t) {
+  switch (op) {
+    case ReduceOp::kSum:
+      return ncclSum;
+    case ReduceOp::kMax:
+      return ncclMax;
+    case ReduceOp::kAvg:
+      if (!at::isFloatingType(t.scalar_type())) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "ReduceOp::kAvg on a ", c10::toString(t.scalar_type()),
+            " tensor: averages need a floating-point dtype; reduce with kSum and divide"));
+      }
+      return ncclAvg;
+  }
+  return ncclSum;
+}
+
+struct Pending {
+  std::shared_ptr<at::cuda::CUDAEvent> done;
+  Clock::time_point deadline;
+  std::string name;
+};
+
+}  // namespace
+
+struct NcclCommunicator::State {
+  int rank = 0;
+  int device = 0;
+  ncclComm_t comms[kNumKinds] = {};
+  std::vector<c10::cuda::CUDAStream> streams;
+  std::atomic<bool> stop{false};
+  mutable absl::Mutex mu;
+  std::vector<Pending> pending ABSL_GUARDED_BY(mu);
+  absl::Status failure ABSL_GUARDED_BY(mu);
+  bool aborted ABSL_GUARDED_BY(mu) = false;
+
+  absl::Status Health() const {
+    absl::MutexLock lock(&mu);
+    return failure;
+  }
+
+  void Abort(absl::Status why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (aborted) return;
+    LOG(ERROR) << why.message() << "; aborting the NCCL communicators";
+    for (ncclComm_t comm : comms) {
+      if (comm != nullptr) ncclCommAbort(comm);
+    }
+    aborted = true;
+    failure = std::move(why);
+    pending.clear();
+  }
+
+  // Runs on the watchdog thread: completion, deadlines and NCCL's asynchronous errors.
+  void Watch() {
+    c10::cuda::CUDAGuard guard(device);
+    while (!stop.load()) {
+      absl::SleepFor(absl::Milliseconds(20));
+      absl::MutexLock lock(&mu);
+      if (aborted) continue;
+      const Clock::time_point now = Clock::now();
+      for (size_t i = 0; i < pending.size();) {
+        if (pending[i].done->query()) {
+          pending[i] = std::move(pending.back());
+          pending.pop_back();
+        } else if (now > pending[i].deadline) {
+          Abort(absl::DeadlineExceededError(absl::StrCat(
+              "rank ", rank, ": NCCL ", pending[i].name,
+              " did not complete within the timeout (a rank died or stopped calling it)")));
+          break;
+        } else {
+          ++i;
+        }
+      }
+      for (ncclComm_t comm : comms) {
+        ncclResult_t async_error = ncclSuccess;
+        if (!aborted && comm != nullptr &&
+            ncclCommGetAsyncError(comm, &async_error) == ncclSuccess &&
+            async_error != ncclSuccess && async_error != ncclInProgress) {
+          Abort(absl::InternalError(
+              absl::StrCat("rank ", rank, ": NCCL reported ", ncclGetErrorString(async_error))));
+        }
+      }
+    }
+  }
+};
+
+namespace {
+
+class NcclWork : public Work {
+ public:
+  NcclWork(std::shared_ptr<NcclCommunicator::State> state,
+           std::shared_ptr<at::cuda::CUDAEvent> done, std::vector<at::Tensor> keep_alive,
+           std::string name)
+      : state_(std::move(state)),
+        done_(std::move(done)),
+        keep_alive_(std::move(keep_alive)),
+        name_(std::move(name)) {}
+
+  // Unwaited work is waited for, so freeing its tensors stays ordered after the collective.
+  ~NcclWork() override {
+    if (!waited_) Wait().IgnoreError();
+  }
+
+  absl::Status Wait() override {
+    CT_RETURN_IF_ERROR(state_->Health());
+    done_->block(c10::cuda::getCurrentCUDAStream(state_->device));
+    keep_alive_.clear();
+    waited_ = true;
+    return absl::OkStatus();
+  }
+
+  absl::Status Synchronize() override {
+    c10::cuda::CUDAGuard guard(state_->device);
+    while (!done_->query()) {
+      CT_RETURN_IF_ERROR(state_->Health());
+      absl::SleepFor(absl::Microseconds(20));
+    }
+    return Wait();
+  }
+
+ private:
+  std::shared_ptr<NcclCommunicator::State> state_;
+  std::shared_ptr<at::cuda::CUDAEvent> done_;
+  std::vector<at::Tensor> keep_alive_;
+  std::string name_;
+  bool waited_ = false;
+};
+
+absl::Status CheckTensor(const at::Tensor& t, int device, const char* what) {
+  if (!t.is_cuda() || t.get_device() != device) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " is on ", t.device().str(),
+                                                   "; this NCCL communicator serves cuda:", device,
+                                                   " only"));
+  }
+  if (!t.is_contiguous()) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " is not contiguous: pass .contiguous()"));
+  }
+  return absl::OkStatus();
+}
+
+using Issue = std::function<ncclResult_t(ncclComm_t, cudaStream_t)>;
+
+absl::StatusOr<std::unique_ptr<Work>> Launch(const std::shared_ptr<NcclCommunicator::State>& st,
+                                             NcclCommunicator::Kind kind, std::string name,
+                                             std::chrono::milliseconds timeout,
+                                             std::vector<at::Tensor> keep_alive,
+                                             const std::vector<Issue>& issues) {
+  CT_RETURN_IF_ERROR(st->Health());
+  c10::cuda::CUDAGuard guard(st->device);
+  const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(st->device);
+  const c10::cuda::CUDAStream& stream = st->streams[kind];
+  // The collective's stream waits for the inputs the caller's stream produced.
+  at::cuda::CUDAEvent ready;
+  ready.record(current);
+  ready.block(stream);
+  if (issues.size() > 1) CT_NCCL_RETURN_IF_ERROR(ncclGroupStart(), st->rank);
+  for (const Issue& issue : issues) {
+    CT_NCCL_RETURN_IF_ERROR(issue(st->comms[kind], stream.stream()), st->rank);
+  }
+  if (issues.size() > 1) CT_NCCL_RETURN_IF_ERROR(ncclGroupEnd(), st->rank);
+  auto done = std::make_shared<at::cuda::CUDAEvent>();
+  done->record(stream);
+  {
+    absl::MutexLock lock(&st->mu);
+    st->pending.push_back({done, Clock::now() + timeout, name});
+  }
+  return std::unique_ptr<Work>(
+      std::make_unique<NcclWork>(st, std::move(done), std::move(keep_alive), std::move(name)));
+}
+
+}  // namespace
+
+NcclCommunicator::NcclCommunicator(int rank, int size, int device,
+                                   std::chrono::milliseconds timeout)
+    : rank_(rank),
+      size_(size),
+      device_(device),
+      timeout_(timeout),
+      state_(std::make_shared<State>()) {
+  state_->rank = rank;
+  state_->device = device;
+}
+
+absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
+    c10::intrusive_ptr<c10d::Store> store, int rank, int size, int device,
+    std::chrono::milliseconds timeout) {
+  std::unique_ptr<NcclCommunicator> comm(new NcclCommunicator(rank, size, device, timeout));
+  State& st = *comm->state_;
+  c10::cuda::CUDAGuard guard(device);
+  for (int kind = 0; kind < kNumKinds; ++kind) {
+    const std::string key = absl::StrCat("nccl_unique_id_", kind);
+    ncclUniqueId id;
+    if (rank == 0) {
+      CT_NCCL_RETURN_IF_ERROR(ncclGetUniqueId(&id), rank);
+      std::vector<uint8_t> bytes(reinterpret_cast<uint8_t*>(&id),
+                                 reinterpret_cast<uint8_t*>(&id) + sizeof(id));
+      CT_RETURN_IF_ERROR(CatchTorch([&] { store->set(key, bytes); }));
+    } else {
+      CT_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, CatchTorch([&] { return store->get(key); }));
+      if (bytes.size() != sizeof(id)) {
+        return absl::InternalError(absl::StrCat("rank ", rank, ": NCCL unique id under ", key,
+                                                " has ", bytes.size(), " bytes, not ", sizeof(id)));
+      }
+      std::memcpy(&id, bytes.data(), sizeof(id));
+    }
+    CT_NCCL_RETURN_IF_ERROR(ncclCommInitRank(&st.comms[kind], size, id, rank), rank);
+    st.streams.push_back(c10::cuda::getStreamFromPool(/*isHighPriority=*/true, device));
+  }
+  comm->watchdog_ = std::thread([state = comm->state_] { state->Watch(); });
+  return comm;
+}
+
+NcclCommunicator::~NcclCommunicator() {
+  state_->stop.store(true);
+  if (watchdog_.joinable()) watchdog_.join();
+  absl::MutexLock lock(&state_->mu);
+  if (state_->aborted) return;
+  for (ncclComm_t comm : state_->comms) {
+    if (comm != nullptr) ncclCommDestroy(comm);
+  }
+}
+
+absl::Status NcclCommunicator::health() const { return state_->Health(); }
+
+absl::StatusOr<std::unique_ptr<Work>> NcclCommunicator::AllReduce(at::Tensor& tensor, ReduceOp op) {
+  std::vector<at::Tensor> tensors = {tensor};
+  return AllReduceCoalesced(tensors, op);
+}
+
+absl::StatusOr<std::unique_ptr<Work>> NcclCommunicator::AllReduceCoalesced(
+    std::vector<at::Tensor>& tensors, ReduceOp op) {
+  std::vector<Issue> issues;
+  for (at::Tensor& t : tensors) {
+    CT_RETURN_IF_ERROR(CheckTensor(t, device_, "all-reduce tensor"));
+    CT_ASSIGN_OR_RETURN(ncclDataType_t type, NcclType(t));
+    CT_ASSIGN_OR_RETURN(ncclRedOp_t nccl_op, NcclOp(op, t));
+    void* data = t.data_ptr();
+    const size_t count = t.numel();
+    issues.push_back([=](ncclComm_t comm, cudaStream_t stream) {
+      return ncclAllReduce(data, data, count, type, nccl_op, comm, stream);
+    });
+  }
+  return Launch(state_, kReduce, absl::StrCat("all-reduce (", ReduceOpName(op), ")"), timeout_,
+                tensors, issues);
+}
+
+absl::StatusOr<std::unique_ptr<Work>> NcclCommunicator::AllGather(const at::Tensor& input,
+                                                                  at::Tensor& output) {
+  std::vector<at::Tensor> outputs = {output};
+  return AllGatherCoalesced({input}, outputs);
+}
+
+absl::StatusOr<std::unique_ptr<Work>> NcclCommunicator::AllGatherCoalesced(
+    const std::vector<at::Tensor>& inputs, std::vector<at::Tensor>& outputs) {
+  if (inputs.size() != outputs.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("all-gather got ", inputs.size(), " inputs and ", outputs.size(), " outputs"));
+  }
+  std::vector<Issue> issues;
+  std::vector<at::Tensor> keep;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    CT_RETURN_IF_ERROR(CheckTensor(inputs[i], device_, "all-gather input"));
+    CT_RETURN_IF_ERROR(CheckTensor(outputs[i], device_, "all-gather output"));
+    if (outputs[i].numel() != inputs[i].numel() * size_ ||
+        outputs[i].scalar_type() != inputs[i].scalar_type()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "all-gather output has ", outputs[i].numel(), " ",
+          c10::toString(outputs[i].scalar_type()), " elements; it needs world size (", size_,
+          ") x input (", inputs[i].numel(), " ", c10::toString(inputs[i].scalar_type()), ")"));
+    }
+    CT_ASSIGN_OR_RETURN(ncclDataType_t type, NcclType(inputs[i]));
+    const void* send = inputs[i].data_ptr();
+    void* recv = outputs[i].data_ptr();
+    const size_t count = inputs[i].numel();
+    issues.push_back([=](ncclComm_t comm, cudaStream_t stream) {
+      return ncclAllGather(send, recv, count, type, comm, stream);
+    });
+    keep.push_back(inputs[i]);
+    keep.push_back(outputs[i]);
+  }
+  return Launch(state_, kGather, "all-gather", timeout_, std::move(keep), issues);
+}
+
+absl::StatusOr<std::unique_ptr<Work>> NcclCommunicator::ReduceScatter(const at::Tensor& input,
+                                                                      at::Tensor& output,
+                                                                      ReduceOp op) {
+  std::vector<at::Tensor> outputs = {output};
+  return ReduceScatterCoalesced({input}, outputs, op);
+}
+
+absl::StatusOr<std::unique_ptr<Work>> NcclCommunicator::ReduceScatterCoalesced(
+    const std::vector<at::Tensor>& inputs, std::vector<at::Tensor>& outputs, ReduceOp op) {
+  if (inputs.size() != outputs.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("reduce-scatter got ", inputs.size(),
+                                                   " inputs and ", outputs.size(), " outputs"));
+  }
+  std::vector<Issue> issues;
+  std::vector<at::Tensor> keep;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    CT_RETURN_IF_ERROR(CheckTensor(inputs[i], device_, "reduce-scatter input"));
+    CT_RETURN_IF_ERROR(CheckTensor(outputs[i], device_, "reduce-scatter output"));
+    if (inputs[i].numel() != outputs[i].numel() * size_ ||
+        outputs[i].scalar_type() != inputs[i].scalar_type()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "reduce-scatter input has ", inputs[i].numel(), " ",
+          c10::toString(inputs[i].scalar_type()), " elements; it needs world size (", size_,
+          ") x output (", outputs[i].numel(), " ", c10::toString(outputs[i].scalar_type()), ")"));
+    }
+    CT_ASSIGN_OR_RETURN(ncclDataType_t type, NcclType(inputs[i]));
+    CT_ASSIGN_OR_RETURN(ncclRedOp_t nccl_op, NcclOp(op, inputs[i]));
+    const void* send = inputs[i].data_ptr();
+    void* recv = outputs[i].data_ptr();
+    const size_t count = outputs[i].numel();
+    issues.push_back([=](ncclComm_t comm, cudaStream_t stream) {
+      return ncclReduceScatter(send, recv, count, type, nccl_op, comm, stream);
+    });
+    keep.push_back(inputs[i]);
+    keep.push_back(outputs[i]);
+  }
+  return Launch(state_, kScatter, absl::StrCat("reduce-scatter (", ReduceOpName(op), ")"), timeout_,
+                std::move(keep), issues);
+}
+
+absl::StatusOr<std::unique_ptr<Work>> NcclCommunicator::Broadcast(at::Tensor& tensor, int root) {
+  CT_RETURN_IF_ERROR(CheckTensor(tensor, device_, "broadcast tensor"));
+  if (root < 0 || root >= size_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("broadcast root ", root, " is outside [0, ", size_, ")"));
+  }
+  CT_ASSIGN_OR_RETURN(ncclDataType_t type, NcclType(tensor));
+  void* data = tensor.data_ptr();
+  const size_t count = tensor.numel();
+  return Launch(state_, kReduce, "broadcast", timeout_, {tensor},
+                {[=](ncclComm_t comm, cudaStream_t stream) {
+                  return ncclBroadcast(data, data, count, type, root, comm, stream);
+                }});
+}
+
+absl::Status NcclCommunicator::Barrier() {
+  c10::cuda::CUDAGuard guard(device_);
+  at::Tensor one = at::ones({1}, at::TensorOptions().dtype(at::kFloat).device(at::kCUDA, device_));
+  CT_ASSIGN_OR_RETURN(std::unique_ptr<Work> work, AllReduce(one, ReduceOp::kSum));
+  return work->Synchronize();
+}
+
+}  // namespace cpptrain

@@ -102,14 +102,15 @@ torch::Tensor Trainer::ComputeLoss(TrainableModel& model, const Batch& batch,
   return model.LossSum(logits, batch) / static_cast<double>(num_items_in_batch);
 }
 
-absl::StatusOr<double> Trainer::TrainingStep(const Batch& batch, int64_t num_items_in_batch) {
+absl::StatusOr<torch::Tensor> Trainer::TrainingStep(const Batch& batch,
+                                                    int64_t num_items_in_batch) {
   torch::Tensor loss;
   CT_RETURN_IF_ERROR(CatchTorch([&] {
     std::unique_ptr<ForwardScope> scope = engine_->EnterForward();
     loss = ComputeLoss(*model_, batch, num_items_in_batch);
   }));
   CT_RETURN_IF_ERROR(engine_->Backward(loss));
-  return CatchTorch([&] { return loss.detach().item<double>(); });
+  return loss.detach().to(torch::kFloat64);
 }
 
 absl::StatusOr<std::unique_ptr<torch::optim::Optimizer>> Trainer::CreateOptimizer(
@@ -178,8 +179,8 @@ absl::StatusOr<TrainOutput> Trainer::InnerTrainingLoop(int64_t batch_size) {
   state_.save_steps = ResolveStepInterval(args_.save_steps(), max_steps);
   state_.train_batch_size = batch_size;
   control_ = TrainerControl{};
-  logged_loss_sum_ = total_loss_sum_ = 0;
   logged_steps_ = 0;
+  loss_total_ = loss_since_log_ = torch::Tensor();
 
   CT_ASSIGN_OR_RETURN(schedule_, CreateScheduler(max_steps));
   plateau_.reset();
@@ -220,8 +221,9 @@ absl::StatusOr<TrainOutput> Trainer::InnerTrainingLoop(int64_t batch_size) {
   callbacks_.TrainEnd(Context());
 
   const double runtime = NowSeconds() - start;
-  CT_ASSIGN_OR_RETURN(torch::Tensor total,
-                      engine_->AllReduceSum(torch::tensor({total_loss_sum_}, torch::kFloat64)));
+  const torch::Tensor local_total = loss_total_.defined() ? loss_total_.cpu().reshape({1})
+                                                          : torch::zeros({1}, torch::kFloat64);
+  CT_ASSIGN_OR_RETURN(torch::Tensor total, engine_->AllReduceSum(local_total));
   TrainOutput out;
   out.global_step = state_.global_step;
   out.training_loss =
@@ -265,12 +267,14 @@ absl::Status Trainer::RunOptimizerStep(std::vector<Batch>& micro_batches) {
 
   const bool sync_each = args_.accelerator_config().gradient_accumulation_kwargs().sync_each_batch();
   const bool non_blocking = args_.accelerator_config().non_blocking();
-  double step_loss = 0;
+  torch::Tensor step_loss = torch::zeros({}, torch::TensorOptions()
+                                                  .dtype(torch::kFloat64)
+                                                  .device(engine_->device()));
   for (size_t i = 0; i < micro_batches.size(); ++i) {
     const bool last = i + 1 == micro_batches.size();
     engine_->SetGradientSync(last || sync_each);
     Batch on_device = micro_batches[i].To(engine_->device(), non_blocking);
-    CT_ASSIGN_OR_RETURN(double loss, TrainingStep(on_device, normalizer));
+    CT_ASSIGN_OR_RETURN(torch::Tensor loss, TrainingStep(on_device, normalizer));
     step_loss += loss;
     if (!last) callbacks_.SubstepEnd(Context());
   }
@@ -281,11 +285,17 @@ absl::Status Trainer::RunOptimizerStep(std::vector<Batch>& micro_batches) {
   callbacks_.OptimizerStep(Context());
   engine_->ZeroGrad();
   ++state_.global_step;
-  if (!std::isfinite(step_loss) && args_.logging_nan_inf_filter() && state_.global_step > 1) {
-    step_loss = total_loss_sum_ / (state_.global_step - 1);  // for logging only
+  if (!loss_total_.defined()) {
+    loss_total_ = torch::zeros_like(step_loss);
+    loss_since_log_ = torch::zeros_like(step_loss);
   }
-  logged_loss_sum_ += step_loss;
-  total_loss_sum_ += step_loss;
+  if (args_.logging_nan_inf_filter() && state_.global_step > 1) {
+    // A NaN or infinite step loss counts as the running mean instead (for logging only).
+    step_loss = torch::where(torch::isfinite(step_loss), step_loss,
+                             loss_total_ / static_cast<double>(state_.global_step - 1));
+  }
+  loss_total_ += step_loss;
+  loss_since_log_ += step_loss;
   ++logged_steps_;
   return absl::OkStatus();
 }
@@ -293,11 +303,11 @@ absl::Status Trainer::RunOptimizerStep(std::vector<Batch>& micro_batches) {
 absl::Status Trainer::MaybeLogEvaluateSave() {
   if (control_.should_log && logged_steps_ > 0) {
     CT_ASSIGN_OR_RETURN(torch::Tensor loss_sum,
-                        engine_->AllReduceSum(torch::tensor({logged_loss_sum_}, torch::kFloat64)));
+                        engine_->AllReduceSum(loss_since_log_.cpu().reshape({1})));
     Metrics logs = {{"loss", loss_sum.item<double>() / logged_steps_},
                     {"grad_norm", last_grad_norm_},
                     {"learning_rate", last_lr_}};
-    logged_loss_sum_ = 0;
+    loss_since_log_.zero_();
     logged_steps_ = 0;
     Log(std::move(logs));
   }

@@ -91,8 +91,10 @@ class Trainer {
   // targets in the whole accumulated (and, across ranks, global) batch.
   virtual torch::Tensor ComputeLoss(TrainableModel& model, const Batch& batch,
                                     int64_t num_items_in_batch);
-  // Forward and backward of one micro-batch already on the device; returns the loss value.
-  virtual absl::StatusOr<double> TrainingStep(const Batch& batch, int64_t num_items_in_batch);
+  // Forward and backward of one micro-batch already on the device; returns the detached loss
+  // (kept on the device: reading it would synchronize the host every micro-batch).
+  virtual absl::StatusOr<torch::Tensor> TrainingStep(const Batch& batch,
+                                                     int64_t num_items_in_batch);
   // Forward of one evaluation batch (no grad).
   virtual PredictionStepOutput PredictionStep(const Batch& batch, bool loss_only);
   virtual absl::StatusOr<std::unique_ptr<torch::optim::Optimizer>> CreateOptimizer(
@@ -130,10 +132,11 @@ class Trainer {
   std::unique_ptr<LrSchedule> schedule_;
   std::optional<ReduceLrOnPlateau> plateau_;
 
-  // Since the last log: summed step losses and steps; last gradient norm and learning rate.
-  double logged_loss_sum_ = 0;
+  // Summed step losses, kept on the device until a log reads them (this rank's share of the
+  // global loss): since the last log, and over the whole run. Steps since the last log.
+  torch::Tensor loss_since_log_;
+  torch::Tensor loss_total_;
   int64_t logged_steps_ = 0;
-  double total_loss_sum_ = 0;
   double last_grad_norm_ = 0;
   double last_lr_ = 0;
   bool warned_no_checkpointing_ = false;

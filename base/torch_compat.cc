@@ -5,7 +5,32 @@
 #include <ATen/autocast_mode.h>
 #include <torch/version.h>
 
+#ifdef CPPTRAIN_HAS_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#endif
+
 namespace cpptrain {
+
+#ifdef CPPTRAIN_HAS_CUDA
+int64_t PeakAllocatedBytes(const at::Device& device) {
+  if (!device.is_cuda()) return -1;
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
+  return stats.allocated_bytes[0].peak;  // StatType::AGGREGATE
+}
+
+void ResetPeakMemory(const at::Device& device) {
+  if (device.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(device.index());
+}
+
+void SynchronizeDevice(const at::Device& device) {
+  if (device.is_cuda()) c10::cuda::device_synchronize();
+}
+#else
+int64_t PeakAllocatedBytes(const at::Device&) { return -1; }
+void ResetPeakMemory(const at::Device&) {}
+void SynchronizeDevice(const at::Device&) {}
+#endif
 
 #if TORCH_VERSION_MAJOR >= 2
 

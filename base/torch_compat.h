@@ -29,6 +29,13 @@ class AutocastGuard {
 bool AutocastEnabled(at::DeviceType device_type);
 at::ScalarType AutocastDtype(at::DeviceType device_type);
 
+// Peak bytes the caching allocator handed out on a CUDA `device` since the process started
+// (or the last ResetPeakMemory); -1 for other devices or builds without CUDA.
+int64_t PeakAllocatedBytes(const at::Device& device);
+void ResetPeakMemory(const at::Device& device);
+// Blocks until `device` has finished all queued work (no-op on the CPU).
+void SynchronizeDevice(const at::Device& device);
+
 // Causal self-attention. q: [B, H, T, D]; k, v: [B, Hkv, T, D] with H a multiple of Hkv
 // (grouped-query attention). Returns [B, H, T, D]. Uses the fused kernel where LibTorch has
 // one (2.x), a reference implementation otherwise.

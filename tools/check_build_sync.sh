@@ -153,7 +153,16 @@ fi
 if [[ -n "$only_cmake" ]]; then
   echo "In CMakeLists.txt but missing from every BUILD file (srcs/hdrs of cc_library, cc_binary," \
     "cc_test; srcs of proto_library):"
-  printf '  %s\n' $only_cmake
+  while IFS= read -r path; do
+    dir="$(dirname "$path")"
+    if [[ -e "$root/$dir/BUILD.bazel" || -e "$root/$dir/BUILD" ]]; then
+      printf '  %s\n' "$path"
+    else
+      # Under `bazel test` only the BUILD files given as data are here.
+      printf '  %s  (no BUILD file of %s/ was read; under Bazel: is it in the data of' "$path" "$dir"
+      printf ' //tests:build_sync_test?)\n'
+    fi
+  done <<<"$only_cmake"
 fi
 echo "Add each file to both builds (CMakeLists.txt lists paths from the repository root)."
 exit 1

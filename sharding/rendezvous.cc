@@ -18,7 +18,9 @@
 #include "base/logging.h"
 #include "base/status.h"
 #include "base/torch_status.h"
+#ifdef CPPTRAIN_HAS_GLOO
 #include "sharding/gloo_communicator.h"
+#endif
 #ifdef CPPTRAIN_HAS_NCCL
 #include <c10/cuda/CUDAFunctions.h>
 
@@ -413,9 +415,15 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateCommunicatorForDevice(
     std::chrono::milliseconds timeout) {
   switch (device_type) {
     case c10::DeviceType::CPU: {
+#ifdef CPPTRAIN_HAS_GLOO
       CT_ASSIGN_OR_RETURN(std::unique_ptr<GlooCommunicator> gloo,
                           GlooCommunicator::Create(std::move(store), rank, size, timeout));
       return std::unique_ptr<Communicator>(std::move(gloo));
+#else
+      return absl::UnimplementedError(
+          "CreateCommunicatorForDevice: CPU tensors need the Gloo communicator, which this "
+          "build lacks (its LibTorch ships no c10d Gloo headers): use CUDA devices (NCCL)");
+#endif
     }
     case c10::DeviceType::CUDA:
       // ---- NCCL: CUDA builds only (CPPTRAIN_HAS_NCCL) --------------------------------------

@@ -55,6 +55,7 @@ proto::TrainingArguments BaseArgs(const std::string& name) {
   args.set_logging_steps(1);
   args.set_disable_tqdm(true);
   args.set_weight_decay(0.1);
+  args.mutable_local()->set_device("cpu");  // the tests compare with CPU computations
   return args;
 }
 

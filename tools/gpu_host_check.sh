@@ -5,8 +5,10 @@
 #   NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 tools/gpu_host_check.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out="${OUT:-/tmp/gpu_out}"
-mkdir -p "$out"
+final="${OUT:-/tmp/gpu_out}"
+out=/tmp/cpptrain_gpu_logs
+mkdir -p "$out" "$final"
+trap 'cp "$out/summary.txt" "$final/" 2>/dev/null; tar czf "$final/logs.tgz" -C "$out" .' EXIT
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 prefix=/tmp/cpptrain_prefix
 mkdir -p "$prefix"

@@ -53,6 +53,18 @@ bool AutocastEnabled(at::DeviceType device_type) {
   return at::autocast::is_autocast_enabled(device_type);
 }
 
+bool FusedAdamWStep(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
+                    const std::vector<at::Tensor>& exp_avgs,
+                    const std::vector<at::Tensor>& exp_avg_sqs,
+                    const std::vector<at::Tensor>& steps, double lr, double beta1, double beta2,
+                    double weight_decay, double eps) {
+  if (params.empty()) return true;
+  at::_foreach_add_(steps, 1);
+  at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, steps, lr,
+                    beta1, beta2, weight_decay, eps, /*amsgrad=*/false, /*maximize=*/false);
+  return true;
+}
+
 at::ScalarType AutocastDtype(at::DeviceType device_type) {
   return at::autocast::get_autocast_dtype(device_type);
 }
@@ -97,6 +109,12 @@ AutocastGuard::~AutocastGuard() {
 
 bool AutocastEnabled(at::DeviceType device_type) {
   return device_type == at::kCPU ? at::autocast::is_cpu_enabled() : at::autocast::is_enabled();
+}
+
+bool FusedAdamWStep(const std::vector<at::Tensor>&, const std::vector<at::Tensor>&,
+                    const std::vector<at::Tensor>&, const std::vector<at::Tensor>&,
+                    const std::vector<at::Tensor>&, double, double, double, double, double) {
+  return false;
 }
 
 at::ScalarType AutocastDtype(at::DeviceType device_type) {

@@ -6,6 +6,8 @@
 #ifndef CPPTRAIN_BASE_TORCH_COMPAT_H_
 #define CPPTRAIN_BASE_TORCH_COMPAT_H_
 
+#include <vector>
+
 #include <ATen/ATen.h>
 
 namespace cpptrain {
@@ -35,6 +37,16 @@ int64_t PeakAllocatedBytes(const at::Device& device);
 void ResetPeakMemory(const at::Device& device);
 // Blocks until `device` has finished all queued work (no-op on the CPU).
 void SynchronizeDevice(const at::Device& device);
+
+// One fused AdamW step over same-device tensor lists (PyTorch's _fused_adamw_: decoupled
+// weight decay, bias correction from `steps`, which are float32 scalars on the parameters'
+// device and are incremented here). Returns false, doing nothing, where this LibTorch has no
+// fused kernel (1.13): the caller then steps per parameter.
+bool FusedAdamWStep(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
+                    const std::vector<at::Tensor>& exp_avgs,
+                    const std::vector<at::Tensor>& exp_avg_sqs,
+                    const std::vector<at::Tensor>& steps, double lr, double beta1, double beta2,
+                    double weight_decay, double eps);
 
 // Causal self-attention. q: [B, H, T, D]; k, v: [B, Hkv, T, D] with H a multiple of Hkv
 // (grouped-query attention). Returns [B, H, T, D]. Uses the fused kernel where LibTorch has

@@ -33,6 +33,12 @@ absl::StatusOr<std::unique_ptr<Engine>> CreateEngine(const proto::TrainingArgume
       const c10::Device device = torch::cuda::is_available()
                                      ? c10::Device(c10::kCUDA, env.local_rank)
                                      : c10::Device(c10::kCPU);
+      if (device.is_cuda() && env.local_rank >= static_cast<int>(torch::cuda::device_count())) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "LOCAL_RANK is ", env.local_rank, " but this host has ", torch::cuda::device_count(),
+            " CUDA devices: start at most one process per GPU (--nproc_per_node=",
+            torch::cuda::device_count(), ")"));
+      }
       CT_ASSIGN_OR_RETURN(auto store, ConnectStore(env, timeout));
       CT_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> comm,
                           CreateCommunicatorForDevice(store, env.rank, env.world_size,

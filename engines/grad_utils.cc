@@ -16,16 +16,15 @@ std::vector<at::Tensor> Gradients(const torch::optim::Optimizer& optimizer) {
 
 at::Tensor GlobalNorm(const std::vector<at::Tensor>& grads) {
   if (grads.empty()) return at::zeros({}, at::kFloat);
-  std::vector<at::Tensor> squares;
-  squares.reserve(grads.size());
-  for (const at::Tensor& grad : grads) squares.push_back(grad.to(at::kFloat).pow(2).sum());
-  return at::stack(squares).sum().sqrt();
+  // One multi-tensor kernel for the per-gradient norms instead of one reduction each.
+  std::vector<at::Tensor> norms = at::_foreach_norm(grads, 2);
+  return at::stack(norms).to(at::kFloat).pow(2).sum().sqrt();
 }
 
 void ClipByNorm(const std::vector<at::Tensor>& grads, double norm, double max_norm) {
   const double coefficient = max_norm / (norm + 1e-6);
-  if (coefficient >= 1.0) return;
-  for (const at::Tensor& grad : grads) grad.mul_(coefficient);
+  if (coefficient >= 1.0 || grads.empty()) return;
+  at::_foreach_mul_(grads, coefficient);
 }
 
 void ClearGradients(torch::optim::Optimizer& optimizer) {

@@ -10,6 +10,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "base/torch_compat.h"
 
 namespace cpptrain {
 
@@ -38,8 +39,43 @@ OptimizerFactory MakeAdamWFactory(const proto::TrainingArguments& args) {
     if (!decay.empty()) groups.emplace_back(decay, options(args.weight_decay()));
     if (!no_decay.empty()) groups.emplace_back(no_decay, options(0.0));
     return std::unique_ptr<torch::optim::Optimizer>(
-        std::make_unique<torch::optim::AdamW>(groups, *options(args.weight_decay())));
+        std::make_unique<FusedAdamW>(groups, *options(args.weight_decay())));
   };
+}
+
+torch::Tensor FusedAdamW::step(LossClosure closure) {
+  bool all_cuda = true;
+  for (const auto& group : param_groups()) {
+    for (const torch::Tensor& p : group.params()) all_cuda = all_cuda && p.is_cuda();
+  }
+  if (!fused_ || !all_cuda) return torch::optim::AdamW::step(std::move(closure));
+  torch::NoGradGuard no_grad;
+  for (auto& group : param_groups()) {
+    const auto& options = static_cast<const torch::optim::AdamWOptions&>(group.options());
+    std::vector<torch::Tensor> params, grads, exp_avgs, exp_avg_sqs, steps;
+    for (torch::Tensor& p : group.params()) {
+      if (!p.grad().defined()) continue;
+      State& s = state_[p.unsafeGetTensorImpl()];
+      if (!s.step.defined()) {
+        s.exp_avg = torch::zeros_like(p, torch::MemoryFormat::Preserve);
+        s.exp_avg_sq = torch::zeros_like(p, torch::MemoryFormat::Preserve);
+        s.step = torch::zeros({}, p.options().dtype(torch::kFloat));
+      }
+      params.push_back(p);
+      grads.push_back(p.grad());
+      exp_avgs.push_back(s.exp_avg);
+      exp_avg_sqs.push_back(s.exp_avg_sq);
+      steps.push_back(s.step);
+    }
+    if (!FusedAdamWStep(params, grads, exp_avgs, exp_avg_sqs, steps, options.lr(),
+                        std::get<0>(options.betas()), std::get<1>(options.betas()),
+                        options.weight_decay(), options.eps())) {
+      fused_ = false;  // this LibTorch has no fused kernel: per-parameter from now on
+      state_.clear();
+      return torch::optim::AdamW::step(std::move(closure));
+    }
+  }
+  return {};
 }
 
 void SetLearningRate(torch::optim::Optimizer& optimizer, double lr) {

@@ -8,6 +8,9 @@
 #define CPPTRAIN_TRAINER_OPTIMIZER_H_
 
 #include <string>
+#include <unordered_map>
+
+#include <torch/optim/adamw.h>
 
 #include "engines/engine.h"
 #include "proto/training_args.pb.h"
@@ -19,8 +22,24 @@ namespace cpptrain {
 bool ExcludedFromWeightDecay(const std::string& parameter_name);
 
 // AdamW (learning_rate, adam_beta1/2, adam_epsilon, weight_decay) over the parameters it is
-// given; group 0 decays, group 1 does not. Empty groups are left out.
+// given; group 0 decays, group 1 does not. Empty groups are left out. On CUDA parameters each
+// step is one fused kernel per group where LibTorch has it (2.x); elsewhere LibTorch's AdamW.
 OptimizerFactory MakeAdamWFactory(const proto::TrainingArguments& args);
+
+// torch::optim::AdamW whose step runs PyTorch's fused AdamW kernel when every parameter is a
+// CUDA tensor and the kernel exists, and the per-parameter AdamW otherwise (same arithmetic).
+class FusedAdamW : public torch::optim::AdamW {
+ public:
+  using torch::optim::AdamW::AdamW;
+  torch::Tensor step(LossClosure closure = nullptr) override;
+
+ private:
+  struct State {
+    torch::Tensor exp_avg, exp_avg_sq, step;
+  };
+  bool fused_ = true;  // until a step finds it unavailable
+  std::unordered_map<const c10::TensorImpl*, State> state_;
+};
 
 // Sets the learning rate of every parameter group of an Adam, AdamW or SGD optimizer.
 void SetLearningRate(torch::optim::Optimizer& optimizer, double lr);

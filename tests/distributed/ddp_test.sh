@@ -6,7 +6,14 @@ launch="$1"
 program="$2"
 fail=0
 
-for n in 2 4; do
+# One process per GPU where there are GPUs (NCCL); 2 and 4 processes on the CPU (Gloo).
+counts="2 4"
+if gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU'); then
+  counts=$(for n in 2 4; do (( n <= gpus )) && echo $n; done)
+  echo "CUDA host with $gpus GPUs: DDP equivalence on $(echo $counts) processes"
+fi
+[[ -n "$counts" ]] || { echo "FAIL: DDP needs at least 2 GPUs on a CUDA host"; exit 1; }
+for n in $counts; do
   out=$(timeout 300 "$launch" --nproc_per_node="$n" --master_port=0 "$program" \
         --output_dir="$TEST_TMPDIR/eq$n" 2>&1)
   code=$?

@@ -26,7 +26,7 @@ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   >"$out/build.log" 2>&1 && cmake --build "$build" -j "$(nproc)" >>"$out/build.log" 2>&1
 echo "build exit $? in $((SECONDS - start)) s" | tee -a "$out/summary.txt"
 (cd "$build" && ctest -j 8 --output-on-failure --timeout 300 >"$out/ctest.log" 2>&1)
-tail -5 "$out/ctest.log" | tee -a "$out/summary.txt"
+grep -E "tests passed|FAILED|Failed|checks passed|CUDA host" "$out/ctest.log" | tail -12 | tee -a "$out/summary.txt"
 
 bin="$build"
 [[ -x "$build/tools/train" ]] || bin="$build/bin"
@@ -35,6 +35,9 @@ train=$(find "$build" -maxdepth 3 -type f -name train -perm -u+x | head -1)
 bench=$(find "$build" -maxdepth 3 -type f -name bench -perm -u+x | head -1)
 launch=$(find "$build" -maxdepth 3 -type f -name launch -perm -u+x | head -1)
 comm=$(find "$build" -maxdepth 3 -type f -name comm_bench -perm -u+x | head -1)
+
+# BENCH=0 stops after the build and the test suite.
+[[ "${BENCH:-1}" == 0 ]] && exit 0
 
 # The demo on one GPU, bf16.
 timeout 120 "$train" --config=tools/demo.textproto --set=args.output_dir=/tmp/demo_gpu \

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Every collective against its formula through the real launcher: Gloo with 2, 3 and 4
+# processes on the CPU; on a CUDA host, NCCL with one process per GPU (2 and 4 where present).
+set -uo pipefail
+launch="$1"
+program="$2"
+fail=0
+runs=("cpu 2" "cpu 3" "cpu 4")
+if gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU'); then
+  runs=()
+  for n in 2 4; do (( n <= gpus )) && runs+=("cuda $n"); done
+  echo "CUDA host with $gpus GPUs: NCCL checks on ${runs[*]}"
+fi
+for run in "${runs[@]}"; do
+  read -r device n <<<"$run"
+  out=$(timeout 240 "$launch" --nproc_per_node="$n" --master_port=0 "$program" --device="$device" 2>&1)
+  code=$?
+  echo "$out" | grep -E "checks passed|ERROR|E[0-9]{4}" | head -8
+  passed=$(grep -c "checks passed" <<<"$out")
+  if [[ $code -ne 0 || $passed -ne $n ]]; then
+    echo "FAIL: $device with $n processes (exit $code, $passed ranks passed)"; fail=1
+  fi
+done
+[[ $fail -eq 0 ]] && echo PASS
+exit $fail

@@ -36,6 +36,12 @@ bench=$(find "$build" -maxdepth 3 -type f -name bench -perm -u+x | head -1)
 launch=$(find "$build" -maxdepth 3 -type f -name launch -perm -u+x | head -1)
 comm=$(find "$build" -maxdepth 3 -type f -name comm_bench -perm -u+x | head -1)
 
+# The NCCL checks again, with their output (CTest shows output only for failures).
+bash tests/distributed/collectives_test.sh "$build/tools/launch" \
+  "$build/tests/distributed/collectives_check" >"$out/nccl_checks.log" 2>&1
+echo "nccl checks exit $?: $(grep -c 'checks passed' "$out/nccl_checks.log") ranks passed" | tee -a "$out/summary.txt"
+grep "checks passed" "$out/nccl_checks.log" | tee -a "$out/summary.txt"
+
 # BENCH=0 stops after the build and the test suite.
 [[ "${BENCH:-1}" == 0 ]] && exit 0
 

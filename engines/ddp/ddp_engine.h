@@ -48,10 +48,10 @@ class DdpEngine : public LocalEngine {
   // Bucket layout, for tests: parameter names per bucket, in launch order.
   std::vector<std::vector<std::string>> BucketParameterNames() const;
 
-  struct Reducer;  // buckets, hooks and in-flight work (ddp_engine.cc)
-
- protected:
+  // Whether every rank's gradients are finite (a max all-reduce of the overflow flag).
   absl::StatusOr<bool> AllRanksFinite(bool local_finite) override;
+
+  struct Reducer;  // buckets, hooks and in-flight work (ddp_engine.cc)
 
  private:
   DdpEngine(const proto::DdpConfig& config, MixedPrecision precision, c10::Device device,

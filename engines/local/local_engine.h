@@ -45,12 +45,13 @@ class LocalEngine : public Engine {
   // Present with fp16 only.
   const LossScaler* loss_scaler() const { return scaler_ ? &*scaler_ : nullptr; }
 
+  // Whether every rank's gradients are finite, given this rank's answer (fp16 only): an
+  // overflow on any rank skips the step on all of them.
+  virtual absl::StatusOr<bool> AllRanksFinite(bool local_finite) { return local_finite; }
+
  protected:
   // For engines that replicate the model (DDP): the same placement, precision and step.
   LocalEngine(c10::Device device, MixedPrecision precision);
-
-  // Whether every rank's gradients are finite, given this rank's answer (fp16 only).
-  virtual absl::StatusOr<bool> AllRanksFinite(bool local_finite) { return local_finite; }
   // Unscales (fp16) once per step and records whether the step may proceed.
   absl::Status UnscaleOnce();
 

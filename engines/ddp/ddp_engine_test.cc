@@ -1,0 +1,177 @@
+// DdpEngine with ranks as threads (Gloo over a HashStore): bucket layout, no communication
+// without synchronization, the cross-rank overflow decision, and summed gradients.
+#include "engines/ddp/ddp_engine.h"
+
+#include <atomic>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "models/mlp.h"
+#include "sharding/gloo_communicator.h"
+#include "sharding/testing/multi_rank.h"
+
+namespace cpptrain {
+namespace {
+
+using multi_rank::RunRanksAsThreads;
+
+// Counts the all-reduces that go through to the real communicator.
+class CountingCommunicator : public Communicator {
+ public:
+  explicit CountingCommunicator(std::unique_ptr<Communicator> inner) : inner_(std::move(inner)) {}
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  std::string backend() const override { return inner_->backend(); }
+  absl::StatusOr<std::unique_ptr<Work>> AllReduce(at::Tensor& t, ReduceOp op) override {
+    ++all_reduces;
+    return inner_->AllReduce(t, op);
+  }
+  absl::StatusOr<std::unique_ptr<Work>> AllGather(const at::Tensor& i, at::Tensor& o) override {
+    return inner_->AllGather(i, o);
+  }
+  absl::StatusOr<std::unique_ptr<Work>> ReduceScatter(const at::Tensor& i, at::Tensor& o,
+                                                      ReduceOp op) override {
+    return inner_->ReduceScatter(i, o, op);
+  }
+  absl::StatusOr<std::unique_ptr<Work>> Broadcast(at::Tensor& t, int root) override {
+    return inner_->Broadcast(t, root);
+  }
+  absl::StatusOr<std::unique_ptr<Work>> AllReduceCoalesced(std::vector<at::Tensor>& t,
+                                                           ReduceOp op) override {
+    return inner_->AllReduceCoalesced(t, op);
+  }
+  absl::StatusOr<std::unique_ptr<Work>> AllGatherCoalesced(const std::vector<at::Tensor>& i,
+                                                           std::vector<at::Tensor>& o) override {
+    return inner_->AllGatherCoalesced(i, o);
+  }
+  absl::StatusOr<std::unique_ptr<Work>> ReduceScatterCoalesced(const std::vector<at::Tensor>& i,
+                                                               std::vector<at::Tensor>& o,
+                                                               ReduceOp op) override {
+    return inner_->ReduceScatterCoalesced(i, o, op);
+  }
+  absl::Status Barrier() override { return inner_->Barrier(); }
+
+  std::atomic<int> all_reduces{0};
+
+ private:
+  std::unique_ptr<Communicator> inner_;
+};
+
+std::shared_ptr<Mlp> SmallMlp(int rank) {
+  proto::MlpConfig config;
+  config.set_input_size(6);
+  config.set_hidden_size(8);  // blocks.0: 8x6 + 8; blocks.1: 8x8 + 8; head: 3x8 + 3
+  config.set_num_layers(2);
+  config.set_num_classes(3);
+  torch::manual_seed(100 + rank);  // different on purpose: preparation broadcasts rank 0's
+  return *Mlp::Create(config);
+}
+
+OptimizerFactory Sgd() {
+  return [](const NamedParameters& params) -> absl::StatusOr<std::unique_ptr<torch::optim::Optimizer>> {
+    std::vector<torch::Tensor> tensors;
+    for (const auto& [name, p] : params) tensors.push_back(p);
+    return std::unique_ptr<torch::optim::Optimizer>(
+        std::make_unique<torch::optim::SGD>(tensors, torch::optim::SGDOptions(0.1)));
+  };
+}
+
+struct Setup {
+  std::shared_ptr<Mlp> model;
+  std::shared_ptr<CountingCommunicator> comm;
+  std::unique_ptr<DdpEngine> engine;
+};
+
+absl::StatusOr<Setup> Prepare(int rank, c10::intrusive_ptr<c10d::Store> store, int world,
+                              double bucket_cap_mb) {
+  Setup s;
+  auto gloo = GlooCommunicator::Create(store, rank, world, std::chrono::seconds(30));
+  if (!gloo.ok()) return gloo.status();
+  s.comm = std::make_shared<CountingCommunicator>(std::move(*gloo));
+  proto::DdpConfig config;
+  config.set_bucket_cap_mb(bucket_cap_mb);
+  auto engine = DdpEngine::Create(config, MixedPrecision::kNone, c10::Device(c10::kCPU), s.comm);
+  if (!engine.ok()) return engine.status();
+  s.engine = std::move(*engine);
+  s.model = SmallMlp(rank);
+  absl::Status prepared = s.engine->PrepareForTraining(s.model, Sgd());
+  if (!prepared.ok()) return prepared;
+  return s;
+}
+
+Batch RankBatch(int rank) {
+  torch::manual_seed(7 + rank);
+  return Batch{torch::randn({4, 6}), torch::randint(3, {4}), torch::Tensor()};
+}
+
+TEST(DdpEngineTest, BucketsFollowReverseRegistrationOrderUpToTheCap) {
+  // 200 bytes per bucket: the head (27 floats = 108 bytes) and blocks.1's bias (32 bytes) share
+  // one; blocks.1's weight (256 bytes) exceeds the cap and sits alone; and so on.
+  ASSERT_TRUE(RunRanksAsThreads(2, [](int rank, c10::intrusive_ptr<c10d::Store> store) {
+    auto s = Prepare(rank, store, 2, 200.0 / (1024 * 1024));
+    if (!s.ok()) return s.status();
+    std::vector<std::string> order;
+    for (const auto& bucket : s->engine->BucketParameterNames()) {
+      for (const auto& name : bucket) order.push_back(name);
+    }
+    std::vector<std::string> registered;
+    for (const auto& item : s->model->named_parameters()) registered.push_back(item.key());
+    std::reverse(registered.begin(), registered.end());
+    EXPECT_EQ(order, registered);
+    for (const auto& bucket : s->engine->BucketParameterNames()) {
+      int64_t bytes = 0;
+      for (const auto& name : bucket) bytes += s->model->named_parameters()[name].numel() * 4;
+      if (bucket.size() > 1) EXPECT_LE(bytes, 200) << bucket.front();
+    }
+    EXPECT_GT(s->engine->BucketParameterNames().size(), 2u);
+    return absl::OkStatus();
+  }).ok());
+}
+
+TEST(DdpEngineTest, GradientsAreSummedAndNothingIsSentWithoutSync) {
+  ASSERT_TRUE(RunRanksAsThreads(2, [](int rank, c10::intrusive_ptr<c10d::Store> store) {
+    auto s = Prepare(rank, store, 2, 25);
+    if (!s.ok()) return s.status();
+    const int buckets = static_cast<int>(s->engine->BucketParameterNames().size());
+    // Parameters start equal on both ranks (rank 0's were broadcast).
+    torch::Tensor sum = s->model->parameters()[0].detach().clone();
+    auto work = s->comm->AllReduce(sum, ReduceOp::kSum);
+    EXPECT_TRUE(work.ok() && (*work)->Wait().ok());
+    EXPECT_TRUE(torch::allclose(sum, 2 * s->model->parameters()[0]));
+    const int before = s->comm->all_reduces.load();
+
+    Batch batch = RankBatch(rank);
+    s->engine->SetGradientSync(false);
+    EXPECT_TRUE(s->engine->Backward(s->model->LossSum(s->model->Forward(batch), batch)).ok());
+    EXPECT_EQ(s->comm->all_reduces.load(), before) << "no communication without sync";
+    torch::Tensor local_grad = s->model->parameters()[0].grad().clone();
+
+    s->engine->ZeroGrad();
+    s->engine->SetGradientSync(true);
+    EXPECT_TRUE(s->engine->Backward(s->model->LossSum(s->model->Forward(batch), batch)).ok());
+    EXPECT_EQ(s->comm->all_reduces.load(), before + buckets) << "one all-reduce per bucket";
+    // The synchronized gradient is the sum of both ranks' local gradients.
+    torch::Tensor total = local_grad.clone();
+    auto w = s->comm->AllReduce(total, ReduceOp::kSum);
+    EXPECT_TRUE(w.ok() && (*w)->Wait().ok());
+    EXPECT_TRUE(torch::allclose(s->model->parameters()[0].grad(), total, 1e-5, 1e-6));
+    return absl::OkStatus();
+  }).ok());
+}
+
+TEST(DdpEngineTest, AnOverflowOnOneRankSkipsTheStepOnAll) {
+  ASSERT_TRUE(RunRanksAsThreads(3, [](int rank, c10::intrusive_ptr<c10d::Store> store) {
+    auto s = Prepare(rank, store, 3, 25);
+    if (!s.ok()) return s.status();
+    auto all_clean = s->engine->AllRanksFinite(true);
+    EXPECT_TRUE(all_clean.ok() && *all_clean);
+    auto one_bad = s->engine->AllRanksFinite(rank != 1);  // rank 1 overflowed
+    EXPECT_TRUE(one_bad.ok());
+    EXPECT_FALSE(*one_bad) << "rank " << rank << " must skip the step too";
+    return absl::OkStatus();
+  }).ok());
+}
+
+}  // namespace
+}  // namespace cpptrain

@@ -102,7 +102,7 @@ absl::Status Run(const std::string& config_path, const std::vector<std::string>&
     }
   }
   summary["global_step"] = static_cast<double>(out.global_step);
-  std::cout << MetricsToJson(summary) << std::endl;
+  if (trainer.engine()->rank() == 0) std::cout << MetricsToJson(summary) << std::endl;
   return absl::OkStatus();
 }
 

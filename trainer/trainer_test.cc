@@ -4,7 +4,6 @@
 
 #include <cstdlib>
 #include <fstream>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -14,9 +13,15 @@
 #include "models/configs.h"
 #include "models/decoder.h"
 #include "trainer/data/in_memory_dataset.h"
+#include "trainer/testing/trainer_testing.h"
 
 namespace cpptrain {
 namespace {
+
+using testing::MaxRelativeDifference;
+using testing::Parameters;
+using testing::SgdTrainer;
+using testing::VariableLengthTokens;
 
 std::string TempDir(const std::string& name) {
   return std::string(std::getenv("TEST_TMPDIR")) + "/" + name;
@@ -31,21 +36,6 @@ std::shared_ptr<DecoderLM> TinyDecoder(uint64_t seed = 7) {
   return *model;
 }
 
-// Token sequences of lengths 3..12, so batches need padding and hold different numbers of
-// label tokens.
-std::shared_ptr<const Dataset> VariableLengthTokens(int64_t count, uint64_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<std::vector<int64_t>> sequences;
-  for (int64_t i = 0; i < count; ++i) {
-    std::vector<int64_t> tokens(3 + rng() % 10);
-    for (int64_t& t : tokens) t = 1 + rng() % 60;
-    sequences.push_back(tokens);
-  }
-  auto ds = InMemoryDataset::FromTokenSequences(sequences);
-  EXPECT_TRUE(ds.ok());
-  return *ds;
-}
-
 proto::TrainingArguments BaseArgs(const std::string& name) {
   proto::TrainingArguments args;
   args.set_output_dir(TempDir(name));
@@ -58,39 +48,6 @@ proto::TrainingArguments BaseArgs(const std::string& name) {
   args.mutable_local()->set_device("cpu");  // the tests compare with CPU computations
   return args;
 }
-
-std::vector<torch::Tensor> Parameters(TrainableModel& model) {
-  std::vector<torch::Tensor> out;
-  for (const auto& p : model.parameters()) out.push_back(p.detach().clone());
-  return out;
-}
-
-double MaxRelativeDifference(const std::vector<torch::Tensor>& a,
-                             const std::vector<torch::Tensor>& b) {
-  double worst = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    const double scale = std::max(1e-6, a[i].abs().max().item<double>());
-    worst = std::max(worst, (a[i] - b[i]).abs().max().item<double>() / scale);
-  }
-  return worst;
-}
-
-// Plain SGD for the accumulation test: Adam's first steps move every weight by about the
-// learning rate times the sign of its gradient, which turns rounding-level differences in
-// near-zero gradients into visible parameter differences.
-class SgdTrainer : public Trainer {
- public:
-  using Trainer::Trainer;
-
- protected:
-  absl::StatusOr<std::unique_ptr<torch::optim::Optimizer>> CreateOptimizer(
-      const NamedParameters& params) override {
-    std::vector<torch::Tensor> tensors;
-    for (const auto& [name, p] : params) tensors.push_back(p);
-    return std::unique_ptr<torch::optim::Optimizer>(
-        std::make_unique<torch::optim::SGD>(tensors, torch::optim::SGDOptions(0.5)));
-  }
-};
 
 TEST(TrainerTest, AccumulationMatchesOneLargerBatch) {
   auto data = VariableLengthTokens(48, 1);

@@ -10,7 +10,6 @@
 // --find_unused, training must succeed.
 #include <cstdlib>
 #include <iostream>
-#include <random>
 
 #include <torch/torch.h>
 
@@ -20,7 +19,7 @@
 #include "engines/local/local_engine.h"
 #include "models/configs.h"
 #include "sharding/rendezvous.h"
-#include "trainer/data/in_memory_dataset.h"
+#include "trainer/testing/trainer_testing.h"
 #include "trainer/trainer.h"
 
 ABSL_FLAG(bool, unused, false, "add a parameter the loss never uses");
@@ -49,30 +48,11 @@ class TestModel : public TrainableModel {
   std::shared_ptr<DecoderLM> decoder_;
 };
 
-class SgdTrainer : public Trainer {
- public:
-  using Trainer::Trainer;
+using testing::MaxRelativeDifference;
+using testing::Parameters;
+using testing::SgdTrainer;
 
- protected:
-  absl::StatusOr<std::unique_ptr<torch::optim::Optimizer>> CreateOptimizer(
-      const NamedParameters& params) override {
-    std::vector<torch::Tensor> tensors;
-    for (const auto& [name, p] : params) tensors.push_back(p);
-    return std::unique_ptr<torch::optim::Optimizer>(
-        std::make_unique<torch::optim::SGD>(tensors, torch::optim::SGDOptions(0.5)));
-  }
-};
-
-std::shared_ptr<const Dataset> Data() {
-  std::mt19937 rng(5);
-  std::vector<std::vector<int64_t>> sequences;
-  for (int i = 0; i < 96; ++i) {
-    std::vector<int64_t> tokens(3 + rng() % 10);
-    for (int64_t& t : tokens) t = 1 + rng() % 60;
-    sequences.push_back(tokens);
-  }
-  return *InMemoryDataset::FromTokenSequences(sequences);
-}
+std::shared_ptr<const Dataset> Data() { return testing::VariableLengthTokens(96, 5); }
 
 std::shared_ptr<TestModel> Model(bool unused) {
   torch::manual_seed(11);
@@ -137,12 +117,7 @@ int Run() {
     return 1;
   }
   for (size_t i = 0; i < a.size(); ++i) worst_loss = std::max(worst_loss, std::fabs(a[i] - b[i]) / std::fabs(b[i]));
-  auto pa = ddp_model->named_parameters(), pb = local_model->named_parameters();
-  for (const auto& item : pb) {
-    const torch::Tensor& x = pa[item.key()];
-    const double scale = std::max(1e-6, item.value().abs().max().item<double>());
-    worst_param = std::max(worst_param, (x - item.value()).abs().max().item<double>() / scale);
-  }
+  worst_param = MaxRelativeDifference(Parameters(*ddp_model), Parameters(*local_model));
   LOG(INFO) << "world " << env->world_size << ": DDP losses " << a[0] << " ... " << a[4]
             << "; local " << b[0] << " ... " << b[4] << "; max relative difference: loss "
             << worst_loss << ", parameters " << worst_param;

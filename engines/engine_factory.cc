@@ -3,6 +3,9 @@
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
 #include <chrono>
+#include <mutex>
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include <torch/cuda.h>
 
@@ -11,6 +14,26 @@
 #include "sharding/rendezvous.h"
 
 namespace cpptrain {
+namespace {
+
+// One store connection per process, and a fresh key prefix for every engine created: a
+// program may build several Trainers (say, one to train, one to evaluate) and every rank
+// creates them in the same order, so the n-th engine's communicators meet under "engine_n"
+// instead of reading the keys an earlier communicator left behind.
+absl::StatusOr<c10::intrusive_ptr<c10d::Store>> NextEngineStore(
+    const DistributedEnv& env, std::chrono::milliseconds timeout) {
+  static std::mutex mu;
+  static c10::intrusive_ptr<c10d::Store> store;
+  static int created = 0;
+  std::lock_guard<std::mutex> lock(mu);
+  if (!store) {
+    CT_ASSIGN_OR_RETURN(store, ConnectStore(env, timeout));
+  }
+  return c10::intrusive_ptr<c10d::Store>(
+      c10::make_intrusive<c10d::PrefixStore>(absl::StrCat("engine_", created++), store));
+}
+
+}  // namespace
 
 MixedPrecision MixedPrecisionFromArgs(const proto::TrainingArguments& args) {
   if (args.bf16()) return MixedPrecision::kBf16;
@@ -39,7 +62,7 @@ absl::StatusOr<std::unique_ptr<Engine>> CreateEngine(const proto::TrainingArgume
             " CUDA devices: start at most one process per GPU (--nproc_per_node=",
             torch::cuda::device_count(), ")"));
       }
-      CT_ASSIGN_OR_RETURN(auto store, ConnectStore(env, timeout));
+      CT_ASSIGN_OR_RETURN(auto store, NextEngineStore(env, timeout));
       CT_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> comm,
                           CreateCommunicatorForDevice(store, env.rank, env.world_size,
                                                       device.type(), timeout));

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
 #include "base/torch_status.h"
+#include "engines/engine.h"
 #include "trainer/data/data_loader.h"
 #include "trainer/trainer.h"
 
@@ -38,6 +39,32 @@ torch::Tensor PadAndConcat(const std::vector<torch::Tensor>& parts, double pad) 
     padded.push_back(torch::cat({t, torch::full(shape, pad, t.options())}, 1));
   }
   return torch::cat(padded, 0);
+}
+
+// The first `rows` samples of every defined tensor of `batch`.
+Batch SliceRows(const Batch& batch, int64_t rows) {
+  Batch out;
+  if (batch.inputs.defined()) out.inputs = batch.inputs.slice(0, 0, rows);
+  if (batch.labels.defined()) out.labels = batch.labels.slice(0, 0, rows);
+  if (batch.attention_mask.defined()) out.attention_mask = batch.attention_mask.slice(0, 0, rows);
+  return out;
+}
+
+// Every rank's `values` (equal batch size; dim 1, when present, padded to the longest with
+// -100) concatenated in rank order, which is the sampler's order of samples within a step.
+absl::StatusOr<torch::Tensor> GatherPadded(Engine& engine, torch::Tensor values) {
+  if (engine.world_size() == 1) return values;
+  if (values.dim() >= 2) {
+    CT_ASSIGN_OR_RETURN(torch::Tensor lengths,
+                        engine.AllGather(torch::tensor({values.size(1)}, torch::kLong)));
+    const int64_t longest = lengths.max().item<int64_t>();
+    if (values.size(1) < longest) {
+      std::vector<int64_t> shape = values.sizes().vec();
+      shape[1] = longest - values.size(1);
+      values = torch::cat({values, torch::full(shape, -100, values.options())}, 1);
+    }
+  }
+  return engine.AllGather(values);
 }
 
 // Restores train mode when evaluation ends, whatever the exit path.
@@ -79,34 +106,64 @@ absl::StatusOr<Trainer::EvalResult> Trainer::RunEvaluation(std::shared_ptr<const
                                                            bool keep_outputs) {
   CT_RETURN_IF_ERROR(EnsureEngine());
   CT_RETURN_IF_ERROR(engine_->PrepareForInference(model_));
+  const int world = engine_->world_size();
+  if (world > 1 && keep_outputs && !args_.accelerator_config().even_batches()) {
+    return absl::InvalidArgumentError(
+        "gathering predictions across ranks needs equal batches on every rank: "
+        "accelerator_config.even_batches is false; set it to true");
+  }
   CT_ASSIGN_OR_RETURN(std::unique_ptr<DataLoader> loader,
                       MakeLoader(std::move(dataset), /*train=*/false,
                                  args_.per_device_eval_batch_size()));
+  // With several ranks, even_batches completes the last batches with samples from the start
+  // of the dataset: this rank's last batch ends with `repeats` of them, and the gathered last
+  // batch with `global_repeats`. They run through the forward (every rank must take part in
+  // every step) but count for nothing.
+  const int64_t last_batch = loader->num_batches() - 1;
+  const int64_t repeats = loader->sampler().rank_padding_samples();
+  const int64_t global_repeats = loader->sampler().num_padding_samples();
   EvalResult result;
   const double start = NowSeconds();
   std::vector<torch::Tensor> logits, labels;
   std::vector<double> totals;
-  CT_RETURN_IF_ERROR(CatchTorch([&] {
+  auto run = [&]() -> absl::Status {
     torch::NoGradGuard no_grad;
     EvalModeGuard eval_mode(*model_);
     loader->SetEpoch(0);
     loader->Start();
     double loss_sum = 0;
-    while (std::optional<Batch> batch = loader->Next()) {
+    for (int64_t index = 0; std::optional<Batch> batch = loader->Next(); ++index) {
+      const int64_t keep = batch->size() - (index == last_batch ? repeats : 0);
       Batch on_device = batch->To(engine_->device(), args_.accelerator_config().non_blocking());
-      PredictionStepOutput out = PredictionStep(on_device, !keep_outputs);
+      PredictionStepOutput out = PredictionStep(on_device, !keep_outputs && keep == batch->size());
+      if (keep < batch->size()) {
+        // Count the loss of the real samples only.
+        Batch kept = SliceRows(on_device, keep);
+        out.loss_sum = keep > 0 ? model_->LossSum(out.logits.slice(0, 0, keep), kept)
+                                : torch::zeros({});
+        out.num_targets = keep > 0 ? model_->CountLossTargets(SliceRows(*batch, keep)) : 0;
+      }
       loss_sum += out.loss_sum.item<double>();
       result.num_targets += out.num_targets;
-      result.num_samples += batch->size();
+      result.num_samples += keep;
       ++result.num_steps;
       if (keep_outputs) {
-        logits.push_back(out.logits.cpu());
-        labels.push_back(batch->labels.cpu());
+        CT_ASSIGN_OR_RETURN(torch::Tensor all_logits, GatherPadded(*engine_, out.logits.cpu()));
+        CT_ASSIGN_OR_RETURN(torch::Tensor all_labels, GatherPadded(*engine_, batch->labels.cpu()));
+        if (index == last_batch && world > 1 && global_repeats > 0) {
+          all_logits = all_logits.slice(0, 0, all_logits.size(0) - global_repeats);
+          all_labels = all_labels.slice(0, 0, all_labels.size(0) - global_repeats);
+        }
+        logits.push_back(all_logits);
+        labels.push_back(all_labels);
       }
     }
     totals = {loss_sum, static_cast<double>(result.num_targets),
               static_cast<double>(result.num_samples)};
-  }));
+    return absl::OkStatus();
+  };
+  CT_ASSIGN_OR_RETURN(absl::Status ran, CatchTorch(run));
+  CT_RETURN_IF_ERROR(ran);
   CT_RETURN_IF_ERROR(loader->status());
   CT_ASSIGN_OR_RETURN(torch::Tensor global,
                       engine_->AllReduceSum(torch::tensor(totals, torch::kFloat64)));

@@ -102,6 +102,18 @@ int Run() {
     LOG(INFO) << "trained with an unused parameter (find_unused_parameters on)";
     return 0;
   }
+  // Evaluate and predict across ranks on 23 samples: the last global batch repeats samples,
+  // which must count for nothing; predictions come back gathered, in dataset order.
+  ddp_args.set_per_device_eval_batch_size(2);
+  auto eval_data = testing::VariableLengthTokens(23, 9);
+  Trainer ddp_eval(ddp_args, ddp_model, nullptr, eval_data, nullptr);
+  auto ddp_metrics = ddp_eval.Evaluate();
+  auto ddp_predictions = ddp_eval.Predict(eval_data);
+  if (!ddp_metrics.ok() || !ddp_predictions.ok()) {
+    LOG(ERROR) << "DDP evaluation failed: "
+               << (ddp_metrics.ok() ? ddp_predictions.status() : ddp_metrics.status());
+    return 1;
+  }
   if (env->rank != 0) return 0;
 
   auto local_model = Model(false);
@@ -121,7 +133,33 @@ int Run() {
   LOG(INFO) << "world " << env->world_size << ": DDP losses " << a[0] << " ... " << a[4]
             << "; local " << b[0] << " ... " << b[4] << "; max relative difference: loss "
             << worst_loss << ", parameters " << worst_param;
-  const bool ok = worst_loss < 1e-5 && worst_param < 1e-5;
+  // The same (DDP-trained) model evaluated by one process.
+  proto::TrainingArguments eval_args = Args(2, absl::GetFlag(FLAGS_output_dir) + "/local_eval");
+  eval_args.set_per_device_eval_batch_size(5);
+  Trainer local_eval(eval_args, ddp_model, nullptr, eval_data,
+                     std::move(*LocalEngine::Create(proto::LocalEngineConfig(),
+                                                    MixedPrecision::kNone)));
+  auto local_metrics = local_eval.Evaluate();
+  auto local_predictions = local_eval.Predict(eval_data);
+  if (!local_metrics.ok() || !local_predictions.ok()) return 1;
+  const double eval_difference =
+      std::fabs(ddp_metrics->at("eval_loss") - local_metrics->at("eval_loss")) /
+      local_metrics->at("eval_loss");
+  const bool same_shape =
+      ddp_predictions->predictions.sizes() == local_predictions->predictions.sizes();
+  // Logits at padding positions depend on how batches were padded; compare real tokens only.
+  const torch::Tensor real = local_predictions->label_ids.ne(-100).unsqueeze(-1);
+  const bool same_predictions =
+      same_shape && ddp_predictions->label_ids.equal(local_predictions->label_ids) &&
+      torch::allclose(ddp_predictions->predictions * real,
+                      local_predictions->predictions * real, 1e-4, 1e-5);
+  LOG(INFO) << "evaluation: eval_loss " << ddp_metrics->at("eval_loss") << " (DDP) vs "
+            << local_metrics->at("eval_loss") << " (one process), relative difference "
+            << eval_difference << "; predictions " << ddp_predictions->predictions.sizes()
+            << " vs " << local_predictions->predictions.sizes()
+            << (same_predictions ? ", equal" : ", DIFFERENT");
+  const bool ok = worst_loss < 1e-5 && worst_param < 1e-5 && eval_difference < 1e-6 &&
+                  same_predictions && ddp_predictions->predictions.size(0) == 23;
   std::cout << (ok ? "EQUIVALENT" : "MISMATCH") << std::endl;
   return ok ? 0 : 1;
 }

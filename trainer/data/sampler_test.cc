@@ -147,8 +147,16 @@ class ShardingTest
 
 TEST_P(ShardingTest, RanksAreDisjointCoverEverythingAndAgreeOnCounts) {
   const auto [n, world, batch, split, drop_last, even] = GetParam();
-  if (split && batch % world != 0) GTEST_SKIP();
-  if (drop_last && n < (split ? batch : batch * world)) GTEST_SKIP();
+  // Combinations the sampler must refuse: a split batch that the ranks cannot share evenly, or
+  // drop_last with fewer samples than one global batch.
+  if ((split && batch % world != 0) || (drop_last && n < (split ? batch : batch * world))) {
+    SamplerOptions options = Options(batch, 0, world);
+    options.split_batches = split;
+    options.drop_last = drop_last;
+    options.even_batches = even;
+    EXPECT_FALSE(DistributedSampler::Create(n, options).ok());
+    return;
+  }
   std::multiset<int64_t> real;  // Samples excluding the repeats.
   int64_t repeats = 0;
   int64_t yielded = 0;

@@ -2,7 +2,10 @@
 // against a formula, for fp32, bf16, fp16 and int64 and chunk sizes that no world size
 // divides evenly. --device=cpu uses Gloo, --device=cuda NCCL (one GPU per process), so both
 // backends pass the same checks. Exits 0 and prints "N checks passed" when all hold.
+#include <chrono>
 #include <cstdio>
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include <torch/torch.h>
 
@@ -11,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/logging.h"
 #include "base/status.h"
+#include "base/torch_status.h"
 #include "sharding/rendezvous.h"
 
 ABSL_FLAG(std::string, device, "cpu", "cpu (Gloo) or cuda (NCCL)");
@@ -91,6 +95,43 @@ absl::Status Check(Communicator& comm, at::TensorOptions options, int64_t chunk)
   return comm.Barrier();
 }
 
+// A collective that the other ranks never join must fail on its own, naming the collective
+// and the rank (NCCL: the watchdog aborts the communicator), instead of hanging.
+absl::Status CheckTimeout(const DistributedEnv& env, c10::intrusive_ptr<c10d::Store> store,
+                          bool cuda) {
+  auto group = c10::make_intrusive<c10d::PrefixStore>("timeout_check", store);
+  const std::chrono::milliseconds short_timeout(3000);
+  CT_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> comm,
+                      CreateCommunicatorForDevice(group, env.rank, env.world_size,
+                                                  cuda ? c10::kCUDA : c10::kCPU, short_timeout));
+  if (env.rank != 0) {
+    // Waits until rank 0 is done; the communicator is left alone (never torn down with a
+    // collective its peer abandoned).
+    CT_RETURN_IF_ERROR(CatchTorch([&] { store->wait({"timeout_check_done"}, std::chrono::seconds(120)); }));
+    comm.release();
+    return absl::OkStatus();
+  }
+  at::Tensor t = at::ones({1024}, at::TensorOptions().device(
+                                      cuda ? at::Device(at::kCUDA, env.local_rank) : at::Device(at::kCPU)));
+  const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<std::unique_ptr<Work>> work = comm->AllReduce(t, ReduceOp::kSum);
+  absl::Status status = work.ok() ? (*work)->Synchronize() : work.status();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  CT_RETURN_IF_ERROR(CatchTorch([&] { store->set("timeout_check_done", {1}); }));
+  if (status.ok()) return absl::InternalError("an all-reduce no peer joined succeeded");
+  const std::string message(status.message());
+  if (message.find("rank 0") == std::string::npos ||
+      (message.find("all-reduce") == std::string::npos &&
+       message.find("AllReduce") == std::string::npos)) {
+    return absl::InternalError("the timeout error does not name the collective and the rank: " +
+                               message);
+  }
+  std::printf("rank 0: timeout check passed after %.1f s: %s\n", seconds, message.c_str());
+  comm.release();
+  return absl::OkStatus();
+}
+
 absl::Status Run() {
   CT_ASSIGN_OR_RETURN(DistributedEnv env, DistributedEnvFromEnvironment());
   InitLogging("collectives_check", env.rank);
@@ -108,7 +149,7 @@ absl::Status Run() {
   }
   std::printf("rank %d: %s over %d ranks: %d checks passed\n", env.rank, comm->backend().c_str(),
               env.world_size, checks);
-  return absl::OkStatus();
+  return CheckTimeout(env, store, cuda);
 }
 
 }  // namespace

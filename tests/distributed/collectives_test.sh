@@ -15,8 +15,11 @@ for run in "${runs[@]}"; do
   read -r device n <<<"$run"
   out=$(timeout 240 "$launch" --nproc_per_node="$n" --master_port=0 "$program" --device="$device" 2>&1)
   code=$?
-  echo "$out" | grep -E "checks passed|ERROR|E[0-9]{4}" | head -8
+  echo "$out" | grep -E "checks passed|timeout check|ERROR|E[0-9]{4}" | head -8
   passed=$(grep -c "checks passed" <<<"$out")
+  if ! grep -q "timeout check passed" <<<"$out"; then
+    echo "FAIL: $device: a collective no peer joined did not fail with a clear timeout"; fail=1
+  fi
   if [[ $code -ne 0 || $passed -ne $n ]]; then
     echo "FAIL: $device with $n processes (exit $code, $passed ranks passed)"; fail=1
   fi

@@ -118,7 +118,7 @@ absl::Status CheckTimeout(const DistributedEnv& env, c10::intrusive_ptr<c10d::St
   absl::Status status = work.ok() ? (*work)->Synchronize() : work.status();
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  CT_RETURN_IF_ERROR(CatchTorch([&] { store->set("timeout_check_done", {1}); }));
+  CT_RETURN_IF_ERROR(CatchTorch([&] { store->set("timeout_check_done", std::vector<uint8_t>{1}); }));
   if (status.ok()) return absl::InternalError("an all-reduce no peer joined succeeded");
   const std::string message(status.message());
   if (message.find("rank 0") == std::string::npos ||

@@ -102,15 +102,21 @@ struct NcclCommunicator::State {
     return failure;
   }
 
-  void Abort(absl::Status why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    if (aborted) return;
+  // Marks the communicator failed (under `mu`); the watchdog then calls AbortComms() without
+  // holding `mu`, so threads polling health() never wait on ncclCommAbort.
+  bool MarkFailed(absl::Status why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (aborted) return false;
     LOG(ERROR) << why.message() << "; aborting the NCCL communicators";
-    for (ncclComm_t comm : comms) {
-      if (comm != nullptr) ncclCommAbort(comm);
-    }
     aborted = true;
     failure = std::move(why);
     pending.clear();
+    return true;
+  }
+
+  void AbortComms() {
+    for (ncclComm_t comm : comms) {
+      if (comm != nullptr) ncclCommAbort(comm);
+    }
   }
 
   // Runs on the watchdog thread: completion, deadlines and NCCL's asynchronous errors.
@@ -118,31 +124,35 @@ struct NcclCommunicator::State {
     c10::cuda::CUDAGuard guard(device);
     while (!stop.load()) {
       absl::SleepFor(absl::Milliseconds(20));
-      absl::MutexLock lock(&mu);
-      if (aborted) continue;
-      const Clock::time_point now = Clock::now();
-      for (size_t i = 0; i < pending.size();) {
-        if (pending[i].done->query()) {
-          pending[i] = std::move(pending.back());
-          pending.pop_back();
-        } else if (now > pending[i].deadline) {
-          Abort(absl::DeadlineExceededError(absl::StrCat(
-              "rank ", rank, ": NCCL ", pending[i].name,
-              " did not complete within the timeout (a rank died or stopped calling it)")));
-          break;
-        } else {
-          ++i;
+      bool abort_now = false;
+      {
+        absl::MutexLock lock(&mu);
+        if (aborted) continue;
+        const Clock::time_point now = Clock::now();
+        for (size_t i = 0; i < pending.size();) {
+          if (pending[i].done->query()) {
+            pending[i] = std::move(pending.back());
+            pending.pop_back();
+          } else if (now > pending[i].deadline) {
+            abort_now = MarkFailed(absl::DeadlineExceededError(absl::StrCat(
+                "rank ", rank, ": NCCL ", pending[i].name,
+                " did not complete within the timeout (a rank died or stopped calling it)")));
+            break;
+          } else {
+            ++i;
+          }
+        }
+        for (ncclComm_t comm : comms) {
+          ncclResult_t async_error = ncclSuccess;
+          if (!aborted && comm != nullptr &&
+              ncclCommGetAsyncError(comm, &async_error) == ncclSuccess &&
+              async_error != ncclSuccess && async_error != ncclInProgress) {
+            abort_now = MarkFailed(absl::InternalError(absl::StrCat(
+                "rank ", rank, ": NCCL reported ", ncclGetErrorString(async_error))));
+          }
         }
       }
-      for (ncclComm_t comm : comms) {
-        ncclResult_t async_error = ncclSuccess;
-        if (!aborted && comm != nullptr &&
-            ncclCommGetAsyncError(comm, &async_error) == ncclSuccess &&
-            async_error != ncclSuccess && async_error != ncclInProgress) {
-          Abort(absl::InternalError(
-              absl::StrCat("rank ", rank, ": NCCL reported ", ncclGetErrorString(async_error))));
-        }
-      }
+      if (abort_now) AbortComms();
     }
   }
 };

@@ -128,6 +128,7 @@ absl::Status CheckTimeout(const DistributedEnv& env, c10::intrusive_ptr<c10d::St
                                message);
   }
   std::printf("rank 0: timeout check passed after %.1f s: %s\n", seconds, message.c_str());
+  std::fflush(stdout);
   comm.release();
   return absl::OkStatus();
 }
@@ -149,6 +150,7 @@ absl::Status Run() {
   }
   std::printf("rank %d: %s over %d ranks: %d checks passed\n", env.rank, comm->backend().c_str(),
               env.world_size, checks);
+  std::fflush(stdout);
   return CheckTimeout(env, store, cuda);
 }
 

@@ -4,6 +4,8 @@
 #include "base/logging.h"
 
 #include <atomic>
+#include <cstdlib>
+#include <string>
 #include <iomanip>
 #include <ostream>
 
@@ -12,9 +14,12 @@ namespace {
 
 std::atomic<int> g_rank{0};
 std::atomic<bool> g_initialized{false};
+// Set when //tools:launch already prefixes every output line with the rank.
+std::atomic<bool> g_prefixed_by_launcher{false};
 
 void RankPrefix(std::ostream& s, const google::LogMessageInfo& info, void*) {
-  s << "[rank " << g_rank.load() << "] " << info.severity[0] << std::setw(2)
+  if (!g_prefixed_by_launcher.load()) s << "[rank " << g_rank.load() << "] ";
+  s << info.severity[0] << std::setw(2)
     << std::setfill('0') << 1 + info.time.month() << std::setw(2) << info.time.day() << ' '
     << std::setw(2) << info.time.hour() << ':' << std::setw(2) << info.time.min() << ':'
     << std::setw(2) << info.time.sec() << ' ' << info.filename << ':' << info.line_number
@@ -25,6 +30,8 @@ void RankPrefix(std::ostream& s, const google::LogMessageInfo& info, void*) {
 
 void InitLogging(const char* argv0, int rank) {
   g_rank.store(rank);
+  const char* prefixed = std::getenv("CPPTRAIN_OUTPUT_PREFIXED");
+  g_prefixed_by_launcher.store(prefixed != nullptr && std::string(prefixed) == "1");
   bool expected = false;
   if (g_initialized.compare_exchange_strong(expected, true) &&
       !google::IsGoogleLoggingInitialized()) {

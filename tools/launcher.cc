@@ -343,6 +343,8 @@ std::vector<std::string> RankEnvironment(const LaunchOptions& options, int local
       {"TORCHELASTIC_RESTART_COUNT", std::to_string(restart_count)},
       {"TORCHELASTIC_MAX_RESTARTS", std::to_string(options.max_restarts)},
       {"TORCHELASTIC_RUN_ID", options.run_id},
+      // The launcher prefixes every line with the rank; base/logging.cc then leaves it out.
+      {"CPPTRAIN_OUTPUT_PREFIXED", "1"},
   };
   std::vector<std::string> env;
   bool has_omp = false;

@@ -74,12 +74,12 @@ absl::StatusOr<std::unique_ptr<Engine>> CreateEngine(const proto::TrainingArgume
     case proto::TrainingArguments::kZero:
       break;
   }
-  const char* names[] = {"", "", "ddp", "fsdp", "zero"};  // indexed by the oneof case
-  const int index = args.engine_case() - proto::TrainingArguments::kLocal + 1;
+  const std::string& selected =
+      args.GetDescriptor()->FindFieldByNumber(args.engine_case())->name();
   return absl::UnimplementedError(absl::StrCat(
-      "the training arguments select the `", names[index],
-      "` engine, which this build does not contain yet (only `local` exists so far): "
-      "configure `local {}` or leave the engine unset"));
+      "the training arguments select the `", selected,
+      "` engine, which this build does not contain yet (`local` and `ddp` exist so far): "
+      "configure `ddp {}` or `local {}`"));
 }
 
 }  // namespace cpptrain

@@ -2,21 +2,16 @@
 
 #include <unistd.h>
 
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/clock.h"
 #include "base/logging.h"
 
 namespace cpptrain {
 namespace {
-
-double NowSeconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 std::string JsonNumber(double v) {
   if (!std::isfinite(v)) return "null";
@@ -64,14 +59,14 @@ void MetricsLogCallback::OnLog(const CallbackContext& c, const Metrics& logs) {
 
 void ProgressCallback::OnTrainBegin(const CallbackContext& c) {
   terminal_ = isatty(STDERR_FILENO) && !c.args.disable_tqdm() && c.state.is_world_process_zero;
-  start_seconds_ = NowSeconds();
+  start_seconds_ = MonotonicSeconds();
   start_step_ = c.state.global_step;
 }
 
 void ProgressCallback::Draw(const CallbackContext& c) {
   const int64_t step = c.state.global_step;
   const int64_t total = std::max<int64_t>(1, c.state.max_steps);
-  const double elapsed = NowSeconds() - start_seconds_;
+  const double elapsed = MonotonicSeconds() - start_seconds_;
   const double rate = elapsed > 0 ? (step - start_step_) / elapsed : 0;
   const double eta = rate > 0 ? (total - step) / rate : 0;
   constexpr int kWidth = 30;

@@ -1,7 +1,6 @@
 #include "trainer/trainer.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <utility>
@@ -10,6 +9,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "base/clock.h"
 #include "base/logging.h"
 #include "base/status.h"
 #include "base/torch_status.h"
@@ -21,11 +21,6 @@
 
 namespace cpptrain {
 namespace {
-
-double NowSeconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 bool IsOutOfMemory(const absl::Status& status) {
   return absl::StrContains(status.message(), "out of memory");
@@ -191,7 +186,7 @@ absl::StatusOr<TrainOutput> Trainer::InnerTrainingLoop(int64_t batch_size) {
                      << engine_->name() << " on " << engine_->device().str() << ", world "
                      << engine_->world_size();
 
-  const double start = NowSeconds();
+  const double start = MonotonicSeconds();
   callbacks_.TrainBegin(Context());
   if (args_.eval_on_start()) CT_RETURN_IF_ERROR(Evaluate().status());
   for (int64_t epoch = 0; epoch < state_.num_train_epochs && !control_.should_training_stop;
@@ -220,7 +215,7 @@ absl::StatusOr<TrainOutput> Trainer::InnerTrainingLoop(int64_t batch_size) {
   }
   callbacks_.TrainEnd(Context());
 
-  const double runtime = NowSeconds() - start;
+  const double runtime = MonotonicSeconds() - start;
   const torch::Tensor local_total = loss_total_.defined() ? loss_total_.cpu().reshape({1})
                                                           : torch::zeros({1}, torch::kFloat64);
   CT_ASSIGN_OR_RETURN(torch::Tensor total, engine_->AllReduceSum(local_total));

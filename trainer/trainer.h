@@ -116,6 +116,8 @@ class Trainer {
   absl::Status MaybeLogEvaluateSave();
   absl::StatusOr<EvalResult> RunEvaluation(std::shared_ptr<const Dataset> dataset,
                                            bool keep_outputs);
+  // User metrics (prefixed), "<prefix>_loss", runtime and samples per second.
+  Metrics ResultMetrics(const EvalResult& result, const std::string& prefix);
   void UpdateBestMetric(const Metrics& metrics);
 
   proto::TrainingArguments args_;

@@ -2,12 +2,12 @@
 // the loss summed over all counted targets (so the result does not depend on batch size).
 
 #include <algorithm>
-#include <chrono>
 
 #include <torch/torch.h>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "base/clock.h"
 #include "base/status.h"
 #include "base/torch_status.h"
 #include "engines/engine.h"
@@ -16,11 +16,6 @@
 
 namespace cpptrain {
 namespace {
-
-double NowSeconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 // Concatenates along dim 0, padding dim 1 (when present) to the longest with `pad`.
 torch::Tensor PadAndConcat(const std::vector<torch::Tensor>& parts, double pad) {
@@ -123,7 +118,7 @@ absl::StatusOr<Trainer::EvalResult> Trainer::RunEvaluation(std::shared_ptr<const
   const int64_t repeats = loader->sampler().rank_padding_samples();
   const int64_t global_repeats = loader->sampler().num_padding_samples();
   EvalResult result;
-  const double start = NowSeconds();
+  const double start = MonotonicSeconds();
   std::vector<torch::Tensor> logits, labels;
   std::vector<double> totals;
   auto run = [&]() -> absl::Status {
@@ -174,8 +169,21 @@ absl::StatusOr<Trainer::EvalResult> Trainer::RunEvaluation(std::shared_ptr<const
     result.predictions = PadAndConcat(logits, -100.0);
     result.labels = PadAndConcat(labels, -100.0);
   }
-  result.runtime = NowSeconds() - start;
+  result.runtime = MonotonicSeconds() - start;
   return result;
+}
+
+Metrics Trainer::ResultMetrics(const EvalResult& result, const std::string& prefix) {
+  Metrics metrics;
+  if (compute_metrics_) {
+    for (const auto& [key, value] : compute_metrics_({result.predictions, result.labels})) {
+      metrics[absl::StartsWith(key, prefix + "_") ? key : absl::StrCat(prefix, "_", key)] = value;
+    }
+  }
+  metrics[prefix + "_loss"] = result.loss_sum / std::max<int64_t>(1, result.num_targets);
+  metrics[prefix + "_runtime"] = result.runtime;
+  metrics[prefix + "_samples_per_second"] = result.num_samples / std::max(result.runtime, 1e-9);
+  return metrics;
 }
 
 absl::StatusOr<Metrics> Trainer::Evaluate(std::shared_ptr<const Dataset> dataset,
@@ -187,15 +195,7 @@ absl::StatusOr<Metrics> Trainer::Evaluate(std::shared_ptr<const Dataset> dataset
   }
   CT_ASSIGN_OR_RETURN(EvalResult result,
                       RunEvaluation(std::move(dataset), compute_metrics_ != nullptr));
-  Metrics metrics;
-  if (compute_metrics_) {
-    for (const auto& [key, value] : compute_metrics_({result.predictions, result.labels})) {
-      metrics[absl::StartsWith(key, prefix + "_") ? key : absl::StrCat(prefix, "_", key)] = value;
-    }
-  }
-  metrics[prefix + "_loss"] = result.loss_sum / std::max<int64_t>(1, result.num_targets);
-  metrics[prefix + "_runtime"] = result.runtime;
-  metrics[prefix + "_samples_per_second"] = result.num_samples / std::max(result.runtime, 1e-9);
+  Metrics metrics = ResultMetrics(result, prefix);
   metrics[prefix + "_steps_per_second"] = result.num_steps / std::max(result.runtime, 1e-9);
   callbacks_.Evaluate(Context(), metrics);
   Log(metrics);
@@ -211,16 +211,7 @@ absl::StatusOr<PredictionOutput> Trainer::Predict(std::shared_ptr<const Dataset>
   PredictionOutput out;
   out.predictions = result.predictions;
   out.label_ids = result.labels;
-  if (compute_metrics_) {
-    for (const auto& [key, value] : compute_metrics_({out.predictions, out.label_ids})) {
-      out.metrics[absl::StartsWith(key, prefix + "_") ? key : absl::StrCat(prefix, "_", key)] =
-          value;
-    }
-  }
-  out.metrics[prefix + "_loss"] = result.loss_sum / std::max<int64_t>(1, result.num_targets);
-  out.metrics[prefix + "_runtime"] = result.runtime;
-  out.metrics[prefix + "_samples_per_second"] =
-      result.num_samples / std::max(result.runtime, 1e-9);
+  out.metrics = ResultMetrics(result, prefix);
   callbacks_.Predict(Context(), out.metrics);
   return out;
 }

@@ -36,15 +36,16 @@ struct DdpEngine::Reducer {
   std::mutex mu;
   std::vector<bool> ready;
   size_t next_to_launch = 0;
-  bool in_backward = false;
+  bool in_backward = false;  // a synchronized backward has started and not been finalized
+  bool finalized = false;    // Finalize ran for the current Backward call
   absl::Status error;
 
-  void StartBackwardLocked() {
+  // Nothing ready, nothing launched: the state at the start of a synchronized backward.
+  void BeginLocked() {
     in_backward = true;
     std::fill(ready.begin(), ready.end(), false);
     for (Bucket& b : buckets) b.pending = static_cast<int>(b.params.size());
     next_to_launch = 0;
-    torch::autograd::Engine::get_default_engine().queue_callback([this] { Finalize(); });
   }
 
   void MarkReadyLocked(int index) {
@@ -70,7 +71,10 @@ struct DdpEngine::Reducer {
   void OnGradientAccumulated(int index) {
     if (!*sync) return;
     std::lock_guard<std::mutex> lock(mu);
-    if (!in_backward) StartBackwardLocked();
+    if (!in_backward) {
+      BeginLocked();
+      torch::autograd::Engine::get_default_engine().queue_callback([this] { Finalize(); });
+    }
     MarkReadyLocked(index);
     LaunchReadyLocked();
   }
@@ -100,6 +104,7 @@ struct DdpEngine::Reducer {
       buckets[i].work.reset();
     }
     in_backward = false;
+    finalized = true;
   }
 };
 
@@ -227,25 +232,24 @@ absl::Status DdpEngine::PrepareForTraining(std::shared_ptr<TrainableModel> model
 }
 
 absl::Status DdpEngine::Backward(const torch::Tensor& loss) {
+  if (reducer_ != nullptr) {
+    std::lock_guard<std::mutex> lock(reducer_->mu);
+    reducer_->finalized = false;
+  }
   CT_RETURN_IF_ERROR(LocalEngine::Backward(loss));
   if (!sync_ || reducer_ == nullptr) return absl::OkStatus();
   bool finalized;
   {
     std::lock_guard<std::mutex> lock(reducer_->mu);
-    finalized = !reducer_->in_backward;
-    if (finalized && reducer_->next_to_launch == 0 && !reducer_->params.empty()) {
-      // No gradient reached any parameter, so no hook started the synchronization.
-      std::fill(reducer_->ready.begin(), reducer_->ready.end(), false);
-      for (auto& b : reducer_->buckets) b.pending = static_cast<int>(b.params.size());
-      reducer_->in_backward = true;
-      finalized = false;
-    }
+    finalized = reducer_->finalized;
+    // No gradient reached any parameter, so no hook started the synchronization: finalize
+    // here, which reports (or, with find_unused_parameters, reduces) every parameter.
+    if (!finalized) reducer_->BeginLocked();
   }
   if (!finalized) reducer_->Finalize();
   std::lock_guard<std::mutex> lock(reducer_->mu);
   absl::Status error = std::move(reducer_->error);
   reducer_->error = absl::OkStatus();
-  reducer_->next_to_launch = 0;
   return error;
 }
 

@@ -41,6 +41,17 @@ MixedPrecision MixedPrecisionFromArgs(const proto::TrainingArguments& args) {
   return MixedPrecision::kNone;
 }
 
+absl::StatusOr<c10::Device> DataParallelDevice(const DistributedEnv& env) {
+  if (!torch::cuda::is_available()) return c10::Device(c10::kCPU);
+  const int gpus = static_cast<int>(torch::cuda::device_count());
+  if (env.local_rank >= gpus) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "LOCAL_RANK is ", env.local_rank, " but this host has ", gpus,
+        " CUDA devices: start at most one process per GPU (--nproc_per_node=", gpus, ")"));
+  }
+  return c10::Device(c10::kCUDA, env.local_rank);
+}
+
 absl::StatusOr<std::unique_ptr<Engine>> CreateEngine(const proto::TrainingArguments& args) {
   const MixedPrecision precision = MixedPrecisionFromArgs(args);
   switch (args.engine_case()) {
@@ -53,15 +64,7 @@ absl::StatusOr<std::unique_ptr<Engine>> CreateEngine(const proto::TrainingArgume
     case proto::TrainingArguments::kDdp: {
       CT_ASSIGN_OR_RETURN(DistributedEnv env, DistributedEnvFromEnvironment());
       const std::chrono::milliseconds timeout(int64_t{args.ddp_timeout()} * 1000);
-      const c10::Device device = torch::cuda::is_available()
-                                     ? c10::Device(c10::kCUDA, env.local_rank)
-                                     : c10::Device(c10::kCPU);
-      if (device.is_cuda() && env.local_rank >= static_cast<int>(torch::cuda::device_count())) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "LOCAL_RANK is ", env.local_rank, " but this host has ", torch::cuda::device_count(),
-            " CUDA devices: start at most one process per GPU (--nproc_per_node=",
-            torch::cuda::device_count(), ")"));
-      }
+      CT_ASSIGN_OR_RETURN(const c10::Device device, DataParallelDevice(env));
       CT_ASSIGN_OR_RETURN(auto store, NextEngineStore(env, timeout));
       CT_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> comm,
                           CreateCommunicatorForDevice(store, env.rank, env.world_size,

@@ -12,10 +12,15 @@
 #include "engines/engine.h"
 #include "engines/mixed_precision.h"
 #include "proto/training_args.pb.h"
+#include "sharding/rendezvous.h"
 
 namespace cpptrain {
 
 MixedPrecision MixedPrecisionFromArgs(const proto::TrainingArguments& args);
+
+// The device of a data-parallel rank: cuda:<LOCAL_RANK> where CUDA is available (an error when
+// the host has fewer GPUs than local ranks), the CPU otherwise.
+absl::StatusOr<c10::Device> DataParallelDevice(const DistributedEnv& env);
 
 absl::StatusOr<std::unique_ptr<Engine>> CreateEngine(const proto::TrainingArguments& args);
 

@@ -90,8 +90,7 @@ class StepTimer : public TrainerCallback {
 absl::StatusOr<std::unique_ptr<Engine>> MakeEngine(const proto::TrainingArguments& args) {
   if (!absl::GetFlag(FLAGS_skip_collectives) || !args.has_ddp()) return CreateEngine(args);
   CT_ASSIGN_OR_RETURN(DistributedEnv env, DistributedEnvFromEnvironment());
-  const c10::Device device = torch::cuda::is_available() ? c10::Device(c10::kCUDA, env.local_rank)
-                                                         : c10::Device(c10::kCPU);
+  CT_ASSIGN_OR_RETURN(const c10::Device device, DataParallelDevice(env));
   CT_ASSIGN_OR_RETURN(auto engine,
                       DdpEngine::Create(args.ddp(), MixedPrecisionFromArgs(args), device,
                                         std::make_shared<NoopCommunicator>(env.rank, env.world_size)));

@@ -1,6 +1,7 @@
 #include "sharding/gloo_communicator.h"
 
 #include <algorithm>
+#include <csignal>
 #include <cstdlib>
 #include <exception>
 #include <utility>
@@ -195,6 +196,17 @@ absl::StatusOr<std::vector<std::shared_ptr<::gloo::transport::Device>>> CreateDe
   return devices;
 }
 
+// Gloo's TCP transport writes to its sockets without MSG_NOSIGNAL, so a write to a peer that
+// just died raises SIGPIPE, whose default action kills this process before the failed write
+// can become an error status. Ignore it unless the application installed its own handler.
+void IgnoreSigpipeUnlessHandled() {
+  struct sigaction current {};
+  if (sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL &&
+      (current.sa_flags & SA_SIGINFO) == 0) {
+    signal(SIGPIPE, SIG_IGN);
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
@@ -208,6 +220,7 @@ absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
     return absl::InvalidArgumentError(absl::StrCat(
         "GlooCommunicator::Create: timeout must be positive, got ", timeout.count(), " ms"));
   }
+  IgnoreSigpipeUnlessHandled();
   const GlooDeviceChoice choice = ChooseGlooDevice(&std::getenv);
   auto options = c10d::ProcessGroupGloo::Options::create(timeout);
   CT_ASSIGN_OR_RETURN(options->devices, CreateDevices(choice));

@@ -122,7 +122,9 @@ TEST(DdpEngineTest, BucketsFollowReverseRegistrationOrderUpToTheCap) {
     for (const auto& bucket : s->engine->BucketParameterNames()) {
       int64_t bytes = 0;
       for (const auto& name : bucket) bytes += s->model->named_parameters()[name].numel() * 4;
-      if (bucket.size() > 1) EXPECT_LE(bytes, 200) << bucket.front();
+      if (bucket.size() > 1) {
+        EXPECT_LE(bytes, 200) << bucket.front();
+      }
     }
     EXPECT_GT(s->engine->BucketParameterNames().size(), 2u);
     return absl::OkStatus();

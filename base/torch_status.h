@@ -19,7 +19,8 @@ namespace cpptrain {
 // Returns the message of a LibTorch exception without its C++ backtrace.
 std::string TorchErrorMessage(const std::exception& e);
 
-// Runs `fn`. A void callable gives absl::Status; one returning T gives absl::StatusOr<T>.
+// Runs `fn`. A void callable gives absl::Status, one returning absl::Status gives that
+// status, and one returning T gives absl::StatusOr<T>.
 template <typename Fn>
 auto CatchTorch(Fn&& fn) {
   using R = std::invoke_result_t<Fn>;
@@ -27,6 +28,12 @@ auto CatchTorch(Fn&& fn) {
     try {
       std::forward<Fn>(fn)();
       return absl::OkStatus();
+    } catch (const std::exception& e) {
+      return absl::InternalError(absl::StrCat("LibTorch: ", TorchErrorMessage(e)));
+    }
+  } else if constexpr (std::is_same_v<R, absl::Status>) {
+    try {
+      return absl::Status(std::forward<Fn>(fn)());
     } catch (const std::exception& e) {
       return absl::InternalError(absl::StrCat("LibTorch: ", TorchErrorMessage(e)));
     }

@@ -10,7 +10,10 @@
 #include <torch/cuda.h>
 
 #include "engines/ddp/ddp_engine.h"
+#include "engines/fsdp/fsdp2_engine.h"
 #include "engines/local/local_engine.h"
+#include "sharding/device_mesh.h"
+#include "sharding/fully_shard.h"
 #include "sharding/rendezvous.h"
 
 namespace cpptrain {
@@ -52,8 +55,62 @@ absl::StatusOr<c10::Device> DataParallelDevice(const DistributedEnv& env) {
   return c10::Device(c10::kCUDA, env.local_rank);
 }
 
-absl::StatusOr<std::unique_ptr<Engine>> CreateEngine(const proto::TrainingArguments& args) {
+namespace {
+
+// The FSDP mesh: 1-D over all ranks, or [dp_replicate_size, dp_shard_size] for HSDP.
+absl::StatusOr<ShardMesh> CreateShardMesh(const proto::FsdpConfig& config,
+                                          const DistributedEnv& env, c10::Device device,
+                                          std::chrono::milliseconds timeout) {
+  CT_ASSIGN_OR_RETURN(auto store, NextEngineStore(env, timeout));
+  const int replicate = config.dp_replicate_size();
+  const int shard = config.dp_shard_size() > 0 ? config.dp_shard_size() : env.world_size / replicate;
+  if (replicate <= 1) {
+    CT_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> comm,
+                        CreateCommunicatorForDevice(store, env.rank, env.world_size,
+                                                    device.type(), timeout));
+    return ShardMesh{std::shared_ptr<Communicator>(std::move(comm)), nullptr};
+  }
+  CommunicatorFactory factory = [&](c10::intrusive_ptr<c10d::Store> group_store, int group_rank,
+                                    int group_size) {
+    return CreateCommunicatorForDevice(group_store, group_rank, group_size, device.type(),
+                                       timeout);
+  };
+  CT_ASSIGN_OR_RETURN(std::unique_ptr<DeviceMesh> mesh,
+                      DeviceMesh::Create(store, env.rank, env.world_size, {replicate, shard},
+                                         factory));
+  std::shared_ptr<DeviceMesh> owner(std::move(mesh));
+  return ShardMesh{std::shared_ptr<Communicator>(owner, &owner->comm(1)),
+                   std::shared_ptr<Communicator>(owner, &owner->comm(0))};
+}
+
+}  // namespace
+
+absl::StatusOr<ShardMesh> ShardMeshFromEnvironment(const proto::FsdpConfig& config,
+                                                   std::chrono::milliseconds timeout) {
+  CT_ASSIGN_OR_RETURN(DistributedEnv env, DistributedEnvFromEnvironment());
+  CT_ASSIGN_OR_RETURN(const c10::Device device, DataParallelDevice(env));
+  return CreateShardMesh(config, env, device, timeout);
+}
+
+absl::StatusOr<std::unique_ptr<Engine>> CreateEngine(const proto::TrainingArguments& args,
+                                                     const TrainableModel* model) {
   const MixedPrecision precision = MixedPrecisionFromArgs(args);
+  const FullyShardedModel* sharded = model ? FullyShardedOf(*model) : nullptr;
+  if (sharded != nullptr) {
+    if (args.engine_case() == proto::TrainingArguments::ENGINE_NOT_SET ||
+        (args.has_fsdp() && args.fsdp().version() == 2)) {
+      CT_ASSIGN_OR_RETURN(std::unique_ptr<Fsdp2Engine> engine,
+                          Fsdp2Engine::ForShardedModel(*model, precision));
+      return std::unique_ptr<Engine>(std::move(engine));
+    }
+    const std::string& selected =
+        args.GetDescriptor()->FindFieldByNumber(args.engine_case())->name();
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the model was sharded at load time (FullyShard over ", sharded->mesh().world_size(),
+        " ranks) but the training arguments select the `", selected,
+        "` engine, which needs the whole model on every rank: remove `", selected,
+        "` (the Trainer then adopts the shards) or set `fsdp { version: 2 }`"));
+  }
   switch (args.engine_case()) {
     case proto::TrainingArguments::ENGINE_NOT_SET:
     case proto::TrainingArguments::kLocal: {
@@ -73,16 +130,31 @@ absl::StatusOr<std::unique_ptr<Engine>> CreateEngine(const proto::TrainingArgume
                           DdpEngine::Create(args.ddp(), precision, device, std::move(comm)));
       return std::unique_ptr<Engine>(std::move(engine));
     }
-    case proto::TrainingArguments::kFsdp:
+    case proto::TrainingArguments::kFsdp: {
+      if (args.fsdp().version() != 2) break;
+      CT_ASSIGN_OR_RETURN(DistributedEnv env, DistributedEnvFromEnvironment());
+      const std::chrono::milliseconds timeout(int64_t{args.ddp_timeout()} * 1000);
+      CT_ASSIGN_OR_RETURN(const c10::Device device, DataParallelDevice(env));
+      CT_ASSIGN_OR_RETURN(ShardMesh mesh, CreateShardMesh(args.fsdp(), env, device, timeout));
+      CT_ASSIGN_OR_RETURN(std::unique_ptr<Fsdp2Engine> engine,
+                          Fsdp2Engine::Create(args.fsdp(), precision, device, std::move(mesh)));
+      return std::unique_ptr<Engine>(std::move(engine));
+    }
     case proto::TrainingArguments::kZero:
       break;
+  }
+  if (args.has_fsdp()) {
+    return absl::UnimplementedError(absl::StrCat(
+        "fsdp.version=", args.fsdp().version(), " selects FSDP1 (flat parameters), which this "
+        "build does not contain yet: set fsdp.version=2 (per-parameter shards, the same memory "
+        "savings)"));
   }
   const std::string& selected =
       args.GetDescriptor()->FindFieldByNumber(args.engine_case())->name();
   return absl::UnimplementedError(absl::StrCat(
       "the training arguments select the `", selected,
-      "` engine, which this build does not contain yet (`local` and `ddp` exist so far): "
-      "configure `ddp {}` or `local {}`"));
+      "` engine, which this build does not contain yet (`local`, `ddp` and `fsdp` version 2 "
+      "exist so far): configure `fsdp { version: 2 }`, `ddp {}` or `local {}`"));
 }
 
 }  // namespace cpptrain

@@ -6,12 +6,14 @@
 #ifndef CPPTRAIN_ENGINES_ENGINE_FACTORY_H_
 #define CPPTRAIN_ENGINES_ENGINE_FACTORY_H_
 
+#include <chrono>
 #include <memory>
 
 #include "absl/status/statusor.h"
 #include "engines/engine.h"
 #include "engines/mixed_precision.h"
 #include "proto/training_args.pb.h"
+#include "sharding/fully_shard.h"
 #include "sharding/rendezvous.h"
 
 namespace cpptrain {
@@ -22,7 +24,19 @@ MixedPrecision MixedPrecisionFromArgs(const proto::TrainingArguments& args);
 // the host has fewer GPUs than local ranks), the CPU otherwise.
 absl::StatusOr<c10::Device> DataParallelDevice(const DistributedEnv& env);
 
-absl::StatusOr<std::unique_ptr<Engine>> CreateEngine(const proto::TrainingArguments& args);
+// The FSDP mesh for this process from the launcher's environment (1-D over all ranks, or
+// dp_replicate_size x dp_shard_size), on the data-parallel device. For applications that
+// shard a model at load time, before any Trainer:
+//
+//   CT_ASSIGN_OR_RETURN(ShardMesh mesh, ShardMeshFromEnvironment(fsdp, std::chrono::minutes(30)));
+//   CT_RETURN_IF_ERROR(FullyShard(*model, mesh, options).status());
+absl::StatusOr<ShardMesh> ShardMeshFromEnvironment(const proto::FsdpConfig& config,
+                                                   std::chrono::milliseconds timeout);
+
+// With `model` sharded at load time (FullyShard), an unset engine means FSDP2 over the
+// model's own mesh, `fsdp` adopts those shards, and `local`/`ddp` are an error that says so.
+absl::StatusOr<std::unique_ptr<Engine>> CreateEngine(const proto::TrainingArguments& args,
+                                                     const TrainableModel* model = nullptr);
 
 }  // namespace cpptrain
 

@@ -14,13 +14,22 @@
 #define CPPTRAIN_SHARDING_UNIT_H_
 
 #include <functional>
+#include <memory>
 #include <string>
+#include <utility>
 
 #include <torch/nn/module.h>
 
 namespace cpptrain {
 
 class Unit;
+
+// State that sharding attaches to a model (FullyShard's shards, groups and hooks), kept alive
+// by the model so that a model sharded at load time carries its shards into any Trainer.
+class ShardingAttachment {
+ public:
+  virtual ~ShardingAttachment() = default;
+};
 
 // What an engine does around a unit's forward. Both calls run on the caller's thread, in
 // forward order; a hook may return a different tensor (for example one wrapped by a custom
@@ -43,6 +52,12 @@ class Unit : public torch::nn::Module {
   void set_hook(UnitHook* hook) { hook_ = hook; }
   UnitHook* hook() const { return hook_; }
 
+  // Set by sharding on the root unit; null when the model is not sharded.
+  void set_sharding(std::shared_ptr<ShardingAttachment> sharding) {
+    sharding_ = std::move(sharding);
+  }
+  ShardingAttachment* sharding() const { return sharding_.get(); }
+
  protected:
   // Runs `body(input)` between the hook's PreForward and PostForward (directly without one).
   torch::Tensor Hooked(torch::Tensor input,
@@ -54,6 +69,7 @@ class Unit : public torch::nn::Module {
 
  private:
   UnitHook* hook_ = nullptr;
+  std::shared_ptr<ShardingAttachment> sharding_;
 };
 
 }  // namespace cpptrain

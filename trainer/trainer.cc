@@ -54,7 +54,7 @@ absl::Status Trainer::EnsureEngine() {
   }
   CT_RETURN_IF_ERROR(ValidateTrainingArguments(args_));
   if (engine_ == nullptr) {
-    CT_ASSIGN_OR_RETURN(engine_, CreateEngine(args_));
+    CT_ASSIGN_OR_RETURN(engine_, CreateEngine(args_, model_.get()));
   }
   CT_RETURN_IF_ERROR(ValidateForWorld(args_, engine_->world_size()));
   state_.is_world_process_zero = engine_->rank() == 0;

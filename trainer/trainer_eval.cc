@@ -157,8 +157,7 @@ absl::StatusOr<Trainer::EvalResult> Trainer::RunEvaluation(std::shared_ptr<const
               static_cast<double>(result.num_samples)};
     return absl::OkStatus();
   };
-  CT_ASSIGN_OR_RETURN(absl::Status ran, CatchTorch(run));
-  CT_RETURN_IF_ERROR(ran);
+  CT_RETURN_IF_ERROR(CatchTorch(run));
   CT_RETURN_IF_ERROR(loader->status());
   CT_ASSIGN_OR_RETURN(torch::Tensor global,
                       engine_->AllReduceSum(torch::tensor(totals, torch::kFloat64)));

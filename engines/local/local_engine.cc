@@ -62,6 +62,12 @@ LocalEngine::LocalEngine(c10::Device device, MixedPrecision precision)
 
 absl::Status LocalEngine::PrepareForInference(std::shared_ptr<TrainableModel> model) {
   if (model_ == model) return absl::OkStatus();
+  if (model->sharding() != nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the model was sharded at load time (FullyShard) but the ", name(),
+        " engine needs the whole model on every rank: use the FSDP2 engine (fsdp { version: 2 },"
+        " or no engine in the training arguments, which adopts the shards)"));
+  }
   CT_RETURN_IF_ERROR(CatchTorch([&] { model->to(device_); }));
   model_ = std::move(model);
   return absl::OkStatus();

@@ -66,6 +66,7 @@ proto::TrainingArguments Args(int per_device_batch, const std::string& dir) {
   args.set_gradient_accumulation_steps(2);
   args.set_max_steps(5);
   args.set_lr_scheduler_type(proto::TrainingArguments::CONSTANT);
+  args.set_learning_rate(0.5);
   args.set_logging_steps(1);
   args.set_save_strategy(proto::TrainingArguments::NO);
   args.set_disable_tqdm(true);

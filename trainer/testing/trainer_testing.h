@@ -18,7 +18,8 @@ namespace testing {
 // `count` token sequences of lengths 3..12 with tokens in [1, 60], from `seed`.
 std::shared_ptr<const Dataset> VariableLengthTokens(int64_t count, uint64_t seed);
 
-// A Trainer whose optimizer is plain SGD (learning rate 0.5). Equivalence tests use it: Adam's
+// A Trainer whose optimizer is plain SGD; its learning rate comes from the scheduler, so set
+// args.learning_rate (equivalence tests use 0.5, large enough to move the weights). Adam's
 // first steps move every weight by about lr x sign(gradient), which turns rounding-level
 // differences in near-zero gradients into visible parameter differences.
 class SgdTrainer : public Trainer {

@@ -1,0 +1,72 @@
+// FSDP2: every wrapped unit and the root are sharded per parameter along dim 0
+// (sharding/fully_shard.h); the optimizer steps the local chunks directly, so parameters,
+// gradients and optimizer state all take 1/N of the memory on each of N shard ranks.
+//
+// PrepareForInference shards the model (or adopts the shards of a model FullyShard-ed at load
+// time) without an optimizer or gradient buffers, so evaluate() and predict() work before any
+// train(); a later PrepareForTraining builds the optimizer on those same shards.
+//
+//   CT_ASSIGN_OR_RETURN(auto engine, Fsdp2Engine::Create(config, precision, device, mesh));
+//   CT_RETURN_IF_ERROR(engine->PrepareForTraining(model, factory));
+#ifndef CPPTRAIN_ENGINES_FSDP_FSDP2_ENGINE_H_
+#define CPPTRAIN_ENGINES_FSDP_FSDP2_ENGINE_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "engines/local/local_engine.h"
+#include "proto/engines.pb.h"
+#include "sharding/fully_shard.h"
+
+namespace cpptrain {
+
+// FullyShard options from the fsdp config and the training arguments' precision: param_dtype
+// defaults to bf16/fp16 when those are on; reduce_dtype defaults to fp32 under mixed
+// precision (accurate sums, as torchtitan does) and to param_dtype otherwise.
+FullyShardOptions FullyShardOptionsFromConfig(const proto::FsdpConfig& config,
+                                              MixedPrecision precision, c10::Device device);
+
+class Fsdp2Engine : public LocalEngine {
+ public:
+  static absl::StatusOr<std::unique_ptr<Fsdp2Engine>> Create(const proto::FsdpConfig& config,
+                                                             MixedPrecision precision,
+                                                             c10::Device device, ShardMesh mesh);
+  // An engine for a model FullyShard-ed at load time: its mesh, device and options.
+  static absl::StatusOr<std::unique_ptr<Fsdp2Engine>> ForShardedModel(
+      const TrainableModel& model, MixedPrecision precision);
+
+  std::string name() const override { return "fsdp2"; }
+  int rank() const override { return rank_; }
+  int world_size() const override { return mesh_.world_size(); }
+
+  absl::Status PrepareForInference(std::shared_ptr<TrainableModel> model) override;
+  std::unique_ptr<ForwardScope> EnterForward() override;
+  absl::Status Backward(const torch::Tensor& loss) override;
+  void SetGradientSync(bool enabled) override;
+  absl::StatusOr<double> ClipGradNorm(double max_norm) override;
+  absl::StatusOr<bool> OptimizerStep() override;
+  absl::StatusOr<torch::Tensor> AllReduceSum(const torch::Tensor& values) override;
+  absl::StatusOr<torch::Tensor> AllGather(const torch::Tensor& values) override;
+  absl::StatusOr<bool> AllRanksFinite(bool local_finite) override;
+
+  // Null before PrepareForInference/PrepareForTraining.
+  FullyShardedModel* sharded() const { return sharded_; }
+
+ private:
+  Fsdp2Engine(const proto::FsdpConfig& config, MixedPrecision precision, c10::Device device,
+              ShardMesh mesh, FullyShardOptions options);
+  // Sum (or max) over every rank of the mesh: the shard group, then the replicas.
+  absl::Status AllReduceMesh(at::Tensor& t, ReduceOp op);
+
+  proto::FsdpConfig config_;
+  ShardMesh mesh_;
+  FullyShardOptions options_;
+  int rank_;
+  FullyShardedModel* sharded_ = nullptr;
+  absl::Status forward_error_;  // from the end of a forward scope, reported by Backward
+};
+
+}  // namespace cpptrain
+
+#endif  // CPPTRAIN_ENGINES_FSDP_FSDP2_ENGINE_H_

@@ -1,0 +1,705 @@
+#include "sharding/fully_shard.h"
+
+#include <algorithm>
+#include <unordered_map>
+#include <utility>
+
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/torch.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "base/logging.h"
+#include "base/status.h"
+#include "base/torch_status.h"
+
+namespace cpptrain {
+
+struct FullyShardedModel::Group {
+  struct Param {
+    at::Tensor param;  // the registered parameter (its TensorImpl never changes)
+    ShardInfo info;
+    int64_t row_numel = 1;
+    int64_t chunk_numel = 0;  // chunk_rows * row_numel
+    int64_t offset = 0;       // of this parameter's chunk in a rank's segment, in elements
+    at::Tensor shard;         // [chunk_numel], padded with zeros, sharded dtype
+    at::Tensor local;         // the unpadded chunk as the parameter's shape: the data at rest
+    at::Tensor full_view;     // the full parameter, a view of Group::full
+    at::Tensor stashed_grad;  // the chunk's gradient, set aside while the full data is out
+  };
+
+  enum class State { kSharded, kGathering, kUnsharded };
+
+  std::string unit_class;
+  bool is_root = false;
+  bool reshard_after_forward = true;
+  std::vector<Param> params;
+  int64_t segment_numel = 0;  // S: one rank's chunks of every parameter
+  at::ScalarType param_dtype = at::kFloat;
+  at::ScalarType reduce_dtype = at::kFloat;
+  int order_index = -1;  // position in the recorded forward order
+
+  State state = State::kSharded;
+  at::Tensor gather_out;  // [W * S], rank-major, while the gather is in flight
+  std::unique_ptr<Work> gather_work;
+  // [W * S], parameter-major. Its storage is freed at reshard and allocated again at the next
+  // gather, so tensors autograd saved from the full parameters (views such as W.t()) release
+  // the memory too and see the new values in backward.
+  at::Tensor full;
+  at::Tensor accumulated;  // [W * S] rank-major, reduce_dtype: gradients of unsynced passes
+  at::Tensor reduce_out;   // [S]
+  std::unique_ptr<Work> reduce_work;
+  bool pre_backward_done = false;
+  bool post_backward_done = false;
+};
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+[[noreturn]] void ThrowStatus(const absl::Status& status) {
+  TORCH_CHECK(false, "FSDP: ", status.ToString());
+}
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+void FreeStorage(const at::Tensor& t) {
+  c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+  storage->set_data_ptr_noswap(at::DataPtr(nullptr, t.device()));
+  storage->set_nbytes(0);
+}
+
+void AllocateStorage(const at::Tensor& t) {
+  c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+  const size_t nbytes = static_cast<size_t>(t.numel()) * t.element_size();
+  if (storage->nbytes() == nbytes) return;
+  storage->set_data_ptr_noswap(storage->allocator()->allocate(nbytes));
+  storage->set_nbytes(nbytes);
+}
+
+// Gradients of the full parameter `grad` ([rows, ...]) as the [W, chunk_numel] rank-major
+// block a reduce-scatter expects, padded with zero rows.
+at::Tensor RankMajor(const at::Tensor& grad, int world, int64_t chunk_numel) {
+  at::Tensor flat = grad.reshape({-1});
+  if (flat.numel() == world * chunk_numel) return flat.view({world, chunk_numel});
+  at::Tensor padded = at::zeros({world * chunk_numel}, grad.options());
+  padded.narrow(0, 0, flat.numel()).copy_(flat);
+  return padded.view({world, chunk_numel});
+}
+
+}  // namespace
+
+// The autograd nodes call back into the model through these.
+struct FullyShardedModel::Internals {
+  struct Ref : torch::CustomClassHolder {
+    FullyShardedModel* model = nullptr;
+    Group* group = nullptr;
+  };
+  static void PreBackward(const Ref& ref) { ref.model->PreBackward(*ref.group); }
+  static void PostBackward(const Ref& ref) { ref.model->OnPostBackward(*ref.group); }
+};
+
+namespace {
+
+using Ref = FullyShardedModel::Internals::Ref;
+
+c10::intrusive_ptr<Ref> GetRef(AutogradContext* ctx) {
+  return c10::static_intrusive_pointer_cast<Ref>(ctx->saved_data["group"].toCapsule());
+}
+
+// Identity on a unit's output; its backward runs before the unit's backward: gather again.
+class PreBackwardFunction : public torch::autograd::Function<PreBackwardFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, c10::intrusive_ptr<Ref> ref) {
+    ctx->saved_data["group"] = c10::IValue::make_capsule(std::move(ref));
+    return x;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    FullyShardedModel::Internals::PreBackward(*GetRef(ctx));
+    return {grads[0], at::Tensor()};
+  }
+};
+
+// Identity on a unit's input; its backward runs once the unit's gradients are complete.
+class PostBackwardFunction : public torch::autograd::Function<PostBackwardFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, c10::intrusive_ptr<Ref> ref) {
+    ctx->saved_data["group"] = c10::IValue::make_capsule(std::move(ref));
+    return x;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    FullyShardedModel::Internals::PostBackward(*GetRef(ctx));
+    return {grads[0], at::Tensor()};
+  }
+};
+
+c10::intrusive_ptr<Ref> MakeRef(FullyShardedModel* model, FullyShardedModel::Group* group) {
+  auto ref = c10::make_intrusive<Ref>();
+  ref->model = model;
+  ref->group = group;
+  return ref;
+}
+
+}  // namespace
+
+class FullyShardedModel::Hook : public UnitHook {
+ public:
+  Hook(FullyShardedModel* model, Group* group) : model_(model), group_(group) {}
+  torch::Tensor PreForward(Unit&, torch::Tensor input) override {
+    return model_->PreForward(*group_, std::move(input));
+  }
+  torch::Tensor PostForward(Unit&, torch::Tensor output) override {
+    return model_->PostForward(*group_, std::move(output));
+  }
+
+ private:
+  FullyShardedModel* model_;
+  Group* group_;
+};
+
+FullyShardedModel::FullyShardedModel(ShardMesh mesh, FullyShardOptions options)
+    : mesh_(std::move(mesh)), options_(std::move(options)) {}
+
+FullyShardedModel::~FullyShardedModel() = default;
+
+int FullyShardedModel::num_groups() const { return static_cast<int>(groups_.size()); }
+
+std::vector<std::string> FullyShardedModel::GroupUnitClasses() const {
+  std::vector<std::string> out;
+  for (const auto& g : groups_) out.push_back(g->unit_class);
+  return out;
+}
+
+const ShardInfo* FullyShardedModel::Find(const at::Tensor& param) const {
+  for (const auto& g : groups_) {
+    for (const Group::Param& p : g->params) {
+      if (p.param.unsafeGetTensorImpl() == param.unsafeGetTensorImpl()) return &p.info;
+    }
+  }
+  return nullptr;
+}
+
+std::vector<std::pair<at::Tensor, const ShardInfo*>> FullyShardedModel::Shards() const {
+  std::vector<std::pair<at::Tensor, const ShardInfo*>> out;
+  for (const auto& g : groups_) {
+    for (const Group::Param& p : g->params) out.emplace_back(p.param, &p.info);
+  }
+  return out;
+}
+
+void FullyShardedModel::CountUnsharded() {
+  int n = 0;
+  for (const auto& g : groups_) n += g->state != Group::State::kSharded;
+  peak_unsharded_ = std::max(peak_unsharded_, n);
+}
+
+absl::Status FullyShardedModel::Unshard(Group& group) {
+  if (group.state != Group::State::kSharded) return absl::OkStatus();
+  const int world = mesh_.shard->size();
+  const int64_t s = group.segment_numel;
+  return CatchTorch([&]() -> absl::Status {
+    torch::NoGradGuard no_grad;
+    at::Tensor out = at::empty({world * s}, at::TensorOptions()
+                                                .dtype(group.param_dtype)
+                                                .device(options_.device));
+    at::Tensor segment = out.narrow(0, mesh_.shard->rank() * s, s);
+    for (const Group::Param& p : group.params) {
+      segment.narrow(0, p.offset, p.chunk_numel).copy_(p.shard, /*non_blocking=*/true);
+    }
+    // Every rank has the same segment size, so all skip an empty group alike.
+    if (s > 0) {
+      CT_ASSIGN_OR_RETURN(group.gather_work, mesh_.shard->AllGather(segment, out));
+    }
+    group.gather_out = std::move(out);
+    group.state = Group::State::kGathering;
+    CountUnsharded();
+    return absl::OkStatus();
+  });
+}
+
+absl::Status FullyShardedModel::WaitUnshard(Group& group) {
+  CT_RETURN_IF_ERROR(Unshard(group));
+  if (group.state == Group::State::kUnsharded) return absl::OkStatus();
+  absl::Status waited = group.gather_work ? group.gather_work->Wait() : absl::OkStatus();
+  group.gather_work.reset();
+  if (!waited.ok()) {
+    group.gather_out = at::Tensor();
+    group.state = Group::State::kSharded;
+    return waited;
+  }
+  const int world = mesh_.shard->size();
+  return CatchTorch([&] {
+    torch::NoGradGuard no_grad;
+    AllocateStorage(group.full);
+    const at::Tensor by_rank = group.gather_out.view({world, group.segment_numel});
+    for (Group::Param& p : group.params) {
+      group.full.narrow(0, world * p.offset, world * p.chunk_numel)
+          .view({world, p.chunk_numel})
+          .copy_(by_rank.narrow(1, p.offset, p.chunk_numel));
+      if (p.param.grad().defined()) {
+        p.stashed_grad = p.param.grad();
+        p.param.mutable_grad() = at::Tensor();
+      }
+      p.param.set_data(p.full_view);
+    }
+    group.gather_out = at::Tensor();
+    group.state = Group::State::kUnsharded;
+  });
+}
+
+void FullyShardedModel::Reshard(Group& group) {
+  if (group.state == Group::State::kGathering) {
+    // A prefetch nobody used: complete it (every rank issued it) and drop it.
+    absl::Status waited = group.gather_work ? group.gather_work->Wait() : absl::OkStatus();
+    if (!waited.ok() && hook_error_.ok()) hook_error_ = waited;
+    group.gather_work.reset();
+    group.gather_out = at::Tensor();
+    group.state = Group::State::kSharded;
+    return;
+  }
+  if (group.state != Group::State::kUnsharded) return;
+  for (Group::Param& p : group.params) {
+    p.param.set_data(p.local);
+    if (p.stashed_grad.defined()) {
+      p.param.mutable_grad() = std::move(p.stashed_grad);
+      p.stashed_grad = at::Tensor();
+    }
+  }
+  FreeStorage(group.full);
+  group.state = Group::State::kSharded;
+}
+
+void FullyShardedModel::Prefetch(const Group& group, int direction) {
+  if (!order_recorded_ || group.order_index < 0) return;
+  const int n = static_cast<int>(forward_order_.size());
+  // Backward runs the root first, then the units in reverse forward order.
+  int next;
+  if (direction > 0) {
+    next = group.order_index + 1;
+  } else {
+    if (!options_.backward_prefetch) return;
+    next = group.is_root ? n - 1 : group.order_index - 1;
+  }
+  if (next < 0 || next >= n) return;
+  Group& target = *forward_order_[next];
+  if (target.is_root || (direction < 0 && target.pre_backward_done)) return;
+  absl::Status status = Unshard(target);
+  if (!status.ok()) ThrowStatus(status);
+}
+
+torch::Tensor FullyShardedModel::PreForward(Group& group, torch::Tensor input) {
+  if (!order_recorded_ && group.order_index < 0) {
+    group.order_index = static_cast<int>(forward_order_.size());
+    forward_order_.push_back(&group);
+  }
+  absl::Status status = Unshard(group);
+  if (status.ok()) Prefetch(group, +1);
+  if (status.ok()) status = WaitUnshard(group);
+  if (!status.ok()) ThrowStatus(status);
+  const bool grad = at::GradMode::is_enabled();
+  if (grad) {
+    group.pre_backward_done = false;
+    group.post_backward_done = false;
+  }
+  if (options_.cast_forward_inputs && options_.param_dtype && input.is_floating_point()) {
+    input = input.to(*options_.param_dtype);
+  }
+  if (grad && input.requires_grad()) {
+    input = PostBackwardFunction::apply(input, MakeRef(this, &group));
+  }
+  return input;
+}
+
+torch::Tensor FullyShardedModel::PostForward(Group& group, torch::Tensor output) {
+  const bool grad = at::GradMode::is_enabled();
+  if (!grad || group.reshard_after_forward) Reshard(group);
+  if (group.is_root) {
+    order_recorded_ = true;
+    if (options_.output_dtype && output.is_floating_point()) {
+      output = output.to(*options_.output_dtype);
+    }
+  }
+  if (grad && output.requires_grad()) {
+    output = PreBackwardFunction::apply(output, MakeRef(this, &group));
+  }
+  return output;
+}
+
+void FullyShardedModel::PreBackward(Group& group) {
+  if (group.pre_backward_done) return;
+  group.pre_backward_done = true;
+  absl::Status status = Unshard(group);
+  if (status.ok()) Prefetch(group, -1);
+  if (status.ok()) status = WaitUnshard(group);
+  if (!status.ok()) {
+    if (hook_error_.ok()) hook_error_ = status;
+    ThrowStatus(status);
+  }
+}
+
+void FullyShardedModel::OnPostBackward(Group& group) {
+  absl::Status status = PostBackward(group);
+  if (!status.ok()) {
+    if (hook_error_.ok()) hook_error_ = status;
+    ThrowStatus(status);
+  }
+}
+
+absl::Status FullyShardedModel::PostBackward(Group& group) {
+  if (group.post_backward_done) return absl::OkStatus();
+  group.post_backward_done = true;
+  if (group.state != Group::State::kUnsharded) return absl::OkStatus();
+  const int world = mesh_.shard->size();
+  const int64_t s = group.segment_numel;
+  CT_RETURN_IF_ERROR(CatchTorch([&]() -> absl::Status {
+    torch::NoGradGuard no_grad;
+    const bool add = group.accumulated.defined();
+    at::Tensor in = add ? group.accumulated
+                        : at::empty({world * s}, at::TensorOptions()
+                                                     .dtype(group.reduce_dtype)
+                                                     .device(options_.device));
+    group.accumulated = at::Tensor();
+    const at::Tensor by_rank = in.view({world, s});
+    for (Group::Param& p : group.params) {
+      at::Tensor grad = p.param.grad();
+      p.param.mutable_grad() = at::Tensor();
+      at::Tensor slot = by_rank.narrow(1, p.offset, p.chunk_numel);
+      if (!grad.defined()) {
+        if (!add) slot.zero_();
+      } else if (add) {
+        slot.add_(RankMajor(grad, world, p.chunk_numel));
+      } else {
+        slot.copy_(RankMajor(grad, world, p.chunk_numel));
+      }
+    }
+    if (!sync_) {
+      group.accumulated = in;
+      return absl::OkStatus();
+    }
+    if (s == 0) return absl::OkStatus();
+    at::Tensor out = at::empty({s}, in.options());
+    CT_ASSIGN_OR_RETURN(group.reduce_work, mesh_.shard->ReduceScatter(in, out, ReduceOp::kSum));
+    group.reduce_out = std::move(out);
+    return absl::OkStatus();
+  }));
+  Reshard(group);
+  return absl::OkStatus();
+}
+
+absl::Status FullyShardedModel::FinishBackward() {
+  absl::Status status = std::move(hook_error_);
+  hook_error_ = absl::OkStatus();
+  order_recorded_ = true;
+  // Groups no input gradient reached (the root; units whose input needs no gradient), in the
+  // same order on every rank.
+  std::vector<Group*> order;
+  for (auto it = groups_.rbegin(); it != groups_.rend(); ++it) order.push_back(it->get());
+  for (Group* g : order) {
+    if (g->state == Group::State::kUnsharded && status.ok()) status = PostBackward(*g);
+  }
+  for (Group* g : order) {
+    if (g->reduce_work == nullptr) continue;
+    absl::Status waited = g->reduce_work->Wait();
+    g->reduce_work.reset();
+    if (waited.ok() && mesh_.replicate != nullptr) {
+      absl::StatusOr<std::unique_ptr<Work>> work =
+          mesh_.replicate->AllReduce(g->reduce_out, ReduceOp::kSum);
+      waited = work.ok() ? (*work)->Wait() : work.status();
+    }
+    if (!waited.ok()) {
+      if (status.ok()) status = waited;
+      continue;
+    }
+    absl::Status assigned = CatchTorch([&] {
+      torch::NoGradGuard no_grad;
+      for (Group::Param& p : g->params) {
+        if (!p.param.requires_grad()) continue;
+        at::Tensor grad = g->reduce_out.narrow(0, p.offset, p.info.local_rows * p.row_numel)
+                              .view(p.local.sizes())
+                              .to(p.local.device(), p.info.dtype);
+        if (p.param.grad().defined()) {
+          p.param.mutable_grad().add_(grad);
+        } else {
+          p.param.mutable_grad() = grad;
+        }
+      }
+    });
+    if (!assigned.ok() && status.ok()) status = assigned;
+    g->reduce_out = at::Tensor();
+  }
+  absl::Status resharded = ReshardAll();
+  if (status.ok()) status = resharded;
+  for (const auto& g : groups_) {
+    g->pre_backward_done = false;
+    g->post_backward_done = false;
+  }
+  return status;
+}
+
+absl::Status FullyShardedModel::ReshardAll() {
+  for (const auto& g : groups_) Reshard(*g);
+  absl::Status status = std::move(hook_error_);
+  hook_error_ = absl::OkStatus();
+  return status;
+}
+
+absl::Status FullyShardedModel::BeginForward() {
+  Group& root = *groups_.back();
+  if (!order_recorded_ && root.order_index < 0) {
+    root.order_index = static_cast<int>(forward_order_.size());
+    forward_order_.push_back(&root);
+  }
+  CT_RETURN_IF_ERROR(Unshard(root));
+  CT_RETURN_IF_ERROR(CatchTorch([&] { Prefetch(root, +1); }));
+  return WaitUnshard(root);
+}
+
+absl::Status FullyShardedModel::EndForward() {
+  order_recorded_ = true;
+  Group& root = *groups_.back();
+  if (!at::GradMode::is_enabled()) return ReshardAll();
+  if (root.reshard_after_forward) Reshard(root);
+  return absl::OkStatus();
+}
+
+absl::Status FullyShardedModel::BeginBackward() {
+  Group& root = *groups_.back();
+  return CatchTorch([&] { PreBackward(root); });
+}
+
+absl::StatusOr<at::Tensor> FullyShardedModel::GatherFull(const at::Tensor& param) {
+  for (const auto& g : groups_) {
+    for (const Group::Param& p : g->params) {
+      if (p.param.unsafeGetTensorImpl() != param.unsafeGetTensorImpl()) continue;
+      if (g->state == Group::State::kUnsharded) return p.param.detach().to(at::kCPU, true, true);
+      const int world = mesh_.shard->size();
+      at::Tensor out;
+      CT_RETURN_IF_ERROR(CatchTorch([&]() -> absl::Status {
+        at::Tensor input = p.shard.to(options_.device);
+        out = at::empty({world * p.chunk_numel}, input.options());
+        CT_ASSIGN_OR_RETURN(std::unique_ptr<Work> work, mesh_.shard->AllGather(input, out));
+        CT_RETURN_IF_ERROR(work->Synchronize());
+        out = out.narrow(0, 0, p.info.global_shape[0] * p.row_numel)
+                  .view(p.info.global_shape)
+                  .to(at::kCPU);
+        return absl::OkStatus();
+      }));
+      return out;
+    }
+  }
+  return absl::NotFoundError("GatherFull: the tensor is not a parameter sharded by FullyShard");
+}
+
+FullyShardedModel* FullyShardedOf(const TrainableModel& model) {
+  return dynamic_cast<FullyShardedModel*>(model.sharding());
+}
+
+namespace {
+
+struct Assignment {
+  std::string name;
+  at::Tensor param;
+  int group = 0;
+};
+
+// Walks the module tree: each parameter belongs to the innermost wrapped unit above it (the
+// root group is index `root_index`). Units are numbered in pre-order.
+void AssignParameters(torch::nn::Module& module, const std::string& prefix, int group,
+                      const std::function<bool(const Unit&)>& wrap,
+                      std::vector<Unit*>* units, std::vector<Assignment>* out) {
+  for (const auto& item : module.named_parameters(/*recurse=*/false)) {
+    out->push_back({prefix + item.key(), item.value(), group});
+  }
+  for (const auto& child : module.named_children()) {
+    int child_group = group;
+    if (auto* unit = dynamic_cast<Unit*>(child.value().get()); unit != nullptr && wrap(*unit)) {
+      child_group = static_cast<int>(units->size());
+      units->push_back(unit);
+    }
+    AssignParameters(*child.value(), prefix + child.key() + ".", child_group, wrap, units, out);
+  }
+}
+
+int64_t CountParameters(const torch::nn::Module& module) {
+  int64_t n = 0;
+  for (const auto& p : module.parameters(/*recurse=*/true)) n += p.numel();
+  return n;
+}
+
+absl::Status BroadcastFromRankZero(const ShardMesh& mesh, at::Tensor& t) {
+  if (mesh.replicate != nullptr) {
+    CT_ASSIGN_OR_RETURN(std::unique_ptr<Work> work, mesh.replicate->Broadcast(t, 0));
+    CT_RETURN_IF_ERROR(work->Synchronize());
+  }
+  CT_ASSIGN_OR_RETURN(std::unique_ptr<Work> work, mesh.shard->Broadcast(t, 0));
+  return work->Synchronize();
+}
+
+}  // namespace
+
+absl::StatusOr<FullyShardedModel*> FullyShard(TrainableModel& model, ShardMesh mesh,
+                                              const FullyShardOptions& options) {
+  if (FullyShardedOf(model) != nullptr) {
+    return absl::FailedPreconditionError(
+        "FullyShard: the model is already sharded; hand it to the Trainer as it is");
+  }
+  if (mesh.shard == nullptr) {
+    return absl::InvalidArgumentError("FullyShard: ShardMesh.shard (the communicator) is null");
+  }
+  if (options.offload_params && !options.device.is_cuda()) {
+    LOG(WARNING) << "FSDP offload_params on " << options.device.str()
+                 << ": parameters already live in CPU memory, nothing to offload";
+  }
+  std::vector<std::string> classes = options.wrap.classes;
+  if (options.wrap.kind == WrapPolicy::Kind::kTransformer && classes.empty()) {
+    classes = model.LayerUnitClasses();
+  }
+  std::function<bool(const Unit&)> wrap = [&](const Unit& unit) {
+    switch (options.wrap.kind) {
+      case WrapPolicy::Kind::kTransformer:
+        return std::find(classes.begin(), classes.end(), unit.unit_class()) != classes.end();
+      case WrapPolicy::Kind::kSize:
+        return CountParameters(unit) >= options.wrap.min_num_params;
+      case WrapPolicy::Kind::kNone:
+        break;
+    }
+    return false;
+  };
+  std::vector<Unit*> units;
+  std::vector<Assignment> assignments;
+  constexpr int kRootPending = -1;
+  AssignParameters(model, "", kRootPending, wrap, &units, &assignments);
+  for (const Unit* unit : units) {
+    if (unit->hook() != nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "FullyShard: unit ", unit->unit_class(), " already has a hook from another engine"));
+    }
+  }
+  const int root_index = static_cast<int>(units.size());
+  std::unordered_map<const c10::TensorImpl*, const Assignment*> seen;
+  for (Assignment& a : assignments) {
+    if (a.group == kRootPending) a.group = root_index;
+    auto [it, inserted] = seen.emplace(a.param.unsafeGetTensorImpl(), &a);
+    if (!inserted && it->second->group != a.group) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "FullyShard: parameter ", a.name, " is the same tensor as ", it->second->name,
+          " in another shard group; tied weights must sit in one unit: wrap their common "
+          "parent, or leave both to the root"));
+    }
+    if (a.param.dim() == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "FullyShard: parameter ", a.name, " is 0-dimensional and cannot be split along dim "
+          "0: give it shape [1]"));
+    }
+  }
+
+  auto state = std::shared_ptr<FullyShardedModel>(new FullyShardedModel(mesh, options));
+  FullyShardedModel& s = *state;
+  const int world = mesh.shard->size();
+  const int rank = mesh.shard->rank();
+  const c10::Device shard_device = options.offload_params ? c10::Device(c10::kCPU) : options.device;
+  for (int gi = 0; gi <= root_index; ++gi) {
+    auto group = std::make_unique<FullyShardedModel::Group>();
+    group->is_root = gi == root_index;
+    group->unit_class = group->is_root ? model.unit_class() : units[gi]->unit_class();
+    group->reshard_after_forward =
+        group->is_root ? options.root_reshard_after_forward.value_or(false)
+                       : options.reshard_after_forward.value_or(true);
+    s.groups_.push_back(std::move(group));
+  }
+  torch::NoGradGuard no_grad;
+  std::unordered_map<const c10::TensorImpl*, bool> done;
+  for (const Assignment& a : assignments) {
+    if (!done.emplace(a.param.unsafeGetTensorImpl(), true).second) continue;
+    FullyShardedModel::Group& group = *s.groups_[a.group];
+    FullyShardedModel::Group::Param p;
+    p.param = a.param;
+    p.info.name = a.name;
+    p.info.global_shape = a.param.sizes().vec();
+    p.info.dtype = a.param.scalar_type();
+    p.info.shard_rank = rank;
+    p.info.shard_size = world;
+    p.info.replicate_size = mesh.replicate ? mesh.replicate->size() : 1;
+    const int64_t rows = p.info.global_shape[0];
+    p.row_numel = rows == 0 ? 0 : a.param.numel() / rows;
+    p.info.chunk_rows = CeilDiv(rows, world);
+    p.info.row_begin = std::min(rows, rank * p.info.chunk_rows);
+    p.info.local_rows = std::min(p.info.chunk_rows, rows - p.info.row_begin);
+    p.chunk_numel = p.info.chunk_rows * p.row_numel;
+    p.offset = group.segment_numel;
+    group.segment_numel += p.chunk_numel;
+    CT_RETURN_IF_ERROR(CatchTorch([&]() -> absl::Status {
+      at::Tensor full = a.param.detach().to(options.device).contiguous();
+      if (options.sync_module_states && mesh.world_size() > 1) {
+        CT_RETURN_IF_ERROR(BroadcastFromRankZero(mesh, full));
+      }
+      p.shard = at::zeros({p.chunk_numel}, full.options().device(shard_device));
+      p.shard.narrow(0, 0, p.info.local_rows * p.row_numel)
+          .copy_(full.view({-1}).narrow(0, p.info.row_begin * p.row_numel,
+                                       p.info.local_rows * p.row_numel));
+      if (options.offload_params && options.device.is_cuda()) p.shard = p.shard.pin_memory();
+      std::vector<int64_t> local_shape = p.info.global_shape;
+      local_shape[0] = p.info.local_rows;
+      p.local = p.shard.narrow(0, 0, p.info.local_rows * p.row_numel).view(local_shape);
+      p.param.set_data(p.local);
+      return absl::OkStatus();
+    }));
+    group.params.push_back(std::move(p));
+  }
+  for (auto& group : s.groups_) {
+    std::vector<at::ScalarType> dtypes;
+    for (const auto& p : group->params) dtypes.push_back(p.info.dtype);
+    std::sort(dtypes.begin(), dtypes.end());
+    dtypes.erase(std::unique(dtypes.begin(), dtypes.end()), dtypes.end());
+    if (!options.param_dtype && dtypes.size() > 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "FullyShard: unit ", group->unit_class, " mixes parameter dtypes; set param_dtype "
+          "so the group gathers in one dtype"));
+    }
+    group->param_dtype =
+        options.param_dtype.value_or(dtypes.empty() ? at::kFloat : dtypes.front());
+    group->reduce_dtype = options.reduce_dtype.value_or(group->param_dtype);
+    CT_RETURN_IF_ERROR(CatchTorch([&] {
+      group->full = at::empty({world * group->segment_numel},
+                              at::TensorOptions().dtype(group->param_dtype).device(options.device));
+      for (auto& p : group->params) {
+        p.full_view = group->full.narrow(0, world * p.offset, p.info.global_shape[0] * p.row_numel)
+                          .view(p.info.global_shape);
+      }
+      FreeStorage(group->full);
+    }));
+  }
+  // Buffers are replicated: placed and made equal, not sharded.
+  for (auto& buffer : model.buffers(/*recurse=*/true)) {
+    CT_RETURN_IF_ERROR(CatchTorch([&]() -> absl::Status {
+      buffer.set_data(buffer.to(options.device));
+      if (options.sync_module_states && mesh.world_size() > 1) {
+        at::Tensor data = buffer.detach();
+        CT_RETURN_IF_ERROR(BroadcastFromRankZero(mesh, data));
+      }
+      return absl::OkStatus();
+    }));
+  }
+  for (int gi = 0; gi <= root_index; ++gi) {
+    auto hook = std::make_unique<FullyShardedModel::Hook>(&s, s.groups_[gi].get());
+    if (gi == root_index) {
+      model.set_hook(hook.get());
+    } else {
+      units[gi]->set_hook(hook.get());
+    }
+    s.hooks_.push_back(std::move(hook));
+  }
+  int64_t total = 0;
+  for (const auto& g : s.groups_) total += g->segment_numel * world;
+  CT_LOG_RANK0(INFO) << "FullyShard: " << s.groups_.size() << " groups ("
+                     << root_index << " units + root) over " << world << " shard ranks"
+                     << (mesh.replicate ? absl::StrCat(" x ", mesh.replicate->size(), " replicas")
+                                        : std::string())
+                     << ", " << total << " elements padded";
+  FullyShardedModel* raw = state.get();
+  model.set_sharding(std::move(state));
+  return raw;
+}
+
+}  // namespace cpptrain

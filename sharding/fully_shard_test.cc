@@ -1,0 +1,244 @@
+// FullyShard with ranks as threads (Gloo over a HashStore): shard layout and metadata, full
+// values gathered back, gradients equal to the unsharded model's summed over ranks (with and
+// without synchronization on every backward), units freed after their forward, and the
+// errors for misuse.
+#include "sharding/fully_shard.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "base/status.h"
+#include "base/torch_status.h"
+#include "models/configs.h"
+#include "sharding/gloo_communicator.h"
+#include "sharding/testing/multi_rank.h"
+
+namespace cpptrain {
+namespace {
+
+using multi_rank::RunRanksAsThreads;
+
+constexpr auto kTimeout = std::chrono::seconds(60);
+
+std::shared_ptr<DecoderLM> Decoder(int layers) {
+  proto::DecoderConfig config = *NamedDecoderConfig("tiny");
+  config.set_num_hidden_layers(layers);
+  return *BuildDecoder(config);
+}
+
+// One model per rank, identical, built before the rank threads start (the global generator is
+// not for concurrent use).
+std::vector<std::shared_ptr<DecoderLM>> Replicas(int world, int layers) {
+  std::vector<std::shared_ptr<DecoderLM>> out;
+  for (int r = 0; r < world; ++r) {
+    torch::manual_seed(3);
+    out.push_back(Decoder(layers));
+  }
+  return out;
+}
+
+Batch TokenBatch() {
+  Batch batch;
+  batch.inputs = torch::arange(1, 25, torch::kLong).remainder(60).add(1).view({2, 12});
+  batch.labels = batch.inputs.clone();
+  return batch;
+}
+
+absl::StatusOr<ShardMesh> Mesh(int rank, int world, c10::intrusive_ptr<c10d::Store> store) {
+  CT_ASSIGN_OR_RETURN(std::unique_ptr<GlooCommunicator> comm,
+                      GlooCommunicator::Create(store, rank, world, kTimeout));
+  return ShardMesh{std::shared_ptr<Communicator>(std::move(comm)), nullptr};
+}
+
+absl::Status Check(bool condition, const std::string& what) {
+  return condition ? absl::OkStatus() : absl::InternalError(what);
+}
+
+TEST(FullyShardTest, ShardsAreDimZeroChunksAndGatherBack) {
+  constexpr int kWorld = 3;
+  auto models = Replicas(kWorld, 2);
+  torch::manual_seed(3);
+  auto reference = Decoder(2);
+  absl::Status s = RunRanksAsThreads(kWorld, [&](int rank, auto store) -> absl::Status {
+    CT_ASSIGN_OR_RETURN(ShardMesh mesh, Mesh(rank, kWorld, store));
+    DecoderLM& model = *models[rank];
+    CT_ASSIGN_OR_RETURN(FullyShardedModel * sharded, FullyShard(model, mesh, {}));
+    CT_RETURN_IF_ERROR(Check(sharded->num_groups() == 3, "2 layers + root"));
+    CT_RETURN_IF_ERROR(Check(FullyShardedOf(model) == sharded, "the model carries its shards"));
+    const auto full = reference->named_parameters();
+    for (const auto& item : model.named_parameters()) {
+      const ShardInfo* info = sharded->Find(item.value());
+      CT_RETURN_IF_ERROR(Check(info != nullptr, "no ShardInfo for " + item.key()));
+      const torch::Tensor& whole = full[item.key()];
+      const int64_t rows = whole.size(0);
+      const int64_t chunk = (rows + kWorld - 1) / kWorld;
+      const int64_t begin = std::min(rows, rank * chunk);
+      const int64_t local = std::min(chunk, rows - begin);
+      CT_RETURN_IF_ERROR(Check(info->name == item.key() && info->chunk_rows == chunk &&
+                                   info->row_begin == begin && info->local_rows == local &&
+                                   info->global_shape == whole.sizes().vec(),
+                               "metadata of " + item.key()));
+      CT_RETURN_IF_ERROR(Check(item.value().size(0) == local &&
+                                   item.value().equal(whole.narrow(0, begin, local)),
+                               "the registered parameter is not rank's chunk: " + item.key()));
+      CT_ASSIGN_OR_RETURN(torch::Tensor gathered, sharded->GatherFull(item.value()));
+      CT_RETURN_IF_ERROR(Check(gathered.equal(whole), "GatherFull of " + item.key()));
+    }
+    // q_norm has 8 rows: chunks of 3, 3 and 2 rows.
+    const ShardInfo* q_norm =
+        sharded->Find(model.named_parameters()["model.layers.0.self_attn.q_norm.weight"]);
+    CT_RETURN_IF_ERROR(Check(q_norm->local_rows == (rank == 2 ? 2 : 3), "uneven chunks"));
+    auto again = FullyShard(model, mesh, {});
+    CT_RETURN_IF_ERROR(Check(!again.ok() && again.status().message().find("already sharded") !=
+                                                 std::string::npos,
+                             "sharding twice must be an error"));
+    return absl::OkStatus();
+  });
+  EXPECT_TRUE(s.ok()) << s;
+}
+
+// Gradients of the unsharded model on the same batch, for comparison.
+std::map<std::string, torch::Tensor> ReferenceGradients(int layers, const Batch& batch) {
+  torch::manual_seed(3);
+  auto model = Decoder(layers);
+  torch::Tensor loss = model->LossSum(model->Forward(batch), batch);
+  loss.backward();
+  std::map<std::string, torch::Tensor> grads;
+  for (const auto& item : model->named_parameters()) grads[item.key()] = item.value().grad();
+  return grads;
+}
+
+void ExpectSummedGradients(bool reshard_after_forward, bool checkpointing) {
+  constexpr int kWorld = 2;
+  constexpr int kLayers = 3;
+  const Batch batch = TokenBatch();
+  const auto reference = ReferenceGradients(kLayers, batch);
+  auto models = Replicas(kWorld, kLayers);
+  absl::Status s = RunRanksAsThreads(kWorld, [&](int rank, auto store) -> absl::Status {
+    CT_ASSIGN_OR_RETURN(ShardMesh mesh, Mesh(rank, kWorld, store));
+    DecoderLM& model = *models[rank];
+    model.SetGradientCheckpointing(checkpointing);
+    FullyShardOptions options;
+    options.reshard_after_forward = reshard_after_forward;
+    CT_ASSIGN_OR_RETURN(FullyShardedModel * sharded, FullyShard(model, mesh, options));
+    // Three backwards: two without synchronization, then one with it. Each rank sees the same
+    // batch, so every chunk's gradient is 3 passes x 2 ranks x the reference.
+    for (int pass = 0; pass < 3; ++pass) {
+      sharded->SetGradientSync(pass == 2);
+      sharded->ResetPeakUnsharded();
+      CT_RETURN_IF_ERROR(sharded->BeginForward());
+      torch::Tensor loss = model.LossSum(model.Forward(batch), batch);
+      CT_RETURN_IF_ERROR(sharded->EndForward());
+      if (reshard_after_forward) {
+        // Root, the layer running and the one prefetched at most.
+        CT_RETURN_IF_ERROR(Check(sharded->peak_unsharded() <= 3, "too many groups unsharded"));
+      }
+      CT_RETURN_IF_ERROR(sharded->BeginBackward());
+      CT_RETURN_IF_ERROR(CatchTorch([&] { loss.backward(); }));
+      CT_RETURN_IF_ERROR(sharded->FinishBackward());
+    }
+    for (const auto& item : model.named_parameters()) {
+      const ShardInfo* info = sharded->Find(item.value());
+      const torch::Tensor& grad = item.value().grad();
+      CT_RETURN_IF_ERROR(Check(grad.defined() && grad.sizes() == item.value().sizes(),
+                               "gradient of " + item.key() + " is not chunk-shaped"));
+      const torch::Tensor expected =
+          reference.at(item.key()).narrow(0, info->row_begin, info->local_rows) * 6;
+      CT_RETURN_IF_ERROR(Check(torch::allclose(grad, expected, 1e-4, 1e-6),
+                               "gradient of " + item.key() + " differs"));
+      CT_RETURN_IF_ERROR(Check(item.value().sizes()[0] == info->local_rows,
+                               item.key() + " was left unsharded"));
+    }
+    return absl::OkStatus();
+  });
+  EXPECT_TRUE(s.ok()) << s;
+}
+
+TEST(FullyShardTest, GradientsAreSummedChunksReshardingAfterForward) {
+  ExpectSummedGradients(/*reshard_after_forward=*/true, /*checkpointing=*/false);
+}
+
+TEST(FullyShardTest, GradientsAreSummedChunksKeepingParametersAfterForward) {
+  ExpectSummedGradients(/*reshard_after_forward=*/false, /*checkpointing=*/false);
+}
+
+TEST(FullyShardTest, RecomputationGathersAgainInBackward) {
+  ExpectSummedGradients(/*reshard_after_forward=*/true, /*checkpointing=*/true);
+}
+
+TEST(FullyShardTest, InferenceFreesEveryUnitAfterItsForward) {
+  constexpr int kWorld = 2;
+  auto models = Replicas(kWorld, 4);
+  torch::manual_seed(3);
+  auto reference = Decoder(4);
+  const Batch batch = TokenBatch();
+  torch::Tensor expected;
+  {
+    torch::NoGradGuard no_grad;
+    expected = reference->Forward(batch);
+  }
+  absl::Status s = RunRanksAsThreads(kWorld, [&](int rank, auto store) -> absl::Status {
+    CT_ASSIGN_OR_RETURN(ShardMesh mesh, Mesh(rank, kWorld, store));
+    DecoderLM& model = *models[rank];
+    CT_ASSIGN_OR_RETURN(FullyShardedModel * sharded, FullyShard(model, mesh, {}));
+    torch::NoGradGuard no_grad;
+    for (int pass = 0; pass < 2; ++pass) {
+      CT_RETURN_IF_ERROR(sharded->BeginForward());
+      torch::Tensor logits = model.Forward(batch);
+      CT_RETURN_IF_ERROR(sharded->EndForward());
+      CT_RETURN_IF_ERROR(Check(torch::allclose(logits, expected, 1e-5, 1e-6), "logits differ"));
+    }
+    CT_RETURN_IF_ERROR(Check(sharded->peak_unsharded() <= 3 && sharded->num_groups() == 5,
+                             "inference held more than root + 2 units"));
+    for (const auto& [param, info] : sharded->Shards()) {
+      CT_RETURN_IF_ERROR(Check(param.size(0) == info->local_rows && !param.grad().defined(),
+                               info->name + " is not back to its chunk"));
+    }
+    return absl::OkStatus();
+  });
+  EXPECT_TRUE(s.ok()) << s;
+}
+
+// Two units that share one tensor cannot be sharded separately.
+class TiedAcrossUnits : public TrainableModel {
+ public:
+  TiedAcrossUnits() : TrainableModel("TiedAcrossUnits") {
+    a_ = register_module("a", std::make_shared<Unit>("Block"));
+    b_ = register_module("b", std::make_shared<Unit>("Block"));
+    torch::Tensor shared = a_->register_parameter("w", torch::ones({4, 2}));
+    b_->register_parameter("w", shared);
+  }
+  torch::Tensor Forward(const Batch& batch) override { return batch.inputs; }
+  torch::Tensor LossSum(const torch::Tensor& logits, const Batch&) const override {
+    return logits.sum();
+  }
+  int64_t CountLossTargets(const Batch&) const override { return 1; }
+  std::vector<std::string> LayerUnitClasses() const override { return {"Block"}; }
+
+ private:
+  std::shared_ptr<Unit> a_, b_;
+};
+
+TEST(FullyShardTest, TiedWeightsAcrossUnitsAreAnError) {
+  TiedAcrossUnits model;
+  absl::Status s = RunRanksAsThreads(1, [&](int rank, auto store) -> absl::Status {
+    CT_ASSIGN_OR_RETURN(ShardMesh mesh, Mesh(rank, 1, store));
+    auto sharded = FullyShard(model, mesh, {});
+    return Check(!sharded.ok() && sharded.status().message().find("b.w") != std::string::npos &&
+                     sharded.status().message().find("a.w") != std::string::npos,
+                 std::string(sharded.status().message()));
+  });
+  EXPECT_TRUE(s.ok()) << s;
+  // Wrapping nothing puts both names in the root group: allowed.
+  TiedAcrossUnits unwrapped;
+  s = RunRanksAsThreads(1, [&](int rank, auto store) -> absl::Status {
+    CT_ASSIGN_OR_RETURN(ShardMesh mesh, Mesh(rank, 1, store));
+    FullyShardOptions options;
+    options.wrap.kind = WrapPolicy::Kind::kNone;
+    return FullyShard(unwrapped, mesh, options).status();
+  });
+  EXPECT_TRUE(s.ok()) << s;
+}
+
+}  // namespace
+}  // namespace cpptrain

@@ -1,0 +1,244 @@
+// Run under //tools:launch with N processes (Gloo on the CPU). Checks the FSDP2 engine against
+// one process, through the Trainer, in four parts:
+//   1. evaluate() and predict() on an untrained model, before any train(): no optimizer, no
+//      gradients, each unit gathered for its forward and freed after (no rank ever holds more
+//      than the root and two units); results equal one process's.
+//   2. train() on the same Trainer afterwards reuses those shards: per-device batch 2,
+//      accumulation 2 (the first micro-batch of each step does not communicate), 5 SGD
+//      steps; rank 0 then trains the LocalEngine on the concatenated batches and compares
+//      every logged loss and every parameter (gathered from the shards).
+//   3. a model sharded at load time (FullyShard before any Trainer) with no engine in the
+//      training arguments: the Trainer adopts its shards and trains to the same losses.
+//   4. a dead collective partner is outside this program (dead_rank_test covers it).
+// Variants: --reshard_after_forward=false, --wrap=none|size, --hsdp (2 x N/2 mesh),
+// --checkpointing, --bf16 (looser tolerance: bf16 compute on both sides).
+// Prints EQUIVALENT and exits 0 when every check passes.
+#include <cstdlib>
+#include <iostream>
+
+#include <torch/torch.h>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "base/logging.h"
+#include "base/status.h"
+#include "engines/engine_factory.h"
+#include "engines/local/local_engine.h"
+#include "models/configs.h"
+#include "sharding/fully_shard.h"
+#include "sharding/rendezvous.h"
+#include "trainer/testing/trainer_testing.h"
+#include "trainer/trainer.h"
+
+ABSL_FLAG(std::string, output_dir, "/tmp/fsdp_equivalence", "where the Trainer writes");
+ABSL_FLAG(bool, reshard_after_forward, true, "fsdp.reshard_after_forward for the layers");
+ABSL_FLAG(std::string, wrap, "transformer", "transformer, size or none");
+ABSL_FLAG(bool, hsdp, false, "a 2 x (N/2) replicate x shard mesh");
+ABSL_FLAG(bool, checkpointing, false, "fsdp.activation_checkpointing");
+ABSL_FLAG(bool, bf16, false, "bf16 mixed precision on both sides");
+
+namespace cpptrain {
+namespace {
+
+using testing::MaxRelativeDifference;
+using testing::SgdTrainer;
+
+constexpr int kLayers = 4;
+
+std::shared_ptr<DecoderLM> Model() {
+  torch::manual_seed(11);
+  proto::DecoderConfig config = *NamedDecoderConfig("tiny");
+  config.set_num_hidden_layers(kLayers);
+  return *BuildDecoder(config);
+}
+
+std::shared_ptr<const Dataset> TrainData() { return testing::VariableLengthTokens(96, 5); }
+std::shared_ptr<const Dataset> EvalData() { return testing::VariableLengthTokens(23, 9); }
+
+proto::TrainingArguments Args(int per_device_batch, const std::string& dir) {
+  proto::TrainingArguments args;
+  args.set_output_dir(dir);
+  args.set_per_device_train_batch_size(per_device_batch);
+  args.set_per_device_eval_batch_size(2);
+  args.set_gradient_accumulation_steps(2);
+  args.set_max_steps(5);
+  args.set_lr_scheduler_type(proto::TrainingArguments::CONSTANT);
+  args.set_learning_rate(absl::GetFlag(FLAGS_bf16) ? 0.05 : 0.5);
+  args.set_logging_steps(1);
+  args.set_save_strategy(proto::TrainingArguments::NO);
+  args.set_disable_tqdm(true);
+  args.set_bf16(absl::GetFlag(FLAGS_bf16));
+  return args;
+}
+
+proto::TrainingArguments FsdpArgs(const std::string& dir, int world) {
+  proto::TrainingArguments args = Args(2, dir);
+  proto::FsdpConfig* fsdp = args.mutable_fsdp();
+  fsdp->set_version(2);
+  fsdp->set_reshard_after_forward(absl::GetFlag(FLAGS_reshard_after_forward));
+  const std::string wrap = absl::GetFlag(FLAGS_wrap);
+  if (wrap == "none") {
+    fsdp->set_auto_wrap_policy(proto::FsdpConfig::NO_WRAP);
+  } else if (wrap == "size") {
+    fsdp->set_auto_wrap_policy(proto::FsdpConfig::SIZE_BASED_WRAP);
+    fsdp->set_min_num_params(5000);  // a layer holds 12,352; the MLP alone 6,144
+  }
+  if (absl::GetFlag(FLAGS_hsdp)) {
+    fsdp->set_dp_replicate_size(2);
+    fsdp->set_dp_shard_size(world / 2);
+  }
+  fsdp->set_activation_checkpointing(absl::GetFlag(FLAGS_checkpointing));
+  return args;
+}
+
+std::vector<double> StepLosses(const Trainer& trainer) {
+  std::vector<double> losses;
+  for (const Metrics& m : trainer.state().log_history) {
+    if (m.count("loss")) losses.push_back(m.at("loss"));
+  }
+  return losses;
+}
+
+double WorstRelative(const std::vector<double>& a, const std::vector<double>& b) {
+  if (a.size() != b.size() || a.empty()) return 1e9;
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    worst = std::max(worst, std::fabs(a[i] - b[i]) / std::fabs(b[i]));
+  }
+  return worst;
+}
+
+// Every parameter's full value, gathered from the shards (all ranks take part).
+absl::StatusOr<std::vector<torch::Tensor>> FullParameters(DecoderLM& model) {
+  FullyShardedModel* sharded = FullyShardedOf(model);
+  if (sharded == nullptr) return absl::InternalError("the model is not sharded");
+  std::vector<torch::Tensor> out;
+  for (const auto& p : model.parameters()) {
+    CT_ASSIGN_OR_RETURN(torch::Tensor full, sharded->GatherFull(p));
+    out.push_back(full.to(torch::kFloat));
+  }
+  return out;
+}
+
+struct EvalOutputs {
+  Metrics metrics;
+  PredictionOutput predictions;
+};
+
+absl::StatusOr<EvalOutputs> EvaluateAndPredict(Trainer& trainer) {
+  CT_ASSIGN_OR_RETURN(Metrics metrics, trainer.Evaluate());
+  CT_ASSIGN_OR_RETURN(PredictionOutput predictions, trainer.Predict(EvalData()));
+  return EvalOutputs{metrics, predictions};
+}
+
+bool SameEvaluation(const EvalOutputs& a, const EvalOutputs& b, double tolerance,
+                    const std::string& what) {
+  const double loss_difference = std::fabs(a.metrics.at("eval_loss") - b.metrics.at("eval_loss")) /
+                                 b.metrics.at("eval_loss");
+  const bool same_shape = a.predictions.predictions.sizes() == b.predictions.predictions.sizes();
+  const torch::Tensor real = b.predictions.label_ids.ne(-100).unsqueeze(-1);
+  const bool same_predictions =
+      same_shape && a.predictions.label_ids.equal(b.predictions.label_ids) &&
+      torch::allclose(a.predictions.predictions * real, b.predictions.predictions * real,
+                      tolerance, tolerance);
+  LOG(INFO) << what << ": eval_loss " << a.metrics.at("eval_loss") << " (FSDP) vs "
+            << b.metrics.at("eval_loss") << " (one process), relative difference "
+            << loss_difference << "; predictions " << a.predictions.predictions.sizes()
+            << (same_predictions ? ", equal" : ", DIFFERENT");
+  return loss_difference < tolerance && same_predictions &&
+         a.predictions.predictions.size(0) == 23;
+}
+
+int Fail(const absl::Status& status, const std::string& what) {
+  LOG(ERROR) << what << ": " << status;
+  return 1;
+}
+
+int Run() {
+  auto env = DistributedEnvFromEnvironment();
+  if (!env.ok()) return Fail(env.status(), "environment");
+  InitLogging("fsdp_equivalence", env->rank);
+  const std::string dir = absl::GetFlag(FLAGS_output_dir);
+  const bool bf16 = absl::GetFlag(FLAGS_bf16);
+  const double tolerance = bf16 ? 2e-2 : 1e-5;
+  const MixedPrecision precision = bf16 ? MixedPrecision::kBf16 : MixedPrecision::kNone;
+
+  // 1 and 2: evaluate and predict first, then train, on one Trainer.
+  auto model = Model();
+  SgdTrainer fsdp(FsdpArgs(absl::StrCat(dir, "/fsdp_rank", env->rank), env->world_size), model,
+                  TrainData(), EvalData(), nullptr);
+  auto untrained = EvaluateAndPredict(fsdp);
+  if (!untrained.ok()) return Fail(untrained.status(), "evaluate/predict before train");
+  FullyShardedModel* sharded = FullyShardedOf(*model);
+  if (sharded == nullptr) return Fail(absl::InternalError("not sharded"), "evaluate");
+  const int peak = sharded->peak_unsharded();
+  // Root + the unit running + one prefetched.
+  const bool never_whole = sharded->num_groups() < 3 || peak <= 3;
+  LOG(INFO) << "evaluation held at most " << peak << " of " << sharded->num_groups()
+            << " groups unsharded at once";
+  auto trained = fsdp.Train();
+  if (!trained.ok()) return Fail(trained.status(), "FSDP training");
+  auto fsdp_params = FullParameters(*model);
+  if (!fsdp_params.ok()) return Fail(fsdp_params.status(), "gathering parameters");
+
+  // 3: sharded at load time, handed to a Trainer that names no engine.
+  auto preloaded = Model();
+  proto::FsdpConfig load_config;
+  load_config.set_version(2);
+  auto mesh = ShardMeshFromEnvironment(load_config, std::chrono::seconds(60));
+  if (!mesh.ok()) return Fail(mesh.status(), "load-time mesh");
+  FullyShardOptions options;
+  options.reshard_after_forward = absl::GetFlag(FLAGS_reshard_after_forward);
+  if (bf16) {
+    options.param_dtype = at::kBFloat16;
+    options.reduce_dtype = at::kFloat;
+  }
+  auto shard = FullyShard(*preloaded, *mesh, options);
+  if (!shard.ok()) return Fail(shard.status(), "FullyShard at load time");
+  proto::TrainingArguments plain = Args(2, absl::StrCat(dir, "/preloaded_rank", env->rank));
+  SgdTrainer adopted(plain, preloaded, TrainData());
+  auto adopted_out = adopted.Train();
+  if (!adopted_out.ok()) return Fail(adopted_out.status(), "training a model sharded at load time");
+  const double adopted_difference = WorstRelative(StepLosses(adopted), StepLosses(fsdp));
+  LOG(INFO) << "sharded at load time, no engine configured: engine " << adopted.engine()->name()
+            << ", losses differ from the configured FSDP run by " << adopted_difference;
+
+  if (env->rank != 0) return 0;
+  // One process: the same evaluation of an untrained model, then the same training.
+  auto local_model = Model();
+  proto::TrainingArguments local_args = Args(2 * env->world_size, dir + "/local");
+  local_args.set_per_device_eval_batch_size(5);
+  SgdTrainer local(local_args, local_model, TrainData(), EvalData(),
+                   std::move(*LocalEngine::Create(proto::LocalEngineConfig(), precision)));
+  auto local_untrained = EvaluateAndPredict(local);
+  if (!local_untrained.ok()) return Fail(local_untrained.status(), "local evaluation");
+  const bool eval_ok = SameEvaluation(*untrained, *local_untrained, bf16 ? 5e-2 : 1e-5,
+                                      "untrained model");
+  if (!local.Train().ok()) return 1;
+  const std::vector<double> a = StepLosses(fsdp), b = StepLosses(local);
+  const double worst_loss = WorstRelative(a, b);
+  std::vector<torch::Tensor> local_params;
+  for (const auto& p : local_model->parameters()) local_params.push_back(p.detach().to(torch::kFloat));
+  const double worst_param = MaxRelativeDifference(*fsdp_params, local_params);
+  const auto names = local_model->named_parameters().keys();
+  for (size_t i = 0; i < names.size(); ++i) {
+    const double d = MaxRelativeDifference({(*fsdp_params)[i]}, {local_params[i]});
+    if (d > tolerance) LOG(WARNING) << "parameter " << names[i] << " differs by " << d;
+  }
+  LOG(INFO) << "world " << env->world_size << ": FSDP losses " << a.front() << " ... "
+            << a.back() << "; local " << b.front() << " ... " << b.back()
+            << "; max relative difference: loss " << worst_loss << ", parameters " << worst_param;
+  const bool ok = eval_ok && never_whole && a.size() == 5 && worst_loss < tolerance &&
+                  worst_param < (bf16 ? 5e-2 : 1e-5) && adopted_difference < 1e-6 &&
+                  adopted.engine()->name() == "fsdp2";
+  std::cout << (ok ? "EQUIVALENT" : "MISMATCH") << std::endl;
+  return ok ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace cpptrain
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return cpptrain::Run();
+}

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include <ATen/autocast_mode.h>
+#include <torch/optim/optimizer.h>
 #include <torch/version.h>
 
 #ifdef CPPTRAIN_HAS_CUDA
@@ -31,6 +32,29 @@ int64_t PeakAllocatedBytes(const at::Device&) { return -1; }
 void ResetPeakMemory(const at::Device&) {}
 void SynchronizeDevice(const at::Device&) {}
 #endif
+
+namespace {
+
+#if TORCH_VERSION_MAJOR >= 2
+void* OptimizerStateKey(const at::Tensor& param) { return param.unsafeGetTensorImpl(); }
+#else
+std::string OptimizerStateKey(const at::Tensor& param) {
+  return c10::guts::to_string(param.unsafeGetTensorImpl());
+}
+#endif
+
+}  // namespace
+
+torch::optim::OptimizerParamState* FindOptimizerParamState(torch::optim::Optimizer& optimizer,
+                                                           const at::Tensor& param) {
+  auto it = optimizer.state().find(OptimizerStateKey(param));
+  return it == optimizer.state().end() ? nullptr : it->second.get();
+}
+
+void SetOptimizerParamState(torch::optim::Optimizer& optimizer, const at::Tensor& param,
+                            std::unique_ptr<torch::optim::OptimizerParamState> state) {
+  optimizer.state()[OptimizerStateKey(param)] = std::move(state);
+}
 
 #if TORCH_VERSION_MAJOR >= 2
 

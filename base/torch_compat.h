@@ -6,11 +6,26 @@
 #ifndef CPPTRAIN_BASE_TORCH_COMPAT_H_
 #define CPPTRAIN_BASE_TORCH_COMPAT_H_
 
+#include <memory>
 #include <vector>
 
 #include <ATen/ATen.h>
 
+namespace torch {
+namespace optim {
+class Optimizer;
+class OptimizerParamState;
+}  // namespace optim
+}  // namespace torch
+
 namespace cpptrain {
+
+// The per-parameter state a torch::optim optimizer keeps for `param` (its state() map is keyed
+// by a string in 1.13 and by the TensorImpl pointer in 2.x); null when there is none yet.
+torch::optim::OptimizerParamState* FindOptimizerParamState(torch::optim::Optimizer& optimizer,
+                                                           const at::Tensor& param);
+void SetOptimizerParamState(torch::optim::Optimizer& optimizer, const at::Tensor& param,
+                            std::unique_ptr<torch::optim::OptimizerParamState> state);
 
 // Turns autocast on for `device_type` with `dtype` for the guard's lifetime and restores the
 // previous state after (the autocast cache is cleared when the outermost guard ends).

@@ -27,6 +27,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "engines/loss_scaler.h"
 #include "models/model.h"
 
 namespace cpptrain {
@@ -81,6 +82,9 @@ class Engine {
 
   // Null before PrepareForTraining.
   virtual torch::optim::Optimizer* optimizer() = 0;
+
+  // The fp16 dynamic loss scaler, for checkpoints; null without one.
+  virtual LossScaler* loss_scaler() { return nullptr; }
 
   // Sums `values` (a CPU float64 tensor) over all ranks; identity on one process.
   virtual absl::StatusOr<torch::Tensor> AllReduceSum(const torch::Tensor& values) = 0;

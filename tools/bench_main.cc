@@ -35,7 +35,7 @@
 #include "trainer/trainer.h"
 
 ABSL_FLAG(std::string, model, "qwen3-0.6b", "named decoder config (models/configs.cc)");
-ABSL_FLAG(std::string, engine, "ddp", "local or ddp");
+ABSL_FLAG(std::string, engine, "ddp", "local, ddp or fsdp2");
 ABSL_FLAG(int64_t, seq_len, 2048, "tokens per sample");
 ABSL_FLAG(int64_t, micro_batch, 4, "samples per micro-batch per GPU");
 ABSL_FLAG(int64_t, grad_accum, 1, "micro-batches per optimizer step");
@@ -125,9 +125,16 @@ absl::Status Run(const std::vector<std::string>& overrides) {
     args.mutable_ddp();
   } else if (engine_name == "local") {
     args.mutable_local();
+  } else if (engine_name == "fsdp2") {
+    args.mutable_fsdp()->set_version(2);
   } else {
     return absl::InvalidArgumentError(absl::StrCat("--engine=", engine_name,
-                                                   " is not built yet: use local or ddp"));
+                                                   " is not built yet: use local, ddp or fsdp2"));
+  }
+  if (absl::GetFlag(FLAGS_skip_collectives) && !args.has_ddp()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--skip_collectives measures DDP's exposed communication; --engine=", engine_name,
+        " needs its collectives (sharded parameters): drop the flag or use --engine=ddp"));
   }
   CT_RETURN_IF_ERROR(ApplyOverrides(overrides, &args));
 

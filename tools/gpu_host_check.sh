@@ -64,5 +64,7 @@ for n in 1 2 4; do
     run "comm_$n" "$launch" --nproc_per_node=$n --master_port=0 "$comm" --device=cuda \
       --min_bytes=268435456 --max_bytes=268435456 --collectives=all_gather,reduce_scatter,all_reduce
     run "torch_comm_$n" torchrun --standalone --nproc_per_node $n tools/comm_bench_torch.py --bytes 268435456
+    run "bench_fsdp2_$n" "$launch" --nproc_per_node=$n --master_port=0 "$bench" --engine=fsdp2
+    run "torch_fsdp2_$n" torchrun --standalone --nproc_per_node $n tools/bench_torch.py --engine fsdp2
   fi
 done

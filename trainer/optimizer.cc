@@ -7,10 +7,13 @@
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
+#include <torch/torch.h>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "base/torch_compat.h"
+#include "base/torch_status.h"
 
 namespace cpptrain {
 
@@ -76,6 +79,34 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
     }
   }
   return {};
+}
+
+std::map<std::string, at::Tensor> FusedAdamW::ExportState(const at::Tensor& param) {
+  auto it = state_.find(param.unsafeGetTensorImpl());
+  if (it == state_.end()) return ExportTorchOptimizerState(*this, param);
+  return {{"exp_avg", it->second.exp_avg},
+          {"exp_avg_sq", it->second.exp_avg_sq},
+          {"step", it->second.step.to(torch::kCPU, torch::kFloat64)}};
+}
+
+absl::Status FusedAdamW::ImportState(const at::Tensor& param,
+                                     const std::map<std::string, at::Tensor>& state) {
+  // The fused path runs on CUDA parameters; elsewhere the per-parameter AdamW holds the state.
+  if (!fused_ || !param.is_cuda()) return ImportTorchOptimizerState(*this, param, state);
+  for (const char* key : {"exp_avg", "exp_avg_sq", "step"}) {
+    if (!state.count(key)) {
+      return absl::InvalidArgumentError(absl::StrCat("optimizer state '", key, "' is missing"));
+    }
+  }
+  return CatchTorch([&] {
+    torch::NoGradGuard no_grad;
+    State& s = state_[param.unsafeGetTensorImpl()];
+    s.exp_avg = state.at("exp_avg").to(param.device(), param.scalar_type(), false, true)
+                    .view(param.sizes());
+    s.exp_avg_sq = state.at("exp_avg_sq").to(param.device(), param.scalar_type(), false, true)
+                       .view(param.sizes());
+    s.step = state.at("step").reshape({}).to(param.device(), torch::kFloat, false, true);
+  });
 }
 
 void SetLearningRate(torch::optim::Optimizer& optimizer, double lr) {

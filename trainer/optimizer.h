@@ -7,11 +7,13 @@
 #ifndef CPPTRAIN_TRAINER_OPTIMIZER_H_
 #define CPPTRAIN_TRAINER_OPTIMIZER_H_
 
+#include <map>
 #include <string>
 #include <unordered_map>
 
 #include <torch/optim/adamw.h>
 
+#include "checkpoint/optimizer_state.h"
 #include "engines/engine.h"
 #include "proto/training_args.pb.h"
 
@@ -28,10 +30,15 @@ OptimizerFactory MakeAdamWFactory(const proto::TrainingArguments& args);
 
 // torch::optim::AdamW whose step runs PyTorch's fused AdamW kernel when every parameter is a
 // CUDA tensor and the kernel exists, and the per-parameter AdamW otherwise (same arithmetic).
-class FusedAdamW : public torch::optim::AdamW {
+class FusedAdamW : public torch::optim::AdamW, public CheckpointableOptimizer {
  public:
   using torch::optim::AdamW::AdamW;
   torch::Tensor step(LossClosure closure = nullptr) override;
+
+  // exp_avg, exp_avg_sq and step, from whichever path (fused or per-parameter) holds them.
+  std::map<std::string, at::Tensor> ExportState(const at::Tensor& param) override;
+  absl::Status ImportState(const at::Tensor& param,
+                           const std::map<std::string, at::Tensor>& state) override;
 
  private:
   struct State {

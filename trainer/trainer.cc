@@ -180,6 +180,15 @@ absl::StatusOr<TrainOutput> Trainer::InnerTrainingLoop(int64_t batch_size) {
   CT_ASSIGN_OR_RETURN(schedule_, CreateScheduler(max_steps));
   plateau_.reset();
   if (schedule_->is_plateau()) plateau_.emplace(args_.lr_scheduler_kwargs(), args_.learning_rate());
+  // Resuming: where the checkpoint left off, skipping the batches it consumed (by index,
+  // without reading them).
+  best_model_checkpoint_.clear();
+  if (!args_.resume_from_checkpoint().empty()) {
+    CT_RETURN_IF_ERROR(ResumeFromCheckpoint(args_.resume_from_checkpoint()));
+  }
+  const int64_t resumed_step = state_.global_step;
+  const int64_t start_epoch = resumed_step / steps_per_epoch;
+  const int64_t start_update = resumed_step % steps_per_epoch;
   CT_LOG_RANK0(INFO) << "training: " << max_steps << " steps, " << steps_per_epoch
                      << " per epoch, " << batches << " micro-batches of " << batch_size
                      << " per epoch and rank, accumulation " << ga << ", engine "
@@ -189,12 +198,15 @@ absl::StatusOr<TrainOutput> Trainer::InnerTrainingLoop(int64_t batch_size) {
   const double start = MonotonicSeconds();
   callbacks_.TrainBegin(Context());
   if (args_.eval_on_start()) CT_RETURN_IF_ERROR(Evaluate().status());
-  for (int64_t epoch = 0; epoch < state_.num_train_epochs && !control_.should_training_stop;
+  for (int64_t epoch = start_epoch;
+       epoch < state_.num_train_epochs && !control_.should_training_stop &&
+       state_.global_step < max_steps;
        ++epoch) {
+    const int64_t first_update = epoch == start_epoch ? start_update : 0;
     loader->SetEpoch(epoch);
-    loader->Start();
+    loader->Start(/*skip_batches=*/first_update * ga);
     callbacks_.EpochBegin(Context());
-    for (int64_t update = 0; update < steps_per_epoch; ++update) {
+    for (int64_t update = first_update; update < steps_per_epoch; ++update) {
       std::vector<Batch> micro_batches;
       while (static_cast<int64_t>(micro_batches.size()) < ga) {
         std::optional<Batch> batch = loader->Next();
@@ -221,18 +233,15 @@ absl::StatusOr<TrainOutput> Trainer::InnerTrainingLoop(int64_t batch_size) {
   CT_ASSIGN_OR_RETURN(torch::Tensor total, engine_->AllReduceSum(local_total));
   TrainOutput out;
   out.global_step = state_.global_step;
-  out.training_loss =
-      state_.global_step > 0 ? total.item<double>() / state_.global_step : 0.0;
-  const double samples = static_cast<double>(state_.global_step) * ga * batch_size *
+  const int64_t steps_run = state_.global_step - resumed_step;
+  out.training_loss = steps_run > 0 ? total.item<double>() / steps_run : 0.0;
+  const double samples = static_cast<double>(steps_run) * ga * batch_size *
                          engine_->world_size();
   out.metrics = {{"train_runtime", runtime},
                  {"train_samples_per_second", samples / std::max(runtime, 1e-9)},
-                 {"train_steps_per_second", state_.global_step / std::max(runtime, 1e-9)},
+                 {"train_steps_per_second", steps_run / std::max(runtime, 1e-9)},
                  {"train_loss", out.training_loss}};
-  if (args_.load_best_model_at_end()) {
-    LOG(WARNING) << "load_best_model_at_end: checkpoints are not written by this build yet "
-                    "(the checkpoint module is still to come), so the final model is kept";
-  }
+  if (args_.load_best_model_at_end()) CT_RETURN_IF_ERROR(LoadBestModel());
   Log(out.metrics);
   return out;
 }
@@ -315,14 +324,8 @@ absl::Status Trainer::MaybeLogEvaluateSave() {
     }
   }
   if (control_.should_save) {
-    if (!warned_no_checkpointing_) {
-      LOG(WARNING) << "save_strategy "
-                   << proto::TrainingArguments::Strategy_Name(args_.save_strategy())
-                   << " asked for a checkpoint at step " << state_.global_step
-                   << ", but checkpoint writing is not part of this build yet: nothing is saved";
-      warned_no_checkpointing_ = true;
-    }
     control_.should_save = false;
+    CT_RETURN_IF_ERROR(SaveCheckpoint());
   }
   return absl::OkStatus();
 }

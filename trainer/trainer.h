@@ -119,6 +119,11 @@ class Trainer {
   // User metrics (prefixed), "<prefix>_loss", runtime and samples per second.
   Metrics ResultMetrics(const EvalResult& result, const std::string& prefix);
   void UpdateBestMetric(const Metrics& metrics);
+  // trainer_checkpoint.cc
+  absl::Status SaveCheckpoint();
+  void RotateCheckpoints();
+  absl::Status ResumeFromCheckpoint(const std::string& requested);
+  absl::Status LoadBestModel();
 
   proto::TrainingArguments args_;
   std::shared_ptr<TrainableModel> model_;
@@ -141,8 +146,11 @@ class Trainer {
   int64_t logged_steps_ = 0;
   double last_grad_norm_ = 0;
   double last_lr_ = 0;
-  bool warned_no_checkpointing_ = false;
+  std::string best_model_checkpoint_;  // "" until a checkpoint holds the best metric
 };
+
+// The finished checkpoint-<step> directory of `output_dir` with the highest step.
+absl::StatusOr<std::string> LatestCheckpoint(const std::string& output_dir);
 
 }  // namespace cpptrain
 

@@ -1,12 +1,15 @@
 #include "checkpoint/internal/json.h"
 
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <system_error>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
+#include "absl/strings/charconv.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -36,9 +39,11 @@ void AppendUtf8(uint32_t code_point, std::string* out) {
   }
 }
 
+bool IsDigit(char c) { return c >= '0' && c <= '9'; }
+
 class Parser {
  public:
-  explicit Parser(absl::string_view text) : text_(text) {}
+  Parser(absl::string_view text, JsonGrammar grammar) : text_(text), grammar_(grammar) {}
 
   absl::StatusOr<JsonValue> ParseDocument() {
     JsonValue value;
@@ -87,8 +92,27 @@ class Parser {
       out->kind = JsonValue::Kind::kString;
       return ParseString(&out->string);
     }
-    if (c == '-' || (c >= '0' && c <= '9')) return ParseInteger(out);
+    if (c == '-' || IsDigit(c)) return ParseNumber(out);
     const absl::string_view rest = text_.substr(pos_);
+    if (full()) {
+      struct Literal {
+        absl::string_view text;
+        JsonValue::Kind kind;
+        bool boolean;
+      };
+      constexpr Literal kLiterals[] = {{"true", JsonValue::Kind::kBool, true},
+                                       {"false", JsonValue::Kind::kBool, false},
+                                       {"null", JsonValue::Kind::kNull, false}};
+      for (const Literal& literal : kLiterals) {
+        if (absl::StartsWith(rest, literal.text)) {
+          out->kind = literal.kind;
+          out->boolean = literal.boolean;
+          pos_ += literal.text.size();
+          return absl::OkStatus();
+        }
+      }
+      return Error("an object, array, string, number, true, false or null");
+    }
     if (absl::StartsWith(rest, "true") || absl::StartsWith(rest, "false") ||
         absl::StartsWith(rest, "null")) {
       return Error("an object, array, string or integer (true, false and null are not supported)");
@@ -243,37 +267,107 @@ class Parser {
     }
   }
 
-  absl::Status ParseInteger(JsonValue* out) {
-    out->kind = JsonValue::Kind::kInteger;
+  // An integer; with JsonGrammar::kFull also a fraction, an exponent or an integer too large
+  // for 64 bits, all three as a double.
+  absl::Status ParseNumber(JsonValue* out) {
     const size_t start = pos_;
     const bool negative = Peek() == '-';
     if (negative) ++pos_;
-    if (!(Peek() >= '0' && Peek() <= '9')) return Error("a digit");
-    if (Peek() == '0' && pos_ + 1 < text_.size() && text_[pos_ + 1] >= '0' &&
-        text_[pos_ + 1] <= '9') {
+    if (!IsDigit(Peek())) return Error("a digit");
+    if (Peek() == '0' && pos_ + 1 < text_.size() && IsDigit(text_[pos_ + 1])) {
       return Error("an integer without leading zeros");
     }
     // Magnitudes up to 2^63 fit, so that INT64_MIN parses.
     const uint64_t limit = static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) + 1;
     uint64_t magnitude = 0;
-    while (Peek() >= '0' && Peek() <= '9') {
+    bool overflow = false;
+    for (; IsDigit(Peek()); ++pos_) {
       const uint64_t digit = static_cast<uint64_t>(Peek() - '0');
-      if (magnitude > (limit - digit) / 10 || (!negative && magnitude * 10 + digit == limit)) {
-        return ErrorAt(start, "an integer that fits in 64 bits");
+      if (overflow || magnitude > (limit - digit) / 10 ||
+          (!negative && magnitude * 10 + digit == limit)) {
+        overflow = true;
+      } else {
+        magnitude = magnitude * 10 + digit;
       }
-      magnitude = magnitude * 10 + digit;
+    }
+    const bool fraction_or_exponent = Peek() == '.' || Peek() == 'e' || Peek() == 'E';
+    if (!full()) {
+      if (overflow) return ErrorAt(start, "an integer that fits in 64 bits");
+      if (fraction_or_exponent) {
+        return Error("an integer (fractions and exponents are not supported)");
+      }
+    }
+    if (!overflow && !fraction_or_exponent) {
+      out->kind = JsonValue::Kind::kInteger;
+      out->integer =
+          negative ? static_cast<int64_t>(0 - magnitude) : static_cast<int64_t>(magnitude);
+      return absl::OkStatus();
+    }
+    if (Peek() == '.') {
       ++pos_;
+      if (!IsDigit(Peek())) return Error("a digit after the decimal point");
+      while (IsDigit(Peek())) ++pos_;
     }
-    if (Peek() == '.' || Peek() == 'e' || Peek() == 'E') {
-      return Error("an integer (fractions and exponents are not supported)");
+    if (Peek() == 'e' || Peek() == 'E') {
+      ++pos_;
+      if (Peek() == '+' || Peek() == '-') ++pos_;
+      if (!IsDigit(Peek())) return Error("a digit in the exponent");
+      while (IsDigit(Peek())) ++pos_;
     }
-    out->integer = negative ? static_cast<int64_t>(0 - magnitude) : static_cast<int64_t>(magnitude);
+    double value = 0;
+    const absl::from_chars_result result =
+        absl::from_chars(text_.data() + start, text_.data() + pos_, value);
+    if (result.ec != std::errc() || result.ptr != text_.data() + pos_ || !std::isfinite(value)) {
+      return ErrorAt(start, "a number within the range of a double");
+    }
+    out->kind = JsonValue::Kind::kDouble;
+    out->number = value;
     return absl::OkStatus();
   }
 
+  bool full() const { return grammar_ == JsonGrammar::kFull; }
+
   absl::string_view text_;
+  JsonGrammar grammar_;
   size_t pos_ = 0;
 };
+
+void AppendJson(const JsonValue& value, size_t max_chars, std::string* out) {
+  if (out->size() > max_chars) return;
+  switch (value.kind) {
+    case JsonValue::Kind::kNull:
+      *out += "null";
+      return;
+    case JsonValue::Kind::kBool:
+      *out += value.boolean ? "true" : "false";
+      return;
+    case JsonValue::Kind::kInteger:
+      absl::StrAppend(out, value.integer);
+      return;
+    case JsonValue::Kind::kDouble:
+      absl::StrAppend(out, value.number);
+      return;
+    case JsonValue::Kind::kString:
+      *out += JsonQuote(value.string);
+      return;
+    case JsonValue::Kind::kArray:
+      *out += "[";
+      for (size_t i = 0; i < value.values.size() && out->size() <= max_chars; ++i) {
+        if (i > 0) *out += ", ";
+        AppendJson(value.values[i], max_chars, out);
+      }
+      *out += "]";
+      return;
+    case JsonValue::Kind::kObject:
+      *out += "{";
+      for (size_t i = 0; i < value.keys.size() && out->size() <= max_chars; ++i) {
+        absl::StrAppend(out, i > 0 ? ", " : "", JsonQuote(value.keys[i]), ": ");
+        AppendJson(value.values[i], max_chars, out);
+      }
+      *out += "}";
+      return;
+  }
+}
 
 }  // namespace
 
@@ -284,7 +378,21 @@ const JsonValue* JsonValue::Find(absl::string_view key) const {
   return nullptr;
 }
 
-absl::StatusOr<JsonValue> ParseJson(absl::string_view text) { return Parser(text).ParseDocument(); }
+double JsonValue::AsDouble() const {
+  if (is_integer()) return static_cast<double>(integer);
+  return is_double() ? number : 0;
+}
+
+absl::StatusOr<JsonValue> ParseJson(absl::string_view text, JsonGrammar grammar) {
+  return Parser(text, grammar).ParseDocument();
+}
+
+std::string JsonToString(const JsonValue& value, size_t max_chars) {
+  std::string out;
+  AppendJson(value, max_chars, &out);
+  if (out.size() > max_chars) out = out.substr(0, max_chars > 3 ? max_chars - 3 : 0) + "...";
+  return out;
+}
 
 std::string JsonQuote(absl::string_view s) {
   std::string out = "\"";

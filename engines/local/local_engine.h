@@ -43,7 +43,7 @@ class LocalEngine : public Engine {
   absl::StatusOr<torch::Tensor> AllGather(const torch::Tensor& values) override;
 
   // Present with fp16 only.
-  const LossScaler* loss_scaler() const { return scaler_ ? &*scaler_ : nullptr; }
+  LossScaler* loss_scaler() override { return scaler_ ? &*scaler_ : nullptr; }
 
   // Whether every rank's gradients are finite, given this rank's answer (fp16 only): an
   // overflow on any rank skips the step on all of them.

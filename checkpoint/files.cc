@@ -1,0 +1,99 @@
+#include "checkpoint/files.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <fstream>
+#include <iterator>
+
+#include "absl/strings/str_cat.h"
+#include "base/status.h"
+
+namespace cpptrain {
+
+ScopedFd::~ScopedFd() {
+  if (fd >= 0) ::close(fd);
+}
+
+absl::Status WriteAt(int fd, const char* data, int64_t size, int64_t offset,
+                     const std::string& path) {
+  while (size > 0) {
+    const ssize_t n = ::pwrite(fd, data, static_cast<size_t>(size), offset);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      return absl::ErrnoToStatus(n < 0 ? errno : EIO,
+                                 absl::StrCat("cannot write ", size, " bytes at offset ", offset,
+                                              " of '", path, "' (is the disk full?)"));
+    }
+    data += n;
+    size -= n;
+    offset += n;
+  }
+  return absl::OkStatus();
+}
+
+std::string TempPathFor(const std::string& path) { return absl::StrCat(path, ".tmp.", ::getpid()); }
+
+absl::StatusOr<int> CreateTemp(const std::string& temp_path) {
+  const int fd = ::open(temp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    return absl::ErrnoToStatus(errno,
+                               absl::StrCat("cannot create '", temp_path,
+                                            "': check that its directory exists and is writable"));
+  }
+  return fd;
+}
+
+absl::Status CommitTemp(int fd, const std::string& temp_path, const std::string& path) {
+  int error = ::fsync(fd) == 0 ? 0 : errno;
+  if (::close(fd) != 0 && error == 0) error = errno;
+  if (error == 0 && ::rename(temp_path.c_str(), path.c_str()) != 0) error = errno;
+  if (error != 0) {
+    ::unlink(temp_path.c_str());
+    return absl::ErrnoToStatus(error, absl::StrCat("cannot write '", path, "' (via '", temp_path,
+                                                   "'); the previous file, if any, is unchanged"));
+  }
+  const size_t slash = path.find_last_of('/');
+  const std::string dir =
+      slash == std::string::npos ? "." : path.substr(0, std::max<size_t>(slash, 1));
+  ScopedFd dir_fd{::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)};
+  if (dir_fd.fd < 0 || ::fsync(dir_fd.fd) != 0) {
+    return absl::ErrnoToStatus(errno,
+                               absl::StrCat("wrote '", path, "' but cannot fsync directory '", dir,
+                                            "': the rename may not survive a crash"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WriteFileAtomically(const std::string& path, const std::string& contents) {
+  const std::string temp_path = TempPathFor(path);
+  CT_ASSIGN_OR_RETURN(int fd, CreateTemp(temp_path));
+  absl::Status written =
+      WriteAt(fd, contents.data(), static_cast<int64_t>(contents.size()), 0, path);
+  if (!written.ok()) {
+    ::close(fd);
+    ::unlink(temp_path.c_str());
+    return written;
+  }
+  return CommitTemp(fd, temp_path, path);
+}
+
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::ErrnoToStatus(errno != 0 ? errno : EIO, absl::StrCat("cannot read '", path, "'"));
+  }
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+absl::Status FsyncDirectory(const std::string& dir) {
+  ScopedFd fd{::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)};
+  if (fd.fd < 0 || ::fsync(fd.fd) != 0) {
+    return absl::ErrnoToStatus(errno, absl::StrCat("cannot fsync directory '", dir, "'"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace cpptrain

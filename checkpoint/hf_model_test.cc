@@ -1,0 +1,382 @@
+// Hugging Face model directories written by transformers (tests/golden/gen_hf_golden.py) load
+// into DecoderLM and give transformers' logits; config.json fields map onto DecoderConfig; a
+// checkpoint that does not fit the model is an error naming the tensor and leaves it unchanged.
+#include "checkpoint/hf_model.h"
+
+#include <ATen/ATen.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "checkpoint/safetensors.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "models/configs.h"
+#include "models/decoder.h"
+
+namespace cpptrain {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using Tensors = std::vector<std::pair<std::string, at::Tensor>>;
+
+std::string TestdataDir(const std::string& name) {
+  return absl::StrCat(std::getenv("TEST_SRCDIR"), "/", std::getenv("TEST_WORKSPACE"),
+                      "/checkpoint/testdata/", name);
+}
+
+// A fresh directory per test under TEST_TMPDIR.
+std::string TestDir() {
+  const ::testing::TestInfo* test = ::testing::UnitTest::GetInstance()->current_test_info();
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string dir =
+      absl::StrCat(tmp == nullptr ? "/tmp" : tmp, "/", test->test_suite_name(), ".", test->name());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+std::string WriteText(const std::string& path, const std::string& text) {
+  std::ofstream(path, std::ios::binary) << text;
+  return path;
+}
+
+// transformers' input_ids and fp32 logits, saved beside the model.
+struct Expected {
+  at::Tensor input_ids;
+  at::Tensor logits;
+};
+
+Expected ReadExpected(const std::string& dir) {
+  auto file = SafetensorsFile::Open(dir + "/expected_logits.safetensors");
+  EXPECT_TRUE(file.ok()) << file.status();
+  if (!file.ok()) return {};
+  return {(*file)->GetCopy("input_ids").value(), (*file)->GetCopy("logits").value()};
+}
+
+void ExpectTransformersLogits(const std::string& dir, DecoderLM& model) {
+  const Expected expected = ReadExpected(dir);
+  ASSERT_TRUE(expected.logits.defined());
+  at::NoGradGuard no_grad;
+  const at::Tensor logits = model.Logits(expected.input_ids);
+  ASSERT_EQ(logits.sizes(), expected.logits.sizes());
+  const double max_diff = (logits - expected.logits).abs().max().item<double>();
+  EXPECT_LT(max_diff, 1e-5) << dir;
+  // The comparison is worth something: the logits are far from zero and from each other.
+  EXPECT_GT(expected.logits.std().item<double>(), 0.1);
+}
+
+// Every tensor of a model directory, as owned copies.
+Tensors ReadAll(const std::string& dir) {
+  Tensors tensors;
+  auto files = SafetensorsModelDir::Open(dir);
+  EXPECT_TRUE(files.ok()) << files.status();
+  if (!files.ok()) return tensors;
+  for (const std::string& name : (*files)->names()) {
+    tensors.emplace_back(name, (*files)->GetCopy(name).value());
+  }
+  return tensors;
+}
+
+std::map<std::string, at::Tensor> Snapshot(DecoderLM& model) {
+  std::map<std::string, at::Tensor> out;
+  for (const auto& item : model.named_parameters()) out[item.key()] = item.value().clone();
+  return out;
+}
+
+void ExpectUnchanged(DecoderLM& model, const std::map<std::string, at::Tensor>& before) {
+  for (const auto& item : model.named_parameters()) {
+    EXPECT_TRUE(at::equal(item.value(), before.at(item.key()))) << item.key() << " changed";
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Golden directories
+
+TEST(HfModelTest, Qwen3TiedSingleFileGivesTransformersLogits) {
+  const std::string dir = TestdataDir("hf_qwen3_tiny");
+  auto model = LoadHfDecoder(dir);
+  ASSERT_TRUE(model.ok()) << model.status();
+  const proto::DecoderConfig& config = (*model)->config();
+  EXPECT_EQ(config.vocab_size(), 64);
+  EXPECT_EQ(config.head_dim(), 8);
+  EXPECT_EQ(config.num_key_value_heads(), 2);
+  EXPECT_EQ(config.rope_theta(), 1e6);
+  EXPECT_TRUE(config.qk_norm());
+  EXPECT_TRUE(config.tie_word_embeddings());
+  EXPECT_FALSE(config.attention_bias());
+  EXPECT_FALSE((*model)->named_parameters().contains("lm_head.weight"));
+  ExpectTransformersLogits(dir, **model);
+}
+
+TEST(HfModelTest, LlamaShardedBf16FilesGiveTransformersLogits) {
+  const std::string dir = TestdataDir("hf_llama_tiny");
+  ASSERT_TRUE(std::filesystem::exists(dir + "/model.safetensors.index.json"));
+  auto model = LoadHfDecoder(dir);
+  ASSERT_TRUE(model.ok()) << model.status();
+  const proto::DecoderConfig& config = (*model)->config();
+  EXPECT_FALSE(config.qk_norm());
+  EXPECT_FALSE(config.tie_word_embeddings());
+  EXPECT_TRUE(config.attention_bias());
+  EXPECT_EQ(config.rms_norm_eps(), 1e-5);
+  // Each bf16 tensor became the fp32 parameter of the same name, exactly.
+  const Tensors file = ReadAll(dir);
+  const auto params = (*model)->named_parameters();
+  EXPECT_EQ(file.size(), params.size());
+  for (const auto& [name, tensor] : file) {
+    ASSERT_TRUE(params.contains(name)) << name;
+    EXPECT_EQ(tensor.scalar_type(), at::kBFloat16) << name;
+    EXPECT_EQ(params[name].scalar_type(), at::kFloat) << name;
+    EXPECT_TRUE(at::equal(params[name], tensor.to(at::kFloat))) << name;
+  }
+  ExpectTransformersLogits(dir, **model);
+}
+
+TEST(HfModelTest, ConvertsToTheParameterDtype) {
+  const std::string dir = TestdataDir("hf_qwen3_tiny");
+  auto config = DecoderConfigFromHfConfig(dir + "/config.json");
+  ASSERT_TRUE(config.ok()) << config.status();
+  auto model = BuildDecoder(*config);
+  ASSERT_TRUE(model.ok());
+  (*model)->to(at::kBFloat16);
+  ASSERT_TRUE(LoadHfWeights(dir, **model).ok());
+  const at::Tensor embed = (*model)->named_parameters()["model.embed_tokens.weight"];
+  EXPECT_EQ(embed.scalar_type(), at::kBFloat16);
+  auto files = SafetensorsModelDir::Open(dir);
+  ASSERT_TRUE(files.ok());
+  EXPECT_TRUE(
+      at::equal(embed, (*files)->Get("model.embed_tokens.weight").value().to(at::kBFloat16)));
+}
+
+// ---------------------------------------------------------------------------------------------
+// config.json
+
+// A transformers 4.x Qwen3 config, as on the Hub: rope_theta at the top level, rope_scaling
+// null, and fields the decoder ignores.
+constexpr char kQwen3V4Config[] = R"({
+  "architectures": ["Qwen3ForCausalLM"],
+  "attention_bias": false,
+  "attention_dropout": 0.0,
+  "bos_token_id": 151643,
+  "eos_token_id": 151645,
+  "head_dim": 128,
+  "hidden_act": "silu",
+  "hidden_size": 1024,
+  "initializer_range": 0.02,
+  "intermediate_size": 3072,
+  "max_position_embeddings": 40960,
+  "max_window_layers": 28,
+  "model_type": "qwen3",
+  "num_attention_heads": 16,
+  "num_hidden_layers": 28,
+  "num_key_value_heads": 8,
+  "rms_norm_eps": 1e-06,
+  "rope_scaling": null,
+  "rope_theta": 1000000,
+  "sliding_window": null,
+  "tie_word_embeddings": true,
+  "torch_dtype": "bfloat16",
+  "transformers_version": "4.51.0",
+  "use_cache": true,
+  "use_sliding_window": false,
+  "vocab_size": 151936
+})";
+
+TEST(HfConfigTest, ReadsATransformers4Qwen3Config) {
+  const std::string path = WriteText(TestDir() + "/config.json", kQwen3V4Config);
+  auto config = DecoderConfigFromHfConfig(path);
+  ASSERT_TRUE(config.ok()) << config.status();
+  // The same shape as the named config.
+  proto::DecoderConfig want = NamedDecoderConfig("qwen3-0.6b").value();
+  want.set_attention_bias(false);
+  want.set_initializer_range(0.02);
+  EXPECT_EQ(config->SerializeAsString(), want.SerializeAsString())
+      << config->DebugString() << "\nexpected\n"
+      << want.DebugString();
+}
+
+TEST(HfConfigTest, AbsentAndNullFieldsTakeTransformersDefaults) {
+  const std::string path = WriteText(TestDir() + "/config.json", R"({
+    "model_type": "llama", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "head_dim": null,
+    "num_key_value_heads": null, "rope_parameters": null, "tie_word_embeddings": null})");
+  auto config = DecoderConfigFromHfConfig(path);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_FALSE(config->has_head_dim());  // hidden / heads
+  EXPECT_EQ(config->num_key_value_heads(), 4);
+  EXPECT_EQ(config->rope_theta(), 10000);
+  EXPECT_EQ(config->rms_norm_eps(), 1e-6);
+  EXPECT_EQ(config->initializer_range(), 0.02);
+  EXPECT_FALSE(config->tie_word_embeddings());
+  EXPECT_FALSE(config->qk_norm());
+  EXPECT_FALSE(config->attention_bias());
+}
+
+// The message of DecoderConfigFromHfConfig's error for a config.json of `text`, checked to
+// name the file.
+std::string ConfigError(const std::string& text) {
+  const std::string path = WriteText(TestDir() + "/config.json", text);
+  auto config = DecoderConfigFromHfConfig(path);
+  EXPECT_FALSE(config.ok()) << text;
+  if (config.ok()) return "";
+  EXPECT_THAT(std::string(config.status().message()), HasSubstr(path));
+  return std::string(config.status().message());
+}
+
+// A valid llama config with `extra` fields added (later keys must not repeat these).
+std::string Llama(const std::string& extra) {
+  return absl::StrCat(R"({"vocab_size": 64, "hidden_size": 32, "intermediate_size": 64,
+      "num_hidden_layers": 2, "num_attention_heads": 4)",
+                      extra.empty() ? "" : ", ", extra, "}");
+}
+
+TEST(HfConfigTest, ErrorsNameTheFieldAndTheValue) {
+  EXPECT_THAT(
+      ConfigError(Llama(R"("model_type": "mistral")")),
+      AllOf(HasSubstr("\"model_type\" is \"mistral\""), HasSubstr("\"llama\" and \"qwen3\"")));
+  EXPECT_THAT(ConfigError(Llama("")), HasSubstr("\"model_type\" is missing"));
+  EXPECT_THAT(ConfigError(Llama(
+                  R"("model_type": "llama", "rope_scaling": {"type": "linear", "factor": 2.0})")),
+              AllOf(HasSubstr(R"("rope_scaling" is {"type": "linear", "factor": 2})"),
+                    HasSubstr("RoPE scaling is not implemented")));
+  EXPECT_THAT(ConfigError(Llama(R"("model_type": "llama",
+          "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0})")),
+              AllOf(HasSubstr(R"("rope_parameters.rope_type" is "llama3")"),
+                    HasSubstr("only \"default\"")));
+  EXPECT_THAT(ConfigError(Llama(R"("model_type": "llama",
+                  "rope_parameters": {"rope_theta": 10000.0, "mrope_section": [1, 2]})")),
+              HasSubstr(R"("rope_parameters.mrope_section" is [1, 2])"));
+  EXPECT_THAT(ConfigError(Llama(R"("model_type": "llama", "rope_theta": 500000.0,
+                  "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0})")),
+              HasSubstr("the top-level \"rope_theta\" is 500000"));
+  EXPECT_THAT(ConfigError(Llama(R"("model_type": "llama", "hidden_act": "gelu")")),
+              AllOf(HasSubstr("\"hidden_act\" is \"gelu\""), HasSubstr("only \"silu\"")));
+  EXPECT_THAT(ConfigError(Llama(R"("model_type": "llama", "mlp_bias": true)")),
+              HasSubstr("\"mlp_bias\" is true"));
+  EXPECT_THAT(ConfigError(Llama(R"("model_type": "qwen3", "use_sliding_window": true)")),
+              HasSubstr("\"use_sliding_window\" is true"));
+  EXPECT_THAT(ConfigError(Llama(R"("model_type": "qwen3",
+                  "layer_types": ["full_attention", "sliding_attention"])")),
+              HasSubstr("found \"sliding_attention\""));
+  EXPECT_THAT(ConfigError(Llama(R"("model_type": "llama", "num_key_value_heads": 2.5)")),
+              AllOf(HasSubstr("\"num_key_value_heads\" is 2.5"), HasSubstr("expected an integer")));
+  EXPECT_THAT(ConfigError(Llama(R"("model_type": "llama", "tie_word_embeddings": "yes")")),
+              HasSubstr("\"tie_word_embeddings\" is \"yes\"; expected true or false"));
+  EXPECT_THAT(ConfigError(Llama(R"("model_type": "llama", "num_key_value_heads": 3)")),
+              HasSubstr("num_attention_heads = 4 is not a multiple of num_key_value_heads = 3"));
+  EXPECT_THAT(ConfigError(R"({"model_type": "llama", "hidden_size": 32})"),
+              HasSubstr("\"vocab_size\" is missing or null"));
+  EXPECT_THAT(ConfigError(R"({"model_type": "llama",)"), HasSubstr("invalid JSON at byte"));
+  EXPECT_THAT(ConfigError("[]"), HasSubstr("expected an object"));
+
+  auto missing = DecoderConfigFromHfConfig(TestDir() + "/no/config.json");
+  EXPECT_THAT(std::string(missing.status().message()), HasSubstr("cannot read"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Checkpoints that do not fit the model
+
+class HfMismatchTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto config = DecoderConfigFromHfConfig(TestdataDir("hf_qwen3_tiny") + "/config.json");
+    ASSERT_TRUE(config.ok()) << config.status();
+    auto model = BuildDecoder(*config);
+    ASSERT_TRUE(model.ok());
+    model_ = *model;
+    before_ = Snapshot(*model_);
+    tensors_ = ReadAll(TestdataDir("hf_qwen3_tiny"));
+    ASSERT_FALSE(tensors_.empty());
+    dir_ = TestDir();
+  }
+
+  at::Tensor& Find(const std::string& name) {
+    for (auto& [key, tensor] : tensors_) {
+      if (key == name) return tensor;
+    }
+    ADD_FAILURE() << "no tensor " << name;
+    static at::Tensor none;
+    return none;
+  }
+
+  // Writes tensors_ and loads them; returns the error message, checked to leave the model as
+  // it was.
+  std::string LoadError() {
+    EXPECT_TRUE(WriteSafetensors(dir_ + "/model.safetensors", tensors_, {{"format", "pt"}}).ok());
+    absl::Status status = LoadHfWeights(dir_, *model_);
+    EXPECT_FALSE(status.ok());
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+    EXPECT_THAT(std::string(status.message()), HasSubstr(dir_));
+    ExpectUnchanged(*model_, before_);
+    return std::string(status.message());
+  }
+
+  absl::Status Load() {
+    EXPECT_TRUE(WriteSafetensors(dir_ + "/model.safetensors", tensors_).ok());
+    return LoadHfWeights(dir_, *model_);
+  }
+
+  std::shared_ptr<DecoderLM> model_;
+  std::map<std::string, at::Tensor> before_;
+  Tensors tensors_;
+  std::string dir_;
+};
+
+TEST_F(HfMismatchTest, ShapeMismatchNamesTheTensorAndBothShapes) {
+  Find("model.layers.1.self_attn.k_proj.weight") = at::zeros({24, 32});
+  EXPECT_THAT(LoadError(),
+              AllOf(HasSubstr("1 problem;"), HasSubstr("'model.layers.1.self_attn.k_proj.weight'"),
+                    HasSubstr("shape [24, 32] in the checkpoint"),
+                    HasSubstr("the model's parameter has shape [16, 32]"),
+                    HasSubstr("DecoderConfigFromHfConfig")));
+}
+
+TEST_F(HfMismatchTest, MissingTensorIsNamed) {
+  tensors_.erase(tensors_.begin());  // sorted names: model.embed_tokens.weight
+  EXPECT_THAT(LoadError(), AllOf(HasSubstr("'model.embed_tokens.weight' (the model's shape "
+                                           "[64, 32]) is not in the checkpoint"),
+                                 HasSubstr("model_type and sizes")));
+}
+
+TEST_F(HfMismatchTest, UnexpectedTensorIsNamedAndProblemsAreListedTogether) {
+  tensors_.emplace_back("model.layers.2.mlp.up_proj.weight", at::zeros({64, 32}));
+  tensors_.emplace_back("model.layers.0.self_attn.q_proj.bias", at::zeros({32}));
+  EXPECT_THAT(LoadError(), AllOf(HasSubstr("2 problems"),
+                                 HasSubstr("'model.layers.2.mlp.up_proj.weight' (shape [64, 32]"),
+                                 HasSubstr("'model.layers.0.self_attn.q_proj.bias' (shape [32]"),
+                                 HasSubstr("matches no parameter of the model")));
+}
+
+TEST_F(HfMismatchTest, NonFloatingDtypeIsAnError) {
+  Find("model.norm.weight") = at::ones({32}, at::kInt);
+  EXPECT_THAT(LoadError(), AllOf(HasSubstr("'model.norm.weight' has dtype Int"),
+                                 HasSubstr("expected a floating dtype")));
+}
+
+TEST_F(HfMismatchTest, TiedHeadMayBeSavedWhenItEqualsTheEmbedding) {
+  tensors_.emplace_back("lm_head.weight", Find("model.embed_tokens.weight").clone());
+  tensors_.emplace_back("model.layers.0.self_attn.rotary_emb.inv_freq", at::ones({4}));
+  ASSERT_TRUE(Load().ok());
+  ExpectTransformersLogits(TestdataDir("hf_qwen3_tiny"), *model_);
+}
+
+TEST_F(HfMismatchTest, TiedHeadThatDiffersFromTheEmbeddingIsAnError) {
+  tensors_.emplace_back("lm_head.weight", Find("model.embed_tokens.weight") + 1);
+  EXPECT_THAT(LoadError(), AllOf(HasSubstr("'lm_head.weight' differs from"),
+                                 HasSubstr("set tie_word_embeddings to false")));
+}
+
+TEST_F(HfMismatchTest, MissingDirectory) {
+  absl::Status status = LoadHfWeights(dir_ + "/nothing", *model_);
+  EXPECT_EQ(status.code(), absl::StatusCode::kNotFound) << status;
+}
+
+}  // namespace
+}  // namespace cpptrain

@@ -1,0 +1,49 @@
+// An optimizer's per-parameter state as named tensors, for checkpoints: AdamW/Adam give
+// exp_avg, exp_avg_sq (shaped like the parameter, so they shard with it) and step (a float64
+// scalar); SGD with momentum gives momentum_buffer. Import restores the same.
+//
+//   std::map<std::string, at::Tensor> state = ExportOptimizerState(*optimizer, param);
+//   CT_RETURN_IF_ERROR(ImportOptimizerState(*optimizer, param, state));
+#ifndef CPPTRAIN_CHECKPOINT_OPTIMIZER_STATE_H_
+#define CPPTRAIN_CHECKPOINT_OPTIMIZER_STATE_H_
+
+#include <map>
+#include <string>
+
+#include <ATen/core/Tensor.h>
+#include <torch/optim/optimizer.h>
+
+#include "absl/status/status.h"
+
+namespace cpptrain {
+
+// Optimizers that keep state outside torch::optim::Optimizer::state() (say, a fused kernel's
+// own buffers) implement this; the functions below ask it first.
+class CheckpointableOptimizer {
+ public:
+  virtual ~CheckpointableOptimizer() = default;
+  virtual std::map<std::string, at::Tensor> ExportState(const at::Tensor& param) = 0;
+  virtual absl::Status ImportState(const at::Tensor& param,
+                                   const std::map<std::string, at::Tensor>& state) = 0;
+};
+
+// Empty when the optimizer holds no state for `param` yet (before its first step).
+std::map<std::string, at::Tensor> ExportOptimizerState(torch::optim::Optimizer& optimizer,
+                                                       const at::Tensor& param);
+
+// Copies `state` (any device and dtype) into the optimizer's state for `param`. Errors: an
+// optimizer type without checkpoint support, a missing or misshapen tensor.
+absl::Status ImportOptimizerState(torch::optim::Optimizer& optimizer, const at::Tensor& param,
+                                  const std::map<std::string, at::Tensor>& state);
+
+// The same for torch::optim's AdamW, Adam and SGD only (what CheckpointableOptimizer
+// implementations fall back to).
+std::map<std::string, at::Tensor> ExportTorchOptimizerState(torch::optim::Optimizer& optimizer,
+                                                            const at::Tensor& param);
+absl::Status ImportTorchOptimizerState(torch::optim::Optimizer& optimizer,
+                                       const at::Tensor& param,
+                                       const std::map<std::string, at::Tensor>& state);
+
+}  // namespace cpptrain
+
+#endif  // CPPTRAIN_CHECKPOINT_OPTIMIZER_STATE_H_

@@ -1,0 +1,96 @@
+// One leg of the resharding test (checkpoint_test.sh): trains the tiny decoder with AdamW on a
+// fixed global batch of 4 sequences per step (per-device batch 4 / world), with the engine
+// given by --engine, saving a checkpoint every 2 steps, optionally resuming from --resume.
+// Rank 0 prints "LOSS <step> <loss>" for every step this run trained, which the script
+// compares across legs run on different engines and world sizes.
+#include <iomanip>
+#include <iostream>
+
+#include <torch/torch.h>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "base/logging.h"
+#include "models/configs.h"
+#include "sharding/rendezvous.h"
+#include "trainer/testing/trainer_testing.h"
+#include "trainer/trainer.h"
+
+ABSL_FLAG(std::string, engine, "local", "local, ddp, fsdp (sharded checkpoints) or fsdp_full");
+ABSL_FLAG(std::string, output_dir, "/tmp/checkpoint_resume", "where checkpoints go");
+ABSL_FLAG(std::string, resume, "", "resume_from_checkpoint");
+ABSL_FLAG(int, max_steps, 8, "optimizer steps in all");
+
+namespace cpptrain {
+namespace {
+
+int Run() {
+  auto env = DistributedEnvFromEnvironment();
+  if (!env.ok()) {
+    LOG(ERROR) << env.status();
+    return 1;
+  }
+  InitLogging("checkpoint_resume", env->rank);
+  if (4 % env->world_size != 0) {
+    LOG(ERROR) << "world size must divide 4";
+    return 1;
+  }
+  proto::TrainingArguments args;
+  args.set_output_dir(absl::GetFlag(FLAGS_output_dir));
+  args.set_per_device_train_batch_size(4 / env->world_size);
+  args.set_max_steps(absl::GetFlag(FLAGS_max_steps));
+  args.set_learning_rate(1e-2);
+  args.set_warmup_steps(2);
+  args.set_lr_scheduler_type(proto::TrainingArguments::COSINE);
+  args.set_logging_steps(1);
+  args.set_save_strategy(proto::TrainingArguments::STEPS);
+  args.set_save_steps(2);
+  args.set_disable_tqdm(true);
+  args.set_resume_from_checkpoint(absl::GetFlag(FLAGS_resume));
+  const std::string engine = absl::GetFlag(FLAGS_engine);
+  if (engine == "ddp") {
+    args.mutable_ddp();
+  } else if (engine == "fsdp" || engine == "fsdp_full") {
+    args.mutable_fsdp()->set_version(2);
+    if (engine == "fsdp_full") {
+      args.mutable_fsdp()->set_state_dict_type(proto::FsdpConfig::FULL_STATE_DICT);
+    }
+  } else {
+    args.mutable_local()->set_device("cpu");
+  }
+  torch::manual_seed(5);
+  // A different initialization than the checkpoint's: resuming must overwrite all of it.
+  if (!absl::GetFlag(FLAGS_resume).empty()) torch::manual_seed(6);
+  auto model = *BuildDecoder(*NamedDecoderConfig("tiny"));
+  // The step training resumes after (log_history comes back with the checkpoint; print only
+  // what this run trained).
+  int64_t resumed = 0;
+  std::string resume = absl::GetFlag(FLAGS_resume);
+  if (resume == "latest") resume = LatestCheckpoint(args.output_dir()).value_or("");
+  if (const size_t dash = resume.rfind('-'); dash != std::string::npos) {
+    resumed = std::stoll(resume.substr(dash + 1));
+  }
+  Trainer trainer(args, model, testing::VariableLengthTokens(64, 3));
+  auto out = trainer.Train();
+  if (!out.ok()) {
+    LOG(ERROR) << "training failed: " << out.status();
+    return 1;
+  }
+  if (env->rank == 0) {
+    for (const Metrics& m : trainer.state().log_history) {
+      if (m.count("loss") && m.at("step") > resumed) {
+        std::cout << "LOSS " << static_cast<int64_t>(m.at("step")) << " " << std::setprecision(10)
+                  << m.at("loss") << std::endl;
+      }
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace cpptrain
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return cpptrain::Run();
+}

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Checkpoints written by one engine on one world size resume on another, AdamW state included:
+# FSDP on 4 ranks (sharded checkpoint) -> DDP on 2 -> one local process -> FSDP on 2 ranks, each
+# leg resuming from the previous leg's checkpoint. The same global batches run in every leg,
+# so each resumed step's loss must equal the uninterrupted 4-rank run's.
+set -uo pipefail
+launch="$1"
+program="$2"
+fail=0
+if gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU') && (( gpus < 4 )); then
+  echo "FAIL: this test needs 4 processes (a CUDA host with $gpus GPUs runs one per GPU)"; exit 1
+fi
+
+leg() {  # name, processes, flags...
+  local name=$1 n=$2
+  shift 2
+  timeout 300 "$launch" --nproc_per_node="$n" --master_port=0 "$program" \
+    --output_dir="$TEST_TMPDIR/$name" "$@" > "$TEST_TMPDIR/$name.log" 2>&1
+  local code=$?
+  if [[ $code -ne 0 ]]; then
+    tail -30 "$TEST_TMPDIR/$name.log"; echo "FAIL: leg $name exited $code"; fail=1
+  fi
+  grep -o "LOSS .*" "$TEST_TMPDIR/$name.log" > "$TEST_TMPDIR/$name.losses"
+}
+
+leg fsdp4 4 --engine=fsdp
+ls "$TEST_TMPDIR/fsdp4/checkpoint-2"
+leg ddp2 2 --engine=ddp --resume="$TEST_TMPDIR/fsdp4/checkpoint-2"
+leg local1 1 --engine=local --resume="$TEST_TMPDIR/ddp2/checkpoint-4"
+leg fsdp2 2 --engine=fsdp_full --resume="$TEST_TMPDIR/local1/checkpoint-6"
+leg latest 2 --engine=fsdp --output_dir="$TEST_TMPDIR/fsdp4" --resume=latest --max_steps=10
+
+for name in ddp2 local1 fsdp2; do
+  if ! awk -v name="$name" '
+      NR == FNR { want[$2] = $3; next }
+      { seen++; d = $3 - want[$2]; if (d < 0) d = -d; if (d / want[$2] > worst) worst = d / want[$2];
+        if (!($2 in want) || d > 1e-4 * want[$2]) { print "step " $2 ": " $3 " vs " want[$2]; bad = 1 } }
+      END { if (seen == 0) { print name ": no losses"; bad = 1 }
+            printf "%s: %d resumed steps, max relative loss difference %.2g\n", name, seen, worst;
+            exit bad }' \
+      "$TEST_TMPDIR/fsdp4.losses" "$TEST_TMPDIR/$name.losses"; then
+    echo "FAIL: $name does not continue the 4-rank run"; fail=1
+  fi
+done
+first=$(head -1 "$TEST_TMPDIR/local1.losses" | cut -d' ' -f2)
+[[ "$first" == "5" ]] || { echo "FAIL: local1 should start at step 5, starts at $first"; fail=1; }
+last=$(tail -1 "$TEST_TMPDIR/latest.losses" | cut -d' ' -f2)
+[[ "$last" == "10" ]] || { echo "FAIL: resume=latest should reach step 10, reached $last"; fail=1; }
+[[ -f "$TEST_TMPDIR/fsdp2/checkpoint-8/model.safetensors" ]] ||
+  { echo "FAIL: fsdp.state_dict_type FULL_STATE_DICT should write model.safetensors"; fail=1; }
+[[ -f "$TEST_TMPDIR/fsdp4/checkpoint-2/shard-00003-of-00004.safetensors" ]] ||
+  { echo "FAIL: a sharded 4-rank checkpoint should hold 4 shard files"; fail=1; }
+
+[[ $fail -eq 0 ]] && echo PASS
+exit $fail

@@ -1,0 +1,365 @@
+#include "tools/ckpt_lib.h"
+
+#include <torch/torch.h>
+
+#include <cstdlib>
+#include <iterator>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <set>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/safetensors.h"
+#include "engines/local/local_engine.h"
+#include "engines/mixed_precision.h"
+#include "models/configs.h"
+#include "models/decoder.h"
+#include "proto/checkpoint.pb.h"
+#include "proto/engines.pb.h"
+
+namespace cpptrain {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A fresh directory under TEST_TMPDIR named after the running test, plus `name`.
+std::string TestDir(const std::string& name) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  fs::path dir = fs::path(tmp ? tmp : "/tmp") / info->name() / name;
+  fs::remove_all(dir);
+  fs::create_directories(dir.parent_path());
+  return dir.string();
+}
+
+// The first line of `text` that contains `needle` (empty when none does).
+std::string LineWith(const std::string& text, const std::string& needle) {
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.find(needle) != std::string::npos) return line;
+  }
+  return "";
+}
+
+std::shared_ptr<DecoderLM> TinyModel(uint64_t seed) {
+  torch::manual_seed(seed);
+  absl::StatusOr<proto::DecoderConfig> config = NamedDecoderConfig("tiny");
+  EXPECT_TRUE(config.ok()) << config.status();
+  absl::StatusOr<std::shared_ptr<DecoderLM>> model = BuildDecoder(*config);
+  EXPECT_TRUE(model.ok()) << model.status();
+  return *model;
+}
+
+// Writes `model` with SaveModelState from a LocalEngine on the CPU, without an optimizer.
+void SaveFull(const std::string& dir, DecoderLM& model, bool full_model = true) {
+  fs::create_directories(dir);
+  proto::LocalEngineConfig config;
+  config.set_device("cpu");
+  absl::StatusOr<std::unique_ptr<LocalEngine>> engine =
+      LocalEngine::Create(config, MixedPrecision::kNone);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  SaveModelStateOptions options;
+  options.full_model = full_model;
+  ASSERT_TRUE(SaveModelState(dir, model, /*optimizer=*/nullptr, **engine, options).ok());
+}
+
+std::map<std::string, torch::Tensor> Parameters(DecoderLM& model) {
+  std::map<std::string, torch::Tensor> out;
+  for (const auto& item : model.named_parameters(/*recurse=*/true)) {
+    out[item.key()] = item.value().detach().clone();
+  }
+  return out;
+}
+
+std::string ShardName(int r, int n) {
+  return absl::StrFormat("shard-%05d-of-%05d.safetensors", r, n);
+}
+
+// Every tensor of `path` equals the parameter of the same name, and there are no others.
+void ExpectFileHoldsParameters(const std::string& path,
+                               const std::map<std::string, torch::Tensor>& params) {
+  absl::StatusOr<std::unique_ptr<SafetensorsFile>> file = SafetensorsFile::Open(path);
+  ASSERT_TRUE(file.ok()) << file.status();
+  std::set<std::string> names((*file)->names().begin(), (*file)->names().end());
+  std::set<std::string> expected;
+  for (const auto& [name, p] : params) expected.insert(name);
+  EXPECT_EQ(names, expected);
+  for (const auto& [name, p] : params) {
+    absl::StatusOr<at::Tensor> t = (*file)->Get(name);
+    ASSERT_TRUE(t.ok()) << t.status();
+    EXPECT_EQ(t->scalar_type(), p.scalar_type()) << name;
+    EXPECT_TRUE(torch::equal(*t, p)) << name;
+  }
+}
+
+TEST(ShardRowRangeTest, SplitsLikeFullyShard) {
+  // ceil(8 / 3) = 3: [0, 3), [3, 6), [6, 8).
+  EXPECT_EQ(ShardRowRange(8, 3, 0).begin, 0);
+  EXPECT_EQ(ShardRowRange(8, 3, 0).end, 3);
+  EXPECT_EQ(ShardRowRange(8, 3, 1).begin, 3);
+  EXPECT_EQ(ShardRowRange(8, 3, 1).end, 6);
+  EXPECT_EQ(ShardRowRange(8, 3, 2).begin, 6);
+  EXPECT_EQ(ShardRowRange(8, 3, 2).end, 8);
+  // ceil(2 / 3) = 1: rank 2 gets nothing.
+  EXPECT_EQ(ShardRowRange(2, 3, 1).rows(), 1);
+  EXPECT_EQ(ShardRowRange(2, 3, 2).rows(), 0);
+  EXPECT_EQ(ShardRowRange(2, 3, 2).begin, 2);
+  EXPECT_EQ(ShardRowRange(0, 3, 0).rows(), 0);
+  EXPECT_EQ(ShardRowRange(5, 1, 0).rows(), 5);
+}
+
+TEST(CkptTest, ToShardedLoadsAndConvertsBackToFull) {
+  std::shared_ptr<DecoderLM> model = TinyModel(1);
+  const std::map<std::string, torch::Tensor> original = Parameters(*model);
+  const std::string full = TestDir("full");
+  const std::string sharded = TestDir("sharded");
+  const std::string back = TestDir("back");
+  SaveFull(full, *model);
+
+  absl::StatusOr<ConvertResult> to_sharded = ConvertToSharded(full, sharded, 3);
+  ASSERT_TRUE(to_sharded.ok()) << to_sharded.status();
+  EXPECT_EQ(to_sharded->tensors, static_cast<int64_t>(original.size()));
+  for (int r = 0; r < 3; ++r) EXPECT_TRUE(fs::exists(fs::path(sharded) / ShardName(r, 3))) << r;
+  EXPECT_TRUE(fs::exists(fs::path(sharded) / kManifestFileName));
+  EXPECT_FALSE(fs::exists(fs::path(sharded) / kSafetensorsFileName));
+  EXPECT_EQ(to_sharded->files.size(), 4u);
+
+  // The manifest: every parameter, its full shape and dtype, and FullyShard's split.
+  absl::StatusOr<proto::CheckpointManifest> manifest = ReadManifest(sharded);
+  ASSERT_TRUE(manifest.ok()) << manifest.status();
+  EXPECT_EQ(manifest->world_size(), 3);
+  ASSERT_EQ(manifest->tensors_size(), static_cast<int>(original.size()));
+  std::map<std::string, std::unique_ptr<SafetensorsFile>> shards;
+  for (int r = 0; r < 3; ++r) {
+    absl::StatusOr<std::unique_ptr<SafetensorsFile>> file =
+        SafetensorsFile::Open((fs::path(sharded) / ShardName(r, 3)).string());
+    ASSERT_TRUE(file.ok()) << file.status();
+    shards[ShardName(r, 3)] = std::move(*file);
+  }
+  for (const proto::CheckpointTensor& t : manifest->tensors()) {
+    ASSERT_EQ(t.name().rfind("model.", 0), 0u) << t.name();
+    const std::string param = t.name().substr(6);
+    ASSERT_EQ(original.count(param), 1u) << t.name();
+    const torch::Tensor& p = original.at(param);
+    EXPECT_EQ(std::vector<int64_t>(t.shape().begin(), t.shape().end()), p.sizes().vec());
+    EXPECT_EQ(t.dtype(), c10::toString(p.scalar_type()));
+    int piece = 0;
+    for (int r = 0; r < 3; ++r) {
+      const RowRange range = ShardRowRange(p.size(0), 3, r);
+      if (range.rows() == 0) continue;
+      ASSERT_LT(piece, t.pieces_size()) << t.name();
+      const proto::TensorPiece& pc = t.pieces(piece++);
+      EXPECT_EQ(pc.file(), ShardName(r, 3));
+      EXPECT_EQ(pc.key(), t.name());
+      EXPECT_EQ(pc.row_begin(), range.begin);
+      EXPECT_EQ(pc.rows(), range.rows());
+      absl::StatusOr<at::Tensor> rows = shards.at(pc.file())->Get(pc.key());
+      ASSERT_TRUE(rows.ok()) << rows.status();
+      EXPECT_TRUE(torch::equal(*rows, p.narrow(0, range.begin, range.rows()))) << t.name();
+    }
+    EXPECT_EQ(piece, t.pieces_size()) << t.name();
+  }
+
+  // LoadModelState reads the sharded form into a model drawn from another seed.
+  std::shared_ptr<DecoderLM> fresh = TinyModel(2);
+  bool differs = false;
+  for (const auto& [name, p] : Parameters(*fresh)) differs |= !torch::equal(p, original.at(name));
+  ASSERT_TRUE(differs) << "seeds 1 and 2 drew the same model; the load below would prove nothing";
+  absl::Status loaded = LoadModelState(sharded, *fresh, /*optimizer=*/nullptr);
+  ASSERT_TRUE(loaded.ok()) << loaded;
+  for (const auto& [name, p] : Parameters(*fresh)) {
+    EXPECT_TRUE(torch::equal(p, original.at(name))) << name;
+  }
+
+  // And back to the full form.
+  absl::StatusOr<ConvertResult> to_full = ConvertToFull(sharded, back);
+  ASSERT_TRUE(to_full.ok()) << to_full.status();
+  EXPECT_EQ(to_full->tensors, static_cast<int64_t>(original.size()));
+  EXPECT_EQ(to_full->bytes,
+            static_cast<int64_t>(fs::file_size(fs::path(back) / kSafetensorsFileName)));
+  EXPECT_EQ(std::distance(fs::directory_iterator(back), fs::directory_iterator()), 1);
+  ExpectFileHoldsParameters((fs::path(back) / kSafetensorsFileName).string(), original);
+}
+
+TEST(CkptTest, ToFullReadsTheShardFilesOfASave) {
+  std::shared_ptr<DecoderLM> model = TinyModel(3);
+  const std::string saved = TestDir("saved");
+  const std::string out = TestDir("out");
+  SaveFull(saved, *model, /*full_model=*/false);
+  ASSERT_FALSE(fs::exists(fs::path(saved) / kSafetensorsFileName));
+  absl::StatusOr<ConvertResult> result = ConvertToFull(saved, out);
+  ASSERT_TRUE(result.ok()) << result.status();
+  ExpectFileHoldsParameters((fs::path(out) / kSafetensorsFileName).string(), Parameters(*model));
+}
+
+TEST(CkptTest, HuggingFaceDirWithScalarsAndEmptyChunksRoundTrips) {
+  const std::string hf = TestDir("hf");
+  const std::string sharded = TestDir("sharded");
+  const std::string back = TestDir("back");
+  fs::create_directories(hf);
+  const std::map<std::string, torch::Tensor> tensors = {
+      {"a", torch::arange(8, torch::kFloat).view({2, 4})},    // rank 2 of 3 gets no rows
+      {"b", torch::arange(7, torch::kFloat).to(torch::kBFloat16)},
+      {"s", torch::scalar_tensor(42, torch::kLong)},  // 0-d: whole in shard 0
+  };
+  ASSERT_TRUE(WriteSafetensors((fs::path(hf) / kSafetensorsFileName).string(),
+                               {tensors.begin(), tensors.end()})
+                  .ok());
+
+  absl::StatusOr<ConvertResult> to_sharded = ConvertToSharded(hf, sharded, 3);
+  ASSERT_TRUE(to_sharded.ok()) << to_sharded.status();
+  absl::StatusOr<proto::CheckpointManifest> manifest = ReadManifest(sharded);
+  ASSERT_TRUE(manifest.ok()) << manifest.status();
+  std::map<std::string, const proto::CheckpointTensor*> by_name;
+  for (const auto& t : manifest->tensors()) by_name[t.name()] = &t;
+  ASSERT_EQ(by_name.size(), 3u);
+  EXPECT_EQ(by_name.at("model.a")->pieces_size(), 2);
+  EXPECT_EQ(by_name.at("model.b")->pieces_size(), 3);
+  EXPECT_EQ(by_name.at("model.b")->dtype(), "BFloat16");
+  const proto::CheckpointTensor& s = *by_name.at("model.s");
+  EXPECT_EQ(s.shape_size(), 0);
+  ASSERT_EQ(s.pieces_size(), 1);
+  EXPECT_EQ(s.pieces(0).file(), ShardName(0, 3));
+  EXPECT_EQ(s.pieces(0).rows(), 1);
+  absl::StatusOr<std::unique_ptr<SafetensorsFile>> shard2 =
+      SafetensorsFile::Open((fs::path(sharded) / ShardName(2, 3)).string());
+  ASSERT_TRUE(shard2.ok()) << shard2.status();
+  EXPECT_FALSE((*shard2)->Has("model.a"));
+  EXPECT_FALSE((*shard2)->Has("model.s"));
+
+  absl::StatusOr<ConvertResult> to_full = ConvertToFull(sharded, back);
+  ASSERT_TRUE(to_full.ok()) << to_full.status();
+  ExpectFileHoldsParameters((fs::path(back) / kSafetensorsFileName).string(), tensors);
+  absl::StatusOr<std::unique_ptr<SafetensorsFile>> file =
+      SafetensorsFile::Open((fs::path(back) / kSafetensorsFileName).string());
+  ASSERT_TRUE(file.ok());
+  EXPECT_TRUE((*file)->Info("s")->shape.empty());
+
+  std::ostringstream text;
+  ASSERT_TRUE(InspectCheckpoint(hf, text).ok());
+  EXPECT_NE(text.str().find("model directory"), std::string::npos) << text.str();
+  EXPECT_NE(text.str().find("BFloat16"), std::string::npos) << text.str();
+  EXPECT_NE(text.str().find("3 tensors"), std::string::npos) << text.str();
+}
+
+TEST(CkptTest, IndexedHuggingFaceDirConvertsToOneFile) {
+  const std::string hf = TestDir("hf");
+  const std::string out = TestDir("out");
+  fs::create_directories(hf);
+  const std::map<std::string, torch::Tensor> tensors = {
+      {"x", torch::arange(6, torch::kFloat).view({3, 2})},
+      {"y", torch::arange(5, torch::kInt)},
+  };
+  ASSERT_TRUE(WriteSafetensors((fs::path(hf) / "part-1.safetensors").string(),
+                               {{"x", tensors.at("x")}})
+                  .ok());
+  ASSERT_TRUE(WriteSafetensors((fs::path(hf) / "part-2.safetensors").string(),
+                               {{"y", tensors.at("y")}})
+                  .ok());
+  ASSERT_TRUE(WriteSafetensorsIndex(hf, {{"x", "part-1.safetensors"}, {"y", "part-2.safetensors"}},
+                                    6 * 4 + 5 * 4)
+                  .ok());
+
+  std::ostringstream text;
+  ASSERT_TRUE(InspectCheckpoint(hf, text).ok());
+  EXPECT_NE(LineWith(text.str(), "  y ").find("part-2.safetensors"), std::string::npos)
+      << text.str();
+  absl::StatusOr<ConvertResult> result = ConvertToFull(hf, out);
+  ASSERT_TRUE(result.ok()) << result.status();
+  ExpectFileHoldsParameters((fs::path(out) / kSafetensorsFileName).string(), tensors);
+}
+
+TEST(CkptTest, InspectNamesTheEngineAndTheTensors) {
+  std::shared_ptr<DecoderLM> model = TinyModel(1);
+  const std::string full = TestDir("full");
+  SaveFull(full, *model);
+  const std::string first = model->named_parameters(/*recurse=*/true).begin()->key();
+
+  std::ostringstream text;
+  absl::Status status = InspectCheckpoint(full, text);
+  ASSERT_TRUE(status.ok()) << status;
+  EXPECT_NE(text.str().find("engine: local, world size: 1"), std::string::npos) << text.str();
+  EXPECT_NE(text.str().find("model." + first), std::string::npos) << text.str();
+  EXPECT_NE(LineWith(text.str(), "trainer_state.textproto").find("absent"), std::string::npos)
+      << text.str();
+  EXPECT_NE(LineWith(text.str(), "model.safetensors ").find("present"), std::string::npos)
+      << text.str();
+  EXPECT_NE(text.str().find(absl::StrCat(model->named_parameters().size(), " tensors (")),
+            std::string::npos)
+      << text.str();
+
+  const std::string sharded = TestDir("sharded");
+  ASSERT_TRUE(ConvertToSharded(full, sharded, 3).ok());
+  std::ostringstream sharded_text;
+  ASSERT_TRUE(InspectCheckpoint(sharded, sharded_text).ok());
+  EXPECT_NE(sharded_text.str().find("world size: 3"), std::string::npos) << sharded_text.str();
+  EXPECT_NE(LineWith(sharded_text.str(), ShardName(2, 3)).find("named by the manifest, present"),
+            std::string::npos)
+      << sharded_text.str();
+}
+
+TEST(CkptTest, DirectoryWithoutAModelIsAClearError) {
+  const std::string empty = TestDir("empty");
+  fs::create_directories(empty);
+  const std::string out1 = TestDir("out1");
+  std::ostringstream text;
+  for (const absl::Status& status :
+       {InspectCheckpoint(empty, text), ConvertToFull(empty, out1).status(),
+        ConvertToSharded(empty, TestDir("out2"), 2).status()}) {
+    EXPECT_EQ(status.code(), absl::StatusCode::kNotFound) << status;
+    EXPECT_NE(status.message().find(empty), std::string::npos) << status;
+    EXPECT_NE(status.message().find("manifest.pb"), std::string::npos) << status;
+    EXPECT_NE(status.message().find("model.safetensors"), std::string::npos) << status;
+  }
+  EXPECT_FALSE(fs::exists(out1));  // nothing is created for a bad input
+
+  const absl::Status missing = InspectCheckpoint(empty + "/no_such_dir", text);
+  EXPECT_EQ(missing.code(), absl::StatusCode::kNotFound) << missing;
+  EXPECT_NE(missing.message().find("is not a directory"), std::string::npos) << missing;
+}
+
+TEST(CkptTest, RefusesBadRanksAndAnOutputThatHoldsAModel) {
+  std::shared_ptr<DecoderLM> model = TinyModel(1);
+  const std::string full = TestDir("full");
+  SaveFull(full, *model);
+
+  const absl::Status zero = ConvertToSharded(full, TestDir("zero"), 0).status();
+  EXPECT_EQ(zero.code(), absl::StatusCode::kInvalidArgument) << zero;
+  EXPECT_NE(zero.message().find("ranks is 0"), std::string::npos) << zero;
+
+  const absl::Status same = ConvertToFull(full, full).status();
+  EXPECT_FALSE(same.ok());
+  EXPECT_NE(same.message().find("is the input directory"), std::string::npos) << same;
+
+  const std::string taken = TestDir("taken");
+  ASSERT_TRUE(ConvertToFull(full, taken).ok());
+  const auto written = fs::last_write_time(fs::path(taken) / kSafetensorsFileName);
+  const absl::Status again = ConvertToFull(full, taken).status();
+  EXPECT_EQ(again.code(), absl::StatusCode::kFailedPrecondition) << again;
+  EXPECT_NE(again.message().find("already holds model.safetensors"), std::string::npos) << again;
+  EXPECT_EQ(fs::last_write_time(fs::path(taken) / kSafetensorsFileName), written);
+}
+
+TEST(CkptTest, ManifestWithAMissingShardIsAClearError) {
+  std::shared_ptr<DecoderLM> model = TinyModel(1);
+  const std::string full = TestDir("full");
+  const std::string sharded = TestDir("sharded");
+  SaveFull(full, *model);
+  ASSERT_TRUE(ConvertToSharded(full, sharded, 3).ok());
+  fs::remove(fs::path(sharded) / ShardName(1, 3));
+  const absl::Status status = ConvertToFull(sharded, TestDir("out")).status();
+  EXPECT_FALSE(status.ok());
+  EXPECT_NE(status.message().find(ShardName(1, 3)), std::string::npos) << status;
+}
+
+}  // namespace
+}  // namespace cpptrain

@@ -1,0 +1,276 @@
+// The Trainer's checkpoints: output_dir/checkpoint-<step>/ written atomically (a temporary
+// directory, renamed once every rank's files and the manifest are durable), rotated by
+// save_total_limit keeping the best, and read back by resume_from_checkpoint.
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <system_error>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <google/protobuf/text_format.h>
+#include <torch/torch.h>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "base/logging.h"
+#include "base/status.h"
+#include "base/torch_status.h"
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/files.h"
+#include "checkpoint/safetensors.h"
+#include "config/training_args.h"
+#include "engines/engine.h"
+#include "proto/checkpoint.pb.h"
+#include "sharding/fully_shard.h"
+#include "trainer/metrics_log.h"
+#include "trainer/trainer.h"
+
+namespace cpptrain {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr char kPrefix[] = "checkpoint-";
+constexpr char kTrainerStateProto[] = "trainer_state.textproto";
+
+absl::Status Barrier(Engine& engine) {
+  return engine.AllReduceSum(torch::zeros({1}, torch::kFloat64)).status();
+}
+
+std::string JsonNumber(double v) {
+  if (!std::isfinite(v)) return "null";
+  return absl::StrCat(v);
+}
+
+// Hugging Face's trainer_state.json (the fields its tools read).
+std::string TrainerStateJson(const TrainerState& s, const std::string& best_checkpoint) {
+  std::vector<std::string> history;
+  for (const Metrics& m : s.log_history) history.push_back("    " + MetricsToJson(m));
+  return absl::StrCat(
+      "{\n  \"best_global_step\": ",
+      s.best_global_step ? absl::StrCat(*s.best_global_step) : "null",
+      ",\n  \"best_metric\": ", s.best_metric ? JsonNumber(*s.best_metric) : "null",
+      ",\n  \"best_model_checkpoint\": ",
+      best_checkpoint.empty() ? "null" : absl::StrCat("\"", best_checkpoint, "\""),
+      ",\n  \"epoch\": ", JsonNumber(s.epoch), ",\n  \"eval_steps\": ", s.eval_steps,
+      ",\n  \"global_step\": ", s.global_step, ",\n  \"log_history\": [\n",
+      absl::StrJoin(history, ",\n"), "\n  ],\n  \"logging_steps\": ", s.logging_steps,
+      ",\n  \"max_steps\": ", s.max_steps, ",\n  \"num_input_tokens_seen\": ",
+      s.num_input_tokens_seen, ",\n  \"num_train_epochs\": ", s.num_train_epochs,
+      ",\n  \"save_steps\": ", s.save_steps, ",\n  \"train_batch_size\": ", s.train_batch_size,
+      "\n}\n");
+}
+
+// The step of a finished checkpoint directory name, or -1.
+int64_t CheckpointStep(const fs::path& path) {
+  const std::string name = path.filename().string();
+  int64_t step = -1;
+  if (name.rfind(kPrefix, 0) != 0 || !absl::SimpleAtoi(name.substr(sizeof(kPrefix) - 1), &step)) {
+    return -1;
+  }
+  return step;
+}
+
+// Finished checkpoints in `dir` (trainer_state.textproto is written last), by step.
+std::vector<std::pair<int64_t, fs::path>> Checkpoints(const std::string& dir) {
+  std::vector<std::pair<int64_t, fs::path>> out;
+  std::error_code error;
+  for (const auto& entry : fs::directory_iterator(dir, error)) {
+    const int64_t step = CheckpointStep(entry.path());
+    if (step >= 0 && fs::exists(entry.path() / kTrainerStateProto)) {
+      out.emplace_back(step, entry.path());
+    }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> LatestCheckpoint(const std::string& output_dir) {
+  auto all = Checkpoints(output_dir);
+  if (all.empty()) {
+    return absl::NotFoundError(absl::StrCat(
+        "resume_from_checkpoint asks for the latest checkpoint, but '", output_dir,
+        "' holds no finished checkpoint-<step> directory: give a checkpoint path, or leave "
+        "resume_from_checkpoint empty"));
+  }
+  return all.back().second.string();
+}
+
+absl::Status Trainer::SaveCheckpoint() {
+  const fs::path out(args_.output_dir());
+  const std::string name = absl::StrCat(kPrefix, state_.global_step);
+  const fs::path final_dir = out / name;
+  const fs::path temp_dir = out / absl::StrCat(".tmp-", name);
+  const bool zero = engine_->rank() == 0;
+  std::error_code error;
+  if (zero) {
+    fs::remove_all(temp_dir, error);
+    fs::create_directories(temp_dir, error);
+    if (error) {
+      return absl::InternalError(absl::StrCat("cannot create checkpoint directory '",
+                                              temp_dir.string(), "': ", error.message()));
+    }
+  }
+  CT_RETURN_IF_ERROR(Barrier(*engine_));
+  SaveModelStateOptions options;
+  // FSDP writes its shards as they are unless fsdp.state_dict_type asks for the full model.
+  options.full_model = FullyShardedOf(*model_) == nullptr ||
+                       (args_.has_fsdp() &&
+                        args_.fsdp().state_dict_type() == proto::FsdpConfig::FULL_STATE_DICT);
+  options.include_optimizer = !args_.save_only_model();
+  CT_RETURN_IF_ERROR(
+      SaveModelState(temp_dir.string(), *model_, engine_->optimizer(), *engine_, options));
+  if (!args_.save_only_model()) {
+    at::Tensor rng;
+    {
+      at::Generator gen = at::detail::getDefaultCPUGenerator();
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      rng = gen.get_state();
+    }
+    CT_RETURN_IF_ERROR(WriteSafetensors(
+        (temp_dir / absl::StrCat("rng_state_", engine_->rank(), ".safetensors")).string(),
+        {{"cpu", rng}}));
+  }
+  CT_RETURN_IF_ERROR(Barrier(*engine_));
+  // The best checkpoint is known once this step's evaluation ran (before saving).
+  if (state_.best_global_step && *state_.best_global_step == state_.global_step) {
+    best_model_checkpoint_ = final_dir.string();
+  }
+  if (zero) {
+    proto::TrainerCheckpointState saved;
+    saved.set_global_step(state_.global_step);
+    saved.set_epoch(state_.epoch);
+    saved.set_num_input_tokens_seen(state_.num_input_tokens_seen);
+    if (state_.best_metric) saved.set_best_metric(*state_.best_metric);
+    if (state_.best_global_step) saved.set_best_global_step(*state_.best_global_step);
+    saved.set_best_model_checkpoint(best_model_checkpoint_);
+    for (const Metrics& m : state_.log_history) {
+      auto* record = saved.add_log_history();
+      for (const auto& [k, v] : m) (*record->mutable_values())[k] = v;
+    }
+    if (const LossScaler* scaler = engine_->loss_scaler()) {
+      saved.set_loss_scale(scaler->scale());
+      saved.set_loss_scale_clean_steps(scaler->clean_steps());
+    }
+    if (plateau_) {
+      const ReduceLrOnPlateau::State p = plateau_->state();
+      saved.set_plateau_lr(p.lr);
+      saved.set_plateau_best(p.best);
+      saved.set_plateau_bad_evaluations(p.bad_evaluations);
+      saved.set_plateau_cooldown_left(p.cooldown_left);
+    }
+    saved.set_world_size(engine_->world_size());
+    std::string args_text, state_text;
+    google::protobuf::TextFormat::PrintToString(args_, &args_text);
+    google::protobuf::TextFormat::PrintToString(saved, &state_text);
+    CT_RETURN_IF_ERROR(WriteFileAtomically((temp_dir / "training_args.textproto").string(),
+                                           args_text));
+    CT_RETURN_IF_ERROR(WriteFileAtomically((temp_dir / "trainer_state.json").string(),
+                                           TrainerStateJson(state_, best_model_checkpoint_)));
+    // Last: its presence marks a finished checkpoint.
+    CT_RETURN_IF_ERROR(WriteFileAtomically((temp_dir / kTrainerStateProto).string(), state_text));
+    CT_RETURN_IF_ERROR(FsyncDirectory(temp_dir.string()));
+    // A checkpoint of the same step (a rerun) is replaced only once the new one is complete.
+    const fs::path old = out / absl::StrCat(".old-", name);
+    fs::remove_all(old, error);
+    if (fs::exists(final_dir)) fs::rename(final_dir, old, error);
+    fs::rename(temp_dir, final_dir, error);
+    if (error) {
+      return absl::InternalError(absl::StrCat("cannot rename '", temp_dir.string(), "' to '",
+                                              final_dir.string(), "': ", error.message()));
+    }
+    fs::remove_all(old, error);
+    CT_RETURN_IF_ERROR(FsyncDirectory(out.string()));
+    RotateCheckpoints();
+    CT_LOG_RANK0(INFO) << "saved " << final_dir.string();
+  }
+  return Barrier(*engine_);
+}
+
+void Trainer::RotateCheckpoints() {
+  if (!args_.has_save_total_limit() || args_.save_total_limit() <= 0) return;
+  auto all = Checkpoints(args_.output_dir());
+  int64_t limit = args_.save_total_limit();
+  // Keeping only the last would delete the best one load_best_model_at_end needs.
+  if (limit == 1 && args_.load_best_model_at_end() && !best_model_checkpoint_.empty() &&
+      all.back().second.string() != best_model_checkpoint_) {
+    limit = 2;
+  }
+  int64_t excess = static_cast<int64_t>(all.size()) - limit;
+  for (const auto& [step, path] : all) {
+    if (excess <= 0) break;
+    if (path.string() == best_model_checkpoint_) continue;
+    std::error_code error;
+    fs::remove_all(path, error);
+    if (error) {
+      LOG(WARNING) << "save_total_limit: cannot delete " << path.string() << ": "
+                   << error.message();
+    }
+    --excess;
+  }
+}
+
+absl::Status Trainer::ResumeFromCheckpoint(const std::string& requested) {
+  std::string dir = requested;
+  if (requested == "latest" || requested == "true") {
+    CT_ASSIGN_OR_RETURN(dir, LatestCheckpoint(args_.output_dir()));
+  }
+  if (!fs::exists(fs::path(dir) / kTrainerStateProto)) {
+    return absl::NotFoundError(absl::StrCat(
+        "resume_from_checkpoint is '", requested, "' but '", dir, "' is not a finished "
+        "checkpoint (no ", kTrainerStateProto, "): give a checkpoint-<step> directory, or "
+        "\"latest\""));
+  }
+  CT_RETURN_IF_ERROR(LoadModelState(dir, *model_, engine_->optimizer()));
+  CT_ASSIGN_OR_RETURN(std::string text, ReadFile(dir + "/" + kTrainerStateProto));
+  proto::TrainerCheckpointState saved;
+  if (!google::protobuf::TextFormat::ParseFromString(text, &saved)) {
+    return absl::DataLossError(absl::StrCat("'", dir, "/", kTrainerStateProto,
+                                            "' does not parse as TrainerCheckpointState"));
+  }
+  state_.global_step = saved.global_step();
+  state_.epoch = saved.epoch();
+  state_.num_input_tokens_seen = saved.num_input_tokens_seen();
+  if (saved.has_best_metric()) state_.best_metric = saved.best_metric();
+  if (saved.has_best_global_step()) state_.best_global_step = saved.best_global_step();
+  best_model_checkpoint_ = saved.best_model_checkpoint();
+  state_.log_history.clear();
+  for (const proto::LogRecord& record : saved.log_history()) {
+    state_.log_history.emplace_back(record.values().begin(), record.values().end());
+  }
+  if (saved.has_loss_scale()) {
+    if (LossScaler* scaler = engine_->loss_scaler()) {
+      scaler->Restore(saved.loss_scale(), saved.loss_scale_clean_steps());
+    }
+  }
+  if (plateau_ && saved.has_plateau_lr()) {
+    plateau_->Restore({saved.plateau_lr(), saved.plateau_best(), saved.plateau_bad_evaluations(),
+                       saved.plateau_cooldown_left()});
+  }
+  const std::string rng_path = absl::StrCat(dir, "/rng_state_", engine_->rank(), ".safetensors");
+  if (saved.world_size() == engine_->world_size() && fs::exists(rng_path)) {
+    CT_ASSIGN_OR_RETURN(auto file, SafetensorsFile::Open(rng_path));
+    CT_ASSIGN_OR_RETURN(at::Tensor rng, file->GetCopy("cpu"));
+    at::Generator gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    CT_RETURN_IF_ERROR(CatchTorch([&] { gen.set_state(rng); }));
+  }
+  CT_LOG_RANK0(INFO) << "resumed from " << dir << " at step " << state_.global_step;
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::LoadBestModel() {
+  if (best_model_checkpoint_.empty() || !fs::exists(best_model_checkpoint_)) {
+    LOG(WARNING) << "load_best_model_at_end: no checkpoint holds the best model ("
+                 << ResolvedMetricForBestModel(args_) << "); keeping the final one";
+    return absl::OkStatus();
+  }
+  CT_LOG_RANK0(INFO) << "loading the best model from " << best_model_checkpoint_ << " ("
+                     << ResolvedMetricForBestModel(args_) << " " << *state_.best_metric << ")";
+  return LoadModelState(best_model_checkpoint_, *model_, nullptr);
+}
+
+}  // namespace cpptrain

@@ -1,0 +1,166 @@
+// Trainer checkpoints on one CPU process: an interrupted and resumed run ends bitwise equal to
+// an uninterrupted one (AdamW state, scheduler position, data order), unfinished checkpoint
+// directories are never picked, save_total_limit keeps the newest and the best, and
+// load_best_model_at_end restores the best one.
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "checkpoint/safetensors.h"
+#include "models/configs.h"
+#include "models/decoder.h"
+#include "trainer/testing/trainer_testing.h"
+#include "trainer/trainer.h"
+
+namespace cpptrain {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::Parameters;
+using testing::VariableLengthTokens;
+
+std::string TempDir(const std::string& name) {
+  return std::string(std::getenv("TEST_TMPDIR")) + "/" + name;
+}
+
+std::shared_ptr<DecoderLM> TinyDecoder(uint64_t seed) {
+  torch::manual_seed(seed);
+  return *BuildDecoder(*NamedDecoderConfig("tiny"));
+}
+
+proto::TrainingArguments Args(const std::string& dir, int max_steps) {
+  proto::TrainingArguments args;
+  args.set_output_dir(dir);
+  args.set_per_device_train_batch_size(4);
+  args.set_gradient_accumulation_steps(2);
+  args.set_max_steps(max_steps);
+  args.set_learning_rate(1e-2);
+  args.set_warmup_steps(2);
+  args.set_lr_scheduler_type(proto::TrainingArguments::COSINE);
+  args.set_logging_steps(1);
+  args.set_save_strategy(proto::TrainingArguments::STEPS);
+  args.set_save_steps(3);
+  args.set_disable_tqdm(true);
+  args.mutable_local()->set_device("cpu");
+  return args;
+}
+
+std::vector<double> Losses(const Trainer& trainer) {
+  std::vector<double> out;
+  for (const Metrics& m : trainer.state().log_history) {
+    if (m.count("loss")) out.push_back(m.at("loss"));
+  }
+  return out;
+}
+
+TEST(TrainerCheckpointTest, ResumedRunIsBitwiseEqualToUninterrupted) {
+  // 24 samples, 8 per step: 3 steps per epoch, so step 4 resumes inside the second epoch.
+  auto data = VariableLengthTokens(24, 4);
+  const std::string whole_dir = TempDir("whole");
+  auto whole = TinyDecoder(1);
+  Trainer uninterrupted(Args(whole_dir, 7), whole, data);
+  ASSERT_TRUE(uninterrupted.Train().ok());
+  ASSERT_TRUE(fs::exists(whole_dir + "/checkpoint-3/model.safetensors"));
+  ASSERT_TRUE(fs::exists(whole_dir + "/checkpoint-6/manifest.pb"));
+
+  // "Interrupted" after step 3: a new process, another initialization, resumed from there.
+  auto resumed_model = TinyDecoder(2);
+  proto::TrainingArguments args = Args(TempDir("resumed"), 7);
+  args.set_resume_from_checkpoint(whole_dir + "/checkpoint-3");
+  Trainer resumed(args, resumed_model, data);
+  auto out = resumed.Train();
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(out->global_step, 7);
+  const auto a = Parameters(*whole), b = Parameters(*resumed_model);
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(a[i].equal(b[i])) << "parameter " << i;
+  EXPECT_EQ(Losses(resumed), Losses(uninterrupted));  // history comes back, then continues
+}
+
+TEST(TrainerCheckpointTest, LatestSkipsUnfinishedCheckpoints) {
+  auto data = VariableLengthTokens(24, 4);
+  const std::string dir = TempDir("latest");
+  auto model = TinyDecoder(1);
+  ASSERT_TRUE(Trainer(Args(dir, 3), model, data).Train().ok());
+  // What a crash mid-save leaves: a temporary directory, and a checkpoint without its final
+  // state file.
+  fs::create_directories(dir + "/.tmp-checkpoint-9");
+  fs::create_directories(dir + "/checkpoint-12");
+  std::ofstream(dir + "/checkpoint-12/manifest.pb") << "partial";
+  auto latest = LatestCheckpoint(dir);
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  EXPECT_EQ(fs::path(*latest).filename(), "checkpoint-3");
+
+  proto::TrainingArguments args = Args(dir, 6);
+  args.set_resume_from_checkpoint("latest");
+  auto resumed_model = TinyDecoder(2);
+  Trainer resumed(args, resumed_model, data);
+  auto out = resumed.Train();
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(out->global_step, 6);
+
+  args.set_resume_from_checkpoint(dir + "/checkpoint-12");
+  Trainer broken(args, TinyDecoder(2), data);
+  auto failed = broken.Train();
+  ASSERT_FALSE(failed.ok());
+  EXPECT_NE(failed.status().message().find("not a finished checkpoint"), std::string::npos)
+      << failed.status();
+}
+
+TEST(TrainerCheckpointTest, RotationKeepsNewestAndBest) {
+  auto data = VariableLengthTokens(24, 4);
+  const std::string dir = TempDir("rotation");
+  proto::TrainingArguments args = Args(dir, 8);
+  args.set_save_steps(2);
+  args.set_save_total_limit(1);
+  args.set_eval_strategy(proto::TrainingArguments::STEPS);
+  args.set_eval_steps(2);
+  args.set_load_best_model_at_end(true);
+  args.set_metric_for_best_model("loss");
+  // An eval set the model gets worse on as it trains would make step 2 the best; instead,
+  // ask for the highest eval loss to make the choice deterministic.
+  args.set_greater_is_better(true);
+  auto model = TinyDecoder(1);
+  Trainer trainer(args, model, data, VariableLengthTokens(8, 9));
+  auto out = trainer.Train();
+  ASSERT_TRUE(out.ok()) << out.status();
+  std::vector<std::string> kept;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("checkpoint-", 0) == 0) kept.push_back(name);
+  }
+  std::sort(kept.begin(), kept.end());
+  ASSERT_TRUE(trainer.state().best_global_step.has_value());
+  const std::string best = "checkpoint-" + std::to_string(*trainer.state().best_global_step);
+  // The newest and the best (one directory when they coincide).
+  EXPECT_TRUE(std::find(kept.begin(), kept.end(), "checkpoint-8") != kept.end());
+  EXPECT_TRUE(std::find(kept.begin(), kept.end(), best) != kept.end());
+  EXPECT_LE(kept.size(), 2u);
+  // load_best_model_at_end: the model now holds the best checkpoint's weights.
+  auto file = SafetensorsFile::Open(dir + "/" + best + "/model.safetensors");
+  ASSERT_TRUE(file.ok()) << file.status();
+  for (const auto& item : model->named_parameters()) {
+    auto stored = (*file)->GetCopy(item.key());
+    ASSERT_TRUE(stored.ok()) << stored.status();
+    EXPECT_TRUE(stored->equal(item.value())) << item.key();
+  }
+}
+
+TEST(TrainerCheckpointTest, SaveOnlyModelWritesNoOptimizerState) {
+  auto data = VariableLengthTokens(24, 4);
+  const std::string dir = TempDir("only_model");
+  proto::TrainingArguments args = Args(dir, 3);
+  args.set_save_only_model(true);
+  ASSERT_TRUE(Trainer(args, TinyDecoder(1), data).Train().ok());
+  EXPECT_TRUE(fs::exists(dir + "/checkpoint-3/model.safetensors"));
+  EXPECT_FALSE(fs::exists(dir + "/checkpoint-3/shard-00000-of-00001.safetensors"));
+  EXPECT_FALSE(fs::exists(dir + "/checkpoint-3/rng_state_0.safetensors"));
+}
+
+}  // namespace
+}  // namespace cpptrain

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstdint>
 #include <fstream>
 #include <iterator>
@@ -15,11 +16,13 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "base/logging.h"
 #include "base/status.h"
 #include "base/torch_status.h"
+#include "checkpoint/files.h"
 #include "checkpoint/internal/json.h"
 #include "checkpoint/safetensors.h"
 #include "models/configs.h"
@@ -351,7 +354,70 @@ absl::Status CheckTiedHead(const SafetensorsModelDir& files, TrainableModel& mod
   return absl::OkStatus();
 }
 
+// The shortest decimal text that reads back as exactly `value` (a JSON number for a finite
+// value): "1e-06" rather than "9.9999999999999995e-07".
+std::string JsonDouble(double value) {
+  for (int digits = 15; digits < 17; ++digits) {
+    std::string text = absl::StrFormat("%.*g", digits, value);
+    if (std::strtod(text.c_str(), nullptr) == value) return text;
+  }
+  return absl::StrFormat("%.17g", value);
+}
+
+const char* JsonBool(bool value) { return value ? "true" : "false"; }
+
 }  // namespace
+
+std::string HfConfigJson(const proto::DecoderConfig& config) {
+  const bool qwen3 = config.qk_norm();
+  std::vector<std::pair<std::string, std::string>> fields = {
+      {"architectures", qwen3 ? R"(["Qwen3ForCausalLM"])" : R"(["LlamaForCausalLM"])"},
+      {"attention_bias", JsonBool(config.attention_bias())},
+      {"attention_dropout", "0.0"},
+      {"dtype", R"("float32")"},
+      {"hidden_act", R"("silu")"},
+      {"hidden_size", absl::StrCat(config.hidden_size())},
+      {"initializer_range", JsonDouble(config.initializer_range())},
+      {"intermediate_size", absl::StrCat(config.intermediate_size())},
+      {"max_position_embeddings", absl::StrCat(kHfMaxPositionEmbeddings)},
+      {"model_type", qwen3 ? R"("qwen3")" : R"("llama")"},
+      {"num_attention_heads", absl::StrCat(config.num_attention_heads())},
+      {"num_hidden_layers", absl::StrCat(config.num_hidden_layers())},
+      {"num_key_value_heads", absl::StrCat(config.num_key_value_heads())},
+      {"rms_norm_eps", JsonDouble(config.rms_norm_eps())},
+      {"rope_parameters", absl::StrCat(R"({"rope_theta": )", JsonDouble(config.rope_theta()),
+                                       R"(, "rope_type": "default"})")},
+      {"rope_scaling", "null"},
+      {"rope_theta", JsonDouble(config.rope_theta())},
+      {"tie_word_embeddings", JsonBool(config.tie_word_embeddings())},
+      {"torch_dtype", R"("float32")"},
+      {"use_cache", "true"},
+      {"vocab_size", absl::StrCat(config.vocab_size())},
+  };
+  if (!qwen3) fields.emplace_back("mlp_bias", "false");
+  if (qwen3) fields.emplace_back("use_sliding_window", "false");
+  // Llama's default head_dim is hidden / heads, which an unset head_dim means here; Qwen3's
+  // default is 128, so it is always written.
+  if (config.has_head_dim() || qwen3) {
+    const int64_t head_dim = config.has_head_dim()
+                                 ? config.head_dim()
+                                 : config.hidden_size() / config.num_attention_heads();
+    fields.emplace_back("head_dim", absl::StrCat(head_dim));
+  }
+  std::sort(fields.begin(), fields.end());
+  std::vector<std::string> lines;
+  lines.reserve(fields.size());
+  for (const auto& [key, value] : fields) lines.push_back(absl::StrCat("  \"", key, "\": ", value));
+  return absl::StrCat("{\n", absl::StrJoin(lines, ",\n"), "\n}\n");
+}
+
+absl::Status WriteHfConfig(const proto::DecoderConfig& config, const std::string& path) {
+  if (absl::Status valid = ValidateDecoderConfig(config); !valid.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot write the config.json '", path, "': ", valid.message()));
+  }
+  return WriteFileAtomically(path, HfConfigJson(config));
+}
 
 absl::StatusOr<proto::DecoderConfig> DecoderConfigFromHfConfig(const std::string& path) {
   CT_ASSIGN_OR_RETURN(std::string text, ReadTextFile(path));

@@ -9,9 +9,15 @@
 //   CT_ASSIGN_OR_RETURN(std::shared_ptr<DecoderLM> model, BuildDecoder(config));
 //   CT_RETURN_IF_ERROR(FullyShard(*model, mesh, options).status());
 //   CT_RETURN_IF_ERROR(LoadHfWeights(dir, *model));
+//
+// The other direction, a model trained here for transformers' from_pretrained:
+//   CT_RETURN_IF_ERROR(WriteHfConfig(model->config(), dir + "/config.json"));
+//   CT_RETURN_IF_ERROR(WriteSafetensors(dir + "/model.safetensors", <named_parameters()>,
+//                                       {{"format", "pt"}}));
 #ifndef CPPTRAIN_CHECKPOINT_HF_MODEL_H_
 #define CPPTRAIN_CHECKPOINT_HF_MODEL_H_
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -35,6 +41,23 @@ namespace cpptrain {
 // than silu, mlp_bias, sliding-window attention, a wrong JSON type, or a config that fails
 // ValidateDecoderConfig.
 absl::StatusOr<proto::DecoderConfig> DecoderConfigFromHfConfig(const std::string& config_json_path);
+
+// The config.json of `config` for transformers (4.x and 5.x): model_type "qwen3" with
+// architectures ["Qwen3ForCausalLM"] when the config has qk_norm, else "llama" with
+// ["LlamaForCausalLM"]; the sizes, rms_norm_eps, tie_word_embeddings, attention_bias,
+// initializer_range, hidden_act "silu", dtype "float32", and rope_theta both at the top level
+// (4.x) and in "rope_parameters" with rope_type "default" (5.x). Floating-point values are
+// written with the fewest digits that read back as the same double, so
+// DecoderConfigFromHfConfig returns an equal config. head_dim is written when set, and for
+// Qwen3 always (transformers' Qwen3 default is 128, not hidden / heads). max_position_embeddings,
+// which the decoder does not have, is kHfMaxPositionEmbeddings: it does not change the logits.
+// `config` must pass ValidateDecoderConfig (a non-finite number would not be JSON).
+inline constexpr int64_t kHfMaxPositionEmbeddings = 4096;
+std::string HfConfigJson(const proto::DecoderConfig& config);
+
+// HfConfigJson(config) written to `path` atomically. Checks the config with
+// ValidateDecoderConfig first.
+absl::Status WriteHfConfig(const proto::DecoderConfig& config, const std::string& path);
 
 // Copies the tensors of the safetensors model directory `dir` into the model's parameters of
 // the same names (DecoderLM uses Hugging Face's names), converting the file's dtype (BF16,

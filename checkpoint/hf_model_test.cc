@@ -1,10 +1,15 @@
 // Hugging Face model directories written by transformers (tests/golden/gen_hf_golden.py) load
 // into DecoderLM and give transformers' logits; config.json fields map onto DecoderConfig; a
 // checkpoint that does not fit the model is an error naming the tensor and leaves it unchanged.
+// The other direction: HfConfigJson round-trips through DecoderConfigFromHfConfig, and an
+// exported model directory (checked against transformers by tests/golden/check_hf_export.py)
+// loads back with the same logits.
 #include "checkpoint/hf_model.h"
 
 #include <ATen/ATen.h>
+#include <torch/utils.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -16,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "checkpoint/safetensors.h"
 #include "gmock/gmock.h"
+#include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
 #include "models/configs.h"
 #include "models/decoder.h"
@@ -25,6 +31,7 @@ namespace {
 
 using ::testing::AllOf;
 using ::testing::HasSubstr;
+using ::testing::Not;
 using Tensors = std::vector<std::pair<std::string, at::Tensor>>;
 
 std::string TestdataDir(const std::string& name) {
@@ -371,6 +378,121 @@ TEST_F(HfMismatchTest, TiedHeadThatDiffersFromTheEmbeddingIsAnError) {
   tensors_.emplace_back("lm_head.weight", Find("model.embed_tokens.weight") + 1);
   EXPECT_THAT(LoadError(), AllOf(HasSubstr("'lm_head.weight' differs from"),
                                  HasSubstr("set tie_word_embeddings to false")));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Writing config.json and model directories for transformers
+
+// Equal as configs: a field set to its default equals the field unset.
+void ExpectEquivalent(const proto::DecoderConfig& got, const proto::DecoderConfig& want) {
+  google::protobuf::util::MessageDifferencer differencer;
+  differencer.set_message_field_comparison(
+      google::protobuf::util::MessageDifferencer::EQUIVALENT);
+  std::string report;
+  differencer.ReportDifferencesToString(&report);
+  EXPECT_TRUE(differencer.Compare(want, got)) << report;
+}
+
+TEST(HfConfigTest, WrittenConfigReadsBackEqual) {
+  const std::string dir = TestDir();
+  for (const std::string name : {"qwen3-0.6b", "llama3-8b", "tiny"}) {
+    SCOPED_TRACE(name);
+    proto::DecoderConfig config = NamedDecoderConfig(name).value();
+    const std::string path = absl::StrCat(dir, "/", name, ".json");
+    ASSERT_TRUE(WriteHfConfig(config, path).ok());
+    auto read = DecoderConfigFromHfConfig(path);
+    ASSERT_TRUE(read.ok()) << read.status();
+    ExpectEquivalent(*read, config);
+    // Values with no short decimal form come back exactly too.
+    config.set_rms_norm_eps(1.0 / 3.0 * 1e-5);
+    config.set_initializer_range(0.1 + 0.2);
+    config.set_rope_theta(123456.789);
+    config.set_attention_bias(!config.attention_bias());
+    config.set_tie_word_embeddings(!config.tie_word_embeddings());
+    ASSERT_TRUE(WriteHfConfig(config, path).ok());
+    read = DecoderConfigFromHfConfig(path);
+    ASSERT_TRUE(read.ok()) << read.status();
+    ExpectEquivalent(*read, config);
+  }
+}
+
+TEST(HfConfigTest, WritesTheArchitectureAndBothRopeForms) {
+  const std::string qwen3 = HfConfigJson(NamedDecoderConfig("qwen3-0.6b").value());
+  EXPECT_THAT(qwen3, AllOf(HasSubstr(R"("model_type": "qwen3")"),
+                           HasSubstr(R"("architectures": ["Qwen3ForCausalLM"])"),
+                           HasSubstr(R"("rope_theta": 1000000,)"),
+                           HasSubstr(R"("rope_parameters": {"rope_theta": 1000000, )"
+                                     R"("rope_type": "default"})"),
+                           HasSubstr(R"("head_dim": 128)"), HasSubstr(R"("rms_norm_eps": 1e-06)")));
+  const std::string llama = HfConfigJson(NamedDecoderConfig("llama3-8b").value());
+  EXPECT_THAT(llama, AllOf(HasSubstr(R"("model_type": "llama")"),
+                           HasSubstr(R"("architectures": ["LlamaForCausalLM"])"),
+                           Not(HasSubstr("head_dim"))));
+  proto::DecoderConfig invalid = NamedDecoderConfig("tiny").value();
+  invalid.set_num_key_value_heads(3);
+  EXPECT_FALSE(WriteHfConfig(invalid, TestDir() + "/config.json").ok());
+}
+
+// Where ExportedModelLoadsBack writes: $CPPTRAIN_HF_EXPORT_DIR<suffix>, for
+// tests/golden/check_hf_export.py to load into transformers, else under TEST_TMPDIR.
+std::string ExportDir(const std::string& suffix) {
+  const char* dir = std::getenv("CPPTRAIN_HF_EXPORT_DIR");
+  const std::string path =
+      dir != nullptr && *dir != '\0' ? absl::StrCat(dir, suffix) : TestDir() + "/export" + suffix;
+  std::filesystem::remove_all(path);
+  std::filesystem::create_directories(path);
+  return path;
+}
+
+// Writes the model built from `config` as a Hugging Face directory with its own logits
+// (expected_logits.safetensors, as gen_hf_golden.py writes them), then loads it back.
+void ExportAndReload(const proto::DecoderConfig& config, const std::string& dir) {
+  torch::manual_seed(1234);
+  auto model = BuildDecoder(config);
+  ASSERT_TRUE(model.ok()) << model.status();
+  Tensors weights;
+  for (const auto& item : (*model)->named_parameters()) {
+    weights.emplace_back(item.key(), item.value().detach());
+  }
+  // A tied head is saved once, as the embedding (DecoderLM does not register it).
+  EXPECT_EQ(std::count_if(weights.begin(), weights.end(),
+                          [](const auto& w) { return w.first == "lm_head.weight"; }),
+            config.tie_word_embeddings() ? 0 : 1);
+  ASSERT_TRUE(WriteSafetensors(dir + "/model.safetensors", weights, {{"format", "pt"}}).ok());
+  ASSERT_TRUE(WriteHfConfig(config, dir + "/config.json").ok());
+  const at::Tensor input_ids =
+      at::tensor({1, 5, 9, 13, 2, 7, 3, 3, 8, 1, 60, 4}, at::kLong).reshape({2, 6});
+  at::NoGradGuard no_grad;
+  const at::Tensor logits = (*model)->Logits(input_ids).contiguous();
+  ASSERT_TRUE(WriteSafetensors(dir + "/expected_logits.safetensors",
+                               {{"input_ids", input_ids}, {"logits", logits}}, {{"format", "pt"}})
+                  .ok());
+
+  auto loaded = LoadHfDecoder(dir);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ExpectEquivalent((*loaded)->config(), config);
+  EXPECT_EQ((*loaded)->named_parameters().size(), weights.size());
+  const Expected expected = ReadExpected(dir);
+  ASSERT_TRUE(expected.logits.defined());
+  EXPECT_TRUE(at::equal((*loaded)->Logits(expected.input_ids), expected.logits));
+  EXPECT_GT(expected.logits.std().item<double>(), 0.1);
+}
+
+TEST(HfExportTest, TiedQwen3ModelLoadsBackWithTheSameLogits) {
+  const proto::DecoderConfig config = NamedDecoderConfig("tiny").value();
+  ASSERT_TRUE(config.qk_norm() && config.tie_word_embeddings());
+  ExportAndReload(config, ExportDir(""));
+}
+
+TEST(HfExportTest, UntiedLlamaModelWithBiasesLoadsBackWithTheSameLogits) {
+  proto::DecoderConfig config = NamedDecoderConfig("tiny").value();
+  config.set_qk_norm(false);
+  config.set_tie_word_embeddings(false);
+  config.set_attention_bias(true);
+  config.clear_head_dim();  // hidden / heads = 8
+  config.set_rope_theta(500000);
+  config.set_rms_norm_eps(1e-5);
+  ExportAndReload(config, ExportDir("_llama"));
 }
 
 TEST_F(HfMismatchTest, MissingDirectory) {

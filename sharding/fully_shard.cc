@@ -190,8 +190,28 @@ std::vector<std::pair<at::Tensor, const ShardInfo*>> FullyShardedModel::Shards()
 
 void FullyShardedModel::CountUnsharded() {
   int n = 0;
-  for (const auto& g : groups_) n += g->state != Group::State::kSharded;
+  int64_t bytes = shard_bytes();
+  for (const auto& g : groups_) {
+    n += g->state != Group::State::kSharded;
+    if (g->gather_out.defined()) bytes += g->gather_out.numel() * g->gather_out.element_size();
+    bytes += static_cast<int64_t>(g->full.storage().nbytes());
+  }
   peak_unsharded_ = std::max(peak_unsharded_, n);
+  peak_parameter_bytes_ = std::max(peak_parameter_bytes_, bytes);
+}
+
+int64_t FullyShardedModel::shard_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& g : groups_) {
+    for (const Group::Param& p : g->params) bytes += p.shard.numel() * p.shard.element_size();
+  }
+  return bytes;
+}
+
+std::vector<int64_t> FullyShardedModel::GroupFullBytes() const {
+  std::vector<int64_t> out;
+  for (const auto& g : groups_) out.push_back(g->full.numel() * g->full.element_size());
+  return out;
 }
 
 absl::Status FullyShardedModel::Unshard(Group& group) {
@@ -243,6 +263,7 @@ absl::Status FullyShardedModel::WaitUnshard(Group& group) {
       }
       p.param.set_data(p.full_view);
     }
+    CountUnsharded();  // the gather buffer and the full parameters, both alive here
     group.gather_out = at::Tensor();
     group.state = Group::State::kUnsharded;
   });

@@ -145,9 +145,18 @@ class FullyShardedModel : public ShardingAttachment {
   // for the same parameters in the same order), on the CPU. For state dicts and tests.
   absl::StatusOr<at::Tensor> GatherFull(const at::Tensor& param);
 
-  // Largest number of groups unsharded at once since the last ResetPeakUnsharded (tests).
+  // Largest number of groups unsharded at once since the last ResetPeakUnsharded, and the
+  // largest parameter storage this rank held at once: its chunks, the gathered full groups
+  // and gather buffers in flight (for tests and memory reports).
   int peak_unsharded() const { return peak_unsharded_; }
-  void ResetPeakUnsharded() { peak_unsharded_ = 0; }
+  int64_t peak_parameter_bytes() const { return peak_parameter_bytes_; }
+  void ResetPeakUnsharded() {
+    peak_unsharded_ = 0;
+    peak_parameter_bytes_ = 0;
+  }
+  // Bytes of this rank's padded chunks, and of each group's full parameters (root last).
+  int64_t shard_bytes() const;
+  std::vector<int64_t> GroupFullBytes() const;
 
   struct Group;
   class Hook;
@@ -178,6 +187,7 @@ class FullyShardedModel : public ShardingAttachment {
   bool sync_ = true;
   absl::Status hook_error_;  // a failure inside an autograd node, reported by FinishBackward
   int peak_unsharded_ = 0;
+  int64_t peak_parameter_bytes_ = 0;
 };
 
 // Shards `model` in place over `mesh` (every rank calls it with the same model structure;

@@ -2,6 +2,8 @@
 // directory, renamed once every rank's files and the manifest are durable), rotated by
 // save_total_limit keeping the best, and read back by resume_from_checkpoint.
 #include <algorithm>
+#include <csignal>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <system_error>
@@ -135,6 +137,13 @@ absl::Status Trainer::SaveCheckpoint() {
         {{"cpu", rng}}));
   }
   CT_RETURN_IF_ERROR(Barrier(*engine_));
+  // Fault injection for tests: a crash after every rank's files are written, before the
+  // checkpoint is complete.
+  if (const char* kill = std::getenv("CPPTRAIN_TEST_KILL_IN_SAVE_AT_STEP");
+      kill != nullptr && zero && std::atoll(kill) == state_.global_step) {
+    LOG(ERROR) << "CPPTRAIN_TEST_KILL_IN_SAVE_AT_STEP=" << kill << ": killing rank 0 mid-save";
+    std::raise(SIGKILL);
+  }
   // The best checkpoint is known once this step's evaluation ran (before saving).
   if (state_.best_global_step && *state_.best_global_step == state_.global_step) {
     best_model_checkpoint_ = final_dir.string();

@@ -1,5 +1,5 @@
 // One leg of the resharding test (checkpoint_test.sh): trains the tiny decoder with AdamW on a
-// fixed global batch of 4 sequences per step (per-device batch 4 / world), with the engine
+// fixed global batch of 12 sequences per step (per-device batch 12 / world), with the engine
 // given by --engine, saving a checkpoint every 2 steps, optionally resuming from --resume.
 // Rank 0 prints "LOSS <step> <loss>" for every step this run trained, which the script
 // compares across legs run on different engines and world sizes.
@@ -31,13 +31,13 @@ int Run() {
     return 1;
   }
   InitLogging("checkpoint_resume", env->rank);
-  if (4 % env->world_size != 0) {
-    LOG(ERROR) << "world size must divide 4";
+  if (12 % env->world_size != 0) {
+    LOG(ERROR) << "world size must divide 12";
     return 1;
   }
   proto::TrainingArguments args;
   args.set_output_dir(absl::GetFlag(FLAGS_output_dir));
-  args.set_per_device_train_batch_size(4 / env->world_size);
+  args.set_per_device_train_batch_size(12 / env->world_size);
   args.set_max_steps(absl::GetFlag(FLAGS_max_steps));
   args.set_learning_rate(1e-2);
   args.set_warmup_steps(2);
@@ -70,7 +70,7 @@ int Run() {
   if (const size_t dash = resume.rfind('-'); dash != std::string::npos) {
     resumed = std::stoll(resume.substr(dash + 1));
   }
-  Trainer trainer(args, model, testing::VariableLengthTokens(64, 3));
+  Trainer trainer(args, model, testing::VariableLengthTokens(120, 3));
   auto out = trainer.Train();
   if (!out.ok()) {
     LOG(ERROR) << "training failed: " << out.status();

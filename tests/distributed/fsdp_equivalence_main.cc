@@ -36,6 +36,8 @@ ABSL_FLAG(std::string, wrap, "transformer", "transformer, size or none");
 ABSL_FLAG(bool, hsdp, false, "a 2 x (N/2) replicate x shard mesh");
 ABSL_FLAG(bool, checkpointing, false, "fsdp.activation_checkpointing");
 ABSL_FLAG(bool, bf16, false, "bf16 mixed precision on both sides");
+ABSL_FLAG(bool, sync_each_batch, false, "synchronize gradients on every micro-batch");
+ABSL_FLAG(bool, offload, false, "fsdp.offload_params");
 
 namespace cpptrain {
 namespace {
@@ -88,6 +90,9 @@ proto::TrainingArguments FsdpArgs(const std::string& dir, int world) {
     fsdp->set_dp_shard_size(world / 2);
   }
   fsdp->set_activation_checkpointing(absl::GetFlag(FLAGS_checkpointing));
+  fsdp->set_offload_params(absl::GetFlag(FLAGS_offload));
+  args.mutable_accelerator_config()->mutable_gradient_accumulation_kwargs()->set_sync_each_batch(
+      absl::GetFlag(FLAGS_sync_each_batch));
   return args;
 }
 
@@ -173,9 +178,28 @@ int Run() {
   if (sharded == nullptr) return Fail(absl::InternalError("not sharded"), "evaluate");
   const int peak = sharded->peak_unsharded();
   // Root + the unit running + one prefetched.
-  const bool never_whole = sharded->num_groups() < 3 || peak <= 3;
+  bool never_whole = sharded->num_groups() < 3 || peak <= 3;
   LOG(INFO) << "evaluation held at most " << peak << " of " << sharded->num_groups()
             << " groups unsharded at once";
+  {
+    const std::vector<int64_t> full = sharded->GroupFullBytes();
+    int64_t model_bytes = 0, largest_unit = 0;
+    for (size_t i = 0; i < full.size(); ++i) {
+      model_bytes += full[i];
+      if (i + 1 < full.size()) largest_unit = std::max(largest_unit, full[i]);
+    }
+    const int64_t root = full.back();
+    // The root stays gathered for the whole forward; one unit computes while the next one's
+    // gather is in flight, and a group's gather buffer lives until its copy-out is done.
+    const int64_t bound = sharded->shard_bytes() + std::max(root + 3 * largest_unit,
+                                                            2 * root + largest_unit);
+    LOG(INFO) << "evaluation peak parameter storage " << sharded->peak_parameter_bytes()
+              << " bytes on this rank: chunks " << sharded->shard_bytes() << ", 1/N of the model "
+              << model_bytes / sharded->mesh().shard->size() << ", root " << root
+              << ", largest unit " << largest_unit << ", whole model " << model_bytes
+              << " (bound: chunks + root + 3 units, or chunks + 2 roots + 1 unit: " << bound << ")";
+    never_whole = never_whole && sharded->peak_parameter_bytes() <= bound;
+  }
   auto trained = fsdp.Train();
   if (!trained.ok()) return Fail(trained.status(), "FSDP training");
   auto fsdp_params = FullParameters(*model);
@@ -202,6 +226,16 @@ int Run() {
   const double adopted_difference = WorstRelative(StepLosses(adopted), StepLosses(fsdp));
   LOG(INFO) << "sharded at load time, no engine configured: engine " << adopted.engine()->name()
             << ", losses differ from the configured FSDP run by " << adopted_difference;
+
+  // The same load-time-sharded model with DDP configured: a clear error, on every rank.
+  proto::TrainingArguments ddp_args = plain;
+  ddp_args.mutable_ddp();
+  SgdTrainer wrong(ddp_args, preloaded, TrainData());
+  auto refused = wrong.Train();
+  const bool ddp_refused =
+      !refused.ok() && refused.status().message().find("sharded at load time") != std::string::npos;
+  LOG(INFO) << "DDP configured for a sharded model: " << refused.status();
+  if (!ddp_refused) return Fail(absl::InternalError("DDP accepted a sharded model"), "ddp");
 
   if (env->rank != 0) return 0;
   // One process: the same evaluation of an untrained model, then the same training.

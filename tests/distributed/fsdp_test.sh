@@ -22,13 +22,14 @@ run() {  # name, processes, flags...
         --output_dir="$TEST_TMPDIR/$name" "$@" 2>&1)
   code=$?
   echo "== $name ($n processes $*)"
-  echo "$out" | grep -E "relative difference|groups unsharded|sharded at load time|EQUIVALENT|MISMATCH|ERROR|Error" | head -12
+  echo "$out" | grep -E "relative difference|groups unsharded|peak parameter|sharded at load time|EQUIVALENT|MISMATCH|ERROR|Error" | head -14
   if [[ $code -ne 0 || "$out" != *"EQUIVALENT"* ]]; then
     echo "$out" | tail -30
     echo "FAIL: $name (exit $code)"; fail=1
   fi
 }
 
+run world1 1
 run world2 2
 run world3 3
 run world4 4
@@ -38,6 +39,8 @@ run size_wrap 2 --wrap=size
 run hsdp 4 --hsdp
 run checkpointing 3 --checkpointing
 run bf16 2 --bf16
+run sync_each_batch 3 --sync_each_batch
+run offload 2 --offload
 
 [[ $fail -eq 0 ]] && echo PASS
 exit $fail

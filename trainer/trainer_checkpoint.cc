@@ -20,9 +20,11 @@
 #include "base/torch_status.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/files.h"
+#include "checkpoint/hf_model.h"
 #include "checkpoint/safetensors.h"
 #include "config/training_args.h"
 #include "engines/engine.h"
+#include "models/decoder.h"
 #include "proto/checkpoint.pb.h"
 #include "sharding/fully_shard.h"
 #include "trainer/metrics_log.h"
@@ -177,6 +179,11 @@ absl::Status Trainer::SaveCheckpoint() {
     google::protobuf::TextFormat::PrintToString(saved, &state_text);
     CT_RETURN_IF_ERROR(WriteFileAtomically((temp_dir / "training_args.textproto").string(),
                                            args_text));
+    // With the full model, the directory is also a Hugging Face model directory
+    // (from_pretrained reads config.json and model.safetensors).
+    if (const auto* decoder = dynamic_cast<const DecoderLM*>(model_.get())) {
+      CT_RETURN_IF_ERROR(WriteHfConfig(decoder->config(), (temp_dir / "config.json").string()));
+    }
     CT_RETURN_IF_ERROR(WriteFileAtomically((temp_dir / "trainer_state.json").string(),
                                            TrainerStateJson(state_, best_model_checkpoint_)));
     // Last: its presence marks a finished checkpoint.

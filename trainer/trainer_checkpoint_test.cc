@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "checkpoint/hf_model.h"
 #include "checkpoint/safetensors.h"
 #include "models/configs.h"
 #include "models/decoder.h"
@@ -67,6 +68,9 @@ TEST(TrainerCheckpointTest, ResumedRunIsBitwiseEqualToUninterrupted) {
   ASSERT_TRUE(uninterrupted.Train().ok());
   ASSERT_TRUE(fs::exists(whole_dir + "/checkpoint-3/model.safetensors"));
   ASSERT_TRUE(fs::exists(whole_dir + "/checkpoint-6/manifest.pb"));
+  // A Hugging Face model directory too: config.json beside model.safetensors.
+  auto exported = LoadHfDecoder(whole_dir + "/checkpoint-6");
+  ASSERT_TRUE(exported.ok()) << exported.status();
 
   // "Interrupted" after step 3: a new process, another initialization, resumed from there.
   auto resumed_model = TinyDecoder(2);

@@ -19,7 +19,7 @@
 ABSL_FLAG(std::string, engine, "local", "local, ddp, fsdp (sharded checkpoints) or fsdp_full");
 ABSL_FLAG(std::string, output_dir, "/tmp/checkpoint_resume", "where checkpoints go");
 ABSL_FLAG(std::string, resume, "", "resume_from_checkpoint");
-ABSL_FLAG(int, max_steps, 8, "optimizer steps in all");
+ABSL_FLAG(int, max_steps, 10, "optimizer steps in all");
 
 namespace cpptrain {
 namespace {

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Checkpoints written by one engine on one world size resume on another, AdamW state included:
 # FSDP on 4 ranks (sharded checkpoint) -> DDP on 2 -> one local process -> FSDP on 2 ranks
-# (full-model checkpoint), and FSDP 4 -> DDP 3 -> FSDP 2, each leg resuming from the previous
+# (full-model checkpoint), FSDP 4 -> DDP 3 -> FSDP 2, and FSDP 4 -> FSDP 2, each leg resuming from the previous
 # leg's checkpoint. The same global batches run in every leg, so each resumed step's loss must
 # equal the uninterrupted 4-rank run's. Then a run killed in the middle of a save: the
 # unfinished checkpoint is never picked, and resuming from the previous one continues exactly.
@@ -32,7 +32,7 @@ leg local1 1 --engine=local --resume="$TEST_TMPDIR/ddp2/checkpoint-4"
 leg fsdp2 2 --engine=fsdp_full --resume="$TEST_TMPDIR/local1/checkpoint-6"
 leg ddp3 3 --engine=ddp --resume="$TEST_TMPDIR/fsdp4/checkpoint-2"
 leg fsdp2b 2 --engine=fsdp --resume="$TEST_TMPDIR/ddp3/checkpoint-4"
-leg latest 2 --engine=fsdp --output_dir="$TEST_TMPDIR/fsdp4" --resume=latest --max_steps=10
+leg fsdp4to2 2 --engine=fsdp --resume="$TEST_TMPDIR/fsdp4/checkpoint-8"
 
 # Killed while saving checkpoint-4 (after the shard files, before the rename).
 CPPTRAIN_TEST_KILL_IN_SAVE_AT_STEP=4 timeout 300 "$launch" --nproc_per_node=2 --master_port=0 \
@@ -47,7 +47,7 @@ fi
 ls -a "$TEST_TMPDIR/killed"
 leg resumed_after_kill 2 --engine=fsdp --output_dir="$TEST_TMPDIR/killed" --resume=latest
 
-for name in ddp2 local1 fsdp2 ddp3 fsdp2b resumed_after_kill; do
+for name in ddp2 local1 fsdp2 ddp3 fsdp2b fsdp4to2 resumed_after_kill; do
   if ! awk -v name="$name" '
       NR == FNR { want[$2] = $3; next }
       { seen++; d = $3 - want[$2]; if (d < 0) d = -d; if (d / want[$2] > worst) worst = d / want[$2];
@@ -63,8 +63,8 @@ first=$(head -1 "$TEST_TMPDIR/local1.losses" | cut -d' ' -f2)
 [[ "$first" == "5" ]] || { echo "FAIL: local1 should start at step 5, starts at $first"; fail=1; }
 first=$(head -1 "$TEST_TMPDIR/resumed_after_kill.losses" | cut -d' ' -f2)
 [[ "$first" == "3" ]] || { echo "FAIL: resuming after the kill should start at step 3, starts at $first"; fail=1; }
-last=$(tail -1 "$TEST_TMPDIR/latest.losses" | cut -d' ' -f2)
-[[ "$last" == "10" ]] || { echo "FAIL: resume=latest should reach step 10, reached $last"; fail=1; }
+last=$(tail -1 "$TEST_TMPDIR/resumed_after_kill.losses" | cut -d' ' -f2)
+[[ "$last" == "10" ]] || { echo "FAIL: resuming after the kill should reach step 10, reached $last"; fail=1; }
 [[ -f "$TEST_TMPDIR/fsdp2/checkpoint-8/model.safetensors" ]] ||
   { echo "FAIL: fsdp.state_dict_type FULL_STATE_DICT should write model.safetensors"; fail=1; }
 [[ -f "$TEST_TMPDIR/fsdp4/checkpoint-2/shard-00003-of-00004.safetensors" ]] ||

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Checkpoints written by one engine on one world size resume on another, AdamW state included:
 # FSDP on 4 ranks (sharded checkpoint) -> DDP on 2 -> one local process -> FSDP on 2 ranks
-# (full-model checkpoint), FSDP 4 -> DDP 3 -> FSDP 2, and FSDP 4 -> FSDP 2, each leg resuming from the previous
-# leg's checkpoint. The same global batches run in every leg, so each resumed step's loss must
+# (full-model checkpoint), FSDP 4 -> DDP 3 -> FSDP 2, and FSDP 4 -> FSDP 2, each leg resuming
+# from the previous leg's checkpoint. The same global batches run in every leg, so each resumed step's loss must
 # equal the uninterrupted 4-rank run's. Then a run killed in the middle of a save: the
 # unfinished checkpoint is never picked, and resuming from the previous one continues exactly.
 set -uo pipefail

@@ -123,8 +123,10 @@ void ExpectSummedGradients(bool reshard_after_forward, bool checkpointing) {
     CT_ASSIGN_OR_RETURN(FullyShardedModel * sharded, FullyShard(model, mesh, options));
     // Three backwards: two without synchronization, then one with it. Each rank sees the same
     // batch, so every chunk's gradient is 3 passes x 2 ranks x the reference.
+    std::vector<int64_t> peaks;  // parameter storage per pass: freed every time, so equal
     for (int pass = 0; pass < 3; ++pass) {
       sharded->SetGradientSync(pass == 2);
+      if (pass > 0) peaks.push_back(sharded->peak_parameter_bytes());
       sharded->ResetPeakUnsharded();
       CT_RETURN_IF_ERROR(sharded->BeginForward());
       torch::Tensor loss = model.LossSum(model.Forward(batch), batch);
@@ -137,6 +139,10 @@ void ExpectSummedGradients(bool reshard_after_forward, bool checkpointing) {
       CT_RETURN_IF_ERROR(CatchTorch([&] { loss.backward(); }));
       CT_RETURN_IF_ERROR(sharded->FinishBackward());
     }
+    peaks.push_back(sharded->peak_parameter_bytes());
+    CT_RETURN_IF_ERROR(Check(peaks[0] > sharded->shard_bytes() && peaks[0] == peaks[1] &&
+                                 peaks[1] == peaks[2],
+                             "peak parameter storage differs between passes"));
     for (const auto& item : model.named_parameters()) {
       const ShardInfo* info = sharded->Find(item.value());
       const torch::Tensor& grad = item.value().grad();

@@ -30,6 +30,7 @@ struct FullyShardedModel::Group {
 
   enum class State { kSharded, kGathering, kUnsharded };
 
+  const Unit* unit = nullptr;
   std::string unit_class;
   bool is_root = false;
   bool reshard_after_forward = true;
@@ -38,6 +39,9 @@ struct FullyShardedModel::Group {
   at::ScalarType param_dtype = at::kFloat;
   at::ScalarType reduce_dtype = at::kFloat;
   int order_index = -1;  // position in the recorded forward order
+  // Explicit prefetch targets (SetForwardPrefetch/SetBackwardPrefetch); empty: the next group.
+  std::vector<Group*> forward_prefetch;
+  std::vector<Group*> backward_prefetch;
 
   State state = State::kSharded;
   at::Tensor gather_out;  // [W * S], rank-major, while the gather is in flight
@@ -292,21 +296,52 @@ void FullyShardedModel::Reshard(Group& group) {
 }
 
 void FullyShardedModel::Prefetch(const Group& group, int direction) {
-  if (!order_recorded_ || group.order_index < 0) return;
-  const int n = static_cast<int>(forward_order_.size());
-  // Backward runs the root first, then the units in reverse forward order.
-  int next;
-  if (direction > 0) {
-    next = group.order_index + 1;
-  } else {
-    if (!options_.backward_prefetch) return;
-    next = group.is_root ? n - 1 : group.order_index - 1;
+  std::vector<Group*> targets = direction > 0 ? group.forward_prefetch : group.backward_prefetch;
+  if (targets.empty()) {
+    if (!order_recorded_ || group.order_index < 0) return;
+    const int n = static_cast<int>(forward_order_.size());
+    // Backward runs the root first, then the units in reverse forward order.
+    int next;
+    if (direction > 0) {
+      next = group.order_index + 1;
+    } else {
+      if (!options_.backward_prefetch) return;
+      next = group.is_root ? n - 1 : group.order_index - 1;
+    }
+    if (next < 0 || next >= n) return;
+    targets.push_back(forward_order_[next]);
   }
-  if (next < 0 || next >= n) return;
-  Group& target = *forward_order_[next];
-  if (target.is_root || (direction < 0 && target.pre_backward_done)) return;
-  absl::Status status = Unshard(target);
-  if (!status.ok()) ThrowStatus(status);
+  for (Group* target : targets) {
+    if (target->is_root || (direction < 0 && target->pre_backward_done)) continue;
+    absl::Status status = Unshard(*target);
+    if (!status.ok()) ThrowStatus(status);
+  }
+}
+
+absl::Status FullyShardedModel::SetPrefetch(const Unit& unit, const std::vector<const Unit*>& targets,
+                                            bool forward) {
+  auto find = [&](const Unit* u) -> Group* {
+    for (const auto& g : groups_) {
+      if (g->unit == u) return g.get();
+    }
+    return nullptr;
+  };
+  Group* group = find(&unit);
+  if (group == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "prefetch: unit ", unit.unit_class(), " has no shard group of its own (is it wrapped?)"));
+  }
+  std::vector<Group*> resolved;
+  for (const Unit* target : targets) {
+    Group* g = target ? find(target) : nullptr;
+    if (g == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "prefetch: a target of unit ", unit.unit_class(), " has no shard group of its own"));
+    }
+    resolved.push_back(g);
+  }
+  (forward ? group->forward_prefetch : group->backward_prefetch) = std::move(resolved);
+  return absl::OkStatus();
 }
 
 torch::Tensor FullyShardedModel::PreForward(Group& group, torch::Tensor input) {
@@ -623,7 +658,8 @@ absl::StatusOr<FullyShardedModel*> FullyShard(TrainableModel& model, ShardMesh m
   for (int gi = 0; gi <= root_index; ++gi) {
     auto group = std::make_unique<FullyShardedModel::Group>();
     group->is_root = gi == root_index;
-    group->unit_class = group->is_root ? model.unit_class() : units[gi]->unit_class();
+    group->unit = group->is_root ? static_cast<const Unit*>(&model) : units[gi];
+    group->unit_class = group->unit->unit_class();
     group->reshard_after_forward =
         group->is_root ? options.root_reshard_after_forward.value_or(false)
                        : options.reshard_after_forward.value_or(true);

@@ -121,6 +121,17 @@ class FullyShardedModel : public ShardingAttachment {
   // Every sharded parameter (name and registered tensor) with its metadata, in model order.
   std::vector<std::pair<at::Tensor, const ShardInfo*>> Shards() const;
 
+  // Explicit prefetching (FSDP2's set_modules_to_forward_prefetch / _backward_prefetch): when
+  // `unit`'s forward (backward) starts, the groups of `targets` are gathered too, in that
+  // order, instead of the next group in the recorded order. Every rank must set the same
+  // lists. Errors: a unit (or target) that is not the root or a wrapped unit.
+  absl::Status SetForwardPrefetch(const Unit& unit, const std::vector<const Unit*>& targets) {
+    return SetPrefetch(unit, targets, /*forward=*/true);
+  }
+  absl::Status SetBackwardPrefetch(const Unit& unit, const std::vector<const Unit*>& targets) {
+    return SetPrefetch(unit, targets, /*forward=*/false);
+  }
+
   // Off: backward keeps full gradients (in reduce_dtype) and communicates nothing; the next
   // synchronized backward adds them in before reducing.
   void SetGradientSync(bool enabled) { sync_ = enabled; }
@@ -177,6 +188,8 @@ class FullyShardedModel : public ShardingAttachment {
   void PreBackward(Group& group);
   void OnPostBackward(Group& group);
   void CountUnsharded();
+  absl::Status SetPrefetch(const Unit& unit, const std::vector<const Unit*>& targets,
+                           bool forward);
 
   ShardMesh mesh_;
   FullyShardOptions options_;

@@ -205,6 +205,37 @@ TEST(FullyShardTest, InferenceFreesEveryUnitAfterItsForward) {
   EXPECT_TRUE(s.ok()) << s;
 }
 
+TEST(FullyShardTest, ExplicitPrefetchGathersTheListedUnitsEarly) {
+  constexpr int kWorld = 2;
+  auto models = Replicas(kWorld, 4);
+  torch::manual_seed(3);
+  auto reference = Decoder(4);
+  const Batch batch = TokenBatch();
+  torch::Tensor expected;
+  {
+    torch::NoGradGuard no_grad;
+    expected = reference->Forward(batch);
+  }
+  absl::Status s = RunRanksAsThreads(kWorld, [&](int rank, auto store) -> absl::Status {
+    CT_ASSIGN_OR_RETURN(ShardMesh mesh, Mesh(rank, kWorld, store));
+    DecoderLM& model = *models[rank];
+    CT_ASSIGN_OR_RETURN(FullyShardedModel * sharded, FullyShard(model, mesh, {}));
+    const auto& layers = model.layers();
+    // The root gathers three layers at once, before the first forward recorded any order.
+    CT_RETURN_IF_ERROR(sharded->SetForwardPrefetch(
+        model, {layers[0].get(), layers[1].get(), layers[2].get()}));
+    auto bad = sharded->SetForwardPrefetch(*layers[0], {nullptr});
+    CT_RETURN_IF_ERROR(Check(!bad.ok(), "a null target must be an error"));
+    torch::NoGradGuard no_grad;
+    CT_RETURN_IF_ERROR(sharded->BeginForward());
+    CT_RETURN_IF_ERROR(Check(sharded->peak_unsharded() == 4, "root + 3 prefetched layers"));
+    torch::Tensor logits = model.Forward(batch);
+    CT_RETURN_IF_ERROR(sharded->EndForward());
+    return Check(torch::allclose(logits, expected, 1e-5, 1e-6), "logits differ");
+  });
+  EXPECT_TRUE(s.ok()) << s;
+}
+
 // Two units that share one tensor cannot be sharded separately.
 class TiedAcrossUnits : public TrainableModel {
  public:

@@ -4,6 +4,7 @@
 #include <unordered_map>
 #include <utility>
 
+#include <c10/core/DeviceGuard.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/torch.h>
 
@@ -51,8 +52,10 @@ struct FullyShardedModel::Group {
   // the memory too and see the new values in backward.
   at::Tensor full;
   at::Tensor accumulated;  // [W * S] rank-major, reduce_dtype: gradients of unsynced passes
-  at::Tensor reduce_out;   // [S]
-  std::unique_ptr<Work> reduce_work;
+  at::Tensor reduce_out;   // [S]: this rank's reduced gradients, once `reduced`
+  std::unique_ptr<Work> reduce_work;     // the reduce-scatter in flight
+  std::unique_ptr<Work> replicate_work;  // HSDP: the all-reduce over replicas in flight
+  bool reduced = false;                  // reduce_out holds gradients still to hand out
   bool pre_backward_done = false;
   bool post_backward_done = false;
 };
@@ -75,6 +78,7 @@ void FreeStorage(const at::Tensor& t) {
 }
 
 void AllocateStorage(const at::Tensor& t) {
+  const c10::DeviceGuard on_device(t.device());  // the allocator serves the current device
   c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
   const size_t nbytes = static_cast<size_t>(t.numel()) * t.element_size();
   if (storage->nbytes() == nbytes) return;
@@ -204,13 +208,7 @@ void FullyShardedModel::CountUnsharded() {
   peak_parameter_bytes_ = std::max(peak_parameter_bytes_, bytes);
 }
 
-int64_t FullyShardedModel::shard_bytes() const {
-  int64_t bytes = 0;
-  for (const auto& g : groups_) {
-    for (const Group::Param& p : g->params) bytes += p.shard.numel() * p.shard.element_size();
-  }
-  return bytes;
-}
+int64_t FullyShardedModel::shard_bytes() const { return shard_bytes_; }
 
 std::vector<int64_t> FullyShardedModel::GroupFullBytes() const {
   std::vector<int64_t> out;
@@ -229,7 +227,12 @@ absl::Status FullyShardedModel::Unshard(Group& group) {
                                                 .device(options_.device));
     at::Tensor segment = out.narrow(0, mesh_.shard->rank() * s, s);
     for (const Group::Param& p : group.params) {
-      segment.narrow(0, p.offset, p.chunk_numel).copy_(p.shard, /*non_blocking=*/true);
+      // Offloaded chunks cross to the device in their own dtype first (a pinned, asynchronous
+      // copy) and are cast there: a cross-device cast would run on the host and block.
+      const at::Tensor source = p.shard.device() == out.device()
+                                    ? p.shard
+                                    : p.shard.to(out.device(), /*non_blocking=*/true);
+      segment.narrow(0, p.offset, p.chunk_numel).copy_(source, /*non_blocking=*/true);
     }
     // Every rank has the same segment size, so all skip an empty group alike.
     if (s > 0) {
@@ -410,6 +413,11 @@ absl::Status FullyShardedModel::PostBackward(Group& group) {
   const int64_t s = group.segment_numel;
   CT_RETURN_IF_ERROR(CatchTorch([&]() -> absl::Status {
     torch::NoGradGuard no_grad;
+    // The previous group's reduce-scatter completes first (on CUDA the stream waits; its
+    // input buffer is released), so one group's full gradients are in flight at a time.
+    if (sync_ && last_reduced_ != nullptr && last_reduced_ != &group) {
+      CT_RETURN_IF_ERROR(CompleteReduceScatter(*last_reduced_));
+    }
     const bool add = group.accumulated.defined();
     at::Tensor in = add ? group.accumulated
                         : at::empty({world * s}, at::TensorOptions()
@@ -437,9 +445,23 @@ absl::Status FullyShardedModel::PostBackward(Group& group) {
     at::Tensor out = at::empty({s}, in.options());
     CT_ASSIGN_OR_RETURN(group.reduce_work, mesh_.shard->ReduceScatter(in, out, ReduceOp::kSum));
     group.reduce_out = std::move(out);
+    group.reduced = true;
+    last_reduced_ = &group;
     return absl::OkStatus();
   }));
   Reshard(group);
+  return absl::OkStatus();
+}
+
+absl::Status FullyShardedModel::CompleteReduceScatter(Group& group) {
+  if (group.reduce_work == nullptr) return absl::OkStatus();
+  absl::Status waited = group.reduce_work->Wait();
+  group.reduce_work.reset();
+  CT_RETURN_IF_ERROR(waited);
+  if (mesh_.replicate != nullptr) {
+    CT_ASSIGN_OR_RETURN(group.replicate_work,
+                        mesh_.replicate->AllReduce(group.reduce_out, ReduceOp::kSum));
+  }
   return absl::OkStatus();
 }
 
@@ -455,16 +477,14 @@ absl::Status FullyShardedModel::FinishBackward() {
     if (g->state == Group::State::kUnsharded && status.ok()) status = PostBackward(*g);
   }
   for (Group* g : order) {
-    if (g->reduce_work == nullptr) continue;
-    absl::Status waited = g->reduce_work->Wait();
-    g->reduce_work.reset();
-    if (waited.ok() && mesh_.replicate != nullptr) {
-      absl::StatusOr<std::unique_ptr<Work>> work =
-          mesh_.replicate->AllReduce(g->reduce_out, ReduceOp::kSum);
-      waited = work.ok() ? (*work)->Wait() : work.status();
-    }
+    if (!g->reduced) continue;
+    g->reduced = false;
+    absl::Status waited = CompleteReduceScatter(*g);
+    if (waited.ok() && g->replicate_work != nullptr) waited = g->replicate_work->Wait();
+    g->replicate_work.reset();
     if (!waited.ok()) {
       if (status.ok()) status = waited;
+      g->reduce_out = at::Tensor();
       continue;
     }
     absl::Status assigned = CatchTorch([&] {
@@ -484,6 +504,7 @@ absl::Status FullyShardedModel::FinishBackward() {
     if (!assigned.ok() && status.ok()) status = assigned;
     g->reduce_out = at::Tensor();
   }
+  last_reduced_ = nullptr;
   absl::Status resharded = ReshardAll();
   if (status.ok()) status = resharded;
   for (const auto& g : groups_) {
@@ -528,7 +549,9 @@ absl::StatusOr<at::Tensor> FullyShardedModel::GatherFull(const at::Tensor& param
   for (const auto& g : groups_) {
     for (const Group::Param& p : g->params) {
       if (p.param.unsafeGetTensorImpl() != param.unsafeGetTensorImpl()) continue;
-      if (g->state == Group::State::kUnsharded) return p.param.detach().to(at::kCPU, true, true);
+      if (g->state == Group::State::kUnsharded) {
+        return p.param.detach().to(at::kCPU, p.info.dtype, /*non_blocking=*/false, /*copy=*/true);
+      }
       const int world = mesh_.shard->size();
       at::Tensor out;
       CT_RETURN_IF_ERROR(CatchTorch([&]() -> absl::Status {
@@ -748,7 +771,10 @@ absl::StatusOr<FullyShardedModel*> FullyShard(TrainableModel& model, ShardMesh m
     s.hooks_.push_back(std::move(hook));
   }
   int64_t total = 0;
-  for (const auto& g : s.groups_) total += g->segment_numel * world;
+  for (const auto& g : s.groups_) {
+    total += g->segment_numel * world;
+    for (const auto& p : g->params) s.shard_bytes_ += p.shard.numel() * p.shard.element_size();
+  }
   CT_LOG_RANK0(INFO) << "FullyShard: " << s.groups_.size() << " groups ("
                      << root_index << " units + root) over " << world << " shard ranks"
                      << (mesh.replicate ? absl::StrCat(" x ", mesh.replicate->size(), " replicas")

@@ -188,6 +188,7 @@ class FullyShardedModel : public ShardingAttachment {
   void PreBackward(Group& group);
   void OnPostBackward(Group& group);
   void CountUnsharded();
+  absl::Status CompleteReduceScatter(Group& group);
   absl::Status SetPrefetch(const Unit& unit, const std::vector<const Unit*>& targets,
                            bool forward);
 
@@ -201,6 +202,8 @@ class FullyShardedModel : public ShardingAttachment {
   absl::Status hook_error_;  // a failure inside an autograd node, reported by FinishBackward
   int peak_unsharded_ = 0;
   int64_t peak_parameter_bytes_ = 0;
+  int64_t shard_bytes_ = 0;
+  Group* last_reduced_ = nullptr;  // the newest reduce-scatter, completed before the next one
 };
 
 // Shards `model` in place over `mesh` (every rank calls it with the same model structure;

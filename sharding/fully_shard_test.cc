@@ -97,6 +97,14 @@ TEST(FullyShardTest, ShardsAreDimZeroChunksAndGatherBack) {
   EXPECT_TRUE(s.ok()) << s;
 }
 
+// Logits of the unsharded model on `batch`, for comparison.
+torch::Tensor ReferenceLogits(int layers, const Batch& batch) {
+  torch::manual_seed(3);
+  auto model = Decoder(layers);
+  torch::NoGradGuard no_grad;
+  return model->Forward(batch);
+}
+
 // Gradients of the unsharded model on the same batch, for comparison.
 std::map<std::string, torch::Tensor> ReferenceGradients(int layers, const Batch& batch) {
   torch::manual_seed(3);
@@ -175,14 +183,8 @@ TEST(FullyShardTest, RecomputationGathersAgainInBackward) {
 TEST(FullyShardTest, InferenceFreesEveryUnitAfterItsForward) {
   constexpr int kWorld = 2;
   auto models = Replicas(kWorld, 4);
-  torch::manual_seed(3);
-  auto reference = Decoder(4);
   const Batch batch = TokenBatch();
-  torch::Tensor expected;
-  {
-    torch::NoGradGuard no_grad;
-    expected = reference->Forward(batch);
-  }
+  const torch::Tensor expected = ReferenceLogits(4, batch);
   absl::Status s = RunRanksAsThreads(kWorld, [&](int rank, auto store) -> absl::Status {
     CT_ASSIGN_OR_RETURN(ShardMesh mesh, Mesh(rank, kWorld, store));
     DecoderLM& model = *models[rank];
@@ -208,14 +210,8 @@ TEST(FullyShardTest, InferenceFreesEveryUnitAfterItsForward) {
 TEST(FullyShardTest, ExplicitPrefetchGathersTheListedUnitsEarly) {
   constexpr int kWorld = 2;
   auto models = Replicas(kWorld, 4);
-  torch::manual_seed(3);
-  auto reference = Decoder(4);
   const Batch batch = TokenBatch();
-  torch::Tensor expected;
-  {
-    torch::NoGradGuard no_grad;
-    expected = reference->Forward(batch);
-  }
+  const torch::Tensor expected = ReferenceLogits(4, batch);
   absl::Status s = RunRanksAsThreads(kWorld, [&](int rank, auto store) -> absl::Status {
     CT_ASSIGN_OR_RETURN(ShardMesh mesh, Mesh(rank, kWorld, store));
     DecoderLM& model = *models[rank];

@@ -613,7 +613,9 @@ TEST(SafetensorsFuzzTest, MutatedFilesOpenOrFailCleanly) {
       ASSERT_TRUE(info.ok()) << info.status();
       EXPECT_LE(8 + mutated_length + static_cast<uint64_t>(info->end), bytes.size()) << name;
       auto tensor = (*file)->GetCopy(name);
-      if (tensor.ok()) EXPECT_EQ(tensor->numel() * tensor->element_size(), info->end - info->begin);
+      if (tensor.ok()) {
+        EXPECT_EQ(tensor->numel() * tensor->element_size(), info->end - info->begin);
+      }
     }
   }
   EXPECT_GT(rejected, 1000);

@@ -111,7 +111,12 @@ absl::Status Trainer::SaveCheckpoint() {
   const bool zero = engine_->rank() == 0;
   std::error_code error;
   if (zero) {
-    fs::remove_all(temp_dir, error);
+    // Unfinished checkpoints of a crashed run are never resumed from; clear them away.
+    for (const auto& entry : fs::directory_iterator(out, error)) {
+      if (entry.path().filename().string().rfind(".tmp-checkpoint-", 0) == 0) {
+        fs::remove_all(entry.path(), error);
+      }
+    }
     fs::create_directories(temp_dir, error);
     if (error) {
       return absl::InternalError(absl::StrCat("cannot create checkpoint directory '",

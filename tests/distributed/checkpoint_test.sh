@@ -54,6 +54,9 @@ if [[ -e "$TEST_TMPDIR/killed/checkpoint-4" || ! -d "$TEST_TMPDIR/killed/checkpo
 fi
 ls -a "$TEST_TMPDIR/killed"
 leg resumed_after_kill 2 --engine=fsdp --output_dir="$TEST_TMPDIR/killed" --resume=latest
+if compgen -G "$TEST_TMPDIR/killed/.tmp-*" > /dev/null; then
+  echo "FAIL: the next save should clear the unfinished checkpoint"; fail=1
+fi
 
 for name in $checked; do
   if ! awk -v name="$name" '

@@ -48,9 +48,13 @@ class TestModel : public TrainableModel {
   std::shared_ptr<DecoderLM> decoder_;
 };
 
+using testing::EvaluateAndPredict;
 using testing::MaxRelativeDifference;
 using testing::Parameters;
+using testing::SameEvaluation;
 using testing::SgdTrainer;
+using testing::StepLosses;
+using testing::WorstRelative;
 
 std::shared_ptr<const Dataset> Data() { return testing::VariableLengthTokens(96, 5); }
 
@@ -71,14 +75,6 @@ proto::TrainingArguments Args(int per_device_batch, const std::string& dir) {
   args.set_save_strategy(proto::TrainingArguments::NO);
   args.set_disable_tqdm(true);
   return args;
-}
-
-std::vector<double> StepLosses(const Trainer& trainer) {
-  std::vector<double> losses;
-  for (const Metrics& m : trainer.state().log_history) {
-    if (m.count("loss")) losses.push_back(m.at("loss"));
-  }
-  return losses;
 }
 
 int Run() {
@@ -108,11 +104,9 @@ int Run() {
   ddp_args.set_per_device_eval_batch_size(2);
   auto eval_data = testing::VariableLengthTokens(23, 9);
   Trainer ddp_eval(ddp_args, ddp_model, nullptr, eval_data, nullptr);
-  auto ddp_metrics = ddp_eval.Evaluate();
-  auto ddp_predictions = ddp_eval.Predict(eval_data);
-  if (!ddp_metrics.ok() || !ddp_predictions.ok()) {
-    LOG(ERROR) << "DDP evaluation failed: "
-               << (ddp_metrics.ok() ? ddp_predictions.status() : ddp_metrics.status());
+  auto ddp_outputs = EvaluateAndPredict(ddp_eval, eval_data);
+  if (!ddp_outputs.ok()) {
+    LOG(ERROR) << "DDP evaluation failed: " << ddp_outputs.status();
     return 1;
   }
   if (env->rank != 0) return 0;
@@ -124,13 +118,12 @@ int Run() {
   if (!local.Train().ok()) return 1;
 
   const std::vector<double> a = StepLosses(ddp), b = StepLosses(local);
-  double worst_loss = 0, worst_param = 0;
   if (a.size() != 5 || b.size() != 5) {
     LOG(ERROR) << "expected 5 logged losses, got " << a.size() << " and " << b.size();
     return 1;
   }
-  for (size_t i = 0; i < a.size(); ++i) worst_loss = std::max(worst_loss, std::fabs(a[i] - b[i]) / std::fabs(b[i]));
-  worst_param = MaxRelativeDifference(Parameters(*ddp_model), Parameters(*local_model));
+  const double worst_loss = WorstRelative(a, b);
+  const double worst_param = MaxRelativeDifference(Parameters(*ddp_model), Parameters(*local_model));
   LOG(INFO) << "world " << env->world_size << ": DDP losses " << a[0] << " ... " << a[4]
             << "; local " << b[0] << " ... " << b[4] << "; max relative difference: loss "
             << worst_loss << ", parameters " << worst_param;
@@ -140,27 +133,11 @@ int Run() {
   Trainer local_eval(eval_args, ddp_model, nullptr, eval_data,
                      std::move(*LocalEngine::Create(proto::LocalEngineConfig(),
                                                     MixedPrecision::kNone)));
-  auto local_metrics = local_eval.Evaluate();
-  auto local_predictions = local_eval.Predict(eval_data);
-  if (!local_metrics.ok() || !local_predictions.ok()) return 1;
-  const double eval_difference =
-      std::fabs(ddp_metrics->at("eval_loss") - local_metrics->at("eval_loss")) /
-      local_metrics->at("eval_loss");
-  const bool same_shape =
-      ddp_predictions->predictions.sizes() == local_predictions->predictions.sizes();
-  // Logits at padding positions depend on how batches were padded; compare real tokens only.
-  const torch::Tensor real = local_predictions->label_ids.ne(-100).unsqueeze(-1);
-  const bool same_predictions =
-      same_shape && ddp_predictions->label_ids.equal(local_predictions->label_ids) &&
-      torch::allclose(ddp_predictions->predictions * real,
-                      local_predictions->predictions * real, 1e-4, 1e-5);
-  LOG(INFO) << "evaluation: eval_loss " << ddp_metrics->at("eval_loss") << " (DDP) vs "
-            << local_metrics->at("eval_loss") << " (one process), relative difference "
-            << eval_difference << "; predictions " << ddp_predictions->predictions.sizes()
-            << " vs " << local_predictions->predictions.sizes()
-            << (same_predictions ? ", equal" : ", DIFFERENT");
-  const bool ok = worst_loss < 1e-5 && worst_param < 1e-5 && eval_difference < 1e-6 &&
-                  same_predictions && ddp_predictions->predictions.size(0) == 23;
+  auto local_outputs = EvaluateAndPredict(local_eval, eval_data);
+  if (!local_outputs.ok()) return 1;
+  const bool same_evaluation =
+      SameEvaluation(*ddp_outputs, *local_outputs, 1e-5, /*samples=*/23, "evaluation, DDP");
+  const bool ok = worst_loss < 1e-5 && worst_param < 1e-5 && same_evaluation;
   std::cout << (ok ? "EQUIVALENT" : "MISMATCH") << std::endl;
   return ok ? 0 : 1;
 }

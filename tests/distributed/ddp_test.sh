@@ -17,7 +17,7 @@ for n in $counts; do
   out=$(timeout 300 "$launch" --nproc_per_node="$n" --master_port=0 "$program" \
         --output_dir="$TEST_TMPDIR/eq$n" 2>&1)
   code=$?
-  echo "$out" | grep -E "max relative difference|evaluation:|EQUIVALENT|MISMATCH|ERROR"
+  echo "$out" | grep -E "max relative difference|evaluation|EQUIVALENT|MISMATCH|ERROR"
   if [[ $code -ne 0 || "$out" != *"EQUIVALENT"* ]]; then
     echo "FAIL: DDP on $n processes is not equivalent to the local engine (exit $code)"; fail=1
   fi

@@ -42,8 +42,12 @@ ABSL_FLAG(bool, offload, false, "fsdp.offload_params");
 namespace cpptrain {
 namespace {
 
+using testing::EvalOutputs;
 using testing::MaxRelativeDifference;
+using testing::SameEvaluation;
 using testing::SgdTrainer;
+using testing::StepLosses;
+using testing::WorstRelative;
 
 constexpr int kLayers = 4;
 
@@ -96,23 +100,6 @@ proto::TrainingArguments FsdpArgs(const std::string& dir, int world) {
   return args;
 }
 
-std::vector<double> StepLosses(const Trainer& trainer) {
-  std::vector<double> losses;
-  for (const Metrics& m : trainer.state().log_history) {
-    if (m.count("loss")) losses.push_back(m.at("loss"));
-  }
-  return losses;
-}
-
-double WorstRelative(const std::vector<double>& a, const std::vector<double>& b) {
-  if (a.size() != b.size() || a.empty()) return 1e9;
-  double worst = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    worst = std::max(worst, std::fabs(a[i] - b[i]) / std::fabs(b[i]));
-  }
-  return worst;
-}
-
 // Every parameter's full value, gathered from the shards (all ranks take part).
 absl::StatusOr<std::vector<torch::Tensor>> FullParameters(DecoderLM& model) {
   FullyShardedModel* sharded = FullyShardedOf(model);
@@ -123,35 +110,6 @@ absl::StatusOr<std::vector<torch::Tensor>> FullParameters(DecoderLM& model) {
     out.push_back(full.to(torch::kFloat));
   }
   return out;
-}
-
-struct EvalOutputs {
-  Metrics metrics;
-  PredictionOutput predictions;
-};
-
-absl::StatusOr<EvalOutputs> EvaluateAndPredict(Trainer& trainer) {
-  CT_ASSIGN_OR_RETURN(Metrics metrics, trainer.Evaluate());
-  CT_ASSIGN_OR_RETURN(PredictionOutput predictions, trainer.Predict(EvalData()));
-  return EvalOutputs{metrics, predictions};
-}
-
-bool SameEvaluation(const EvalOutputs& a, const EvalOutputs& b, double tolerance,
-                    const std::string& what) {
-  const double loss_difference = std::fabs(a.metrics.at("eval_loss") - b.metrics.at("eval_loss")) /
-                                 b.metrics.at("eval_loss");
-  const bool same_shape = a.predictions.predictions.sizes() == b.predictions.predictions.sizes();
-  const torch::Tensor real = b.predictions.label_ids.ne(-100).unsqueeze(-1);
-  const bool same_predictions =
-      same_shape && a.predictions.label_ids.equal(b.predictions.label_ids) &&
-      torch::allclose(a.predictions.predictions * real, b.predictions.predictions * real,
-                      tolerance, tolerance);
-  LOG(INFO) << what << ": eval_loss " << a.metrics.at("eval_loss") << " (FSDP) vs "
-            << b.metrics.at("eval_loss") << " (one process), relative difference "
-            << loss_difference << "; predictions " << a.predictions.predictions.sizes()
-            << (same_predictions ? ", equal" : ", DIFFERENT");
-  return loss_difference < tolerance && same_predictions &&
-         a.predictions.predictions.size(0) == 23;
 }
 
 int Fail(const absl::Status& status, const std::string& what) {
@@ -172,7 +130,7 @@ int Run() {
   auto model = Model();
   SgdTrainer fsdp(FsdpArgs(absl::StrCat(dir, "/fsdp_rank", env->rank), env->world_size), model,
                   TrainData(), EvalData(), nullptr);
-  auto untrained = EvaluateAndPredict(fsdp);
+  auto untrained = testing::EvaluateAndPredict(fsdp, EvalData());
   if (!untrained.ok()) return Fail(untrained.status(), "evaluate/predict before train");
   FullyShardedModel* sharded = FullyShardedOf(*model);
   if (sharded == nullptr) return Fail(absl::InternalError("not sharded"), "evaluate");
@@ -244,10 +202,10 @@ int Run() {
   local_args.set_per_device_eval_batch_size(5);
   SgdTrainer local(local_args, local_model, TrainData(), EvalData(),
                    std::move(*LocalEngine::Create(proto::LocalEngineConfig(), precision)));
-  auto local_untrained = EvaluateAndPredict(local);
+  auto local_untrained = testing::EvaluateAndPredict(local, EvalData());
   if (!local_untrained.ok()) return Fail(local_untrained.status(), "local evaluation");
   const bool eval_ok = SameEvaluation(*untrained, *local_untrained, bf16 ? 5e-2 : 1e-5,
-                                      "untrained model");
+                                      /*samples=*/23, "untrained model, FSDP");
   if (!local.Train().ok()) return 1;
   const std::vector<double> a = StepLosses(fsdp), b = StepLosses(local);
   const double worst_loss = WorstRelative(a, b);

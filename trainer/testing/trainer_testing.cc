@@ -1,10 +1,13 @@
 #include "trainer/testing/trainer_testing.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <random>
 
 #include <torch/torch.h>
 
+#include "base/logging.h"
 #include "trainer/data/in_memory_dataset.h"
 
 namespace cpptrain {
@@ -43,6 +46,53 @@ double MaxRelativeDifference(const std::vector<torch::Tensor>& a,
     worst = std::max(worst, (a[i] - b[i]).abs().max().item<double>() / scale);
   }
   return worst;
+}
+
+std::vector<double> StepLosses(const Trainer& trainer) {
+  std::vector<double> losses;
+  for (const Metrics& m : trainer.state().log_history) {
+    if (m.count("loss")) losses.push_back(m.at("loss"));
+  }
+  return losses;
+}
+
+double WorstRelative(const std::vector<double>& a, const std::vector<double>& b) {
+  if (a.size() != b.size() || a.empty()) return std::numeric_limits<double>::infinity();
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    worst = std::max(worst, std::fabs(a[i] - b[i]) / std::fabs(b[i]));
+  }
+  return worst;
+}
+
+absl::StatusOr<EvalOutputs> EvaluateAndPredict(Trainer& trainer,
+                                               std::shared_ptr<const Dataset> dataset) {
+  absl::StatusOr<Metrics> metrics = trainer.Evaluate();
+  if (!metrics.ok()) return metrics.status();
+  absl::StatusOr<PredictionOutput> predictions = trainer.Predict(std::move(dataset));
+  if (!predictions.ok()) return predictions.status();
+  return EvalOutputs{*std::move(metrics), *std::move(predictions)};
+}
+
+bool SameEvaluation(const EvalOutputs& got, const EvalOutputs& want, double tolerance,
+                    int64_t samples, const std::string& what) {
+  const double got_loss = got.metrics.at("eval_loss");
+  const double want_loss = want.metrics.at("eval_loss");
+  const double loss_difference = std::fabs(got_loss - want_loss) / std::fabs(want_loss);
+  const bool same_shape = got.predictions.predictions.sizes() == want.predictions.predictions.sizes();
+  // Logits at padding positions depend on how batches were padded; compare real tokens only.
+  const torch::Tensor real = want.predictions.label_ids.ne(kIgnoreIndex).unsqueeze(-1);
+  const bool same_predictions =
+      same_shape && got.predictions.label_ids.equal(want.predictions.label_ids) &&
+      torch::allclose(got.predictions.predictions * real, want.predictions.predictions * real,
+                      tolerance, tolerance);
+  LOG(INFO) << what << ": eval_loss " << got_loss << " vs " << want_loss
+            << " (one process), relative difference " << loss_difference << "; predictions "
+            << got.predictions.predictions.sizes() << " vs "
+            << want.predictions.predictions.sizes()
+            << (same_predictions ? ", equal" : ", DIFFERENT");
+  return loss_difference < tolerance && same_predictions &&
+         got.predictions.predictions.size(0) == samples;
 }
 
 }  // namespace testing

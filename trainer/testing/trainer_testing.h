@@ -38,6 +38,26 @@ std::vector<torch::Tensor> Parameters(torch::nn::Module& model);
 double MaxRelativeDifference(const std::vector<torch::Tensor>& a,
                              const std::vector<torch::Tensor>& b);
 
+// The losses a Trainer logged, in step order.
+std::vector<double> StepLosses(const Trainer& trainer);
+
+// The largest |a[i] - b[i]| / |b[i]|; infinity when the lengths differ or are zero.
+double WorstRelative(const std::vector<double>& a, const std::vector<double>& b);
+
+// Evaluate() and Predict(dataset) of one Trainer.
+struct EvalOutputs {
+  Metrics metrics;
+  PredictionOutput predictions;
+};
+absl::StatusOr<EvalOutputs> EvaluateAndPredict(Trainer& trainer,
+                                               std::shared_ptr<const Dataset> dataset);
+
+// Whether `got` (a distributed run) matches `want` (one process): eval_loss within `tolerance`
+// relative, the same label ids and, at real (labelled) tokens, predictions allclose at
+// `tolerance`, for exactly `samples` samples. Logs the comparison, prefixed by `what`.
+bool SameEvaluation(const EvalOutputs& got, const EvalOutputs& want, double tolerance,
+                    int64_t samples, const std::string& what);
+
 }  // namespace testing
 }  // namespace cpptrain
 

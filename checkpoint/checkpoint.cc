@@ -18,13 +18,10 @@
 #include "checkpoint/optimizer_state.h"
 #include "checkpoint/safetensors.h"
 #include "sharding/fully_shard.h"
+#include "sharding/shard_rows.h"
 
 namespace cpptrain {
 namespace {
-
-std::string ShardFileName(int shard, int shards) {
-  return absl::StrFormat("shard-%05d-of-%05d.safetensors", shard, shards);
-}
 
 // How a tensor of a parameter is laid out across ranks: split like the parameter (its
 // ShardInfo), or whole on rank 0.
@@ -32,11 +29,6 @@ struct Layout {
   const ShardInfo* info = nullptr;  // null: kept whole
   std::vector<int64_t> shape;       // the full tensor's shape (as stored: at least 1-d)
 };
-
-std::vector<int64_t> Stored(std::vector<int64_t> shape) {
-  if (shape.empty()) shape.push_back(1);
-  return shape;
-}
 
 // Adds `name`'s entry to the manifest with one piece per shard rank holding rows of it.
 void AddToManifest(proto::CheckpointManifest& manifest, const std::string& name,
@@ -57,21 +49,15 @@ void AddToManifest(proto::CheckpointManifest& manifest, const std::string& name,
     return;
   }
   const int shards = layout.info->shard_size;
-  const int64_t chunk = layout.info->chunk_rows;
   for (int s = 0; s < shards; ++s) {
-    const int64_t begin = std::min(rows, s * chunk);
-    const int64_t n = std::min(chunk, rows - begin);
-    if (n <= 0) continue;
+    const RowRange range = ShardRowRange(rows, shards, s);
+    if (range.rows() == 0) continue;
     proto::TensorPiece* piece = t->add_pieces();
     piece->set_file(ShardFileName(s, shards));
     piece->set_key(key);
-    piece->set_row_begin(begin);
-    piece->set_rows(n);
+    piece->set_row_begin(range.begin);
+    piece->set_rows(range.rows());
   }
-}
-
-absl::Status Barrier(Engine& engine) {
-  return engine.AllReduceSum(torch::zeros({1}, torch::kFloat64)).status();
 }
 
 // Reads rows of checkpoint tensors, opening each file once.
@@ -81,7 +67,7 @@ class PieceReader {
 
   // Rows [begin, begin + rows) of `t`, shaped [rows, ...] (the stored shape's other dims).
   absl::StatusOr<at::Tensor> Rows(const proto::CheckpointTensor& t, int64_t begin, int64_t rows) {
-    std::vector<int64_t> shape = Stored({t.shape().begin(), t.shape().end()});
+    std::vector<int64_t> shape = StoredShape({t.shape().begin(), t.shape().end()});
     if (begin < 0 || begin + rows > shape[0]) {
       return absl::InvalidArgumentError(absl::StrCat(
           "checkpoint '", dir_, "': rows [", begin, ", ", begin + rows, ") of ", t.name(),
@@ -127,6 +113,15 @@ class PieceReader {
 };
 
 }  // namespace
+
+std::string ShardFileName(int shard, int shards) {
+  return absl::StrFormat("shard-%05d-of-%05d.safetensors", shard, shards);
+}
+
+std::vector<int64_t> StoredShape(std::vector<int64_t> shape) {
+  if (shape.empty()) shape.push_back(1);
+  return shape;
+}
 
 absl::StatusOr<proto::CheckpointManifest> ReadManifest(const std::string& dir) {
   CT_ASSIGN_OR_RETURN(std::string bytes, ReadFile(dir + "/" + kManifestFileName));
@@ -174,7 +169,7 @@ absl::Status SaveModelState(const std::string& dir, TrainableModel& model,
     const ShardInfo* info = sharded ? sharded->Find(p) : nullptr;
     const std::vector<int64_t> global = info ? info->global_shape : p.sizes().vec();
     const at::ScalarType dtype = info ? info->dtype : p.scalar_type();
-    const Layout split{info, Stored(global)};
+    const Layout split{info, StoredShape(global)};
     if (options.full_model) {
       AddToManifest(manifest, "model." + name, name, dtype, global, Layout{nullptr, split.shape},
                     kSafetensorsFileName);
@@ -186,7 +181,7 @@ absl::Status SaveModelState(const std::string& dir, TrainableModel& model,
     } else {
       AddToManifest(manifest, "model." + name, "model." + name, dtype, global, split, whole_file);
       if (writes && (info ? info->local_rows > 0 : true)) {
-        mine.emplace_back("model." + name, p.detach().reshape(Stored(p.sizes().vec())));
+        mine.emplace_back("model." + name, p.detach().reshape(StoredShape(p.sizes().vec())));
       }
     }
     if (optimizer == nullptr || !options.include_optimizer) continue;
@@ -196,20 +191,20 @@ absl::Status SaveModelState(const std::string& dir, TrainableModel& model,
       const bool split_like_param = info != nullptr && value.sizes() == p.sizes();
       const std::vector<int64_t> logical = split_like_param ? global : value.sizes().vec();
       AddToManifest(manifest, key, key, value.scalar_type(), logical,
-                    split_like_param ? split : Layout{nullptr, Stored(logical)}, whole_file);
+                    split_like_param ? split : Layout{nullptr, StoredShape(logical)}, whole_file);
       const bool write_it = split_like_param ? writes && info->local_rows > 0
                                              : (sharded ? rank == 0 : writes);
-      if (write_it) mine.emplace_back(key, value.detach().reshape(Stored(value.sizes().vec())));
+      if (write_it) mine.emplace_back(key, value.detach().reshape(StoredShape(value.sizes().vec())));
     }
   }
   if (full_writer) CT_RETURN_IF_ERROR(full_writer->Finish());
   if (writes && !mine.empty()) CT_RETURN_IF_ERROR(WriteSafetensors(dir + "/" + my_file, mine));
-  CT_RETURN_IF_ERROR(Barrier(engine));
+  CT_RETURN_IF_ERROR(engine.Barrier());
   if (rank == 0) {
     CT_RETURN_IF_ERROR(
         WriteFileAtomically(dir + "/" + kManifestFileName, manifest.SerializeAsString()));
   }
-  return Barrier(engine);
+  return engine.Barrier();
 }
 
 absl::Status LoadModelState(const std::string& dir, TrainableModel& model,
@@ -241,7 +236,7 @@ absl::Status LoadModelState(const std::string& dir, TrainableModel& model,
           ": load it into the model configuration it was written from"));
     }
     const int64_t begin = info ? info->row_begin : 0;
-    const int64_t rows = info ? info->local_rows : Stored(global)[0];
+    const int64_t rows = info ? info->local_rows : StoredShape(global)[0];
     CT_ASSIGN_OR_RETURN(at::Tensor data, reader.Rows(t, begin, rows));
     CT_RETURN_IF_ERROR(CatchTorch([&] { p.detach().copy_(data.view(p.sizes())); }));
     bytes += data.numel() * data.element_size();
@@ -255,7 +250,7 @@ absl::Status LoadModelState(const std::string& dir, TrainableModel& model,
       const bool split_like_param = info != nullptr && shape == global;
       CT_ASSIGN_OR_RETURN(at::Tensor value,
                           split_like_param ? reader.Rows(st, begin, rows)
-                                           : reader.Rows(st, 0, Stored(shape)[0]));
+                                           : reader.Rows(st, 0, StoredShape(shape)[0]));
       state[s->first.substr(prefix.size())] =
           split_like_param ? value.view(p.sizes()) : value.view(shape);
     }

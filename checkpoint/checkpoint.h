@@ -19,7 +19,9 @@
 #ifndef CPPTRAIN_CHECKPOINT_CHECKPOINT_H_
 #define CPPTRAIN_CHECKPOINT_CHECKPOINT_H_
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include <torch/optim/optimizer.h>
 
@@ -32,6 +34,14 @@
 namespace cpptrain {
 
 inline constexpr char kManifestFileName[] = "manifest.pb";
+// Written last by the Trainer: its presence marks a finished checkpoint directory.
+inline constexpr char kTrainerStateFileName[] = "trainer_state.textproto";
+
+// The data file of shard rank `shard` of `shards`: shard-SSSSS-of-NNNNN.safetensors.
+std::string ShardFileName(int shard, int shards);
+
+// The shape a tensor is stored with: a 0-d tensor as one row of shape [1].
+std::vector<int64_t> StoredShape(std::vector<int64_t> shape);
 
 struct SaveModelStateOptions {
   // true: model.safetensors, gathered from the shards when the model is sharded (one tensor

@@ -91,6 +91,9 @@ class Engine {
 
   // Gathers every rank's `values` (CPU tensors of equal shape) along dim 0, in rank order.
   virtual absl::StatusOr<torch::Tensor> AllGather(const torch::Tensor& values) = 0;
+
+  // Returns once every rank has called it (an AllReduceSum of nothing).
+  absl::Status Barrier() { return AllReduceSum(torch::zeros({1}, torch::kFloat64)).status(); }
 };
 
 }  // namespace cpptrain

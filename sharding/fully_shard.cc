@@ -13,6 +13,7 @@
 #include "base/logging.h"
 #include "base/status.h"
 #include "base/torch_status.h"
+#include "sharding/shard_rows.h"
 
 namespace cpptrain {
 
@@ -68,8 +69,6 @@ using torch::autograd::variable_list;
 [[noreturn]] void ThrowStatus(const absl::Status& status) {
   TORCH_CHECK(false, "FSDP: ", status.ToString());
 }
-
-int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 void FreeStorage(const at::Tensor& t) {
   c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
@@ -703,9 +702,10 @@ absl::StatusOr<FullyShardedModel*> FullyShard(TrainableModel& model, ShardMesh m
     p.info.replicate_size = mesh.replicate ? mesh.replicate->size() : 1;
     const int64_t rows = p.info.global_shape[0];
     p.row_numel = rows == 0 ? 0 : a.param.numel() / rows;
-    p.info.chunk_rows = CeilDiv(rows, world);
-    p.info.row_begin = std::min(rows, rank * p.info.chunk_rows);
-    p.info.local_rows = std::min(p.info.chunk_rows, rows - p.info.row_begin);
+    const RowRange mine = ShardRowRange(rows, world, rank);
+    p.info.chunk_rows = ShardChunkRows(rows, world);
+    p.info.row_begin = mine.begin;
+    p.info.local_rows = mine.rows();
     p.chunk_numel = p.info.chunk_rows * p.row_numel;
     p.offset = group.segment_numel;
     group.segment_numel += p.chunk_numel;

@@ -1,7 +1,8 @@
 // FullyShard: per-parameter dim-0 sharding of a model's units (PyTorch's FSDP2 `fully_shard`).
 //
 // Every parameter of a group (a unit chosen by the wrap policy, or the root for everything
-// else) is split along dim 0 into shard-group-size chunks of ceil(rows / size) rows; the last
+// else) is split along dim 0 into shard-group-size chunks of ceil(rows / size) rows
+// (sharding/shard_rows.h); the last
 // ranks' chunks are shorter (or empty) and padded to the common size for communication. At
 // rest each rank's registered parameter IS its chunk ([local_rows, ...]): the optimizer, the
 // clipping and the checkpointer see shards, and ShardInfo beside it gives the global shape.

@@ -29,15 +29,9 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr char kModelPrefix[] = "model.";
-// Written by the Trainer beside the model state (trainer/trainer_checkpoint.cc).
-constexpr char kTrainerStateFileName[] = "trainer_state.textproto";
 constexpr char kRngStatePrefix[] = "rng_state_";
 // Shard file names carry the count in five digits.
 constexpr int kMaxRanks = 99999;
-
-std::string ShardFileName(int shard, int shards) {
-  return absl::StrFormat("shard-%05d-of-%05d.safetensors", shard, shards);
-}
 
 bool IsShardFileName(const std::string& name) {
   return absl::StartsWith(name, "shard-") && absl::StrContains(name, "-of-") &&
@@ -55,12 +49,6 @@ bool Exists(const std::string& path) {
 
 std::string ShapeString(const std::vector<int64_t>& shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
-}
-
-// The shape a tensor is stored with: a 0-d tensor as one row of shape [1].
-std::vector<int64_t> Stored(std::vector<int64_t> shape) {
-  if (shape.empty()) shape.push_back(1);
-  return shape;
 }
 
 int64_t Numel(const std::vector<int64_t>& shape) {
@@ -184,7 +172,7 @@ class ModelSource {
     CT_ASSIGN_OR_RETURN(model_dir_, SafetensorsModelDir::Open(dir_));
     for (const std::string& name : model_dir_->names()) {
       CT_ASSIGN_OR_RETURN(SafetensorsTensorInfo info, model_dir_->Info(name));
-      tensors_.push_back({name, info.dtype, info.shape, Stored(info.shape), nullptr});
+      tensors_.push_back({name, info.dtype, info.shape, StoredShape(info.shape), nullptr});
     }
     return absl::OkStatus();
   }
@@ -204,7 +192,7 @@ class ModelSource {
         return absl::DataLossError(absl::StrCat(where, "shape ", ShapeString(s.shape),
                                                 " has a negative size: the manifest is corrupt"));
       }
-      s.stored = Stored(s.shape);
+      s.stored = StoredShape(s.shape);
       CT_RETURN_IF_ERROR(CheckPieces(s, where));
       tensors_.push_back(std::move(s));
     }
@@ -245,7 +233,7 @@ class ModelSource {
       }
       std::vector<int64_t> expected = t.stored;
       expected[0] = piece->rows();
-      const bool shape_ok = info->shape == expected || (info->shape.empty() && expected == Stored({}));
+      const bool shape_ok = info->shape == expected || (info->shape.empty() && expected == StoredShape({}));
       if (!shape_ok || info->dtype != t.dtype) {
         return absl::DataLossError(absl::StrCat(
             at_piece, "the file holds ", c10::toString(info->dtype), " ",
@@ -382,7 +370,7 @@ absl::Status InspectManifest(const std::string& dir, std::ostream& out) {
       ++unknown_dtype;
       continue;
     }
-    const int64_t bytes = Numel(Stored(shape)) * static_cast<int64_t>(c10::elementSize(*dtype));
+    const int64_t bytes = Numel(StoredShape(shape)) * static_cast<int64_t>(c10::elementSize(*dtype));
     (is_model ? model_bytes : optimizer_bytes) += bytes;
   }
   out << "tensors:\n";
@@ -440,12 +428,6 @@ absl::Status InspectModelDir(const std::string& dir, std::ostream& out) {
 }
 
 }  // namespace
-
-RowRange ShardRowRange(int64_t rows, int ranks, int rank) {
-  const int64_t chunk = (rows + ranks - 1) / ranks;
-  const int64_t begin = std::min(rows, rank * chunk);
-  return {begin, std::min(rows, begin + chunk)};
-}
 
 absl::Status InspectCheckpoint(const std::string& dir, std::ostream& out) {
   CT_ASSIGN_OR_RETURN(DirKind kind, Classify(dir));

@@ -19,17 +19,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "sharding/shard_rows.h"
 
 namespace cpptrain {
-
-// Rows [begin, end) of dim 0 that shard rank `rank` of `ranks` holds, FullyShard's split:
-// chunk = ceil(rows / ranks), begin = min(rows, rank * chunk), end = min(rows, begin + chunk).
-struct RowRange {
-  int64_t begin = 0;
-  int64_t end = 0;
-  int64_t rows() const { return end - begin; }
-};
-RowRange ShardRowRange(int64_t rows, int ranks, int rank);
 
 // Writes a human-readable summary of `dir` to `out`. A checkpoint directory (one with
 // manifest.pb): engine, world size, one line per tensor (name, dtype, shape, pieces, files),

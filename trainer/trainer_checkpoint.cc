@@ -36,11 +36,6 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr char kPrefix[] = "checkpoint-";
-constexpr char kTrainerStateProto[] = "trainer_state.textproto";
-
-absl::Status Barrier(Engine& engine) {
-  return engine.AllReduceSum(torch::zeros({1}, torch::kFloat64)).status();
-}
 
 std::string JsonNumber(double v) {
   if (!std::isfinite(v)) return "null";
@@ -82,7 +77,7 @@ std::vector<std::pair<int64_t, fs::path>> Checkpoints(const std::string& dir) {
   std::error_code error;
   for (const auto& entry : fs::directory_iterator(dir, error)) {
     const int64_t step = CheckpointStep(entry.path());
-    if (step >= 0 && fs::exists(entry.path() / kTrainerStateProto)) {
+    if (step >= 0 && fs::exists(entry.path() / kTrainerStateFileName)) {
       out.emplace_back(step, entry.path());
     }
   }
@@ -123,7 +118,7 @@ absl::Status Trainer::SaveCheckpoint() {
                                               temp_dir.string(), "': ", error.message()));
     }
   }
-  CT_RETURN_IF_ERROR(Barrier(*engine_));
+  CT_RETURN_IF_ERROR(engine_->Barrier());
   SaveModelStateOptions options;
   // FSDP writes its shards as they are unless fsdp.state_dict_type asks for the full model.
   options.full_model = FullyShardedOf(*model_) == nullptr ||
@@ -143,7 +138,7 @@ absl::Status Trainer::SaveCheckpoint() {
         (temp_dir / absl::StrCat("rng_state_", engine_->rank(), ".safetensors")).string(),
         {{"cpu", rng}}));
   }
-  CT_RETURN_IF_ERROR(Barrier(*engine_));
+  CT_RETURN_IF_ERROR(engine_->Barrier());
   // Fault injection for tests: a crash after every rank's files are written, before the
   // checkpoint is complete.
   if (const char* kill = std::getenv("CPPTRAIN_TEST_KILL_IN_SAVE_AT_STEP");
@@ -192,7 +187,7 @@ absl::Status Trainer::SaveCheckpoint() {
     CT_RETURN_IF_ERROR(WriteFileAtomically((temp_dir / "trainer_state.json").string(),
                                            TrainerStateJson(state_, best_model_checkpoint_)));
     // Last: its presence marks a finished checkpoint.
-    CT_RETURN_IF_ERROR(WriteFileAtomically((temp_dir / kTrainerStateProto).string(), state_text));
+    CT_RETURN_IF_ERROR(WriteFileAtomically((temp_dir / kTrainerStateFileName).string(), state_text));
     CT_RETURN_IF_ERROR(FsyncDirectory(temp_dir.string()));
     // A checkpoint of the same step (a rerun) is replaced only once the new one is complete.
     const fs::path old = out / absl::StrCat(".old-", name);
@@ -208,7 +203,7 @@ absl::Status Trainer::SaveCheckpoint() {
     RotateCheckpoints();
     CT_LOG_RANK0(INFO) << "saved " << final_dir.string();
   }
-  return Barrier(*engine_);
+  return engine_->Barrier();
 }
 
 void Trainer::RotateCheckpoints() {
@@ -239,17 +234,17 @@ absl::Status Trainer::ResumeFromCheckpoint(const std::string& requested) {
   if (requested == "latest" || requested == "true") {
     CT_ASSIGN_OR_RETURN(dir, LatestCheckpoint(args_.output_dir()));
   }
-  if (!fs::exists(fs::path(dir) / kTrainerStateProto)) {
+  if (!fs::exists(fs::path(dir) / kTrainerStateFileName)) {
     return absl::NotFoundError(absl::StrCat(
         "resume_from_checkpoint is '", requested, "' but '", dir, "' is not a finished "
-        "checkpoint (no ", kTrainerStateProto, "): give a checkpoint-<step> directory, or "
+        "checkpoint (no ", kTrainerStateFileName, "): give a checkpoint-<step> directory, or "
         "\"latest\""));
   }
   CT_RETURN_IF_ERROR(LoadModelState(dir, *model_, engine_->optimizer()));
-  CT_ASSIGN_OR_RETURN(std::string text, ReadFile(dir + "/" + kTrainerStateProto));
+  CT_ASSIGN_OR_RETURN(std::string text, ReadFile(dir + "/" + kTrainerStateFileName));
   proto::TrainerCheckpointState saved;
   if (!google::protobuf::TextFormat::ParseFromString(text, &saved)) {
-    return absl::DataLossError(absl::StrCat("'", dir, "/", kTrainerStateProto,
+    return absl::DataLossError(absl::StrCat("'", dir, "/", kTrainerStateFileName,
                                             "' does not parse as TrainerCheckpointState"));
   }
   state_.global_step = saved.global_step();

@@ -23,16 +23,9 @@ namespace {
 
 namespace fs = std::filesystem;
 using testing::Parameters;
+using testing::TestTempDir;
+using testing::TinyDecoder;
 using testing::VariableLengthTokens;
-
-std::string TempDir(const std::string& name) {
-  return std::string(std::getenv("TEST_TMPDIR")) + "/" + name;
-}
-
-std::shared_ptr<DecoderLM> TinyDecoder(uint64_t seed) {
-  torch::manual_seed(seed);
-  return *BuildDecoder(*NamedDecoderConfig("tiny"));
-}
 
 proto::TrainingArguments Args(const std::string& dir, int max_steps) {
   proto::TrainingArguments args;
@@ -62,7 +55,7 @@ std::vector<double> Losses(const Trainer& trainer) {
 TEST(TrainerCheckpointTest, ResumedRunIsBitwiseEqualToUninterrupted) {
   // 24 samples, 8 per step: 3 steps per epoch, so step 4 resumes inside the second epoch.
   auto data = VariableLengthTokens(24, 4);
-  const std::string whole_dir = TempDir("whole");
+  const std::string whole_dir = TestTempDir("whole");
   auto whole = TinyDecoder(1);
   Trainer uninterrupted(Args(whole_dir, 7), whole, data);
   ASSERT_TRUE(uninterrupted.Train().ok());
@@ -74,7 +67,7 @@ TEST(TrainerCheckpointTest, ResumedRunIsBitwiseEqualToUninterrupted) {
 
   // "Interrupted" after step 3: a new process, another initialization, resumed from there.
   auto resumed_model = TinyDecoder(2);
-  proto::TrainingArguments args = Args(TempDir("resumed"), 7);
+  proto::TrainingArguments args = Args(TestTempDir("resumed"), 7);
   args.set_resume_from_checkpoint(whole_dir + "/checkpoint-3");
   Trainer resumed(args, resumed_model, data);
   auto out = resumed.Train();
@@ -88,7 +81,7 @@ TEST(TrainerCheckpointTest, ResumedRunIsBitwiseEqualToUninterrupted) {
 
 TEST(TrainerCheckpointTest, LatestSkipsUnfinishedCheckpoints) {
   auto data = VariableLengthTokens(24, 4);
-  const std::string dir = TempDir("latest");
+  const std::string dir = TestTempDir("latest");
   auto model = TinyDecoder(1);
   ASSERT_TRUE(Trainer(Args(dir, 3), model, data).Train().ok());
   // What a crash mid-save leaves: a temporary directory, and a checkpoint without its final
@@ -118,7 +111,7 @@ TEST(TrainerCheckpointTest, LatestSkipsUnfinishedCheckpoints) {
 
 TEST(TrainerCheckpointTest, RotationKeepsNewestAndBest) {
   auto data = VariableLengthTokens(24, 4);
-  const std::string dir = TempDir("rotation");
+  const std::string dir = TestTempDir("rotation");
   proto::TrainingArguments args = Args(dir, 8);
   args.set_save_steps(2);
   args.set_save_total_limit(1);
@@ -157,7 +150,7 @@ TEST(TrainerCheckpointTest, RotationKeepsNewestAndBest) {
 
 TEST(TrainerCheckpointTest, SaveOnlyModelWritesNoOptimizerState) {
   auto data = VariableLengthTokens(24, 4);
-  const std::string dir = TempDir("only_model");
+  const std::string dir = TestTempDir("only_model");
   proto::TrainingArguments args = Args(dir, 3);
   args.set_save_only_model(true);
   ASSERT_TRUE(Trainer(args, TinyDecoder(1), data).Train().ok());

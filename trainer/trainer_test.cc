@@ -21,24 +21,13 @@ namespace {
 using testing::MaxRelativeDifference;
 using testing::Parameters;
 using testing::SgdTrainer;
+using testing::TestTempDir;
+using testing::TinyDecoder;
 using testing::VariableLengthTokens;
-
-std::string TempDir(const std::string& name) {
-  return std::string(std::getenv("TEST_TMPDIR")) + "/" + name;
-}
-
-std::shared_ptr<DecoderLM> TinyDecoder(uint64_t seed = 7) {
-  torch::manual_seed(seed);
-  auto config = NamedDecoderConfig("tiny");
-  EXPECT_TRUE(config.ok());
-  auto model = BuildDecoder(*config);
-  EXPECT_TRUE(model.ok()) << model.status();
-  return *model;
-}
 
 proto::TrainingArguments BaseArgs(const std::string& name) {
   proto::TrainingArguments args;
-  args.set_output_dir(TempDir(name));
+  args.set_output_dir(TestTempDir(name));
   args.set_learning_rate(1e-2);
   args.set_lr_scheduler_type(proto::TrainingArguments::CONSTANT);
   args.set_save_strategy(proto::TrainingArguments::NO);
@@ -54,7 +43,7 @@ TEST(TrainerTest, AccumulationMatchesOneLargerBatch) {
   std::vector<std::vector<torch::Tensor>> results;
   std::vector<std::vector<double>> losses;
   for (int accumulation : {4, 1}) {
-    auto model = TinyDecoder();
+    auto model = TinyDecoder(7);
     proto::TrainingArguments args = BaseArgs("accumulation_" + std::to_string(accumulation));
     args.set_gradient_accumulation_steps(accumulation);
     args.set_per_device_train_batch_size(16 / accumulation);
@@ -76,7 +65,7 @@ TEST(TrainerTest, AccumulationMatchesOneLargerBatch) {
   ASSERT_EQ(losses[1].size(), 3u);
   for (int i = 0; i < 3; ++i) EXPECT_NEAR(losses[0][i], losses[1][i], 1e-5 * losses[1][i]);
   // The model did train.
-  auto untrained = TinyDecoder();
+  auto untrained = TinyDecoder(7);
   EXPECT_GT(MaxRelativeDifference(results[1], Parameters(*untrained)), 1e-3);
 }
 
@@ -94,7 +83,7 @@ class ZeroLossTrainer : public Trainer {
 };
 
 TEST(TrainerTest, SubclassComputeLossOverrideIsUsed) {
-  auto model = TinyDecoder();
+  auto model = TinyDecoder(7);
   auto before = Parameters(*model);
   proto::TrainingArguments args = BaseArgs("override");
   args.set_weight_decay(0.0);
@@ -123,7 +112,7 @@ double DirectLoss(DecoderLM& model, const Dataset& data) {
 }
 
 TEST(TrainerTest, EvaluateIsTheTokenMeanLossWhateverTheBatchSize) {
-  auto model = TinyDecoder();
+  auto model = TinyDecoder(7);
   auto data = VariableLengthTokens(23, 3);
   const double expected = DirectLoss(*model, *data);
   for (int batch : {1, 5, 23}) {
@@ -140,7 +129,7 @@ TEST(TrainerTest, EvaluateIsTheTokenMeanLossWhateverTheBatchSize) {
 }
 
 TEST(TrainerTest, PredictReturnsPaddedLogitsLabelsAndMetrics) {
-  auto model = TinyDecoder();
+  auto model = TinyDecoder(7);
   auto data = VariableLengthTokens(10, 4);
   proto::TrainingArguments args = BaseArgs("predict");
   args.set_per_device_eval_batch_size(4);
@@ -174,7 +163,7 @@ TEST(TrainerTest, PredictReturnsPaddedLogitsLabelsAndMetrics) {
 }
 
 TEST(TrainerTest, LogsAtLoggingStepsAndWritesMetricsJsonl) {
-  auto model = TinyDecoder();
+  auto model = TinyDecoder(7);
   proto::TrainingArguments args = BaseArgs("jsonl");
   args.set_per_device_train_batch_size(4);
   args.set_max_steps(6);
@@ -204,7 +193,7 @@ TEST(TrainerTest, LogsAtLoggingStepsAndWritesMetricsJsonl) {
 }
 
 TEST(TrainerTest, EarlyStoppingEndsTrainingWhenTheMetricStalls) {
-  auto model = TinyDecoder();
+  auto model = TinyDecoder(7);
   proto::TrainingArguments args = BaseArgs("early_stop");
   args.set_learning_rate(0.0);  // eval_loss never improves after the first evaluation
   args.set_per_device_train_batch_size(4);
@@ -239,7 +228,7 @@ class EventRecorder : public TrainerCallback {
 };
 
 TEST(TrainerTest, CallbacksSeeEventsInOrderAndCanStopTraining) {
-  auto model = TinyDecoder();
+  auto model = TinyDecoder(7);
   proto::TrainingArguments args = BaseArgs("events");
   args.set_per_device_train_batch_size(4);
   args.set_gradient_accumulation_steps(2);
@@ -261,7 +250,7 @@ TEST(TrainerTest, CallbacksSeeEventsInOrderAndCanStopTraining) {
 }
 
 TEST(TrainerTest, EvalStrategyWithoutEvalDatasetIsAClearError) {
-  auto model = TinyDecoder();
+  auto model = TinyDecoder(7);
   proto::TrainingArguments args = BaseArgs("no_eval");
   args.set_eval_strategy(proto::TrainingArguments::STEPS);
   args.set_eval_steps(1);
@@ -273,7 +262,7 @@ TEST(TrainerTest, EvalStrategyWithoutEvalDatasetIsAClearError) {
 }
 
 TEST(TrainerTest, DatasetShorterThanOneBatchWithDropLastIsAClearError) {
-  auto model = TinyDecoder();
+  auto model = TinyDecoder(7);
   proto::TrainingArguments args = BaseArgs("short");
   args.set_per_device_train_batch_size(16);
   args.set_dataloader_drop_last(true);
@@ -285,7 +274,7 @@ TEST(TrainerTest, DatasetShorterThanOneBatchWithDropLastIsAClearError) {
 }
 
 TEST(TrainerTest, UnbuiltEngineIsAClearError) {
-  auto model = TinyDecoder();
+  auto model = TinyDecoder(7);
   proto::TrainingArguments args = BaseArgs("zero");
   args.mutable_zero()->set_stage(3);
   Trainer trainer(args, model, VariableLengthTokens(8, 12));

@@ -1,6 +1,7 @@
 #include "trainer/testing/trainer_testing.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -8,10 +9,21 @@
 #include <torch/torch.h>
 
 #include "base/logging.h"
+#include "models/configs.h"
 #include "trainer/data/in_memory_dataset.h"
 
 namespace cpptrain {
 namespace testing {
+
+std::shared_ptr<DecoderLM> TinyDecoder(uint64_t seed) {
+  torch::manual_seed(seed);
+  return BuildDecoder(NamedDecoderConfig("tiny").value()).value();
+}
+
+std::string TestTempDir(const std::string& name) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  return std::string(tmp == nullptr ? "/tmp" : tmp) + "/" + name;
+}
 
 std::shared_ptr<const Dataset> VariableLengthTokens(int64_t count, uint64_t seed) {
   std::mt19937 rng(static_cast<uint32_t>(seed));

@@ -10,10 +10,17 @@
 #include <memory>
 #include <vector>
 
+#include "models/decoder.h"
 #include "trainer/trainer.h"
 
 namespace cpptrain {
 namespace testing {
+
+// The "tiny" decoder config's model, initialized from `seed` (torch::manual_seed).
+std::shared_ptr<DecoderLM> TinyDecoder(uint64_t seed);
+
+// TEST_TMPDIR/`name` (Bazel's and CTest's per-test scratch directory; /tmp outside them).
+std::string TestTempDir(const std::string& name);
 
 // `count` token sequences of lengths 3..12 with tokens in [1, 60], from `seed`.
 std::shared_ptr<const Dataset> VariableLengthTokens(int64_t count, uint64_t seed);

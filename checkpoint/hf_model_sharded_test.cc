@@ -14,6 +14,7 @@
 #include "base/status.h"
 #include "checkpoint/hf_model.h"
 #include "checkpoint/safetensors.h"
+#include "checkpoint/test_dirs.h"
 #include "gtest/gtest.h"
 #include "models/configs.h"
 #include "models/decoder.h"
@@ -28,11 +29,6 @@ using multi_rank::RunRanksAsThreads;
 
 constexpr auto kTimeout = std::chrono::seconds(60);
 
-std::string TestdataDir(const std::string& name) {
-  return absl::StrCat(std::getenv("TEST_SRCDIR"), "/", std::getenv("TEST_WORKSPACE"),
-                      "/checkpoint/testdata/", name);
-}
-
 absl::Status Check(bool condition, const std::string& what) {
   return condition ? absl::OkStatus() : absl::InternalError(what);
 }
@@ -45,7 +41,7 @@ struct Case {
 class HfShardedLoadTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(HfShardedLoadTest, EachRankLoadsItsRows) {
-  const std::string dir = TestdataDir(GetParam().dir_name);
+  const std::string dir = TestdataPath(GetParam().dir_name);
   const int world = GetParam().world;
   auto config = DecoderConfigFromHfConfig(dir + "/config.json");
   ASSERT_TRUE(config.ok()) << config.status();

@@ -20,6 +20,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "checkpoint/safetensors.h"
+#include "checkpoint/test_dirs.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
@@ -33,22 +34,6 @@ using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::Not;
 using Tensors = std::vector<std::pair<std::string, at::Tensor>>;
-
-std::string TestdataDir(const std::string& name) {
-  return absl::StrCat(std::getenv("TEST_SRCDIR"), "/", std::getenv("TEST_WORKSPACE"),
-                      "/checkpoint/testdata/", name);
-}
-
-// A fresh directory per test under TEST_TMPDIR.
-std::string TestDir() {
-  const ::testing::TestInfo* test = ::testing::UnitTest::GetInstance()->current_test_info();
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  const std::string dir =
-      absl::StrCat(tmp == nullptr ? "/tmp" : tmp, "/", test->test_suite_name(), ".", test->name());
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir;
-}
 
 std::string WriteText(const std::string& path, const std::string& text) {
   std::ofstream(path, std::ios::binary) << text;
@@ -108,7 +93,7 @@ void ExpectUnchanged(DecoderLM& model, const std::map<std::string, at::Tensor>& 
 // Golden directories
 
 TEST(HfModelTest, Qwen3TiedSingleFileGivesTransformersLogits) {
-  const std::string dir = TestdataDir("hf_qwen3_tiny");
+  const std::string dir = TestdataPath("hf_qwen3_tiny");
   auto model = LoadHfDecoder(dir);
   ASSERT_TRUE(model.ok()) << model.status();
   const proto::DecoderConfig& config = (*model)->config();
@@ -124,7 +109,7 @@ TEST(HfModelTest, Qwen3TiedSingleFileGivesTransformersLogits) {
 }
 
 TEST(HfModelTest, LlamaShardedBf16FilesGiveTransformersLogits) {
-  const std::string dir = TestdataDir("hf_llama_tiny");
+  const std::string dir = TestdataPath("hf_llama_tiny");
   ASSERT_TRUE(std::filesystem::exists(dir + "/model.safetensors.index.json"));
   auto model = LoadHfDecoder(dir);
   ASSERT_TRUE(model.ok()) << model.status();
@@ -147,7 +132,7 @@ TEST(HfModelTest, LlamaShardedBf16FilesGiveTransformersLogits) {
 }
 
 TEST(HfModelTest, ConvertsToTheParameterDtype) {
-  const std::string dir = TestdataDir("hf_qwen3_tiny");
+  const std::string dir = TestdataPath("hf_qwen3_tiny");
   auto config = DecoderConfigFromHfConfig(dir + "/config.json");
   ASSERT_TRUE(config.ok()) << config.status();
   auto model = BuildDecoder(*config);
@@ -197,7 +182,7 @@ constexpr char kQwen3V4Config[] = R"({
 })";
 
 TEST(HfConfigTest, ReadsATransformers4Qwen3Config) {
-  const std::string path = WriteText(TestDir() + "/config.json", kQwen3V4Config);
+  const std::string path = WriteText(FreshTestDir() + "/config.json", kQwen3V4Config);
   auto config = DecoderConfigFromHfConfig(path);
   ASSERT_TRUE(config.ok()) << config.status();
   // The same shape as the named config.
@@ -210,7 +195,7 @@ TEST(HfConfigTest, ReadsATransformers4Qwen3Config) {
 }
 
 TEST(HfConfigTest, AbsentAndNullFieldsTakeTransformersDefaults) {
-  const std::string path = WriteText(TestDir() + "/config.json", R"({
+  const std::string path = WriteText(FreshTestDir() + "/config.json", R"({
     "model_type": "llama", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64,
     "num_hidden_layers": 2, "num_attention_heads": 4, "head_dim": null,
     "num_key_value_heads": null, "rope_parameters": null, "tie_word_embeddings": null})");
@@ -229,7 +214,7 @@ TEST(HfConfigTest, AbsentAndNullFieldsTakeTransformersDefaults) {
 // The message of DecoderConfigFromHfConfig's error for a config.json of `text`, checked to
 // name the file.
 std::string ConfigError(const std::string& text) {
-  const std::string path = WriteText(TestDir() + "/config.json", text);
+  const std::string path = WriteText(FreshTestDir() + "/config.json", text);
   auto config = DecoderConfigFromHfConfig(path);
   EXPECT_FALSE(config.ok()) << text;
   if (config.ok()) return "";
@@ -283,7 +268,7 @@ TEST(HfConfigTest, ErrorsNameTheFieldAndTheValue) {
   EXPECT_THAT(ConfigError(R"({"model_type": "llama",)"), HasSubstr("invalid JSON at byte"));
   EXPECT_THAT(ConfigError("[]"), HasSubstr("expected an object"));
 
-  auto missing = DecoderConfigFromHfConfig(TestDir() + "/no/config.json");
+  auto missing = DecoderConfigFromHfConfig(FreshTestDir() + "/no/config.json");
   EXPECT_THAT(std::string(missing.status().message()), HasSubstr("cannot read"));
 }
 
@@ -293,15 +278,15 @@ TEST(HfConfigTest, ErrorsNameTheFieldAndTheValue) {
 class HfMismatchTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto config = DecoderConfigFromHfConfig(TestdataDir("hf_qwen3_tiny") + "/config.json");
+    auto config = DecoderConfigFromHfConfig(TestdataPath("hf_qwen3_tiny") + "/config.json");
     ASSERT_TRUE(config.ok()) << config.status();
     auto model = BuildDecoder(*config);
     ASSERT_TRUE(model.ok());
     model_ = *model;
     before_ = Snapshot(*model_);
-    tensors_ = ReadAll(TestdataDir("hf_qwen3_tiny"));
+    tensors_ = ReadAll(TestdataPath("hf_qwen3_tiny"));
     ASSERT_FALSE(tensors_.empty());
-    dir_ = TestDir();
+    dir_ = FreshTestDir();
   }
 
   at::Tensor& Find(const std::string& name) {
@@ -371,7 +356,7 @@ TEST_F(HfMismatchTest, TiedHeadMayBeSavedWhenItEqualsTheEmbedding) {
   tensors_.emplace_back("lm_head.weight", Find("model.embed_tokens.weight").clone());
   tensors_.emplace_back("model.layers.0.self_attn.rotary_emb.inv_freq", at::ones({4}));
   ASSERT_TRUE(Load().ok());
-  ExpectTransformersLogits(TestdataDir("hf_qwen3_tiny"), *model_);
+  ExpectTransformersLogits(TestdataPath("hf_qwen3_tiny"), *model_);
 }
 
 TEST_F(HfMismatchTest, TiedHeadThatDiffersFromTheEmbeddingIsAnError) {
@@ -394,7 +379,7 @@ void ExpectEquivalent(const proto::DecoderConfig& got, const proto::DecoderConfi
 }
 
 TEST(HfConfigTest, WrittenConfigReadsBackEqual) {
-  const std::string dir = TestDir();
+  const std::string dir = FreshTestDir();
   for (const std::string name : {"qwen3-0.6b", "llama3-8b", "tiny"}) {
     SCOPED_TRACE(name);
     proto::DecoderConfig config = NamedDecoderConfig(name).value();
@@ -430,7 +415,7 @@ TEST(HfConfigTest, WritesTheArchitectureAndBothRopeForms) {
                            Not(HasSubstr("head_dim"))));
   proto::DecoderConfig invalid = NamedDecoderConfig("tiny").value();
   invalid.set_num_key_value_heads(3);
-  EXPECT_FALSE(WriteHfConfig(invalid, TestDir() + "/config.json").ok());
+  EXPECT_FALSE(WriteHfConfig(invalid, FreshTestDir() + "/config.json").ok());
 }
 
 // Where ExportedModelLoadsBack writes: $CPPTRAIN_HF_EXPORT_DIR<suffix>, for
@@ -438,7 +423,7 @@ TEST(HfConfigTest, WritesTheArchitectureAndBothRopeForms) {
 std::string ExportDir(const std::string& suffix) {
   const char* dir = std::getenv("CPPTRAIN_HF_EXPORT_DIR");
   const std::string path =
-      dir != nullptr && *dir != '\0' ? absl::StrCat(dir, suffix) : TestDir() + "/export" + suffix;
+      dir != nullptr && *dir != '\0' ? absl::StrCat(dir, suffix) : FreshTestDir() + "/export" + suffix;
   std::filesystem::remove_all(path);
   std::filesystem::create_directories(path);
   return path;

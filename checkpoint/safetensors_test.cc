@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "checkpoint/test_dirs.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -26,17 +27,6 @@ using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using Tensors = std::vector<std::pair<std::string, at::Tensor>>;
-
-// A fresh directory per test under TEST_TMPDIR.
-std::string TestDir() {
-  const ::testing::TestInfo* test = ::testing::UnitTest::GetInstance()->current_test_info();
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  const std::string dir =
-      absl::StrCat(tmp == nullptr ? "/tmp" : tmp, "/", test->test_suite_name(), ".", test->name());
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir;
-}
 
 std::vector<std::string> ListDir(const std::string& dir) {
   std::vector<std::string> names;
@@ -74,7 +64,7 @@ std::string OpenError(const std::string& path) {
 }
 
 std::string HeaderError(const std::string& header, size_t data_bytes) {
-  return OpenError(WriteRaw(TestDir() + "/bad.safetensors", header, std::string(data_bytes, 0)));
+  return OpenError(WriteRaw(FreshTestDir() + "/bad.safetensors", header, std::string(data_bytes, 0)));
 }
 
 void ExpectSameTensor(const at::Tensor& got, const at::Tensor& want, const std::string& name) {
@@ -108,11 +98,6 @@ Tensors GoldenTensors() {
   };
 }
 
-std::string GoldenPath() {
-  return absl::StrCat(std::getenv("TEST_SRCDIR"), "/", std::getenv("TEST_WORKSPACE"),
-                      "/checkpoint/testdata/golden.safetensors");
-}
-
 std::unique_ptr<SafetensorsFile> OpenOrDie(const std::string& path) {
   absl::StatusOr<std::unique_ptr<SafetensorsFile>> file = SafetensorsFile::Open(path);
   EXPECT_TRUE(file.ok()) << file.status();
@@ -123,7 +108,7 @@ std::unique_ptr<SafetensorsFile> OpenOrDie(const std::string& path) {
 // Round trips
 
 TEST(SafetensorsTest, RoundTripsEveryDtype) {
-  const std::string path = TestDir() + "/all.safetensors";
+  const std::string path = FreshTestDir() + "/all.safetensors";
   const at::Tensor base = at::arange(24, at::kLong).reshape({2, 3, 4});
   Tensors tensors;
   for (at::ScalarType dtype : {at::kDouble, at::kFloat, at::kHalf, at::kBFloat16, at::kLong,
@@ -150,7 +135,7 @@ TEST(SafetensorsTest, RoundTripsEveryDtype) {
 }
 
 TEST(SafetensorsTest, RoundTripsScalarEmptyAndNonContiguousTensors) {
-  const std::string path = TestDir() + "/shapes.safetensors";
+  const std::string path = FreshTestDir() + "/shapes.safetensors";
   const at::Tensor matrix = at::arange(12, at::kFloat).reshape({3, 4});
   const Tensors tensors = {
       {"scalar", at::scalar_tensor(-1.5, at::kDouble)},
@@ -169,7 +154,7 @@ TEST(SafetensorsTest, RoundTripsScalarEmptyAndNonContiguousTensors) {
 }
 
 TEST(SafetensorsTest, RoundTripsMetadataAndUnusualNames) {
-  const std::string path = TestDir() + "/meta.safetensors";
+  const std::string path = FreshTestDir() + "/meta.safetensors";
   const std::map<std::string, std::string> metadata = {
       {"format", "pt"},
       {"note", "quote \" backslash \\ newline \n tab \t bell \x07 u-umlaut \xC3\xBC"}};
@@ -182,7 +167,7 @@ TEST(SafetensorsTest, RoundTripsMetadataAndUnusualNames) {
 }
 
 TEST(SafetensorsTest, LaysOutLikeTheReferenceWriter) {
-  const std::string path = TestDir() + "/layout.safetensors";
+  const std::string path = FreshTestDir() + "/layout.safetensors";
   ASSERT_TRUE(WriteSafetensors(path, {{"b_half", at::ones({3}, at::kHalf)},
                                       {"a_bool", at::ones({1}, at::kBool)},
                                       {"z_long", at::ones({1}, at::kLong)},
@@ -204,7 +189,7 @@ TEST(SafetensorsTest, LaysOutLikeTheReferenceWriter) {
 // Interoperability with Python's safetensors
 
 TEST(SafetensorsTest, ReadsFileWrittenByPython) {
-  auto file = OpenOrDie(GoldenPath());
+  auto file = OpenOrDie(TestdataPath("golden.safetensors"));
   ASSERT_NE(file, nullptr);
   EXPECT_EQ(file->metadata(), (std::map<std::string, std::string>{{"format", "pt"}}));
   EXPECT_THAT(file->names(), ElementsAre("i64", "f64", "empty", "f32", "scalar", "i32", "bf16",
@@ -217,9 +202,9 @@ TEST(SafetensorsTest, ReadsFileWrittenByPython) {
 }
 
 TEST(SafetensorsTest, WritesTheSameBytesAsPython) {
-  const std::string path = TestDir() + "/golden.safetensors";
+  const std::string path = FreshTestDir() + "/golden.safetensors";
   ASSERT_TRUE(WriteSafetensors(path, GoldenTensors(), {{"format", "pt"}}).ok());
-  EXPECT_EQ(ReadBytes(path), ReadBytes(GoldenPath()));
+  EXPECT_EQ(ReadBytes(path), ReadBytes(TestdataPath("golden.safetensors")));
   // For `tests/golden/gen_safetensors_golden.py --check` (bazel-testlogs/.../outputs.zip).
   if (const char* outputs = std::getenv("TEST_UNDECLARED_OUTPUTS_DIR")) {
     std::filesystem::copy_file(path, absl::StrCat(outputs, "/cpp_golden.safetensors"),
@@ -231,7 +216,7 @@ TEST(SafetensorsTest, WritesTheSameBytesAsPython) {
 // Get, GetCopy, GetSlice
 
 TEST(SafetensorsTest, GetViewsTheMappingAndOutlivesTheFile) {
-  const std::string path = TestDir() + "/view.safetensors";
+  const std::string path = FreshTestDir() + "/view.safetensors";
   const at::Tensor want = at::arange(8, at::kFloat);
   ASSERT_TRUE(WriteSafetensors(path, {{"w", want}}).ok());
   auto file = OpenOrDie(path);
@@ -247,7 +232,7 @@ TEST(SafetensorsTest, GetViewsTheMappingAndOutlivesTheFile) {
 }
 
 TEST(SafetensorsTest, GetSliceReadsRowsAlongDimZero) {
-  const std::string path = TestDir() + "/slice.safetensors";
+  const std::string path = FreshTestDir() + "/slice.safetensors";
   const at::Tensor matrix = at::arange(24, at::kBFloat16).reshape({6, 2, 2});
   ASSERT_TRUE(WriteSafetensors(path, {{"m", matrix}, {"s", at::scalar_tensor(1.0)}}).ok());
   auto file = OpenOrDie(path);
@@ -272,7 +257,7 @@ TEST(SafetensorsTest, GetSliceReadsRowsAlongDimZero) {
 // The streaming writer and atomic replacement
 
 TEST(SafetensorsWriterTest, AppendsInAnyOrder) {
-  const std::string dir = TestDir();
+  const std::string dir = FreshTestDir();
   const std::string path = dir + "/stream.safetensors";
   const at::Tensor a = at::arange(6, at::kFloat).reshape({2, 3});
   const at::Tensor b = at::arange(4, at::kLong);
@@ -291,7 +276,7 @@ TEST(SafetensorsWriterTest, AppendsInAnyOrder) {
 }
 
 TEST(SafetensorsWriterTest, RejectsMisuseNamingTheTensor) {
-  const std::string dir = TestDir();
+  const std::string dir = FreshTestDir();
   const std::string path = dir + "/misuse.safetensors";
   auto writer = SafetensorsWriter::Create(path, {{"a", at::kFloat, {2}}, {"b", at::kFloat, {1}}});
   ASSERT_TRUE(writer.ok()) << writer.status();
@@ -321,7 +306,7 @@ TEST(SafetensorsWriterTest, RejectsMisuseNamingTheTensor) {
 }
 
 TEST(SafetensorsWriterTest, FailedWriteLeavesTheOldFileIntact) {
-  const std::string dir = TestDir();
+  const std::string dir = FreshTestDir();
   const std::string path = dir + "/model.safetensors";
   ASSERT_TRUE(WriteSafetensors(path, {{"old", at::ones({3})}}).ok());
   const std::string old_bytes = ReadBytes(path);
@@ -350,19 +335,19 @@ TEST(SafetensorsWriterTest, FailedWriteLeavesTheOldFileIntact) {
 // Validation of hand-built corrupt files
 
 TEST(SafetensorsValidationTest, FileShorterThanTheHeaderLength) {
-  const std::string path = TestDir() + "/short.safetensors";
+  const std::string path = FreshTestDir() + "/short.safetensors";
   std::ofstream(path, std::ios::binary) << "abcd";
   EXPECT_THAT(OpenError(path),
               HasSubstr("the file is 4 bytes, shorter than the 8-byte header length"));
 }
 
 TEST(SafetensorsValidationTest, HeaderLengthOverTheLimit) {
-  EXPECT_THAT(OpenError(WriteRaw(TestDir() + "/long.safetensors", "{}", "", 100'000'001)),
+  EXPECT_THAT(OpenError(WriteRaw(FreshTestDir() + "/long.safetensors", "{}", "", 100'000'001)),
               HasSubstr("header length is 100000001 bytes, over the limit of 100000000"));
 }
 
 TEST(SafetensorsValidationTest, HeaderRunsPastTheFile) {
-  EXPECT_THAT(OpenError(WriteRaw(TestDir() + "/trunc.safetensors", "{}", "", 1000)),
+  EXPECT_THAT(OpenError(WriteRaw(FreshTestDir() + "/trunc.safetensors", "{}", "", 1000)),
               HasSubstr("header length is 1000 bytes, but only 2 bytes follow it"));
 }
 
@@ -402,7 +387,7 @@ TEST(SafetensorsValidationTest, BadJson) {
 
 TEST(SafetensorsValidationTest, DecodesUnicodeEscapes) {
   auto file = OpenOrDie(
-      WriteRaw(TestDir() + "/unicode.safetensors",
+      WriteRaw(FreshTestDir() + "/unicode.safetensors",
                R"({"\u00fc\ud83d\ude00\n":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}})", "x"));
   ASSERT_NE(file, nullptr);
   EXPECT_THAT(file->names(), ElementsAre("\xC3\xBC\xF0\x9F\x98\x80\n"));
@@ -413,7 +398,7 @@ TEST(SafetensorsValidationTest, MisalignedTensorComesBackAsACopy) {
   const float values[2] = {1.5f, -2.0f};
   const std::string header = R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}} )";
   ASSERT_NE((8 + header.size()) % 4, 0u);  // the data starts unaligned
-  auto file = OpenOrDie(WriteRaw(TestDir() + "/misaligned.safetensors", header,
+  auto file = OpenOrDie(WriteRaw(FreshTestDir() + "/misaligned.safetensors", header,
                                  std::string(reinterpret_cast<const char*>(values), 8)));
   ASSERT_NE(file, nullptr);
   const at::Tensor w = file->Get("w").value();
@@ -493,7 +478,7 @@ TEST(SafetensorsValidationTest, MetadataMustMapStringsToStrings) {
 // Model directories
 
 TEST(SafetensorsModelDirTest, ReadsShardsThroughTheIndex) {
-  const std::string dir = TestDir();
+  const std::string dir = FreshTestDir();
   const at::Tensor a = at::arange(8, at::kFloat).reshape({4, 2});
   const at::Tensor b = at::arange(3, at::kBFloat16);
   const at::Tensor c = at::arange(6, at::kLong).reshape({3, 2});
@@ -533,7 +518,7 @@ TEST(SafetensorsModelDirTest, ReadsShardsThroughTheIndex) {
 }
 
 TEST(SafetensorsModelDirTest, ReadsASingleFile) {
-  const std::string dir = TestDir();
+  const std::string dir = FreshTestDir();
   ASSERT_TRUE(WriteSafetensors(dir + "/model.safetensors", {{"w", at::ones({2})}}).ok());
   absl::StatusOr<std::unique_ptr<SafetensorsModelDir>> model = SafetensorsModelDir::Open(dir);
   ASSERT_TRUE(model.ok()) << model.status();
@@ -542,7 +527,7 @@ TEST(SafetensorsModelDirTest, ReadsASingleFile) {
 }
 
 TEST(SafetensorsModelDirTest, RejectsInconsistentDirectories) {
-  const std::string dir = TestDir();
+  const std::string dir = FreshTestDir();
   EXPECT_THAT(SafetensorsModelDir::Open(dir).status().message(),
               AllOf(HasSubstr("neither model.safetensors.index.json nor model.safetensors")));
   ASSERT_TRUE(
@@ -575,12 +560,12 @@ namespace {
 // read every tensor within the file's bytes, or fail with an error; never crash, hang or read
 // outside the mapping (run under the sanitizers of a debug build to see the last one).
 TEST(SafetensorsFuzzTest, MutatedFilesOpenOrFailCleanly) {
-  const std::string golden = ReadBytes(GoldenPath());
+  const std::string golden = ReadBytes(TestdataPath("golden.safetensors"));
   uint64_t header_length = 0;
   std::memcpy(&header_length, golden.data(), 8);
   const size_t header_end = 8 + static_cast<size_t>(header_length);
   ASSERT_LT(header_end, golden.size());
-  const std::string path = TestDir() + "/mutated.safetensors";
+  const std::string path = FreshTestDir() + "/mutated.safetensors";
   std::mt19937_64 rng(20261129);
   const std::string alphabet = "{}[]\":,0123456789-eE.ABFIUXabcdefghijklmnopqrstuvwxyz_ \\u\x01\xff";
   int opened = 0, rejected = 0;

@@ -179,12 +179,8 @@ std::vector<std::string> FullyShardedModel::GroupUnitClasses() const {
 }
 
 const ShardInfo* FullyShardedModel::Find(const at::Tensor& param) const {
-  for (const auto& g : groups_) {
-    for (const Group::Param& p : g->params) {
-      if (p.param.unsafeGetTensorImpl() == param.unsafeGetTensorImpl()) return &p.info;
-    }
-  }
-  return nullptr;
+  auto it = by_param_.find(param.unsafeGetTensorImpl());
+  return it == by_param_.end() ? nullptr : &it->second.first->params[it->second.second].info;
 }
 
 std::vector<std::pair<at::Tensor, const ShardInfo*>> FullyShardedModel::Shards() const {
@@ -545,28 +541,28 @@ absl::Status FullyShardedModel::BeginBackward() {
 }
 
 absl::StatusOr<at::Tensor> FullyShardedModel::GatherFull(const at::Tensor& param) {
-  for (const auto& g : groups_) {
-    for (const Group::Param& p : g->params) {
-      if (p.param.unsafeGetTensorImpl() != param.unsafeGetTensorImpl()) continue;
-      if (g->state == Group::State::kUnsharded) {
-        return p.param.detach().to(at::kCPU, p.info.dtype, /*non_blocking=*/false, /*copy=*/true);
-      }
-      const int world = mesh_.shard->size();
-      at::Tensor out;
-      CT_RETURN_IF_ERROR(CatchTorch([&]() -> absl::Status {
-        at::Tensor input = p.shard.to(options_.device);
-        out = at::empty({world * p.chunk_numel}, input.options());
-        CT_ASSIGN_OR_RETURN(std::unique_ptr<Work> work, mesh_.shard->AllGather(input, out));
-        CT_RETURN_IF_ERROR(work->Synchronize());
-        out = out.narrow(0, 0, p.info.global_shape[0] * p.row_numel)
-                  .view(p.info.global_shape)
-                  .to(at::kCPU);
-        return absl::OkStatus();
-      }));
-      return out;
-    }
+  auto it = by_param_.find(param.unsafeGetTensorImpl());
+  if (it == by_param_.end()) {
+    return absl::NotFoundError("GatherFull: the tensor is not a parameter sharded by FullyShard");
   }
-  return absl::NotFoundError("GatherFull: the tensor is not a parameter sharded by FullyShard");
+  const Group& g = *it->second.first;
+  const Group::Param& p = g.params[it->second.second];
+  if (g.state == Group::State::kUnsharded) {
+    return p.param.detach().to(at::kCPU, p.info.dtype, /*non_blocking=*/false, /*copy=*/true);
+  }
+  const int world = mesh_.shard->size();
+  at::Tensor out;
+  CT_RETURN_IF_ERROR(CatchTorch([&]() -> absl::Status {
+    at::Tensor input = p.shard.to(options_.device);
+    out = at::empty({world * p.chunk_numel}, input.options());
+    CT_ASSIGN_OR_RETURN(std::unique_ptr<Work> work, mesh_.shard->AllGather(input, out));
+    CT_RETURN_IF_ERROR(work->Synchronize());
+    out = out.narrow(0, 0, p.info.global_shape[0] * p.row_numel)
+              .view(p.info.global_shape)
+              .to(at::kCPU);
+    return absl::OkStatus();
+  }));
+  return out;
 }
 
 FullyShardedModel* FullyShardedOf(const TrainableModel& model) {
@@ -773,7 +769,11 @@ absl::StatusOr<FullyShardedModel*> FullyShard(TrainableModel& model, ShardMesh m
   int64_t total = 0;
   for (const auto& g : s.groups_) {
     total += g->segment_numel * world;
-    for (const auto& p : g->params) s.shard_bytes_ += p.shard.numel() * p.shard.element_size();
+    for (size_t i = 0; i < g->params.size(); ++i) {
+      const auto& p = g->params[i];
+      s.shard_bytes_ += p.shard.numel() * p.shard.element_size();
+      s.by_param_[p.param.unsafeGetTensorImpl()] = {g.get(), i};
+    }
   }
   CT_LOG_RANK0(INFO) << "FullyShard: " << s.groups_.size() << " groups ("
                      << root_index << " units + root) over " << world << " shard ranks"

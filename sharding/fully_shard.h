@@ -39,6 +39,8 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -205,6 +207,8 @@ class FullyShardedModel : public ShardingAttachment {
   int64_t peak_parameter_bytes_ = 0;
   int64_t shard_bytes_ = 0;
   Group* last_reduced_ = nullptr;  // the newest reduce-scatter, completed before the next one
+  // Every sharded parameter's group and index in it, by the parameter's TensorImpl.
+  std::unordered_map<const c10::TensorImpl*, std::pair<Group*, size_t>> by_param_;
 };
 
 // Shards `model` in place over `mesh` (every rank calls it with the same model structure;

@@ -1,12 +1,12 @@
 #include "checkpoint/checkpoint.h"
 
+#include <torch/torch.h>
+
 #include <algorithm>
 #include <map>
 #include <memory>
 #include <utility>
 #include <vector>
-
-#include <torch/torch.h>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -69,9 +69,9 @@ class PieceReader {
   absl::StatusOr<at::Tensor> Rows(const proto::CheckpointTensor& t, int64_t begin, int64_t rows) {
     std::vector<int64_t> shape = StoredShape({t.shape().begin(), t.shape().end()});
     if (begin < 0 || begin + rows > shape[0]) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "checkpoint '", dir_, "': rows [", begin, ", ", begin + rows, ") of ", t.name(),
-          " asked for, but it has ", shape[0]));
+      return absl::InvalidArgumentError(absl::StrCat("checkpoint '", dir_, "': rows [", begin, ", ",
+                                                     begin + rows, ") of ", t.name(),
+                                                     " asked for, but it has ", shape[0]));
     }
     shape[0] = rows;
     at::Tensor out;
@@ -84,8 +84,9 @@ class PieceReader {
       CT_ASSIGN_OR_RETURN(at::Tensor slice, file->GetSlice(piece.key(), a - piece.row_begin(),
                                                            b - piece.row_begin()));
       if (!out.defined()) out = at::empty(shape, slice.options());
-      CT_RETURN_IF_ERROR(CatchTorch([&] { out.narrow(0, a - begin, b - a).copy_(slice.view(
-                                              out.narrow(0, a - begin, b - a).sizes())); }));
+      CT_RETURN_IF_ERROR(CatchTorch([&] {
+        out.narrow(0, a - begin, b - a).copy_(slice.view(out.narrow(0, a - begin, b - a).sizes()));
+      }));
       covered += b - a;
     }
     if (covered != rows) {
@@ -159,9 +160,8 @@ absl::Status SaveModelState(const std::string& dir, TrainableModel& model,
       entries.push_back({item.key(), info ? info->dtype : item.value().scalar_type(),
                          info ? info->global_shape : item.value().sizes().vec()});
     }
-    CT_ASSIGN_OR_RETURN(full_writer,
-                        SafetensorsWriter::Create(dir + "/" + kSafetensorsFileName, entries,
-                                                  {{"format", "pt"}}));
+    CT_ASSIGN_OR_RETURN(full_writer, SafetensorsWriter::Create(dir + "/" + kSafetensorsFileName,
+                                                               entries, {{"format", "pt"}}));
   }
   for (const auto& item : params) {
     const std::string& name = item.key();
@@ -192,9 +192,10 @@ absl::Status SaveModelState(const std::string& dir, TrainableModel& model,
       const std::vector<int64_t> logical = split_like_param ? global : value.sizes().vec();
       AddToManifest(manifest, key, key, value.scalar_type(), logical,
                     split_like_param ? split : Layout{nullptr, StoredShape(logical)}, whole_file);
-      const bool write_it = split_like_param ? writes && info->local_rows > 0
-                                             : (sharded ? rank == 0 : writes);
-      if (write_it) mine.emplace_back(key, value.detach().reshape(StoredShape(value.sizes().vec())));
+      const bool write_it =
+          split_like_param ? writes && info->local_rows > 0 : (sharded ? rank == 0 : writes);
+      if (write_it)
+        mine.emplace_back(key, value.detach().reshape(StoredShape(value.sizes().vec())));
     }
   }
   if (full_writer) CT_RETURN_IF_ERROR(full_writer->Finish());
@@ -230,8 +231,8 @@ absl::Status LoadModelState(const std::string& dir, TrainableModel& model,
     const proto::CheckpointTensor& t = *it->second;
     if (std::vector<int64_t>(t.shape().begin(), t.shape().end()) != global) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "checkpoint '", dir, "': ", name, " has shape ", c10::str(c10::IntArrayRef(
-              std::vector<int64_t>(t.shape().begin(), t.shape().end()))),
+          "checkpoint '", dir, "': ", name, " has shape ",
+          c10::str(c10::IntArrayRef(std::vector<int64_t>(t.shape().begin(), t.shape().end()))),
           " but the model's is ", c10::str(c10::IntArrayRef(global)),
           ": load it into the model configuration it was written from"));
     }
@@ -248,9 +249,9 @@ absl::Status LoadModelState(const std::string& dir, TrainableModel& model,
       const proto::CheckpointTensor& st = *s->second;
       const std::vector<int64_t> shape(st.shape().begin(), st.shape().end());
       const bool split_like_param = info != nullptr && shape == global;
-      CT_ASSIGN_OR_RETURN(at::Tensor value,
-                          split_like_param ? reader.Rows(st, begin, rows)
-                                           : reader.Rows(st, 0, StoredShape(shape)[0]));
+      CT_ASSIGN_OR_RETURN(at::Tensor value, split_like_param
+                                                ? reader.Rows(st, begin, rows)
+                                                : reader.Rows(st, 0, StoredShape(shape)[0]));
       state[s->first.substr(prefix.size())] =
           split_like_param ? value.view(p.sizes()) : value.view(shape);
     }

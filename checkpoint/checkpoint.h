@@ -19,11 +19,11 @@
 #ifndef CPPTRAIN_CHECKPOINT_CHECKPOINT_H_
 #define CPPTRAIN_CHECKPOINT_CHECKPOINT_H_
 
+#include <torch/optim/optimizer.h>
+
 #include <cstdint>
 #include <string>
 #include <vector>
-
-#include <torch/optim/optimizer.h>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"

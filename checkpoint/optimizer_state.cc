@@ -13,7 +13,9 @@
 namespace cpptrain {
 namespace {
 
-at::Tensor StepTensor(int64_t step) { return torch::tensor(static_cast<double>(step), torch::kFloat64); }
+at::Tensor StepTensor(int64_t step) {
+  return torch::tensor(static_cast<double>(step), torch::kFloat64);
+}
 
 absl::StatusOr<at::Tensor> Like(const std::map<std::string, at::Tensor>& state,
                                 const std::string& key, const at::Tensor& param) {
@@ -22,9 +24,9 @@ absl::StatusOr<at::Tensor> Like(const std::map<std::string, at::Tensor>& state,
     return absl::InvalidArgumentError(absl::StrCat("optimizer state '", key, "' is missing"));
   }
   if (it->second.sizes() != param.sizes()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "optimizer state '", key, "' has shape ", c10::str(it->second.sizes()),
-        " but its parameter has shape ", c10::str(param.sizes())));
+    return absl::InvalidArgumentError(
+        absl::StrCat("optimizer state '", key, "' has shape ", c10::str(it->second.sizes()),
+                     " but its parameter has shape ", c10::str(param.sizes())));
   }
   return it->second.to(param.device(), param.scalar_type(), /*non_blocking=*/false,
                        /*copy=*/true);
@@ -38,9 +40,8 @@ absl::StatusOr<int64_t> Step(const std::map<std::string, at::Tensor>& state) {
 
 template <typename ParamState>
 std::map<std::string, at::Tensor> ExportAdam(ParamState& s) {
-  std::map<std::string, at::Tensor> out = {{"step", StepTensor(s.step())},
-                                           {"exp_avg", s.exp_avg()},
-                                           {"exp_avg_sq", s.exp_avg_sq()}};
+  std::map<std::string, at::Tensor> out = {
+      {"step", StepTensor(s.step())}, {"exp_avg", s.exp_avg()}, {"exp_avg_sq", s.exp_avg_sq()}};
   if (s.max_exp_avg_sq().defined()) out["max_exp_avg_sq"] = s.max_exp_avg_sq();
   return out;
 }
@@ -77,8 +78,7 @@ std::map<std::string, at::Tensor> ExportTorchOptimizerState(torch::optim::Optimi
   return {};
 }
 
-absl::Status ImportTorchOptimizerState(torch::optim::Optimizer& optimizer,
-                                       const at::Tensor& param,
+absl::Status ImportTorchOptimizerState(torch::optim::Optimizer& optimizer, const at::Tensor& param,
                                        const std::map<std::string, at::Tensor>& state) {
   if (state.empty()) return absl::OkStatus();
   torch::NoGradGuard no_grad;

@@ -7,11 +7,11 @@
 #ifndef CPPTRAIN_CHECKPOINT_OPTIMIZER_STATE_H_
 #define CPPTRAIN_CHECKPOINT_OPTIMIZER_STATE_H_
 
-#include <map>
-#include <string>
-
 #include <ATen/core/Tensor.h>
 #include <torch/optim/optimizer.h>
+
+#include <map>
+#include <string>
 
 #include "absl/status/status.h"
 
@@ -40,8 +40,7 @@ absl::Status ImportOptimizerState(torch::optim::Optimizer& optimizer, const at::
 // implementations fall back to).
 std::map<std::string, at::Tensor> ExportTorchOptimizerState(torch::optim::Optimizer& optimizer,
                                                             const at::Tensor& param);
-absl::Status ImportTorchOptimizerState(torch::optim::Optimizer& optimizer,
-                                       const at::Tensor& param,
+absl::Status ImportTorchOptimizerState(torch::optim::Optimizer& optimizer, const at::Tensor& param,
                                        const std::map<std::string, at::Tensor>& state);
 
 }  // namespace cpptrain

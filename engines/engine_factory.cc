@@ -1,14 +1,13 @@
 #include "engines/engine_factory.h"
 
-#include "absl/strings/str_cat.h"
-#include "base/status.h"
-#include <chrono>
-#include <mutex>
-
-#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-
 #include <torch/cuda.h>
 
+#include <chrono>
+#include <mutex>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "base/status.h"
 #include "engines/ddp/ddp_engine.h"
 #include "engines/fsdp/fsdp2_engine.h"
 #include "engines/local/local_engine.h"
@@ -23,8 +22,8 @@ namespace {
 // program may build several Trainers (say, one to train, one to evaluate) and every rank
 // creates them in the same order, so the n-th engine's communicators meet under "engine_n"
 // instead of reading the keys an earlier communicator left behind.
-absl::StatusOr<c10::intrusive_ptr<c10d::Store>> NextEngineStore(
-    const DistributedEnv& env, std::chrono::milliseconds timeout) {
+absl::StatusOr<c10::intrusive_ptr<c10d::Store>> NextEngineStore(const DistributedEnv& env,
+                                                                std::chrono::milliseconds timeout) {
   static std::mutex mu;
   static c10::intrusive_ptr<c10d::Store> store;
   static int created = 0;
@@ -63,21 +62,21 @@ absl::StatusOr<ShardMesh> CreateShardMesh(const proto::FsdpConfig& config,
                                           std::chrono::milliseconds timeout) {
   CT_ASSIGN_OR_RETURN(auto store, NextEngineStore(env, timeout));
   const int replicate = config.dp_replicate_size();
-  const int shard = config.dp_shard_size() > 0 ? config.dp_shard_size() : env.world_size / replicate;
+  const int shard =
+      config.dp_shard_size() > 0 ? config.dp_shard_size() : env.world_size / replicate;
   if (replicate <= 1) {
-    CT_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> comm,
-                        CreateCommunicatorForDevice(store, env.rank, env.world_size,
-                                                    device.type(), timeout));
+    CT_ASSIGN_OR_RETURN(
+        std::unique_ptr<Communicator> comm,
+        CreateCommunicatorForDevice(store, env.rank, env.world_size, device.type(), timeout));
     return ShardMesh{std::shared_ptr<Communicator>(std::move(comm)), nullptr};
   }
   CommunicatorFactory factory = [&](c10::intrusive_ptr<c10d::Store> group_store, int group_rank,
                                     int group_size) {
-    return CreateCommunicatorForDevice(group_store, group_rank, group_size, device.type(),
-                                       timeout);
+    return CreateCommunicatorForDevice(group_store, group_rank, group_size, device.type(), timeout);
   };
-  CT_ASSIGN_OR_RETURN(std::unique_ptr<DeviceMesh> mesh,
-                      DeviceMesh::Create(store, env.rank, env.world_size, {replicate, shard},
-                                         factory));
+  CT_ASSIGN_OR_RETURN(
+      std::unique_ptr<DeviceMesh> mesh,
+      DeviceMesh::Create(store, env.rank, env.world_size, {replicate, shard}, factory));
   std::shared_ptr<DeviceMesh> owner(std::move(mesh));
   return ShardMesh{std::shared_ptr<Communicator>(owner, &owner->comm(1)),
                    std::shared_ptr<Communicator>(owner, &owner->comm(0))};
@@ -123,9 +122,9 @@ absl::StatusOr<std::unique_ptr<Engine>> CreateEngine(const proto::TrainingArgume
       const std::chrono::milliseconds timeout(int64_t{args.ddp_timeout()} * 1000);
       CT_ASSIGN_OR_RETURN(const c10::Device device, DataParallelDevice(env));
       CT_ASSIGN_OR_RETURN(auto store, NextEngineStore(env, timeout));
-      CT_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> comm,
-                          CreateCommunicatorForDevice(store, env.rank, env.world_size,
-                                                      device.type(), timeout));
+      CT_ASSIGN_OR_RETURN(
+          std::unique_ptr<Communicator> comm,
+          CreateCommunicatorForDevice(store, env.rank, env.world_size, device.type(), timeout));
       CT_ASSIGN_OR_RETURN(std::unique_ptr<DdpEngine> engine,
                           DdpEngine::Create(args.ddp(), precision, device, std::move(comm)));
       return std::unique_ptr<Engine>(std::move(engine));
@@ -145,12 +144,12 @@ absl::StatusOr<std::unique_ptr<Engine>> CreateEngine(const proto::TrainingArgume
   }
   if (args.has_fsdp()) {
     return absl::UnimplementedError(absl::StrCat(
-        "fsdp.version=", args.fsdp().version(), " selects FSDP1 (flat parameters), which this "
+        "fsdp.version=", args.fsdp().version(),
+        " selects FSDP1 (flat parameters), which this "
         "build does not contain yet: set fsdp.version=2 (per-parameter shards, the same memory "
         "savings)"));
   }
-  const std::string& selected =
-      args.GetDescriptor()->FindFieldByNumber(args.engine_case())->name();
+  const std::string& selected = args.GetDescriptor()->FindFieldByNumber(args.engine_case())->name();
   return absl::UnimplementedError(absl::StrCat(
       "the training arguments select the `", selected,
       "` engine, which this build does not contain yet (`local`, `ddp` and `fsdp` version 2 "

@@ -1,12 +1,12 @@
 #include "sharding/fully_shard.h"
 
-#include <algorithm>
-#include <unordered_map>
-#include <utility>
-
 #include <c10/core/DeviceGuard.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/torch.h>
+
+#include <algorithm>
+#include <unordered_map>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -118,7 +118,8 @@ c10::intrusive_ptr<Ref> GetRef(AutogradContext* ctx) {
 // Identity on a unit's output; its backward runs before the unit's backward: gather again.
 class PreBackwardFunction : public torch::autograd::Function<PreBackwardFunction> {
  public:
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, c10::intrusive_ptr<Ref> ref) {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x,
+                            c10::intrusive_ptr<Ref> ref) {
     ctx->saved_data["group"] = c10::IValue::make_capsule(std::move(ref));
     return x;
   }
@@ -131,7 +132,8 @@ class PreBackwardFunction : public torch::autograd::Function<PreBackwardFunction
 // Identity on a unit's input; its backward runs once the unit's gradients are complete.
 class PostBackwardFunction : public torch::autograd::Function<PostBackwardFunction> {
  public:
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, c10::intrusive_ptr<Ref> ref) {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x,
+                            c10::intrusive_ptr<Ref> ref) {
     ctx->saved_data["group"] = c10::IValue::make_capsule(std::move(ref));
     return x;
   }
@@ -217,9 +219,8 @@ absl::Status FullyShardedModel::Unshard(Group& group) {
   const int64_t s = group.segment_numel;
   return CatchTorch([&]() -> absl::Status {
     torch::NoGradGuard no_grad;
-    at::Tensor out = at::empty({world * s}, at::TensorOptions()
-                                                .dtype(group.param_dtype)
-                                                .device(options_.device));
+    at::Tensor out = at::empty(
+        {world * s}, at::TensorOptions().dtype(group.param_dtype).device(options_.device));
     at::Tensor segment = out.narrow(0, mesh_.shard->rank() * s, s);
     for (const Group::Param& p : group.params) {
       // Offloaded chunks cross to the device in their own dtype first (a pinned, asynchronous
@@ -316,8 +317,8 @@ void FullyShardedModel::Prefetch(const Group& group, int direction) {
   }
 }
 
-absl::Status FullyShardedModel::SetPrefetch(const Unit& unit, const std::vector<const Unit*>& targets,
-                                            bool forward) {
+absl::Status FullyShardedModel::SetPrefetch(const Unit& unit,
+                                            const std::vector<const Unit*>& targets, bool forward) {
   auto find = [&](const Unit* u) -> Group* {
     for (const auto& g : groups_) {
       if (g->unit == u) return g.get();
@@ -414,10 +415,10 @@ absl::Status FullyShardedModel::PostBackward(Group& group) {
       CT_RETURN_IF_ERROR(CompleteReduceScatter(*last_reduced_));
     }
     const bool add = group.accumulated.defined();
-    at::Tensor in = add ? group.accumulated
-                        : at::empty({world * s}, at::TensorOptions()
-                                                     .dtype(group.reduce_dtype)
-                                                     .device(options_.device));
+    at::Tensor in =
+        add ? group.accumulated
+            : at::empty({world * s},
+                        at::TensorOptions().dtype(group.reduce_dtype).device(options_.device));
     group.accumulated = at::Tensor();
     const at::Tensor by_rank = in.view({world, s});
     for (Group::Param& p : group.params) {
@@ -580,8 +581,8 @@ struct Assignment {
 // Walks the module tree: each parameter belongs to the innermost wrapped unit above it (the
 // root group is index `root_index`). Units are numbered in pre-order.
 void AssignParameters(torch::nn::Module& module, const std::string& prefix, int group,
-                      const std::function<bool(const Unit&)>& wrap,
-                      std::vector<Unit*>* units, std::vector<Assignment>* out) {
+                      const std::function<bool(const Unit&)>& wrap, std::vector<Unit*>* units,
+                      std::vector<Assignment>* out) {
   for (const auto& item : module.named_parameters(/*recurse=*/false)) {
     out->push_back({prefix + item.key(), item.value(), group});
   }
@@ -646,8 +647,8 @@ absl::StatusOr<FullyShardedModel*> FullyShard(TrainableModel& model, ShardMesh m
   AssignParameters(model, "", kRootPending, wrap, &units, &assignments);
   for (const Unit* unit : units) {
     if (unit->hook() != nullptr) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "FullyShard: unit ", unit->unit_class(), " already has a hook from another engine"));
+      return absl::FailedPreconditionError(absl::StrCat("FullyShard: unit ", unit->unit_class(),
+                                                        " already has a hook from another engine"));
     }
   }
   const int root_index = static_cast<int>(units.size());
@@ -662,9 +663,10 @@ absl::StatusOr<FullyShardedModel*> FullyShard(TrainableModel& model, ShardMesh m
           "parent, or leave both to the root"));
     }
     if (a.param.dim() == 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "FullyShard: parameter ", a.name, " is 0-dimensional and cannot be split along dim "
-          "0: give it shape [1]"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("FullyShard: parameter ", a.name,
+                       " is 0-dimensional and cannot be split along dim "
+                       "0: give it shape [1]"));
     }
   }
 
@@ -678,9 +680,9 @@ absl::StatusOr<FullyShardedModel*> FullyShard(TrainableModel& model, ShardMesh m
     group->is_root = gi == root_index;
     group->unit = group->is_root ? static_cast<const Unit*>(&model) : units[gi];
     group->unit_class = group->unit->unit_class();
-    group->reshard_after_forward =
-        group->is_root ? options.root_reshard_after_forward.value_or(false)
-                       : options.reshard_after_forward.value_or(true);
+    group->reshard_after_forward = group->is_root
+                                       ? options.root_reshard_after_forward.value_or(false)
+                                       : options.reshard_after_forward.value_or(true);
     s.groups_.push_back(std::move(group));
   }
   torch::NoGradGuard no_grad;
@@ -713,7 +715,7 @@ absl::StatusOr<FullyShardedModel*> FullyShard(TrainableModel& model, ShardMesh m
       p.shard = at::zeros({p.chunk_numel}, full.options().device(shard_device));
       p.shard.narrow(0, 0, p.info.local_rows * p.row_numel)
           .copy_(full.view({-1}).narrow(0, p.info.row_begin * p.row_numel,
-                                       p.info.local_rows * p.row_numel));
+                                        p.info.local_rows * p.row_numel));
       if (options.offload_params && options.device.is_cuda()) p.shard = p.shard.pin_memory();
       std::vector<int64_t> local_shape = p.info.global_shape;
       local_shape[0] = p.info.local_rows;
@@ -729,12 +731,11 @@ absl::StatusOr<FullyShardedModel*> FullyShard(TrainableModel& model, ShardMesh m
     std::sort(dtypes.begin(), dtypes.end());
     dtypes.erase(std::unique(dtypes.begin(), dtypes.end()), dtypes.end());
     if (!options.param_dtype && dtypes.size() > 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "FullyShard: unit ", group->unit_class, " mixes parameter dtypes; set param_dtype "
-          "so the group gathers in one dtype"));
+      return absl::InvalidArgumentError(absl::StrCat("FullyShard: unit ", group->unit_class,
+                                                     " mixes parameter dtypes; set param_dtype "
+                                                     "so the group gathers in one dtype"));
     }
-    group->param_dtype =
-        options.param_dtype.value_or(dtypes.empty() ? at::kFloat : dtypes.front());
+    group->param_dtype = options.param_dtype.value_or(dtypes.empty() ? at::kFloat : dtypes.front());
     group->reduce_dtype = options.reduce_dtype.value_or(group->param_dtype);
     CT_RETURN_IF_ERROR(CatchTorch([&] {
       group->full = at::empty({world * group->segment_numel},
@@ -775,8 +776,8 @@ absl::StatusOr<FullyShardedModel*> FullyShard(TrainableModel& model, ShardMesh m
       s.by_param_[p.param.unsafeGetTensorImpl()] = {g.get(), i};
     }
   }
-  CT_LOG_RANK0(INFO) << "FullyShard: " << s.groups_.size() << " groups ("
-                     << root_index << " units + root) over " << world << " shard ranks"
+  CT_LOG_RANK0(INFO) << "FullyShard: " << s.groups_.size() << " groups (" << root_index
+                     << " units + root) over " << world << " shard ranks"
                      << (mesh.replicate ? absl::StrCat(" x ", mesh.replicate->size(), " replicas")
                                         : std::string())
                      << ", " << total << " elements padded";

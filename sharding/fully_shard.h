@@ -35,6 +35,9 @@
 #ifndef CPPTRAIN_SHARDING_FULLY_SHARD_H_
 #define CPPTRAIN_SHARDING_FULLY_SHARD_H_
 
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+
 #include <functional>
 #include <memory>
 #include <optional>
@@ -42,9 +45,6 @@
 #include <unordered_map>
 #include <utility>
 #include <vector>
-
-#include <ATen/core/Tensor.h>
-#include <c10/core/Device.h>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -192,8 +192,7 @@ class FullyShardedModel : public ShardingAttachment {
   void OnPostBackward(Group& group);
   void CountUnsharded();
   absl::Status CompleteReduceScatter(Group& group);
-  absl::Status SetPrefetch(const Unit& unit, const std::vector<const Unit*>& targets,
-                           bool forward);
+  absl::Status SetPrefetch(const Unit& unit, const std::vector<const Unit*>& targets, bool forward);
 
   ShardMesh mesh_;
   FullyShardOptions options_;

@@ -78,9 +78,9 @@ TEST(FullyShardTest, ShardsAreDimZeroChunksAndGatherBack) {
                                    info->row_begin == begin && info->local_rows == local &&
                                    info->global_shape == whole.sizes().vec(),
                                "metadata of " + item.key()));
-      CT_RETURN_IF_ERROR(Check(item.value().size(0) == local &&
-                                   item.value().equal(whole.narrow(0, begin, local)),
-                               "the registered parameter is not rank's chunk: " + item.key()));
+      CT_RETURN_IF_ERROR(
+          Check(item.value().size(0) == local && item.value().equal(whole.narrow(0, begin, local)),
+                "the registered parameter is not rank's chunk: " + item.key()));
       CT_ASSIGN_OR_RETURN(torch::Tensor gathered, sharded->GatherFull(item.value()));
       CT_RETURN_IF_ERROR(Check(gathered.equal(whole), "GatherFull of " + item.key()));
     }
@@ -89,9 +89,9 @@ TEST(FullyShardTest, ShardsAreDimZeroChunksAndGatherBack) {
         sharded->Find(model.named_parameters()["model.layers.0.self_attn.q_norm.weight"]);
     CT_RETURN_IF_ERROR(Check(q_norm->local_rows == (rank == 2 ? 2 : 3), "uneven chunks"));
     auto again = FullyShard(model, mesh, {});
-    CT_RETURN_IF_ERROR(Check(!again.ok() && again.status().message().find("already sharded") !=
-                                                 std::string::npos,
-                             "sharding twice must be an error"));
+    CT_RETURN_IF_ERROR(
+        Check(!again.ok() && again.status().message().find("already sharded") != std::string::npos,
+              "sharding twice must be an error"));
     return absl::OkStatus();
   });
   EXPECT_TRUE(s.ok()) << s;
@@ -148,9 +148,9 @@ void ExpectSummedGradients(bool reshard_after_forward, bool checkpointing) {
       CT_RETURN_IF_ERROR(sharded->FinishBackward());
     }
     peaks.push_back(sharded->peak_parameter_bytes());
-    CT_RETURN_IF_ERROR(Check(peaks[0] > sharded->shard_bytes() && peaks[0] == peaks[1] &&
-                                 peaks[1] == peaks[2],
-                             "peak parameter storage differs between passes"));
+    CT_RETURN_IF_ERROR(
+        Check(peaks[0] > sharded->shard_bytes() && peaks[0] == peaks[1] && peaks[1] == peaks[2],
+              "peak parameter storage differs between passes"));
     for (const auto& item : model.named_parameters()) {
       const ShardInfo* info = sharded->Find(item.value());
       const torch::Tensor& grad = item.value().grad();
@@ -160,8 +160,8 @@ void ExpectSummedGradients(bool reshard_after_forward, bool checkpointing) {
           reference.at(item.key()).narrow(0, info->row_begin, info->local_rows) * 6;
       CT_RETURN_IF_ERROR(Check(torch::allclose(grad, expected, 1e-4, 1e-6),
                                "gradient of " + item.key() + " differs"));
-      CT_RETURN_IF_ERROR(Check(item.value().sizes()[0] == info->local_rows,
-                               item.key() + " was left unsharded"));
+      CT_RETURN_IF_ERROR(
+          Check(item.value().sizes()[0] == info->local_rows, item.key() + " was left unsharded"));
     }
     return absl::OkStatus();
   });
@@ -218,8 +218,8 @@ TEST(FullyShardTest, ExplicitPrefetchGathersTheListedUnitsEarly) {
     CT_ASSIGN_OR_RETURN(FullyShardedModel * sharded, FullyShard(model, mesh, {}));
     const auto& layers = model.layers();
     // The root gathers three layers at once, before the first forward recorded any order.
-    CT_RETURN_IF_ERROR(sharded->SetForwardPrefetch(
-        model, {layers[0].get(), layers[1].get(), layers[2].get()}));
+    CT_RETURN_IF_ERROR(
+        sharded->SetForwardPrefetch(model, {layers[0].get(), layers[1].get(), layers[2].get()}));
     auto bad = sharded->SetForwardPrefetch(*layers[0], {nullptr});
     CT_RETURN_IF_ERROR(Check(!bad.ok(), "a null target must be an error"));
     torch::NoGradGuard no_grad;

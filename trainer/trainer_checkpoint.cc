@@ -1,16 +1,16 @@
 // The Trainer's checkpoints: output_dir/checkpoint-<step>/ written atomically (a temporary
 // directory, renamed once every rank's files and the manifest are durable), rotated by
 // save_total_limit keeping the best, and read back by resume_from_checkpoint.
+#include <ATen/CPUGeneratorImpl.h>
+#include <google/protobuf/text_format.h>
+#include <torch/torch.h>
+
 #include <algorithm>
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <system_error>
-
-#include <ATen/CPUGeneratorImpl.h>
-#include <google/protobuf/text_format.h>
-#include <torch/torch.h>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -55,10 +55,10 @@ std::string TrainerStateJson(const TrainerState& s, const std::string& best_chec
       ",\n  \"epoch\": ", JsonNumber(s.epoch), ",\n  \"eval_steps\": ", s.eval_steps,
       ",\n  \"global_step\": ", s.global_step, ",\n  \"log_history\": [\n",
       absl::StrJoin(history, ",\n"), "\n  ],\n  \"logging_steps\": ", s.logging_steps,
-      ",\n  \"max_steps\": ", s.max_steps, ",\n  \"num_input_tokens_seen\": ",
-      s.num_input_tokens_seen, ",\n  \"num_train_epochs\": ", s.num_train_epochs,
-      ",\n  \"save_steps\": ", s.save_steps, ",\n  \"train_batch_size\": ", s.train_batch_size,
-      "\n}\n");
+      ",\n  \"max_steps\": ", s.max_steps,
+      ",\n  \"num_input_tokens_seen\": ", s.num_input_tokens_seen,
+      ",\n  \"num_train_epochs\": ", s.num_train_epochs, ",\n  \"save_steps\": ", s.save_steps,
+      ",\n  \"train_batch_size\": ", s.train_batch_size, "\n}\n");
 }
 
 // The step of a finished checkpoint directory name, or -1.
@@ -121,9 +121,9 @@ absl::Status Trainer::SaveCheckpoint() {
   CT_RETURN_IF_ERROR(engine_->Barrier());
   SaveModelStateOptions options;
   // FSDP writes its shards as they are unless fsdp.state_dict_type asks for the full model.
-  options.full_model = FullyShardedOf(*model_) == nullptr ||
-                       (args_.has_fsdp() &&
-                        args_.fsdp().state_dict_type() == proto::FsdpConfig::FULL_STATE_DICT);
+  options.full_model =
+      FullyShardedOf(*model_) == nullptr ||
+      (args_.has_fsdp() && args_.fsdp().state_dict_type() == proto::FsdpConfig::FULL_STATE_DICT);
   options.include_optimizer = !args_.save_only_model();
   CT_RETURN_IF_ERROR(
       SaveModelState(temp_dir.string(), *model_, engine_->optimizer(), *engine_, options));
@@ -177,8 +177,8 @@ absl::Status Trainer::SaveCheckpoint() {
     std::string args_text, state_text;
     google::protobuf::TextFormat::PrintToString(args_, &args_text);
     google::protobuf::TextFormat::PrintToString(saved, &state_text);
-    CT_RETURN_IF_ERROR(WriteFileAtomically((temp_dir / "training_args.textproto").string(),
-                                           args_text));
+    CT_RETURN_IF_ERROR(
+        WriteFileAtomically((temp_dir / "training_args.textproto").string(), args_text));
     // With the full model, the directory is also a Hugging Face model directory
     // (from_pretrained reads config.json and model.safetensors).
     if (const auto* decoder = dynamic_cast<const DecoderLM*>(model_.get())) {
@@ -187,7 +187,8 @@ absl::Status Trainer::SaveCheckpoint() {
     CT_RETURN_IF_ERROR(WriteFileAtomically((temp_dir / "trainer_state.json").string(),
                                            TrainerStateJson(state_, best_model_checkpoint_)));
     // Last: its presence marks a finished checkpoint.
-    CT_RETURN_IF_ERROR(WriteFileAtomically((temp_dir / kTrainerStateFileName).string(), state_text));
+    CT_RETURN_IF_ERROR(
+        WriteFileAtomically((temp_dir / kTrainerStateFileName).string(), state_text));
     CT_RETURN_IF_ERROR(FsyncDirectory(temp_dir.string()));
     // A checkpoint of the same step (a rerun) is replaced only once the new one is complete.
     const fs::path old = out / absl::StrCat(".old-", name);
@@ -235,10 +236,13 @@ absl::Status Trainer::ResumeFromCheckpoint(const std::string& requested) {
     CT_ASSIGN_OR_RETURN(dir, LatestCheckpoint(args_.output_dir()));
   }
   if (!fs::exists(fs::path(dir) / kTrainerStateFileName)) {
-    return absl::NotFoundError(absl::StrCat(
-        "resume_from_checkpoint is '", requested, "' but '", dir, "' is not a finished "
-        "checkpoint (no ", kTrainerStateFileName, "): give a checkpoint-<step> directory, or "
-        "\"latest\""));
+    return absl::NotFoundError(absl::StrCat("resume_from_checkpoint is '", requested, "' but '",
+                                            dir,
+                                            "' is not a finished "
+                                            "checkpoint (no ",
+                                            kTrainerStateFileName,
+                                            "): give a checkpoint-<step> directory, or "
+                                            "\"latest\""));
   }
   CT_RETURN_IF_ERROR(LoadModelState(dir, *model_, engine_->optimizer()));
   CT_ASSIGN_OR_RETURN(std::string text, ReadFile(dir + "/" + kTrainerStateFileName));

@@ -2,14 +2,14 @@
 // an uninterrupted one (AdamW state, scheduler position, data order), unfinished checkpoint
 // directories are never picked, save_total_limit keeps the newest and the best, and
 // load_best_model_at_end restores the best one.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
-#include <torch/torch.h>
 
 #include "checkpoint/hf_model.h"
 #include "checkpoint/safetensors.h"

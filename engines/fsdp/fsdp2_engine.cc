@@ -1,10 +1,10 @@
 #include "engines/fsdp/fsdp2_engine.h"
 
+#include <torch/torch.h>
+
 #include <cmath>
 #include <utility>
 #include <vector>
-
-#include <torch/torch.h>
 
 #include "absl/strings/str_cat.h"
 #include "base/logging.h"
@@ -151,13 +151,15 @@ absl::Status Fsdp2Engine::PrepareForInference(std::shared_ptr<TrainableModel> mo
       return absl::InvalidArgumentError(absl::StrCat(
           "the model was sharded over ", sharded->mesh().shard->size(), " shard ranks (world ",
           sharded->mesh().world_size(), ") but the FSDP engine spans ", mesh_.shard->size(),
-          " (world ", mesh_.world_size(), "): shard it over the same ranks, or leave it unsharded "
+          " (world ", mesh_.world_size(),
+          "): shard it over the same ranks, or leave it unsharded "
           "and let the engine shard it"));
     }
     if (sharded->options().device != device_) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "the model's shards live on ", sharded->options().device.str(),
-          " but the FSDP engine runs on ", device_.str(), ": shard it with device ", device_.str()));
+      return absl::InvalidArgumentError(absl::StrCat("the model's shards live on ",
+                                                     sharded->options().device.str(),
+                                                     " but the FSDP engine runs on ", device_.str(),
+                                                     ": shard it with device ", device_.str()));
     }
     CT_LOG_RANK0(INFO) << "FSDP2: adopting the shards of a model sharded at load time ("
                        << sharded->num_groups() << " groups)";
@@ -172,12 +174,12 @@ absl::Status Fsdp2Engine::PrepareForInference(std::shared_ptr<TrainableModel> mo
 
 std::unique_ptr<ForwardScope> Fsdp2Engine::EnterForward() {
   TORCH_CHECK(sharded_ != nullptr, "FSDP: EnterForward before PrepareForInference");
-  return std::make_unique<FsdpForwardScope>(sharded_, LocalEngine::EnterForward(),
-                                            &forward_error_);
+  return std::make_unique<FsdpForwardScope>(sharded_, LocalEngine::EnterForward(), &forward_error_);
 }
 
 absl::Status Fsdp2Engine::Backward(const torch::Tensor& loss) {
-  if (sharded_ == nullptr) return absl::FailedPreconditionError("Backward before PrepareForTraining");
+  if (sharded_ == nullptr)
+    return absl::FailedPreconditionError("Backward before PrepareForTraining");
   absl::Status status = std::move(forward_error_);
   forward_error_ = absl::OkStatus();
   if (status.ok()) status = sharded_->BeginBackward();

@@ -33,8 +33,8 @@ class Fsdp2Engine : public LocalEngine {
                                                              MixedPrecision precision,
                                                              c10::Device device, ShardMesh mesh);
   // An engine for a model FullyShard-ed at load time: its mesh, device and options.
-  static absl::StatusOr<std::unique_ptr<Fsdp2Engine>> ForShardedModel(
-      const TrainableModel& model, MixedPrecision precision);
+  static absl::StatusOr<std::unique_ptr<Fsdp2Engine>> ForShardedModel(const TrainableModel& model,
+                                                                      MixedPrecision precision);
 
   std::string name() const override { return "fsdp2"; }
   int rank() const override { return rank_; }

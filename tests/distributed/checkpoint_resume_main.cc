@@ -3,10 +3,10 @@
 // given by --engine, saving a checkpoint every 2 steps, optionally resuming from --resume.
 // Rank 0 prints "LOSS <step> <loss>" for every step this run trained, which the script
 // compares across legs run on different engines and world sizes.
+#include <torch/torch.h>
+
 #include <iomanip>
 #include <iostream>
-
-#include <torch/torch.h>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"

@@ -2,12 +2,11 @@
 // against a formula, for fp32, bf16, fp16 and int64 and chunk sizes that no world size
 // divides evenly. --device=cpu uses Gloo, --device=cuda NCCL (one GPU per process), so both
 // backends pass the same checks. Exits 0 and prints "N checks passed" when all hold.
+#include <torch/torch.h>
+
 #include <chrono>
 #include <cstdio>
-
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-
-#include <torch/torch.h>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -27,8 +26,9 @@ int checks = 0;
 absl::Status Expect(const at::Tensor& got, const at::Tensor& want, const std::string& what) {
   ++checks;
   if (!got.to(at::kDouble).cpu().equal(want.to(at::kDouble).cpu())) {
-    return absl::InternalError(absl::StrCat(what, ": got ", got.to(at::kDouble).sum().item<double>(),
-                                            " (sum), want ", want.to(at::kDouble).sum().item<double>()));
+    return absl::InternalError(
+        absl::StrCat(what, ": got ", got.to(at::kDouble).sum().item<double>(), " (sum), want ",
+                     want.to(at::kDouble).sum().item<double>()));
   }
   return absl::OkStatus();
 }
@@ -41,12 +41,14 @@ absl::Status Done(absl::StatusOr<std::unique_ptr<Work>> work) {
 absl::Status Check(Communicator& comm, at::TensorOptions options, int64_t chunk) {
   const int n = comm.size();
   const int r = comm.rank();
-  const std::string tag = absl::StrCat(c10::toString(options.dtype().toScalarType()), " chunk ", chunk);
+  const std::string tag =
+      absl::StrCat(c10::toString(options.dtype().toScalarType()), " chunk ", chunk);
   const bool floating = at::isFloatingType(options.dtype().toScalarType());
 
   at::Tensor t = at::full({chunk}, r + 1, options);
   CT_RETURN_IF_ERROR(Done(comm.AllReduce(t, ReduceOp::kSum)));
-  CT_RETURN_IF_ERROR(Expect(t, at::full({chunk}, n * (n + 1) / 2, options), "all-reduce sum " + tag));
+  CT_RETURN_IF_ERROR(
+      Expect(t, at::full({chunk}, n * (n + 1) / 2, options), "all-reduce sum " + tag));
   t.fill_(r + 1);
   CT_RETURN_IF_ERROR(Done(comm.AllReduce(t, ReduceOp::kMax)));
   CT_RETURN_IF_ERROR(Expect(t, at::full({chunk}, n, options), "all-reduce max " + tag));
@@ -75,16 +77,20 @@ absl::Status Check(Communicator& comm, at::TensorOptions options, int64_t chunk)
   CT_RETURN_IF_ERROR(Done(comm.Broadcast(b, n - 1)));
   CT_RETURN_IF_ERROR(Expect(b, at::full({chunk}, 7, options), "broadcast " + tag));
 
-  std::vector<at::Tensor> many = {at::full({chunk}, r + 1, options), at::full({chunk + 3}, 1, options)};
+  std::vector<at::Tensor> many = {at::full({chunk}, r + 1, options),
+                                  at::full({chunk + 3}, 1, options)};
   CT_RETURN_IF_ERROR(Done(comm.AllReduceCoalesced(many, ReduceOp::kSum)));
-  CT_RETURN_IF_ERROR(Expect(many[0], at::full({chunk}, n * (n + 1) / 2, options), "coalesced all-reduce " + tag));
-  CT_RETURN_IF_ERROR(Expect(many[1], at::full({chunk + 3}, n, options), "coalesced all-reduce " + tag));
+  CT_RETURN_IF_ERROR(
+      Expect(many[0], at::full({chunk}, n * (n + 1) / 2, options), "coalesced all-reduce " + tag));
+  CT_RETURN_IF_ERROR(
+      Expect(many[1], at::full({chunk + 3}, n, options), "coalesced all-reduce " + tag));
 
   std::vector<at::Tensor> ins = {at::full({chunk}, r, options), at::full({2}, r, options)};
   std::vector<at::Tensor> outs = {at::empty({n * chunk}, options), at::empty({2 * n}, options)};
   CT_RETURN_IF_ERROR(Done(comm.AllGatherCoalesced(ins, outs)));
   at::Tensor ranks = at::arange(n, options);
-  CT_RETURN_IF_ERROR(Expect(outs[0], ranks.repeat_interleave(chunk), "coalesced all-gather " + tag));
+  CT_RETURN_IF_ERROR(
+      Expect(outs[0], ranks.repeat_interleave(chunk), "coalesced all-gather " + tag));
   CT_RETURN_IF_ERROR(Expect(outs[1], ranks.repeat_interleave(2), "coalesced all-gather " + tag));
 
   std::vector<at::Tensor> rs_in = {at::full({n * chunk}, r + 1, options)};
@@ -107,18 +113,21 @@ absl::Status CheckTimeout(const DistributedEnv& env, c10::intrusive_ptr<c10d::St
   if (env.rank != 0) {
     // Waits until rank 0 is done; the communicator is left alone (never torn down with a
     // collective its peer abandoned).
-    CT_RETURN_IF_ERROR(CatchTorch([&] { store->wait({"timeout_check_done"}, std::chrono::seconds(120)); }));
+    CT_RETURN_IF_ERROR(
+        CatchTorch([&] { store->wait({"timeout_check_done"}, std::chrono::seconds(120)); }));
     comm.release();
     return absl::OkStatus();
   }
-  at::Tensor t = at::ones({1024}, at::TensorOptions().device(
-                                      cuda ? at::Device(at::kCUDA, env.local_rank) : at::Device(at::kCPU)));
+  at::Tensor t =
+      at::ones({1024}, at::TensorOptions().device(cuda ? at::Device(at::kCUDA, env.local_rank)
+                                                       : at::Device(at::kCPU)));
   const auto start = std::chrono::steady_clock::now();
   absl::StatusOr<std::unique_ptr<Work>> work = comm->AllReduce(t, ReduceOp::kSum);
   absl::Status status = work.ok() ? (*work)->Synchronize() : work.status();
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  CT_RETURN_IF_ERROR(CatchTorch([&] { store->set("timeout_check_done", std::vector<uint8_t>{1}); }));
+  CT_RETURN_IF_ERROR(
+      CatchTorch([&] { store->set("timeout_check_done", std::vector<uint8_t>{1}); }));
   if (status.ok()) return absl::InternalError("an all-reduce no peer joined succeeded");
   const std::string message(status.message());
   if (message.find("rank 0") == std::string::npos ||

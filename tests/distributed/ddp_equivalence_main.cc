@@ -8,10 +8,10 @@
 // With --unused, the model carries a parameter the loss never touches: with
 // find_unused_parameters off, Train() must fail with an error naming it (exit status 3); with
 // --find_unused, training must succeed.
+#include <torch/torch.h>
+
 #include <cstdlib>
 #include <iostream>
-
-#include <torch/torch.h>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -48,6 +48,7 @@ class TestModel : public TrainableModel {
   std::shared_ptr<DecoderLM> decoder_;
 };
 
+using testing::EquivalenceArgs;
 using testing::EvaluateAndPredict;
 using testing::MaxRelativeDifference;
 using testing::Parameters;
@@ -63,20 +64,6 @@ std::shared_ptr<TestModel> Model(bool unused) {
   return std::make_shared<TestModel>(*BuildDecoder(*NamedDecoderConfig("tiny")), unused);
 }
 
-proto::TrainingArguments Args(int per_device_batch, const std::string& dir) {
-  proto::TrainingArguments args;
-  args.set_output_dir(dir);
-  args.set_per_device_train_batch_size(per_device_batch);
-  args.set_gradient_accumulation_steps(2);
-  args.set_max_steps(5);
-  args.set_lr_scheduler_type(proto::TrainingArguments::CONSTANT);
-  args.set_learning_rate(0.5);
-  args.set_logging_steps(1);
-  args.set_save_strategy(proto::TrainingArguments::NO);
-  args.set_disable_tqdm(true);
-  return args;
-}
-
 int Run() {
   auto env = DistributedEnvFromEnvironment();
   if (!env.ok()) {
@@ -86,7 +73,7 @@ int Run() {
   InitLogging("ddp_equivalence", env->rank);
   const bool unused = absl::GetFlag(FLAGS_unused);
   proto::TrainingArguments ddp_args =
-      Args(2, absl::StrCat(absl::GetFlag(FLAGS_output_dir), "/ddp_rank", env->rank));
+      EquivalenceArgs(2, absl::StrCat(absl::GetFlag(FLAGS_output_dir), "/ddp_rank", env->rank));
   ddp_args.mutable_ddp()->set_find_unused_parameters(absl::GetFlag(FLAGS_find_unused));
   auto ddp_model = Model(unused);
   SgdTrainer ddp(ddp_args, ddp_model, Data());
@@ -113,7 +100,7 @@ int Run() {
 
   auto local_model = Model(false);
   auto local_engine = LocalEngine::Create(proto::LocalEngineConfig(), MixedPrecision::kNone);
-  SgdTrainer local(Args(2 * env->world_size, absl::GetFlag(FLAGS_output_dir) + "/local"),
+  SgdTrainer local(EquivalenceArgs(2 * env->world_size, absl::GetFlag(FLAGS_output_dir) + "/local"),
                    local_model, Data(), nullptr, std::move(*local_engine));
   if (!local.Train().ok()) return 1;
 
@@ -123,16 +110,18 @@ int Run() {
     return 1;
   }
   const double worst_loss = WorstRelative(a, b);
-  const double worst_param = MaxRelativeDifference(Parameters(*ddp_model), Parameters(*local_model));
+  const double worst_param =
+      MaxRelativeDifference(Parameters(*ddp_model), Parameters(*local_model));
   LOG(INFO) << "world " << env->world_size << ": DDP losses " << a[0] << " ... " << a[4]
             << "; local " << b[0] << " ... " << b[4] << "; max relative difference: loss "
             << worst_loss << ", parameters " << worst_param;
   // The same (DDP-trained) model evaluated by one process.
-  proto::TrainingArguments eval_args = Args(2, absl::GetFlag(FLAGS_output_dir) + "/local_eval");
+  proto::TrainingArguments eval_args =
+      EquivalenceArgs(2, absl::GetFlag(FLAGS_output_dir) + "/local_eval");
   eval_args.set_per_device_eval_batch_size(5);
-  Trainer local_eval(eval_args, ddp_model, nullptr, eval_data,
-                     std::move(*LocalEngine::Create(proto::LocalEngineConfig(),
-                                                    MixedPrecision::kNone)));
+  Trainer local_eval(
+      eval_args, ddp_model, nullptr, eval_data,
+      std::move(*LocalEngine::Create(proto::LocalEngineConfig(), MixedPrecision::kNone)));
   auto local_outputs = EvaluateAndPredict(local_eval, eval_data);
   if (!local_outputs.ok()) return 1;
   const bool same_evaluation =

@@ -1,12 +1,12 @@
 #include "trainer/testing/trainer_testing.h"
 
+#include <torch/torch.h>
+
 #include <algorithm>
-#include <cstdlib>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <random>
-
-#include <torch/torch.h>
 
 #include "base/logging.h"
 #include "models/configs.h"
@@ -60,6 +60,20 @@ double MaxRelativeDifference(const std::vector<torch::Tensor>& a,
   return worst;
 }
 
+proto::TrainingArguments EquivalenceArgs(int per_device_batch, const std::string& output_dir) {
+  proto::TrainingArguments args;
+  args.set_output_dir(output_dir);
+  args.set_per_device_train_batch_size(per_device_batch);
+  args.set_gradient_accumulation_steps(2);
+  args.set_max_steps(5);
+  args.set_lr_scheduler_type(proto::TrainingArguments::CONSTANT);
+  args.set_learning_rate(0.5);
+  args.set_logging_steps(1);
+  args.set_save_strategy(proto::TrainingArguments::NO);
+  args.set_disable_tqdm(true);
+  return args;
+}
+
 std::vector<double> StepLosses(const Trainer& trainer) {
   std::vector<double> losses;
   for (const Metrics& m : trainer.state().log_history) {
@@ -91,7 +105,8 @@ bool SameEvaluation(const EvalOutputs& got, const EvalOutputs& want, double tole
   const double got_loss = got.metrics.at("eval_loss");
   const double want_loss = want.metrics.at("eval_loss");
   const double loss_difference = std::fabs(got_loss - want_loss) / std::fabs(want_loss);
-  const bool same_shape = got.predictions.predictions.sizes() == want.predictions.predictions.sizes();
+  const bool same_shape =
+      got.predictions.predictions.sizes() == want.predictions.predictions.sizes();
   // Logits at padding positions depend on how batches were padded; compare real tokens only.
   const torch::Tensor real = want.predictions.label_ids.ne(kIgnoreIndex).unsqueeze(-1);
   const bool same_predictions =
@@ -100,8 +115,7 @@ bool SameEvaluation(const EvalOutputs& got, const EvalOutputs& want, double tole
                       tolerance, tolerance);
   LOG(INFO) << what << ": eval_loss " << got_loss << " vs " << want_loss
             << " (one process), relative difference " << loss_difference << "; predictions "
-            << got.predictions.predictions.sizes() << " vs "
-            << want.predictions.predictions.sizes()
+            << got.predictions.predictions.sizes() << " vs " << want.predictions.predictions.sizes()
             << (same_predictions ? ", equal" : ", DIFFERENT");
   return loss_difference < tolerance && same_predictions &&
          got.predictions.predictions.size(0) == samples;

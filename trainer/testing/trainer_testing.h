@@ -45,6 +45,11 @@ std::vector<torch::Tensor> Parameters(torch::nn::Module& model);
 double MaxRelativeDifference(const std::vector<torch::Tensor>& a,
                              const std::vector<torch::Tensor>& b);
 
+// Arguments of the equivalence tests: `per_device_batch` per rank, accumulation 2, 5 steps at
+// a constant learning rate of 0.5 (large enough to move the weights), a loss logged every
+// step, no checkpoints, no progress bar; written under `output_dir`.
+proto::TrainingArguments EquivalenceArgs(int per_device_batch, const std::string& output_dir);
+
 // The losses a Trainer logged, in step order.
 std::vector<double> StepLosses(const Trainer& trainer);
 

@@ -42,13 +42,19 @@ bash tests/distributed/collectives_test.sh "$build/tools/launch" \
 echo "nccl checks exit $?: $(grep -c 'checks passed' "$out/nccl_checks.log") ranks passed" | tee -a "$out/summary.txt"
 grep "checks passed" "$out/nccl_checks.log" | tee -a "$out/summary.txt"
 
-# BENCH=0 stops after the build and the test suite.
+# BENCH=0 stops after the build and the test suite. RUNS picks the measurements (default all):
+#   demo   the demo on one GPU            ddp    tools/bench --engine=ddp beside PyTorch DDP
+#   comm   comm_bench beside torch.distributed (256 MiB)
+#   fsdp2  tools/bench --engine=fsdp2 beside PyTorch fully_shard, and without collectives
 [[ "${BENCH:-1}" == 0 ]] && exit 0
+runs=" ${RUNS:-demo ddp comm fsdp2} "
+want() { [[ "$runs" == *" $1 "* ]]; }
 
-# The demo on one GPU, bf16.
-timeout 120 "$train" --config=tools/demo.textproto --set=args.output_dir=/tmp/demo_gpu \
-  --set=args.bf16=true >"$out/demo_gpu.log" 2>&1
-echo "demo on GPU exit $?: $(tail -1 "$out/demo_gpu.log")" | tee -a "$out/summary.txt"
+if want demo; then
+  timeout 120 "$train" --config=tools/demo.textproto --set=args.output_dir=/tmp/demo_gpu \
+    --set=args.bf16=true >"$out/demo_gpu.log" 2>&1
+  echo "demo on GPU exit $?: $(tail -1 "$out/demo_gpu.log")" | tee -a "$out/summary.txt"
+fi
 
 run() {  # name, command...
   local name=$1; shift
@@ -57,14 +63,21 @@ run() {  # name, command...
 }
 for n in 1 2 4; do
   (( n > gpus )) && continue
-  run "bench_ddp_$n" "$launch" --nproc_per_node=$n --master_port=0 "$bench" --engine=ddp
-  run "torch_ddp_$n" torchrun --standalone --nproc_per_node $n tools/bench_torch.py --engine ddp
-  if (( n > 1 )); then
-    run "bench_ddp_nocomm_$n" "$launch" --nproc_per_node=$n --master_port=0 "$bench" --engine=ddp --skip_collectives
+  if want ddp; then
+    run "bench_ddp_$n" "$launch" --nproc_per_node=$n --master_port=0 "$bench" --engine=ddp
+    run "torch_ddp_$n" torchrun --standalone --nproc_per_node $n tools/bench_torch.py --engine ddp
+    (( n > 1 )) && run "bench_ddp_nocomm_$n" "$launch" --nproc_per_node=$n --master_port=0 "$bench" \
+      --engine=ddp --skip_collectives
+  fi
+  if want comm && (( n > 1 )); then
     run "comm_$n" "$launch" --nproc_per_node=$n --master_port=0 "$comm" --device=cuda \
       --min_bytes=268435456 --max_bytes=268435456 --collectives=all_gather,reduce_scatter,all_reduce
     run "torch_comm_$n" torchrun --standalone --nproc_per_node $n tools/comm_bench_torch.py --bytes 268435456
+  fi
+  if want fsdp2; then
     run "bench_fsdp2_$n" "$launch" --nproc_per_node=$n --master_port=0 "$bench" --engine=fsdp2
     run "torch_fsdp2_$n" torchrun --standalone --nproc_per_node $n tools/bench_torch.py --engine fsdp2
+    (( n > 1 )) && run "bench_fsdp2_nocomm_$n" "$launch" --nproc_per_node=$n --master_port=0 "$bench" \
+      --engine=fsdp2 --skip_collectives
   fi
 done

@@ -1,10 +1,14 @@
 #include "checkpoint/files.h"
 
 #include <fcntl.h>
+#include <ftw.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <iterator>
 
@@ -94,6 +98,39 @@ absl::Status FsyncDirectory(const std::string& dir) {
     return absl::ErrnoToStatus(errno, absl::StrCat("cannot fsync directory '", dir, "'"));
   }
   return absl::OkStatus();
+}
+
+namespace {
+
+// nftw passes no context: the failing entry and its errno, per thread.
+thread_local std::string remove_failed_path;
+thread_local int remove_failed_errno = 0;
+
+int RemoveEntry(const char* path, const struct stat*, int, struct FTW*) {
+  if (std::remove(path) == 0 || errno == ENOENT) return 0;
+  remove_failed_path = path;
+  remove_failed_errno = errno;
+  return 1;  // stops the walk
+}
+
+}  // namespace
+
+absl::Status RemoveTree(const std::string& path) {
+  struct stat info;
+  if (lstat(path.c_str(), &info) != 0) {
+    if (errno == ENOENT) return absl::OkStatus();
+    return absl::InternalError(
+        absl::StrCat("cannot remove '", path, "': ", std::strerror(errno)));
+  }
+  remove_failed_path.clear();
+  remove_failed_errno = 0;
+  // Depth first (children before their directory), not following links, 32 descriptors.
+  const int walked = nftw(path.c_str(), RemoveEntry, 32, FTW_DEPTH | FTW_PHYS);
+  if (walked == 0) return absl::OkStatus();
+  const int error = remove_failed_path.empty() ? errno : remove_failed_errno;
+  return absl::InternalError(absl::StrCat(
+      "cannot remove '", remove_failed_path.empty() ? path : remove_failed_path, "': ",
+      std::strerror(error)));
 }
 
 }  // namespace cpptrain

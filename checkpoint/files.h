@@ -1,5 +1,5 @@
 // Small file-system helpers for checkpoints: atomic writes (write beside, fsync, rename,
-// fsync the directory), whole-file reads, and directory syncs.
+// fsync the directory), whole-file reads, directory syncs and recursive removal.
 //
 //   CT_RETURN_IF_ERROR(WriteFileAtomically(dir + "/manifest.pb", manifest.SerializeAsString()));
 #ifndef CPPTRAIN_CHECKPOINT_FILES_H_
@@ -40,6 +40,11 @@ absl::StatusOr<std::string> ReadFile(const std::string& path);
 
 // fsync on the directory itself, so renames and creations inside it are durable.
 absl::Status FsyncDirectory(const std::string& dir);
+
+// Removes `path` and, for a directory, everything below it (symbolic links are removed, not
+// followed). A missing `path` is not an error. (std::filesystem::remove_all crashed on
+// non-empty directories with the GPU hosts' libstdc++; this walks with nftw.)
+absl::Status RemoveTree(const std::string& path);
 
 }  // namespace cpptrain
 

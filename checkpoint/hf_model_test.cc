@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "checkpoint/files.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/test_dirs.h"
 #include "gmock/gmock.h"
@@ -424,7 +425,7 @@ std::string ExportDir(const std::string& suffix) {
   const char* dir = std::getenv("CPPTRAIN_HF_EXPORT_DIR");
   const std::string path =
       dir != nullptr && *dir != '\0' ? absl::StrCat(dir, suffix) : FreshTestDir() + "/export" + suffix;
-  std::filesystem::remove_all(path);
+  EXPECT_TRUE(RemoveTree(path).ok());
   std::filesystem::create_directories(path);
   return path;
 }

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "checkpoint/files.h"
 #include "gtest/gtest.h"
 
 namespace cpptrain {
@@ -21,7 +22,8 @@ inline std::string FreshTestDir() {
   const char* tmp = std::getenv("TEST_TMPDIR");
   const std::string dir =
       absl::StrCat(tmp == nullptr ? "/tmp" : tmp, "/", test->test_suite_name(), ".", test->name());
-  std::filesystem::remove_all(dir);
+  const absl::Status removed = RemoveTree(dir);
+  EXPECT_TRUE(removed.ok()) << removed;
   std::filesystem::create_directories(dir);
   return dir;
 }

@@ -19,10 +19,12 @@
 #define CPPTRAIN_SHARDING_COMMUNICATOR_H_
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -51,6 +53,9 @@ class Communicator {
   virtual int size() const = 0;
   // "nccl" or "gloo".
   virtual std::string backend() const = 0;
+  // The device every tensor passed in must live on (NCCL: its GPU; Gloo: the CPU); unset for
+  // communicators that take any.
+  virtual std::optional<c10::Device> device() const { return std::nullopt; }
 
   // In place: every rank ends with the reduction of all ranks' `tensor`.
   virtual absl::StatusOr<std::unique_ptr<Work>> AllReduce(at::Tensor& tensor, ReduceOp op) = 0;

@@ -220,7 +220,7 @@ absl::Status FullyShardedModel::Unshard(Group& group) {
   return CatchTorch([&]() -> absl::Status {
     torch::NoGradGuard no_grad;
     at::Tensor out = at::empty(
-        {world * s}, at::TensorOptions().dtype(group.param_dtype).device(options_.device));
+        {world * s}, at::TensorOptions().dtype(group.param_dtype).device(device()));
     at::Tensor segment = out.narrow(0, mesh_.shard->rank() * s, s);
     for (const Group::Param& p : group.params) {
       // Offloaded chunks cross to the device in their own dtype first (a pinned, asynchronous
@@ -418,7 +418,7 @@ absl::Status FullyShardedModel::PostBackward(Group& group) {
     at::Tensor in =
         add ? group.accumulated
             : at::empty({world * s},
-                        at::TensorOptions().dtype(group.reduce_dtype).device(options_.device));
+                        at::TensorOptions().dtype(group.reduce_dtype).device(device()));
     group.accumulated = at::Tensor();
     const at::Tensor by_rank = in.view({world, s});
     for (Group::Param& p : group.params) {
@@ -554,7 +554,7 @@ absl::StatusOr<at::Tensor> FullyShardedModel::GatherFull(const at::Tensor& param
   const int world = mesh_.shard->size();
   at::Tensor out;
   CT_RETURN_IF_ERROR(CatchTorch([&]() -> absl::Status {
-    at::Tensor input = p.shard.to(options_.device);
+    at::Tensor input = p.shard.to(device());
     out = at::empty({world * p.chunk_numel}, input.options());
     CT_ASSIGN_OR_RETURN(std::unique_ptr<Work> work, mesh_.shard->AllGather(input, out));
     CT_RETURN_IF_ERROR(work->Synchronize());
@@ -622,8 +622,17 @@ absl::StatusOr<FullyShardedModel*> FullyShard(TrainableModel& model, ShardMesh m
   if (mesh.shard == nullptr) {
     return absl::InvalidArgumentError("FullyShard: ShardMesh.shard (the communicator) is null");
   }
-  if (options.offload_params && !options.device.is_cuda()) {
-    LOG(WARNING) << "FSDP offload_params on " << options.device.str()
+  const std::optional<c10::Device> comm_device = mesh.shard->device();
+  const c10::Device device = options.device.value_or(comm_device.value_or(c10::Device(c10::kCPU)));
+  for (const auto& comm : {mesh.shard, mesh.replicate}) {
+    if (comm == nullptr || !comm->device() || *comm->device() == device) continue;
+    return absl::InvalidArgumentError(absl::StrCat(
+        "FullyShard: FullyShardOptions.device is ", device.str(), " but the ", comm->backend(),
+        " communicator serves ", comm->device()->str(), ": leave device unset (it follows the "
+        "communicator) or set it to ", comm->device()->str()));
+  }
+  if (options.offload_params && !device.is_cuda()) {
+    LOG(WARNING) << "FSDP offload_params on " << device.str()
                  << ": parameters already live in CPU memory, nothing to offload";
   }
   std::vector<std::string> classes = options.wrap.classes;
@@ -670,11 +679,13 @@ absl::StatusOr<FullyShardedModel*> FullyShard(TrainableModel& model, ShardMesh m
     }
   }
 
-  auto state = std::shared_ptr<FullyShardedModel>(new FullyShardedModel(mesh, options));
+  FullyShardOptions resolved = options;
+  resolved.device = device;
+  auto state = std::shared_ptr<FullyShardedModel>(new FullyShardedModel(mesh, resolved));
   FullyShardedModel& s = *state;
   const int world = mesh.shard->size();
   const int rank = mesh.shard->rank();
-  const c10::Device shard_device = options.offload_params ? c10::Device(c10::kCPU) : options.device;
+  const c10::Device shard_device = options.offload_params ? c10::Device(c10::kCPU) : device;
   for (int gi = 0; gi <= root_index; ++gi) {
     auto group = std::make_unique<FullyShardedModel::Group>();
     group->is_root = gi == root_index;
@@ -708,7 +719,7 @@ absl::StatusOr<FullyShardedModel*> FullyShard(TrainableModel& model, ShardMesh m
     p.offset = group.segment_numel;
     group.segment_numel += p.chunk_numel;
     CT_RETURN_IF_ERROR(CatchTorch([&]() -> absl::Status {
-      at::Tensor full = a.param.detach().to(options.device).contiguous();
+      at::Tensor full = a.param.detach().to(device).contiguous();
       if (options.sync_module_states && mesh.world_size() > 1) {
         CT_RETURN_IF_ERROR(BroadcastFromRankZero(mesh, full));
       }
@@ -716,7 +727,7 @@ absl::StatusOr<FullyShardedModel*> FullyShard(TrainableModel& model, ShardMesh m
       p.shard.narrow(0, 0, p.info.local_rows * p.row_numel)
           .copy_(full.view({-1}).narrow(0, p.info.row_begin * p.row_numel,
                                         p.info.local_rows * p.row_numel));
-      if (options.offload_params && options.device.is_cuda()) p.shard = p.shard.pin_memory();
+      if (options.offload_params && device.is_cuda()) p.shard = p.shard.pin_memory();
       std::vector<int64_t> local_shape = p.info.global_shape;
       local_shape[0] = p.info.local_rows;
       p.local = p.shard.narrow(0, 0, p.info.local_rows * p.row_numel).view(local_shape);
@@ -739,7 +750,7 @@ absl::StatusOr<FullyShardedModel*> FullyShard(TrainableModel& model, ShardMesh m
     group->reduce_dtype = options.reduce_dtype.value_or(group->param_dtype);
     CT_RETURN_IF_ERROR(CatchTorch([&] {
       group->full = at::empty({world * group->segment_numel},
-                              at::TensorOptions().dtype(group->param_dtype).device(options.device));
+                              at::TensorOptions().dtype(group->param_dtype).device(device));
       for (auto& p : group->params) {
         p.full_view = group->full.narrow(0, world * p.offset, p.info.global_shape[0] * p.row_numel)
                           .view(p.info.global_shape);
@@ -750,7 +761,7 @@ absl::StatusOr<FullyShardedModel*> FullyShard(TrainableModel& model, ShardMesh m
   // Buffers are replicated: placed and made equal, not sharded.
   for (auto& buffer : model.buffers(/*recurse=*/true)) {
     CT_RETURN_IF_ERROR(CatchTorch([&]() -> absl::Status {
-      buffer.set_data(buffer.to(options.device));
+      buffer.set_data(buffer.to(device));
       if (options.sync_module_states && mesh.world_size() > 1) {
         at::Tensor data = buffer.detach();
         CT_RETURN_IF_ERROR(BroadcastFromRankZero(mesh, data));

@@ -73,7 +73,9 @@ struct WrapPolicy {
 };
 
 struct FullyShardOptions {
-  c10::Device device = c10::Device(c10::kCPU);
+  // Where the shards (and the gathered parameters) live; unset: the shard communicator's
+  // device (NCCL: its GPU; Gloo: the CPU). Set, it must match the communicator's.
+  std::optional<c10::Device> device;
   WrapPolicy wrap;
   // For wrapped units; unset: true. The root: `root_reshard_after_forward`, unset: false.
   std::optional<bool> reshard_after_forward;
@@ -114,7 +116,9 @@ class FullyShardedModel : public ShardingAttachment {
   ~FullyShardedModel() override;
 
   const ShardMesh& mesh() const { return mesh_; }
+  // The options FullyShard used, with `device` resolved.
   const FullyShardOptions& options() const { return options_; }
+  c10::Device device() const { return *options_.device; }
   int num_groups() const;
   // The unit class of each group, root last.
   std::vector<std::string> GroupUnitClasses() const;
@@ -211,9 +215,10 @@ class FullyShardedModel : public ShardingAttachment {
 };
 
 // Shards `model` in place over `mesh` (every rank calls it with the same model structure;
-// blocks for sync_module_states). The parameters are moved to options.device one at a time,
+// blocks for sync_module_states). The parameters are moved to the device one at a time,
 // so the device never holds more than the shards plus one full tensor. Errors: the model is
-// already sharded, a 0-d parameter, no shard communicator.
+// already sharded, a 0-d parameter, no shard communicator, options.device on another device
+// than the communicators serve.
 absl::StatusOr<FullyShardedModel*> FullyShard(TrainableModel& model, ShardMesh mesh,
                                               const FullyShardOptions& options);
 

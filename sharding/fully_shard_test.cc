@@ -273,5 +273,24 @@ TEST(FullyShardTest, TiedWeightsAcrossUnitsAreAnError) {
   EXPECT_TRUE(s.ok()) << s;
 }
 
+TEST(FullyShardTest, DeviceFollowsTheCommunicatorAndAMismatchIsAnError) {
+  TiedAcrossUnits model;
+  absl::Status s = RunRanksAsThreads(1, [&](int rank, auto store) -> absl::Status {
+    CT_ASSIGN_OR_RETURN(ShardMesh mesh, Mesh(rank, 1, store));
+    FullyShardOptions options;
+    options.wrap.kind = WrapPolicy::Kind::kNone;
+    options.device = c10::Device(c10::kCUDA, 0);
+    auto refused = FullyShard(model, mesh, options);
+    const std::string message(refused.status().message());
+    CT_RETURN_IF_ERROR(Check(!refused.ok() && message.find("device is cuda:0") != std::string::npos &&
+                                 message.find("gloo communicator serves cpu") != std::string::npos,
+                             message));
+    options.device.reset();  // unset: the Gloo communicator's CPU
+    CT_ASSIGN_OR_RETURN(FullyShardedModel * sharded, FullyShard(model, mesh, options));
+    return Check(sharded->device() == c10::Device(c10::kCPU), sharded->device().str());
+  });
+  EXPECT_TRUE(s.ok()) << s;
+}
+
 }  // namespace
 }  // namespace cpptrain

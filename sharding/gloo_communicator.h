@@ -60,6 +60,7 @@ class GlooCommunicator : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string backend() const override { return "gloo"; }
+  std::optional<c10::Device> device() const override { return c10::Device(c10::kCPU); }
 
   // Each collective validates its tensors before any communication (an error then means no
   // rank needs to match the call), queues the work on Gloo's worker threads and returns at

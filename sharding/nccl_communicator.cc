@@ -6,9 +6,11 @@
 #include <c10/cuda/CUDAStream.h>
 #include <nccl.h>
 
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "base/logging.h"
@@ -89,7 +91,11 @@ struct Pending {
 struct NcclCommunicator::State {
   int rank = 0;
   int device = 0;
-  ncclComm_t comms[kNumKinds] = {};
+  // The handles; null once aborted. Readers use them (issue, poll), the abort is the writer,
+  // so no thread touches a communicator ncclCommAbort is freeing. Never taken while holding
+  // `mu` (Launch holds it while reading Health()).
+  mutable absl::Mutex comm_mu;
+  ncclComm_t comms[kNumKinds] ABSL_GUARDED_BY(comm_mu) = {};
   std::vector<c10::cuda::CUDAStream> streams;
   std::atomic<bool> stop{false};
   mutable absl::Mutex mu;
@@ -102,20 +108,54 @@ struct NcclCommunicator::State {
     return failure;
   }
 
-  // Marks the communicator failed (under `mu`); the watchdog then calls AbortComms() without
-  // holding `mu`, so threads polling health() never wait on ncclCommAbort.
-  bool MarkFailed(absl::Status why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    if (aborted) return false;
-    LOG(ERROR) << why.message() << "; aborting the NCCL communicators";
-    aborted = true;
-    failure = std::move(why);
-    pending.clear();
-    return true;
+  // Marks the communicator failed with `why` and aborts every NCCL communicator, unless that
+  // happened already; returns the (first) failure.
+  absl::Status FailAndAbort(absl::Status why) {
+    bool abort_now = false;
+    {
+      absl::MutexLock lock(&mu);
+      if (!aborted) {
+        LOG(ERROR) << why.message() << "; aborting the NCCL communicators";
+        aborted = true;
+        failure = std::move(why);
+        pending.clear();
+        abort_now = true;
+      }
+    }
+    if (abort_now) {
+      absl::WriterMutexLock lock(&comm_mu);
+      for (ncclComm_t& comm : comms) {
+        if (comm != nullptr) ncclCommAbort(comm);
+        comm = nullptr;
+      }
+    }
+    return Health();
   }
 
-  void AbortComms() {
-    for (ncclComm_t comm : comms) {
-      if (comm != nullptr) ncclCommAbort(comm);
+  // The communicators are non-blocking: a call may return ncclInProgress while NCCL sets up
+  // the communicator or, on a collective's first use of a peer, its connections, which needs
+  // every peer to join. Polls until `comm` is ready; a failure, or no progress by `deadline`
+  // (a rank died or never called), is returned for the caller to FailAndAbort once it no
+  // longer holds `comm_mu`.
+  absl::Status PollReady(ncclComm_t comm, absl::string_view what, Clock::time_point deadline) const
+      ABSL_SHARED_LOCKS_REQUIRED(comm_mu) {
+    for (;;) {
+      ncclResult_t state = ncclSuccess;
+      const ncclResult_t queried = ncclCommGetAsyncError(comm, &state);
+      if (queried != ncclSuccess) state = queried;
+      if (state == ncclSuccess) return absl::OkStatus();
+      if (state != ncclInProgress) {
+        return absl::InternalError(absl::StrCat("rank ", rank, ": NCCL reported ",
+                                                ncclGetErrorString(state), " in ", what));
+      }
+      CT_RETURN_IF_ERROR(Health());
+      if (Clock::now() > deadline) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            "rank ", rank, ": NCCL ", what,
+            " did not start within the timeout: a peer never joined (a rank died or stopped "
+            "calling it)"));
+      }
+      std::this_thread::yield();
     }
   }
 
@@ -124,7 +164,7 @@ struct NcclCommunicator::State {
     c10::cuda::CUDAGuard guard(device);
     while (!stop.load()) {
       absl::SleepFor(absl::Milliseconds(20));
-      bool abort_now = false;
+      absl::Status problem;
       {
         absl::MutexLock lock(&mu);
         if (aborted) continue;
@@ -134,25 +174,28 @@ struct NcclCommunicator::State {
             pending[i] = std::move(pending.back());
             pending.pop_back();
           } else if (now > pending[i].deadline) {
-            abort_now = MarkFailed(absl::DeadlineExceededError(absl::StrCat(
+            problem = absl::DeadlineExceededError(absl::StrCat(
                 "rank ", rank, ": NCCL ", pending[i].name,
-                " did not complete within the timeout (a rank died or stopped calling it)")));
+                " did not complete within the timeout (a rank died or stopped calling it)"));
             break;
           } else {
             ++i;
           }
         }
+      }
+      if (problem.ok()) {
+        absl::ReaderMutexLock lock(&comm_mu);
         for (ncclComm_t comm : comms) {
           ncclResult_t async_error = ncclSuccess;
-          if (!aborted && comm != nullptr &&
-              ncclCommGetAsyncError(comm, &async_error) == ncclSuccess &&
+          if (comm != nullptr && ncclCommGetAsyncError(comm, &async_error) == ncclSuccess &&
               async_error != ncclSuccess && async_error != ncclInProgress) {
-            abort_now = MarkFailed(absl::InternalError(absl::StrCat(
-                "rank ", rank, ": NCCL reported ", ncclGetErrorString(async_error))));
+            problem = absl::InternalError(
+                absl::StrCat("rank ", rank, ": NCCL reported ", ncclGetErrorString(async_error)));
+            break;
           }
         }
       }
-      if (abort_now) AbortComms();
+      if (!problem.ok()) FailAndAbort(std::move(problem)).IgnoreError();
     }
   }
 };
@@ -226,11 +269,21 @@ absl::StatusOr<std::unique_ptr<Work>> Launch(const std::shared_ptr<NcclCommunica
   at::cuda::CUDAEvent ready;
   ready.record(current);
   ready.block(stream);
-  if (issues.size() > 1) CT_NCCL_RETURN_IF_ERROR(ncclGroupStart(), st->rank);
-  for (const Issue& issue : issues) {
-    CT_NCCL_RETURN_IF_ERROR(issue(st->comms[kind], stream.stream()), st->rank);
+  const Clock::time_point deadline = Clock::now() + timeout;
+  absl::Status issued;
+  {
+    absl::ReaderMutexLock lock(&st->comm_mu);
+    ncclComm_t comm = st->comms[kind];
+    if (comm == nullptr) return st->Health();  // aborted
+    if (issues.size() > 1) CT_NCCL_RETURN_IF_ERROR(ncclGroupStart(), st->rank);
+    for (const Issue& issue : issues) {
+      CT_NCCL_RETURN_IF_ERROR(issue(comm, stream.stream()), st->rank);
+    }
+    if (issues.size() > 1) CT_NCCL_RETURN_IF_ERROR(ncclGroupEnd(), st->rank);
+    // Enqueued on `stream` only once the communicator is ready (at once, when connected).
+    issued = st->PollReady(comm, name, deadline);
   }
-  if (issues.size() > 1) CT_NCCL_RETURN_IF_ERROR(ncclGroupEnd(), st->rank);
+  if (!issued.ok()) return st->FailAndAbort(std::move(issued));
   auto done = std::make_shared<at::cuda::CUDAEvent>();
   done->record(stream);
   {
@@ -276,7 +329,16 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
       }
       std::memcpy(&id, bytes.data(), sizeof(id));
     }
-    CT_NCCL_RETURN_IF_ERROR(ncclCommInitRank(&st.comms[kind], size, id, rank), rank);
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    absl::Status ready;
+    {
+      absl::WriterMutexLock lock(&st.comm_mu);
+      CT_NCCL_RETURN_IF_ERROR(ncclCommInitRankConfig(&st.comms[kind], size, id, rank, &config),
+                              rank);
+      ready = st.PollReady(st.comms[kind], "communicator setup", Clock::now() + timeout);
+    }
+    if (!ready.ok()) return st.FailAndAbort(std::move(ready));
     st.streams.push_back(c10::cuda::getStreamFromPool(/*isHighPriority=*/true, device));
   }
   comm->watchdog_ = std::thread([state = comm->state_] { state->Watch(); });
@@ -286,10 +348,23 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
 NcclCommunicator::~NcclCommunicator() {
   state_->stop.store(true);
   if (watchdog_.joinable()) watchdog_.join();
-  absl::MutexLock lock(&state_->mu);
-  if (state_->aborted) return;
-  for (ncclComm_t comm : state_->comms) {
-    if (comm != nullptr) ncclCommDestroy(comm);
+  // Finalize flushes what is still in flight; a communicator that does not finish within the
+  // timeout (a peer gone) is aborted rather than waited for. Aborted ones are null already.
+  const Clock::time_point deadline = Clock::now() + timeout_;
+  absl::WriterMutexLock lock(&state_->comm_mu);
+  for (ncclComm_t& comm : state_->comms) {
+    if (comm == nullptr) continue;
+    ncclResult_t state = ncclCommFinalize(comm);
+    while (state == ncclInProgress && Clock::now() < deadline) {
+      std::this_thread::yield();
+      if (ncclCommGetAsyncError(comm, &state) != ncclSuccess) state = ncclInternalError;
+    }
+    if (state == ncclSuccess) {
+      ncclCommDestroy(comm);
+    } else {
+      ncclCommAbort(comm);
+    }
+    comm = nullptr;
   }
 }
 

@@ -5,9 +5,11 @@
 // broadcast; all-gather; reduce-scatter), so an all-gather and a reduce-scatter run at the
 // same time. Ordering is by CUDA events only: a collective's stream waits on an event
 // recorded on the caller's current stream; Work::Wait() makes the caller's current stream
-// wait on the collective's completion event. A watchdog thread aborts every NCCL
-// communicator (ncclCommAbort) when a collective outlives the timeout or NCCL reports an
-// asynchronous error, and the pending Works then fail naming the collective and the rank.
+// wait on the collective's completion event. The NCCL communicators are non-blocking, so no
+// host call waits on a peer: setup, and a collective's first connection to its peers, are
+// polled against the timeout. A watchdog thread aborts every NCCL communicator
+// (ncclCommAbort) when a collective outlives the timeout or NCCL reports an asynchronous
+// error, and the pending Works then fail naming the collective and the rank.
 //
 //   CT_ASSIGN_OR_RETURN(auto comm, NcclCommunicator::Create(store, rank, world, device, 600s));
 //   CT_ASSIGN_OR_RETURN(auto work, comm->ReduceScatter(flat_grads, shard, ReduceOp::kAvg));
@@ -42,6 +44,9 @@ class NcclCommunicator : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string backend() const override { return "nccl"; }
+  std::optional<c10::Device> device() const override {
+    return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(device_));
+  }
 
   absl::StatusOr<std::unique_ptr<Work>> AllReduce(at::Tensor& tensor, ReduceOp op) override;
   absl::StatusOr<std::unique_ptr<Work>> AllGather(const at::Tensor& input,

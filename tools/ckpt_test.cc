@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/files.h"
 #include "checkpoint/safetensors.h"
 #include "engines/local/local_engine.h"
 #include "engines/mixed_precision.h"
@@ -36,7 +37,7 @@ std::string TestDir(const std::string& name) {
   const char* tmp = std::getenv("TEST_TMPDIR");
   const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
   fs::path dir = fs::path(tmp ? tmp : "/tmp") / info->name() / name;
-  fs::remove_all(dir);
+  EXPECT_TRUE(RemoveTree(dir.string()).ok());
   fs::create_directories(dir.parent_path());
   return dir.string();
 }

@@ -109,7 +109,8 @@ absl::Status Trainer::SaveCheckpoint() {
     // Unfinished checkpoints of a crashed run are never resumed from; clear them away.
     for (const auto& entry : fs::directory_iterator(out, error)) {
       if (entry.path().filename().string().rfind(".tmp-checkpoint-", 0) == 0) {
-        fs::remove_all(entry.path(), error);
+        const absl::Status removed = RemoveTree(entry.path().string());
+        if (!removed.ok()) LOG(WARNING) << "unfinished checkpoint left: " << removed;
       }
     }
     fs::create_directories(temp_dir, error);
@@ -192,14 +193,14 @@ absl::Status Trainer::SaveCheckpoint() {
     CT_RETURN_IF_ERROR(FsyncDirectory(temp_dir.string()));
     // A checkpoint of the same step (a rerun) is replaced only once the new one is complete.
     const fs::path old = out / absl::StrCat(".old-", name);
-    fs::remove_all(old, error);
+    CT_RETURN_IF_ERROR(RemoveTree(old.string()));
     if (fs::exists(final_dir)) fs::rename(final_dir, old, error);
     fs::rename(temp_dir, final_dir, error);
     if (error) {
       return absl::InternalError(absl::StrCat("cannot rename '", temp_dir.string(), "' to '",
                                               final_dir.string(), "': ", error.message()));
     }
-    fs::remove_all(old, error);
+    CT_RETURN_IF_ERROR(RemoveTree(old.string()));
     CT_RETURN_IF_ERROR(FsyncDirectory(out.string()));
     RotateCheckpoints();
     CT_LOG_RANK0(INFO) << "saved " << final_dir.string();
@@ -220,12 +221,8 @@ void Trainer::RotateCheckpoints() {
   for (const auto& [step, path] : all) {
     if (excess <= 0) break;
     if (path.string() == best_model_checkpoint_) continue;
-    std::error_code error;
-    fs::remove_all(path, error);
-    if (error) {
-      LOG(WARNING) << "save_total_limit: cannot delete " << path.string() << ": "
-                   << error.message();
-    }
+    const absl::Status removed = RemoveTree(path.string());
+    if (!removed.ok()) LOG(WARNING) << "save_total_limit: " << removed;
     --excess;
   }
 }

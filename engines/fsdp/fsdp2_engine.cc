@@ -119,13 +119,13 @@ absl::StatusOr<std::unique_ptr<Fsdp2Engine>> Fsdp2Engine::ForShardedModel(
   proto::FsdpConfig config;
   config.set_version(2);
   const FullyShardOptions& options = sharded->options();
-  if (precision == MixedPrecision::kFp16 && !options.device.is_cuda()) {
+  if (precision == MixedPrecision::kFp16 && !sharded->device().is_cuda()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "fp16 is true but the sharded model lives on ", options.device.str(),
+        "fp16 is true but the sharded model lives on ", sharded->device().str(),
         ", where LibTorch has no fp16 autocast: use bf16 on the CPU, or CUDA devices"));
   }
   return std::unique_ptr<Fsdp2Engine>(
-      new Fsdp2Engine(config, precision, options.device, sharded->mesh(), options));
+      new Fsdp2Engine(config, precision, sharded->device(), sharded->mesh(), options));
 }
 
 Fsdp2Engine::Fsdp2Engine(const proto::FsdpConfig& config, MixedPrecision precision,
@@ -155,9 +155,9 @@ absl::Status Fsdp2Engine::PrepareForInference(std::shared_ptr<TrainableModel> mo
           "): shard it over the same ranks, or leave it unsharded "
           "and let the engine shard it"));
     }
-    if (sharded->options().device != device_) {
+    if (sharded->device() != device_) {
       return absl::InvalidArgumentError(absl::StrCat("the model's shards live on ",
-                                                     sharded->options().device.str(),
+                                                     sharded->device().str(),
                                                      " but the FSDP engine runs on ", device_.str(),
                                                      ": shard it with device ", device_.str()));
     }

@@ -54,8 +54,11 @@ double MaxRelativeDifference(const std::vector<torch::Tensor>& a,
                              const std::vector<torch::Tensor>& b) {
   double worst = 0;
   for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
-    const double scale = std::max(1e-6, b[i].abs().max().item<double>());
-    worst = std::max(worst, (a[i] - b[i]).abs().max().item<double>() / scale);
+    // On the CPU in double: one side may be gathered to the CPU, the other on a GPU.
+    const torch::Tensor x = a[i].detach().to(torch::kCPU, torch::kDouble);
+    const torch::Tensor y = b[i].detach().to(torch::kCPU, torch::kDouble);
+    const double scale = std::max(1e-6, y.abs().max().item<double>());
+    worst = std::max(worst, (x - y).abs().max().item<double>() / scale);
   }
   return worst;
 }

@@ -26,6 +26,7 @@
 #include "checkpoint/internal/json.h"
 #include "checkpoint/safetensors.h"
 #include "models/configs.h"
+#include "models/row_init.h"
 #include "sharding/fully_shard.h"
 
 namespace cpptrain {
@@ -500,8 +501,11 @@ absl::Status LoadHfWeights(const std::string& dir, TrainableModel& model) {
                         plan.slice ? files->GetSlice(plan.name, plan.row_begin, plan.row_end)
                                    : files->Get(plan.name));
     // `source` views the read-only mapping: copy_ reads it (converting the dtype) and never
-    // writes to it.
-    absl::Status copied = CatchTorch([&] { plan.param.copy_(source); });
+    // writes to it. A deferred parameter gets its memory here.
+    absl::Status copied = CatchTorch([&] {
+      if (IsDeferred(plan.param)) plan.param.set_data(at::empty_like(plan.param));
+      plan.param.copy_(source);
+    });
     if (!copied.ok()) {
       return absl::Status(copied.code(),
                           absl::StrCat("loading tensor '", plan.name, "' from '", dir,
@@ -518,7 +522,9 @@ absl::Status LoadHfWeights(const std::string& dir, TrainableModel& model) {
 absl::StatusOr<std::shared_ptr<DecoderLM>> LoadHfDecoder(const std::string& dir) {
   CT_ASSIGN_OR_RETURN(proto::DecoderConfig config,
                       DecoderConfigFromHfConfig(absl::StrCat(dir, "/config.json")));
-  CT_ASSIGN_OR_RETURN(std::shared_ptr<DecoderLM> model, BuildDecoder(config));
+  // Deferred: each tensor is allocated once, as it is read, and never initialized first.
+  CT_ASSIGN_OR_RETURN(std::shared_ptr<DecoderLM> model,
+                      BuildDecoder(config, {DecoderInit::Mode::kDeferred, 0}));
   CT_RETURN_IF_ERROR(LoadHfWeights(dir, *model));
   return model;
 }

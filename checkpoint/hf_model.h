@@ -4,9 +4,11 @@
 //
 //   CT_ASSIGN_OR_RETURN(std::shared_ptr<DecoderLM> model, LoadHfDecoder("/models/Qwen3-0.6B"));
 //
-// Sharded at load time, each rank reads only the rows it owns:
+// Sharded at load time, each rank reads only the rows it owns (built deferred, no rank ever
+// allocates a whole tensor):
 //   CT_ASSIGN_OR_RETURN(auto config, DecoderConfigFromHfConfig(dir + "/config.json"));
-//   CT_ASSIGN_OR_RETURN(std::shared_ptr<DecoderLM> model, BuildDecoder(config));
+//   CT_ASSIGN_OR_RETURN(std::shared_ptr<DecoderLM> model,
+//                       BuildDecoder(config, {DecoderInit::Mode::kDeferred, 0}));
 //   CT_RETURN_IF_ERROR(FullyShard(*model, mesh, options).status());
 //   CT_RETURN_IF_ERROR(LoadHfWeights(dir, *model));
 //

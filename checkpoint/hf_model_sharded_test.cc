@@ -18,6 +18,7 @@
 #include "gtest/gtest.h"
 #include "models/configs.h"
 #include "models/decoder.h"
+#include "models/row_init.h"
 #include "sharding/fully_shard.h"
 #include "sharding/gloo_communicator.h"
 #include "sharding/testing/multi_rank.h"
@@ -39,6 +40,49 @@ struct Case {
 };
 
 class HfShardedLoadTest : public ::testing::TestWithParam<Case> {};
+
+// A model built deferred is initialized straight into shards: no rank allocates a whole
+// tensor, and the gathered model equals the same seed's row-seeded model built whole.
+class DeferredInitTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(DeferredInitTest, ShardsEqualTheWholeRowSeededModel) {
+  const int world = GetParam();
+  proto::DecoderConfig config = NamedDecoderConfig("tiny").value();
+  config.set_vocab_size(301);  // not a multiple of any world size or of the 64-row blocks
+  std::vector<std::shared_ptr<DecoderLM>> models;
+  for (int rank = 0; rank < world; ++rank) {
+    models.push_back(BuildDecoder(config, {DecoderInit::Mode::kDeferred, 5}).value());
+  }
+  const auto whole = BuildDecoder(config, {DecoderInit::Mode::kRowSeeded, 5}).value();
+  const auto whole_params = whole->named_parameters();
+  absl::Status s = RunRanksAsThreads(world, [&](int rank, auto store) -> absl::Status {
+    CT_ASSIGN_OR_RETURN(std::unique_ptr<GlooCommunicator> comm,
+                        GlooCommunicator::Create(store, rank, world, kTimeout));
+    DecoderLM& model = *models[rank];
+    CT_ASSIGN_OR_RETURN(
+        FullyShardedModel * sharded,
+        FullyShard(model, ShardMesh{std::shared_ptr<Communicator>(std::move(comm)), nullptr}, {}));
+    int64_t held = 0;
+    for (const auto& item : model.named_parameters()) {
+      const std::string& name = item.key();
+      const ShardInfo* info = sharded->Find(item.value());
+      CT_RETURN_IF_ERROR(Check(info != nullptr, "no ShardInfo for " + name));
+      CT_RETURN_IF_ERROR(Check(!IsDeferred(item.value()), name + " is still deferred"));
+      held += static_cast<int64_t>(item.value().storage().nbytes());
+      CT_ASSIGN_OR_RETURN(at::Tensor gathered, sharded->GatherFull(item.value()));
+      CT_RETURN_IF_ERROR(Check(at::equal(gathered, whole_params[name]),
+                               absl::StrCat("rank ", rank, ": ", name,
+                                            " differs from the whole row-seeded model")));
+    }
+    // Every parameter's storage is its padded chunk, never a whole tensor.
+    return Check(held == sharded->shard_bytes(),
+                 absl::StrCat("rank ", rank, " holds ", held, " bytes, its chunks are ",
+                              sharded->shard_bytes()));
+  });
+  EXPECT_TRUE(s.ok()) << s;
+}
+
+INSTANTIATE_TEST_SUITE_P(Worlds, DeferredInitTest, ::testing::Values(1, 2, 3, 4));
 
 TEST_P(HfShardedLoadTest, EachRankLoadsItsRows) {
   const std::string dir = TestdataPath(GetParam().dir_name);

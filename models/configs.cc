@@ -133,9 +133,10 @@ absl::Status ValidateDecoderConfig(const proto::DecoderConfig& c) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::shared_ptr<DecoderLM>> BuildDecoder(const proto::DecoderConfig& config) {
+absl::StatusOr<std::shared_ptr<DecoderLM>> BuildDecoder(const proto::DecoderConfig& config,
+                                                        DecoderInit init) {
   CT_RETURN_IF_ERROR(ValidateDecoderConfig(config));
-  return CatchTorch([&] { return std::make_shared<DecoderLM>(config); });
+  return CatchTorch([&] { return std::make_shared<DecoderLM>(config, init); });
 }
 
 int64_t DecoderParameterCount(const proto::DecoderConfig& c) {

@@ -32,8 +32,10 @@ absl::StatusOr<proto::DecoderConfig> ResolveModelSpec(const proto::ModelSpec& sp
 // hidden_size is a multiple of num_attention_heads; head_dim is even (rotary pairs).
 absl::Status ValidateDecoderConfig(const proto::DecoderConfig& config);
 
-// Validates `config` and builds the model on the CPU, initialized from the global generator.
-absl::StatusOr<std::shared_ptr<DecoderLM>> BuildDecoder(const proto::DecoderConfig& config);
+// Validates `config` and builds the model on the CPU, initialized as `init` says (default:
+// from the global generator).
+absl::StatusOr<std::shared_ptr<DecoderLM>> BuildDecoder(const proto::DecoderConfig& config,
+                                                        DecoderInit init = {});
 
 // The counts below take a valid config and allocate nothing.
 

@@ -5,8 +5,11 @@
 
 namespace cpptrain {
 
-DecoderLM::DecoderLM(const proto::DecoderConfig& config)
-    : TrainableModel("DecoderLM"), config_(config), head_dim_(ResolvedHeadDim(config)) {
+DecoderLM::DecoderLM(const proto::DecoderConfig& config, DecoderInit init)
+    : TrainableModel("DecoderLM"),
+      config_(config),
+      init_(init),
+      head_dim_(ResolvedHeadDim(config)) {
   TORCH_CHECK(config.num_hidden_layers() > 0 && head_dim_ > 0 && head_dim_ % 2 == 0 &&
                   config.num_key_value_heads() > 0 &&
                   config.num_attention_heads() % config.num_key_value_heads() == 0,
@@ -14,24 +17,72 @@ DecoderLM::DecoderLM(const proto::DecoderConfig& config)
   model_ = register_module("model", std::make_shared<torch::nn::Module>("DecoderModel"));
   embed_tokens_ = model_->register_module(
       "embed_tokens", torch::nn::Embedding(config.vocab_size(), config.hidden_size()));
+  Settle(*embed_tokens_);
   layer_list_ = model_->register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < config.num_hidden_layers(); ++i) {
     layers_.push_back(std::make_shared<DecoderLayer>(config));
+    Settle(*layers_.back());
     layer_list_->push_back(layers_.back());
   }
   norm_ = model_->register_module(
       "norm", std::make_shared<RmsNorm>(config.hidden_size(), config.rms_norm_eps()));
+  Settle(*norm_);
   if (!config.tie_word_embeddings()) {
     lm_head_ = register_module(
         "lm_head", torch::nn::Linear(torch::nn::LinearOptions(config.hidden_size(),
                                                               config.vocab_size())
                                          .bias(false)));
+    Settle(*lm_head_);
+  }
+  // The initializer of every parameter, by its name.
+  const double std = config_.initializer_range();
+  for (const auto& module : named_modules(/*name_prefix=*/"", /*include_self=*/false)) {
+    const std::string prefix = module.key() + ".";
+    RowInit weight{InitKind::kZeros, 0};
+    if (module.value()->as<torch::nn::Linear>() || module.value()->as<torch::nn::Embedding>()) {
+      weight = {InitKind::kNormal, std};
+    } else if (module.value()->as<RmsNorm>()) {
+      weight = {InitKind::kOnes, 0};
+    } else {
+      continue;
+    }
+    for (const auto& param : module.value()->named_parameters(/*recurse=*/false)) {
+      row_init_[prefix + param.key()] = {0, param.key() == "weight" ? weight : RowInit{}};
+    }
+  }
+  int64_t index = 0;
+  for (const auto& param : named_parameters(/*recurse=*/true)) {
+    auto it = row_init_.find(param.key());
+    TORCH_CHECK(it != row_init_.end(), "DecoderLM: no initializer for parameter ", param.key());
+    it->second.first = index++;
   }
   InitializeWeights();
 }
 
+void DecoderLM::Settle(torch::nn::Module& module) {
+  if (init_.mode == DecoderInit::Mode::kDeferred) DeferParameters(module);
+}
+
+absl::Status DecoderLM::InitializeRows(const std::string& name, int64_t row_begin,
+                                       torch::Tensor rows) {
+  auto it = row_init_.find(name);
+  if (it == row_init_.end()) {
+    return absl::NotFoundError(absl::StrCat("DecoderLM has no parameter ", name));
+  }
+  FillRows(it->second.second, init_.seed, it->second.first, row_begin, std::move(rows));
+  return absl::OkStatus();
+}
+
 void DecoderLM::InitializeWeights() {
   torch::NoGradGuard no_grad;
+  if (init_.mode == DecoderInit::Mode::kDeferred) return;
+  if (init_.mode == DecoderInit::Mode::kRowSeeded) {
+    for (const auto& param : named_parameters(/*recurse=*/true)) {
+      const auto& [index, rule] = row_init_.at(param.key());
+      FillRows(rule, init_.seed, index, /*row_begin=*/0, param.value());
+    }
+    return;
+  }
   const double std = config_.initializer_range();
   // modules() is a pre-order walk in registration order, so the draws are reproducible.
   for (const auto& module : modules(/*include_self=*/false)) {

@@ -7,6 +7,10 @@
 //   torch::Tensor logits = model->Forward(batch);              // [B, T, vocab]
 //   torch::Tensor loss = model->LossSum(logits, batch) / model->CountLossTargets(batch);
 //
+// Initialized straight into shards, never whole on any rank (DecoderInit):
+//   CT_ASSIGN_OR_RETURN(auto model, BuildDecoder(config, {DecoderInit::Mode::kDeferred, seed}));
+//   CT_RETURN_IF_ERROR(FullyShard(*model, mesh, options).status());
+//
 // Units: the model itself (class "DecoderLM", the root) and each layer ("DecoderLayer").
 // The root hook wraps the whole forward: its PreForward sees the [B, T] int64 token ids (they
 // carry no gradient, so a hook passes them through unchanged) and its PostForward the logits.
@@ -18,8 +22,11 @@
 #ifndef CPPTRAIN_MODELS_DECODER_H_
 #define CPPTRAIN_MODELS_DECODER_H_
 
+#include <cstdint>
 #include <memory>
 #include <string>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include <torch/nn/modules/container/modulelist.h>
@@ -28,16 +35,35 @@
 
 #include "models/decoder_layer.h"
 #include "models/model.h"
+#include "models/row_init.h"
 #include "proto/model.pb.h"
 
 namespace cpptrain {
 
+// How DecoderLM initializes its weights: normal(0, initializer_range) for linear and
+// embedding weights, ones for norms, zeros for biases (HF's _init_weights), drawn...
+struct DecoderInit {
+  enum class Mode {
+    // ...from the global generator, whole tensors (torch::manual_seed makes them
+    // reproducible).
+    kGlobalGenerator,
+    // ...row-seeded from `seed` (models/row_init.h): the values do not depend on how the
+    // rows are later split, so the model equals one built kDeferred and sharded.
+    kRowSeeded,
+    // ...not at all: every parameter is deferred (no memory; each module is released as soon
+    // as it is built, so the host never holds more than one). FullyShard allocates each
+    // rank's chunks and fills them row-seeded from `seed`; LoadHfWeights allocates each tensor
+    // as it loads it. Other engines refuse the model.
+    kDeferred,
+  };
+  Mode mode = Mode::kGlobalGenerator;
+  uint64_t seed = 0;
+};
+
 class DecoderLM : public TrainableModel {
  public:
-  // `config` must pass ValidateDecoderConfig (configs.h). Weights are drawn from the global
-  // generator: normal(0, initializer_range) for linear and embedding weights, ones for norms,
-  // zeros for biases (HF's _init_weights), so torch::manual_seed makes them reproducible.
-  explicit DecoderLM(const proto::DecoderConfig& config);
+  // `config` must pass ValidateDecoderConfig (configs.h).
+  explicit DecoderLM(const proto::DecoderConfig& config, DecoderInit init = {});
 
   // batch.inputs: [B, T] int64 token ids. Returns logits [B, T, vocab].
   torch::Tensor Forward(const Batch& batch) override;
@@ -50,14 +76,22 @@ class DecoderLM : public TrainableModel {
 
   std::vector<std::string> LayerUnitClasses() const override { return {"DecoderLayer"}; }
   void SetGradientCheckpointing(bool enabled) override;
+  // Row-seeded from the DecoderInit seed (whatever the mode the model was built with).
+  absl::Status InitializeRows(const std::string& name, int64_t row_begin,
+                              torch::Tensor rows) override;
 
   const proto::DecoderConfig& config() const { return config_; }
   const std::vector<std::shared_ptr<DecoderLayer>>& layers() const { return layers_; }
 
  private:
   void InitializeWeights();
+  // Releases `module`'s parameters when building kDeferred.
+  void Settle(torch::nn::Module& module);
 
   proto::DecoderConfig config_;
+  DecoderInit init_;
+  // Every parameter's position in named_parameters() and its initializer.
+  std::unordered_map<std::string, std::pair<int64_t, RowInit>> row_init_;
   int64_t head_dim_;
   std::shared_ptr<torch::nn::Module> model_;  // "model": embed_tokens, layers, norm
   torch::nn::Embedding embed_tokens_{nullptr};

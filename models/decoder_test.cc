@@ -12,6 +12,7 @@
 #include "base/torch_compat.h"
 #include "models/configs.h"
 #include "models/decoder_layer.h"
+#include "models/row_init.h"
 
 namespace cpptrain {
 namespace {
@@ -116,6 +117,58 @@ TEST(DecoderTest, InitializationIsReproducibleAndHfStyle) {
   auto c = Build(config, 8);
   EXPECT_FALSE(torch::equal(a->named_parameters()["model.embed_tokens.weight"],
                             c->named_parameters()["model.embed_tokens.weight"]));
+}
+
+TEST(DecoderTest, RowSeededInitIsHfStyleAndIndependentOfTheSplit) {
+  proto::DecoderConfig config = Tiny();
+  config.set_attention_bias(true);
+  config.set_hidden_size(64);
+  auto whole = BuildDecoder(config, {DecoderInit::Mode::kRowSeeded, 11}).value();
+  auto again = BuildDecoder(config, {DecoderInit::Mode::kRowSeeded, 11}).value();
+  auto other = BuildDecoder(config, {DecoderInit::Mode::kRowSeeded, 12}).value();
+  auto again_params = again->named_parameters();
+  auto other_params = other->named_parameters();
+  for (const auto& item : whole->named_parameters()) {
+    const std::string& name = item.key();
+    const torch::Tensor& value = item.value();
+    EXPECT_TRUE(torch::equal(value, again_params[name])) << name;
+    if (name.find("norm") != std::string::npos) {
+      EXPECT_TRUE(torch::equal(value, torch::ones_like(value))) << name;
+    } else if (name.find(".bias") != std::string::npos) {
+      EXPECT_TRUE(torch::equal(value, torch::zeros_like(value))) << name;
+    } else {
+      EXPECT_FALSE(torch::equal(value, other_params[name])) << name;
+      EXPECT_NEAR(value.std().item<double>(), 0.02, 0.003) << name;
+      EXPECT_NEAR(value.mean().item<double>(), 0.0, 0.003) << name;
+    }
+    // Any row range, inside or across the 64-row blocks, equals those rows of the whole.
+    const int64_t rows = value.size(0);
+    for (const auto& [begin, end] : std::vector<std::pair<int64_t, int64_t>>{
+             {0, rows}, {1, rows}, {rows / 3, rows / 2 + 1}, {rows - 1, rows}, {rows / 2, rows / 2}}) {
+      std::vector<int64_t> shape = value.sizes().vec();
+      shape[0] = end - begin;
+      torch::Tensor part = torch::zeros(shape);
+      ASSERT_TRUE(whole->InitializeRows(name, begin, part).ok()) << name;
+      EXPECT_TRUE(torch::equal(part, value.narrow(0, begin, end - begin)))
+          << name << " rows " << begin << ".." << end;
+    }
+  }
+  EXPECT_FALSE(whole->InitializeRows("model.nope.weight", 0, torch::zeros({1})).ok());
+}
+
+TEST(DecoderTest, DeferredParametersHoldNoMemoryAndAreFoundByName) {
+  proto::DecoderConfig config = Tiny();
+  auto model = BuildDecoder(config, {DecoderInit::Mode::kDeferred, 11}).value();
+  auto reference = BuildDecoder(config).value();
+  auto reference_params = reference->named_parameters();
+  for (const auto& item : model->named_parameters()) {
+    EXPECT_TRUE(IsDeferred(item.value())) << item.key();
+    EXPECT_EQ(item.value().storage().nbytes(), 0u) << item.key();
+    EXPECT_EQ(item.value().sizes(), reference_params[item.key()].sizes()) << item.key();
+    EXPECT_EQ(item.value().scalar_type(), reference_params[item.key()].scalar_type());
+  }
+  EXPECT_EQ(FirstDeferredParameter(*model), "model.embed_tokens.weight");
+  EXPECT_EQ(FirstDeferredParameter(*reference), "");
 }
 
 TEST(DecoderTest, LogitsShape) {

@@ -7,9 +7,12 @@
 #ifndef CPPTRAIN_MODELS_MODEL_H_
 #define CPPTRAIN_MODELS_MODEL_H_
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "sharding/unit.h"
 #include "trainer/data/batch.h"
 
@@ -34,6 +37,18 @@ class TrainableModel : public Unit {
 
   // Recompute each layer's activations in backward instead of keeping them.
   virtual void SetGradientCheckpointing(bool enabled) { (void)enabled; }
+
+  // Fills rows [row_begin, row_begin + rows.size(0)) of parameter `name` (as named_parameters()
+  // names it) with its initial values, the same whatever the split; `rows` is on the CPU.
+  // FullyShard calls it for deferred parameters (models/row_init.h).
+  virtual absl::Status InitializeRows(const std::string& name, int64_t row_begin,
+                                      torch::Tensor rows) {
+    (void)row_begin;
+    (void)rows;
+    return absl::UnimplementedError(absl::StrCat(
+        unit_class(), " cannot initialize parameter ", name,
+        " row by row: build the model with its parameters allocated (not deferred)"));
+  }
 };
 
 }  // namespace cpptrain

@@ -13,6 +13,7 @@
 #include "base/logging.h"
 #include "base/status.h"
 #include "base/torch_status.h"
+#include "models/row_init.h"
 #include "sharding/shard_rows.h"
 
 namespace cpptrain {
@@ -719,17 +720,25 @@ absl::StatusOr<FullyShardedModel*> FullyShard(TrainableModel& model, ShardMesh m
     p.offset = group.segment_numel;
     group.segment_numel += p.chunk_numel;
     CT_RETURN_IF_ERROR(CatchTorch([&]() -> absl::Status {
-      at::Tensor full = a.param.detach().to(device).contiguous();
-      if (options.sync_module_states && mesh.world_size() > 1) {
-        CT_RETURN_IF_ERROR(BroadcastFromRankZero(mesh, full));
-      }
-      p.shard = at::zeros({p.chunk_numel}, full.options().device(shard_device));
-      p.shard.narrow(0, 0, p.info.local_rows * p.row_numel)
-          .copy_(full.view({-1}).narrow(0, p.info.row_begin * p.row_numel,
-                                        p.info.local_rows * p.row_numel));
-      if (options.offload_params && device.is_cuda()) p.shard = p.shard.pin_memory();
       std::vector<int64_t> local_shape = p.info.global_shape;
       local_shape[0] = p.info.local_rows;
+      const int64_t local_numel = p.info.local_rows * p.row_numel;
+      p.shard = at::zeros({p.chunk_numel},
+                          at::TensorOptions().dtype(p.info.dtype).device(shard_device));
+      if (IsDeferred(a.param)) {
+        // Never allocated whole: this rank fills its own rows (the same on every replica).
+        at::Tensor rows = at::zeros({local_numel}, at::TensorOptions().dtype(p.info.dtype));
+        CT_RETURN_IF_ERROR(model.InitializeRows(a.name, p.info.row_begin, rows.view(local_shape)));
+        p.shard.narrow(0, 0, local_numel).copy_(rows);
+      } else {
+        at::Tensor full = a.param.detach().to(device).contiguous();
+        if (options.sync_module_states && mesh.world_size() > 1) {
+          CT_RETURN_IF_ERROR(BroadcastFromRankZero(mesh, full));
+        }
+        p.shard.narrow(0, 0, local_numel)
+            .copy_(full.view({-1}).narrow(0, p.info.row_begin * p.row_numel, local_numel));
+      }
+      if (options.offload_params && device.is_cuda()) p.shard = p.shard.pin_memory();
       p.local = p.shard.narrow(0, 0, p.info.local_rows * p.row_numel).view(local_shape);
       p.param.set_data(p.local);
       return absl::OkStatus();

@@ -98,6 +98,21 @@ TEST(TrainerTest, SubclassComputeLossOverrideIsUsed) {
   EXPECT_EQ(MaxRelativeDifference(before, Parameters(*model)), 0.0);
 }
 
+TEST(TrainerTest, ADeferredModelUnderTheLocalEngineIsAClearError) {
+  auto model = BuildDecoder(NamedDecoderConfig("tiny").value(),
+                            {DecoderInit::Mode::kDeferred, 3})
+                   .value();
+  proto::TrainingArguments args = BaseArgs("deferred");
+  args.set_max_steps(1);
+  Trainer trainer(args, model, VariableLengthTokens(8, 2));
+  auto out = trainer.Train();
+  ASSERT_FALSE(out.ok());
+  const std::string message(out.status().message());
+  EXPECT_NE(message.find("parameter model.embed_tokens.weight is deferred"), std::string::npos)
+      << message;
+  EXPECT_NE(message.find("fsdp { version: 2 }"), std::string::npos) << message;
+}
+
 double DirectLoss(DecoderLM& model, const Dataset& data) {
   torch::NoGradGuard no_grad;
   double loss = 0;

@@ -1,6 +1,7 @@
 #include "engines/local/local_engine.h"
 
 #include <cstdlib>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -12,6 +13,7 @@
 #include "base/torch_compat.h"
 #include "base/torch_status.h"
 #include "engines/grad_utils.h"
+#include "models/row_init.h"
 
 namespace cpptrain {
 namespace {
@@ -67,6 +69,13 @@ absl::Status LocalEngine::PrepareForInference(std::shared_ptr<TrainableModel> mo
         "the model was sharded at load time (FullyShard) but the ", name(),
         " engine needs the whole model on every rank: use the FSDP2 engine (fsdp { version: 2 },"
         " or no engine in the training arguments, which adopts the shards)"));
+  }
+  if (const std::string deferred = FirstDeferredParameter(*model); !deferred.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "parameter ", deferred, " is deferred (the model was built with DecoderInit kDeferred, "
+        "no memory behind it) and the ", name(), " engine needs the whole model on every rank: "
+        "use the FSDP2 engine (fsdp { version: 2 }), which initializes each rank's chunks, or "
+        "build the model with kRowSeeded or kGlobalGenerator"));
   }
   CT_RETURN_IF_ERROR(CatchTorch([&] { model->to(device_); }));
   model_ = std::move(model);

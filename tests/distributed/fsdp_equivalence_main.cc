@@ -8,7 +8,9 @@
 //      steps; rank 0 then trains the LocalEngine on the concatenated batches and compares
 //      every logged loss and every parameter (gathered from the shards).
 //   3. a model sharded at load time (FullyShard before any Trainer) with no engine in the
-//      training arguments: the Trainer adopts its shards and trains to the same losses.
+//      training arguments: the Trainer adopts its shards and trains to the same losses; and a
+//      model built deferred (DecoderInit kDeferred), whose chunks the engine initializes,
+//      trains to the losses of one process training the same row-seeded model built whole.
 //   4. a dead collective partner is outside this program (dead_rank_test covers it).
 // Variants: --reshard_after_forward=false, --wrap=none|size, --hsdp (2 x N/2 mesh),
 // --checkpointing, --bf16 (looser tolerance: bf16 compute on both sides).
@@ -56,6 +58,13 @@ std::shared_ptr<DecoderLM> Model() {
   proto::DecoderConfig config = *NamedDecoderConfig("tiny");
   config.set_num_hidden_layers(kLayers);
   return *BuildDecoder(config);
+}
+
+// The same shape initialized row-seeded (models/row_init.h), built whole or deferred.
+std::shared_ptr<DecoderLM> RowSeededModel(DecoderInit::Mode mode) {
+  proto::DecoderConfig config = *NamedDecoderConfig("tiny");
+  config.set_num_hidden_layers(kLayers);
+  return *BuildDecoder(config, {mode, 23});
 }
 
 std::shared_ptr<const Dataset> TrainData() { return testing::VariableLengthTokens(96, 5); }
@@ -189,7 +198,23 @@ int Run() {
   LOG(INFO) << "DDP configured for a sharded model: " << refused.status();
   if (!ddp_refused) return Fail(absl::InternalError("DDP accepted a sharded model"), "ddp");
 
+  // 3b: built deferred (no rank ever allocates a whole tensor), initialized into its shards by
+  // the engine; rank 0 compares with one process training the same model built whole.
+  auto deferred_model = RowSeededModel(DecoderInit::Mode::kDeferred);
+  SgdTrainer deferred(FsdpArgs(absl::StrCat(dir, "/deferred_rank", env->rank), env->world_size),
+                      deferred_model, TrainData());
+  auto deferred_out = deferred.Train();
+  if (!deferred_out.ok()) return Fail(deferred_out.status(), "training a deferred model");
+
   if (env->rank != 0) return 0;
+  auto seeded_model = RowSeededModel(DecoderInit::Mode::kRowSeeded);
+  SgdTrainer seeded(Args(2 * env->world_size, dir + "/seeded"), seeded_model, TrainData(),
+                    nullptr, std::move(*LocalEngine::Create(proto::LocalEngineConfig(), precision)));
+  if (!seeded.Train().ok()) return 1;
+  const double deferred_difference = WorstRelative(StepLosses(deferred), StepLosses(seeded));
+  LOG(INFO) << "built deferred and initialized into shards: losses differ from one process "
+               "training the row-seeded model built whole by "
+            << deferred_difference;
   // One process: the same evaluation of an untrained model, then the same training.
   auto local_model = Model();
   proto::TrainingArguments local_args = Args(2 * env->world_size, dir + "/local");
@@ -217,6 +242,7 @@ int Run() {
             << worst_loss << ", parameters " << worst_param;
   const bool ok = eval_ok && never_whole && a.size() == 5 && worst_loss < tolerance &&
                   worst_param < (bf16 ? 5e-2 : 1e-5) && adopted_difference < 1e-6 &&
+                  StepLosses(seeded).size() == 5 && deferred_difference < tolerance &&
                   adopted.engine()->name() == "fsdp2";
   std::cout << (ok ? "EQUIVALENT" : "MISMATCH") << std::endl;
   return ok ? 0 : 1;

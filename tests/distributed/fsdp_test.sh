@@ -22,7 +22,7 @@ run() {  # name, processes, flags...
         --output_dir="$TEST_TMPDIR/$name" "$@" 2>&1)
   code=$?
   echo "== $name ($n processes $*)"
-  echo "$out" | grep -E "relative difference|groups unsharded|peak parameter|sharded at load time|EQUIVALENT|MISMATCH|ERROR|Error" | head -14
+  echo "$out" | grep -E "relative difference|groups unsharded|peak parameter|sharded at load time|built deferred|EQUIVALENT|MISMATCH|ERROR|Error" | head -16
   if [[ $code -ne 0 || "$out" != *"EQUIVALENT"* ]]; then
     echo "$out" | tail -30
     echo "FAIL: $name (exit $code)"; fail=1

@@ -1,0 +1,52 @@
+// Row-seeded initialization: the initial value of a parameter that does not depend on how its
+// rows are split over ranks, so a model can be initialized straight into FullyShard's chunks
+// (each rank fills only its rows) and still equal the same model initialized whole.
+//
+// A normal-initialized parameter is drawn in blocks of kRowInitBlock rows of dim 0; block b
+// of parameter `index` comes from its own CPU generator seeded by (seed, index, b). A rank
+// whose rows start or end inside a block draws the whole block and keeps its part.
+//
+//   FillRows({InitKind::kNormal, 0.02}, seed, /*index=*/3, /*row_begin=*/512, rows);
+//
+// Deferred parameters keep their shape and dtype but hold no memory (their storage is
+// empty): a model built that way (DecoderInit::Mode::kDeferred) costs nothing until FullyShard
+// gives each rank its chunks and fills them with FillRows, or LoadHfWeights allocates each
+// tensor as it reads it. Anything else must refuse such a model (FirstDeferredParameter):
+// reading a deferred tensor reads no memory.
+#ifndef CPPTRAIN_MODELS_ROW_INIT_H_
+#define CPPTRAIN_MODELS_ROW_INIT_H_
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/module.h>
+
+#include <cstdint>
+#include <string>
+
+namespace cpptrain {
+
+enum class InitKind { kNormal, kOnes, kZeros };
+
+struct RowInit {
+  InitKind kind = InitKind::kZeros;
+  double std = 0;  // kNormal: normal(0, std)
+};
+
+inline constexpr int64_t kRowInitBlock = 64;
+
+// Fills `rows` with rows [row_begin, row_begin + rows.size(0)) of parameter `index` (`rows`
+// is any floating dtype, on the CPU; 1-D parameters have one element per row).
+void FillRows(const RowInit& init, uint64_t seed, int64_t index, int64_t row_begin,
+              at::Tensor rows);
+
+// Releases the memory of every parameter of `module` (recursively), keeping the tensors.
+void DeferParameters(torch::nn::Module& module);
+
+// A parameter with elements and no memory behind them.
+bool IsDeferred(const at::Tensor& param);
+
+// The name of `module`'s first deferred parameter, or "" when there is none.
+std::string FirstDeferredParameter(const torch::nn::Module& module);
+
+}  // namespace cpptrain
+
+#endif  // CPPTRAIN_MODELS_ROW_INIT_H_

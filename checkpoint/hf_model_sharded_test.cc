@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -75,6 +76,43 @@ TEST_P(DeferredInitTest, ShardsEqualTheWholeRowSeededModel) {
                                             " differs from the whole row-seeded model")));
     }
     // Every parameter's storage is its padded chunk, never a whole tensor.
+    return Check(held == sharded->shard_bytes(),
+                 absl::StrCat("rank ", rank, " holds ", held, " bytes, its chunks are ",
+                              sharded->shard_bytes()));
+  });
+  EXPECT_TRUE(s.ok()) << s;
+}
+
+// Only rank 0 builds (or loads) the model; the others are deferred and receive their chunks of
+// rank 0's values, nothing more (sync_module_states: a scatter per tensor).
+TEST_P(DeferredInitTest, OnlyRankZeroHoldsTheWholeModel) {
+  const int world = GetParam();
+  proto::DecoderConfig config = NamedDecoderConfig("tiny").value();
+  config.set_vocab_size(301);
+  std::vector<std::shared_ptr<DecoderLM>> models;
+  at::manual_seed(41);
+  models.push_back(BuildDecoder(config).value());
+  const auto reference = models[0]->named_parameters();
+  std::map<std::string, at::Tensor> want;
+  for (const auto& item : reference) want[item.key()] = item.value().detach().clone();
+  for (int rank = 1; rank < world; ++rank) {
+    models.push_back(BuildDecoder(config, {DecoderInit::Mode::kDeferred, 99}).value());
+  }
+  absl::Status s = RunRanksAsThreads(world, [&](int rank, auto store) -> absl::Status {
+    CT_ASSIGN_OR_RETURN(std::unique_ptr<GlooCommunicator> comm,
+                        GlooCommunicator::Create(store, rank, world, kTimeout));
+    DecoderLM& model = *models[rank];
+    CT_ASSIGN_OR_RETURN(
+        FullyShardedModel * sharded,
+        FullyShard(model, ShardMesh{std::shared_ptr<Communicator>(std::move(comm)), nullptr}, {}));
+    int64_t held = 0;
+    for (const auto& item : model.named_parameters()) {
+      held += static_cast<int64_t>(item.value().storage().nbytes());
+      CT_ASSIGN_OR_RETURN(at::Tensor gathered, sharded->GatherFull(item.value()));
+      CT_RETURN_IF_ERROR(Check(at::equal(gathered, want.at(item.key())),
+                               absl::StrCat("rank ", rank, ": ", item.key(),
+                                            " is not rank 0's value")));
+    }
     return Check(held == sharded->shard_bytes(),
                  absl::StrCat("rank ", rank, " holds ", held, " bytes, its chunks are ",
                               sharded->shard_bytes()));

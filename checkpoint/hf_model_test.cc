@@ -423,8 +423,8 @@ TEST(HfConfigTest, WritesTheArchitectureAndBothRopeForms) {
 // tests/golden/check_hf_export.py to load into transformers, else under TEST_TMPDIR.
 std::string ExportDir(const std::string& suffix) {
   const char* dir = std::getenv("CPPTRAIN_HF_EXPORT_DIR");
-  const std::string path =
-      dir != nullptr && *dir != '\0' ? absl::StrCat(dir, suffix) : FreshTestDir() + "/export" + suffix;
+  const std::string path = dir != nullptr && *dir != '\0' ? absl::StrCat(dir, suffix)
+                                                          : FreshTestDir() + "/export" + suffix;
   EXPECT_TRUE(RemoveTree(path).ok());
   std::filesystem::create_directories(path);
   return path;

@@ -64,7 +64,8 @@ std::string OpenError(const std::string& path) {
 }
 
 std::string HeaderError(const std::string& header, size_t data_bytes) {
-  return OpenError(WriteRaw(FreshTestDir() + "/bad.safetensors", header, std::string(data_bytes, 0)));
+  return OpenError(
+      WriteRaw(FreshTestDir() + "/bad.safetensors", header, std::string(data_bytes, 0)));
 }
 
 void ExpectSameTensor(const at::Tensor& got, const at::Tensor& want, const std::string& name) {
@@ -567,7 +568,8 @@ TEST(SafetensorsFuzzTest, MutatedFilesOpenOrFailCleanly) {
   ASSERT_LT(header_end, golden.size());
   const std::string path = FreshTestDir() + "/mutated.safetensors";
   std::mt19937_64 rng(20261129);
-  const std::string alphabet = "{}[]\":,0123456789-eE.ABFIUXabcdefghijklmnopqrstuvwxyz_ \\u\x01\xff";
+  const std::string alphabet =
+      "{}[]\":,0123456789-eE.ABFIUXabcdefghijklmnopqrstuvwxyz_ \\u\x01\xff";
   int opened = 0, rejected = 0;
   for (int round = 0; round < 3000; ++round) {
     std::string bytes = golden;

@@ -143,8 +143,12 @@ TEST(DecoderTest, RowSeededInitIsHfStyleAndIndependentOfTheSplit) {
     }
     // Any row range, inside or across the 64-row blocks, equals those rows of the whole.
     const int64_t rows = value.size(0);
-    for (const auto& [begin, end] : std::vector<std::pair<int64_t, int64_t>>{
-             {0, rows}, {1, rows}, {rows / 3, rows / 2 + 1}, {rows - 1, rows}, {rows / 2, rows / 2}}) {
+    for (const auto& [begin, end] :
+         std::vector<std::pair<int64_t, int64_t>>{{0, rows},
+                                                  {1, rows},
+                                                  {rows / 3, rows / 2 + 1},
+                                                  {rows - 1, rows},
+                                                  {rows / 2, rows / 2}}) {
       std::vector<int64_t> shape = value.sizes().vec();
       shape[0] = end - begin;
       torch::Tensor part = torch::zeros(shape);

@@ -38,8 +38,9 @@ void FillRows(const RowInit& init, uint64_t seed, int64_t index, int64_t row_beg
   const int64_t row_end = row_begin + n;
   for (int64_t block = row_begin / kRowInitBlock; block * kRowInitBlock < row_end; ++block) {
     const int64_t block_begin = block * kRowInitBlock;
-    auto generator = at::make_generator<at::CPUGeneratorImpl>(SplitMix64(
-        SplitMix64(seed ^ SplitMix64(static_cast<uint64_t>(index))) ^ static_cast<uint64_t>(block)));
+    auto generator = at::make_generator<at::CPUGeneratorImpl>(
+        SplitMix64(SplitMix64(seed ^ SplitMix64(static_cast<uint64_t>(index))) ^
+                   static_cast<uint64_t>(block)));
     at::Tensor values = at::empty({kRowInitBlock, row_numel}, at::kFloat);
     values.normal_(0.0, init.std, generator);
     const int64_t lo = std::max(block_begin, row_begin);

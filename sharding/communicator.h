@@ -74,6 +74,12 @@ class Communicator {
   // In place: every rank ends with `root`'s tensor.
   virtual absl::StatusOr<std::unique_ptr<Work>> Broadcast(at::Tensor& tensor, int root) = 0;
 
+  // `root`'s `input` (contiguous, size() * output.numel() elements) is cut into size() equal
+  // parts and rank r receives part r in `output`; only those parts cross the links. `input` is
+  // read on `root` only (other ranks may pass an undefined tensor).
+  virtual absl::StatusOr<std::unique_ptr<Work>> Scatter(const at::Tensor& input,
+                                                        at::Tensor& output, int root) = 0;
+
   // Grouped forms: the collectives are issued together as one (one NCCL group launch) and
   // complete together.
   virtual absl::StatusOr<std::unique_ptr<Work>> AllReduceCoalesced(

@@ -50,6 +50,9 @@ class PlaceOnlyCommunicator : public Communicator {
   absl::StatusOr<std::unique_ptr<Work>> Broadcast(at::Tensor&, int) override {
     return Unsupported();
   }
+  absl::StatusOr<std::unique_ptr<Work>> Scatter(const at::Tensor&, at::Tensor&, int) override {
+    return Unsupported();
+  }
   absl::StatusOr<std::unique_ptr<Work>> AllReduceCoalesced(std::vector<at::Tensor>&,
                                                            ReduceOp) override {
     return Unsupported();

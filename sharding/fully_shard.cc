@@ -698,9 +698,31 @@ absl::StatusOr<FullyShardedModel*> FullyShard(TrainableModel& model, ShardMesh m
     s.groups_.push_back(std::move(group));
   }
   torch::NoGradGuard no_grad;
-  std::unordered_map<const c10::TensorImpl*, bool> done;
-  for (const Assignment& a : assignments) {
-    if (!done.emplace(a.param.unsafeGetTensorImpl(), true).second) continue;
+  // With sync_module_states, rank 0's values win: each rank receives only its chunk of them
+  // (a scatter), except where rank 0's parameter is deferred too; then every rank initializes
+  // its own rows, which agree by construction. Which ones are deferred on rank 0 is sent first.
+  const bool sync = options.sync_module_states && mesh.world_size() > 1;
+  std::vector<const Assignment*> unique;
+  {
+    std::unordered_map<const c10::TensorImpl*, bool> seen_once;
+    for (const Assignment& a : assignments) {
+      if (seen_once.emplace(a.param.unsafeGetTensorImpl(), true).second) unique.push_back(&a);
+    }
+  }
+  std::vector<int32_t> root_deferred(unique.size(), 0);
+  if (sync && !unique.empty()) {
+    CT_RETURN_IF_ERROR(CatchTorch([&]() -> absl::Status {
+      at::Tensor flags = at::empty({static_cast<int64_t>(unique.size())}, at::kInt);
+      for (size_t i = 0; i < unique.size(); ++i) flags[i] = IsDeferred(unique[i]->param) ? 1 : 0;
+      flags = flags.to(device);
+      CT_RETURN_IF_ERROR(BroadcastFromRankZero(mesh, flags));
+      flags = flags.cpu();
+      for (size_t i = 0; i < unique.size(); ++i) root_deferred[i] = flags[i].item<int32_t>();
+      return absl::OkStatus();
+    }));
+  }
+  for (size_t index = 0; index < unique.size(); ++index) {
+    const Assignment& a = *unique[index];
     FullyShardedModel::Group& group = *s.groups_[a.group];
     FullyShardedModel::Group::Param p;
     p.param = a.param;
@@ -723,20 +745,36 @@ absl::StatusOr<FullyShardedModel*> FullyShard(TrainableModel& model, ShardMesh m
       std::vector<int64_t> local_shape = p.info.global_shape;
       local_shape[0] = p.info.local_rows;
       const int64_t local_numel = p.info.local_rows * p.row_numel;
-      p.shard = at::zeros({p.chunk_numel},
-                          at::TensorOptions().dtype(p.info.dtype).device(shard_device));
-      if (IsDeferred(a.param)) {
+      const at::TensorOptions on_device = at::TensorOptions().dtype(p.info.dtype).device(device);
+      p.shard = at::zeros({p.chunk_numel}, on_device.device(shard_device));
+      if (sync && root_deferred[index] == 0) {
+        // Shard rank 0 sends each rank its padded chunk; with HSDP the replicas then take
+        // replica 0's (the other replicas' scatters carry whatever their rank 0 holds).
+        at::Tensor chunk = at::empty({p.chunk_numel}, on_device);
+        at::Tensor parts;
+        if (rank == 0) {
+          parts = at::zeros({world * p.chunk_numel}, on_device);
+          if (!IsDeferred(a.param)) {
+            parts.narrow(0, 0, a.param.numel()).copy_(a.param.detach().reshape({-1}));
+          }
+        }
+        CT_ASSIGN_OR_RETURN(std::unique_ptr<Work> scattered, mesh.shard->Scatter(parts, chunk, 0));
+        CT_RETURN_IF_ERROR(scattered->Synchronize());
+        if (mesh.replicate != nullptr) {
+          CT_ASSIGN_OR_RETURN(std::unique_ptr<Work> work, mesh.replicate->Broadcast(chunk, 0));
+          CT_RETURN_IF_ERROR(work->Synchronize());
+        }
+        p.shard.copy_(chunk);
+      } else if (IsDeferred(a.param)) {
         // Never allocated whole: this rank fills its own rows (the same on every replica).
         at::Tensor rows = at::zeros({local_numel}, at::TensorOptions().dtype(p.info.dtype));
         CT_RETURN_IF_ERROR(model.InitializeRows(a.name, p.info.row_begin, rows.view(local_shape)));
         p.shard.narrow(0, 0, local_numel).copy_(rows);
       } else {
-        at::Tensor full = a.param.detach().to(device).contiguous();
-        if (options.sync_module_states && mesh.world_size() > 1) {
-          CT_RETURN_IF_ERROR(BroadcastFromRankZero(mesh, full));
-        }
+        // This rank's own rows, copied from wherever the parameter is.
         p.shard.narrow(0, 0, local_numel)
-            .copy_(full.view({-1}).narrow(0, p.info.row_begin * p.row_numel, local_numel));
+            .copy_(a.param.detach().reshape({-1}).narrow(0, p.info.row_begin * p.row_numel,
+                                                         local_numel));
       }
       if (options.offload_params && device.is_cuda()) p.shard = p.shard.pin_memory();
       p.local = p.shard.narrow(0, 0, p.info.local_rows * p.row_numel).view(local_shape);

@@ -91,8 +91,11 @@ struct FullyShardOptions {
   // Shards, their gradients and so the optimizer state stay in CPU memory; gathers copy them
   // to `device` (CUDA only; on the CPU this changes nothing).
   bool offload_params = false;
-  // Broadcast rank 0's parameters and buffers before sharding (one tensor at a time), so
-  // ranks that built or loaded different values agree; rank 0 alone needs real weights.
+  // Rank 0's parameters and buffers win, so ranks that built or loaded different values
+  // agree: each rank receives only its chunk of each parameter (a scatter, one tensor at a
+  // time) and the buffers are broadcast. Rank 0 alone needs real weights; the others may be
+  // built deferred (models/row_init.h) and never hold a whole tensor. Where rank 0's parameter
+  // is deferred too, every rank initializes its own rows instead.
   bool sync_module_states = true;
   // Gather the next group in backward while this one computes (BACKWARD_PRE).
   bool backward_prefetch = true;

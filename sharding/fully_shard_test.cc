@@ -282,7 +282,8 @@ TEST(FullyShardTest, DeviceFollowsTheCommunicatorAndAMismatchIsAnError) {
     options.device = c10::Device(c10::kCUDA, 0);
     auto refused = FullyShard(model, mesh, options);
     const std::string message(refused.status().message());
-    CT_RETURN_IF_ERROR(Check(!refused.ok() && message.find("device is cuda:0") != std::string::npos &&
+    CT_RETURN_IF_ERROR(Check(!refused.ok() &&
+                                 message.find("device is cuda:0") != std::string::npos &&
                                  message.find("gloo communicator serves cpu") != std::string::npos,
                              message));
     options.device.reset();  // unset: the Gloo communicator's CPU

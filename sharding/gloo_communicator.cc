@@ -556,6 +556,37 @@ absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::Broadcast(at::Tensor& te
   return ctx.MakeWork({std::move(future)});
 }
 
+absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::Scatter(const at::Tensor& input,
+                                                                at::Tensor& output, int root) {
+  const Context ctx{*pg_, "Scatter", rank_, size_};
+  CT_RETURN_IF_ERROR(ctx.CheckTensor(output, "output"));
+  if (root < 0 || root >= size_) {
+    return ctx.Invalid(absl::StrCat("root ", root, " is outside [0, ", size_, ")"));
+  }
+  if (rank_ == root) {
+    CT_RETURN_IF_ERROR(ctx.CheckTensor(input, "input"));
+    if (input.numel() != output.numel() * size_ || input.scalar_type() != output.scalar_type()) {
+      return ctx.Invalid(absl::StrCat(
+          "input has ", input.numel(), " ", c10::toString(input.scalar_type()),
+          " elements; it needs world size (", size_, ") x output (", output.numel(), " ",
+          c10::toString(output.scalar_type()), ")"));
+    }
+  }
+  if (output.numel() == 0) return ctx.MakeWork({});
+  std::vector<at::Tensor> outputs{ByteView(output)};
+  std::vector<std::vector<at::Tensor>> inputs;
+  if (rank_ == root) {
+    const at::Tensor parts = ByteView(input).view({size_, -1});
+    inputs.emplace_back();
+    for (int r = 0; r < size_; ++r) inputs[0].push_back(parts[r]);
+  }
+  c10d::ScatterOptions options;
+  options.rootRank = root;
+  CT_ASSIGN_OR_RETURN(FuturePtr future,
+                      ctx.Launch([&] { return pg_->scatter(outputs, inputs, options); }, nullptr));
+  return ctx.MakeWork({std::move(future)});
+}
+
 absl::Status GlooCommunicator::Barrier() {
   const Context ctx{*pg_, "Barrier", rank_, size_};
   CT_ASSIGN_OR_RETURN(FuturePtr future, ctx.Launch([&] { return pg_->barrier(); }, nullptr));

@@ -72,6 +72,8 @@ class GlooCommunicator : public Communicator {
   absl::StatusOr<std::unique_ptr<Work>> ReduceScatter(const at::Tensor& input, at::Tensor& output,
                                                       ReduceOp op) override;
   absl::StatusOr<std::unique_ptr<Work>> Broadcast(at::Tensor& tensor, int root) override;
+  absl::StatusOr<std::unique_ptr<Work>> Scatter(const at::Tensor& input, at::Tensor& output,
+                                                int root) override;
   // One Gloo collective per distinct reduction dtype (AllReduceCoalesced) or in all
   // (AllGatherCoalesced, ReduceScatterCoalesced: tensors of any dtypes travel as bytes).
   absl::StatusOr<std::unique_ptr<Work>> AllReduceCoalesced(std::vector<at::Tensor>& tensors,

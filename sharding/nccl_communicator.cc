@@ -484,6 +484,49 @@ absl::StatusOr<std::unique_ptr<Work>> NcclCommunicator::Broadcast(at::Tensor& te
                 }});
 }
 
+absl::StatusOr<std::unique_ptr<Work>> NcclCommunicator::Scatter(const at::Tensor& input,
+                                                                at::Tensor& output, int root) {
+  CT_RETURN_IF_ERROR(CheckTensor(output, device_, "scatter output"));
+  if (root < 0 || root >= size_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("scatter root ", root, " is outside [0, ", size_, ")"));
+  }
+  const bool is_root = rank_ == root;
+  std::vector<at::Tensor> keep = {output};
+  if (is_root) {
+    CT_RETURN_IF_ERROR(CheckTensor(input, device_, "scatter input"));
+    if (input.numel() != output.numel() * size_ || input.scalar_type() != output.scalar_type()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "scatter input has ", input.numel(), " ", c10::toString(input.scalar_type()),
+          " elements; it needs world size (", size_, ") x output (", output.numel(), " ",
+          c10::toString(output.scalar_type()), ")"));
+    }
+    keep.push_back(input);
+  }
+  CT_ASSIGN_OR_RETURN(ncclDataType_t type, NcclType(output));
+  const char* send = is_root ? static_cast<const char*>(input.data_ptr()) : nullptr;
+  void* recv = output.data_ptr();
+  const size_t count = output.numel();
+  const size_t bytes = count * output.element_size();
+  const int size = size_;
+  return Launch(state_, kReduce, absl::StrCat("scatter (root ", root, ")"), timeout_,
+                std::move(keep), {[=](ncclComm_t comm, cudaStream_t stream) -> ncclResult_t {
+                  if (count == 0) return ncclSuccess;
+                  if (!is_root) return ncclRecv(recv, count, type, root, comm, stream);
+                  if (cudaMemcpyAsync(recv, send + root * bytes, bytes, cudaMemcpyDeviceToDevice,
+                                      stream) != cudaSuccess) {
+                    return ncclUnhandledCudaError;
+                  }
+                  ncclResult_t result = ncclGroupStart();
+                  for (int peer = 0; peer < size && result == ncclSuccess; ++peer) {
+                    if (peer == root) continue;
+                    result = ncclSend(send + peer * bytes, count, type, peer, comm, stream);
+                  }
+                  const ncclResult_t ended = ncclGroupEnd();
+                  return result != ncclSuccess ? result : ended;
+                }});
+}
+
 absl::Status NcclCommunicator::Barrier() {
   c10::cuda::CUDAGuard guard(device_);
   at::Tensor one = at::ones({1}, at::TensorOptions().dtype(at::kFloat).device(at::kCUDA, device_));

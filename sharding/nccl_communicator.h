@@ -54,6 +54,10 @@ class NcclCommunicator : public Communicator {
   absl::StatusOr<std::unique_ptr<Work>> ReduceScatter(const at::Tensor& input, at::Tensor& output,
                                                       ReduceOp op) override;
   absl::StatusOr<std::unique_ptr<Work>> Broadcast(at::Tensor& tensor, int root) override;
+  // Point-to-point inside one NCCL group: the root sends each rank its part (and copies its
+  // own on its stream).
+  absl::StatusOr<std::unique_ptr<Work>> Scatter(const at::Tensor& input, at::Tensor& output,
+                                                int root) override;
   absl::StatusOr<std::unique_ptr<Work>> AllReduceCoalesced(std::vector<at::Tensor>& tensors,
                                                            ReduceOp op) override;
   absl::StatusOr<std::unique_ptr<Work>> AllGatherCoalesced(

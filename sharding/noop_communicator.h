@@ -37,6 +37,13 @@ class NoopCommunicator : public Communicator {
     return Done();
   }
   absl::StatusOr<std::unique_ptr<Work>> Broadcast(at::Tensor&, int) override { return Done(); }
+  absl::StatusOr<std::unique_ptr<Work>> Scatter(const at::Tensor& input, at::Tensor& output,
+                                                int root) override {
+    if (rank_ == root) {
+      output.view(-1).copy_(input.view(-1).narrow(0, rank_ * output.numel(), output.numel()));
+    }
+    return Done();
+  }
   absl::StatusOr<std::unique_ptr<Work>> AllReduceCoalesced(std::vector<at::Tensor>&,
                                                            ReduceOp) override {
     return Done();
@@ -49,7 +56,8 @@ class NoopCommunicator : public Communicator {
   absl::StatusOr<std::unique_ptr<Work>> ReduceScatterCoalesced(
       const std::vector<at::Tensor>& inputs, std::vector<at::Tensor>& outputs,
       ReduceOp op) override {
-    for (size_t i = 0; i < inputs.size(); ++i) ReduceScatter(inputs[i], outputs[i], op).IgnoreError();
+    for (size_t i = 0; i < inputs.size(); ++i)
+      ReduceScatter(inputs[i], outputs[i], op).IgnoreError();
     return Done();
   }
   absl::Status Barrier() override { return absl::OkStatus(); }

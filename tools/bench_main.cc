@@ -160,8 +160,8 @@ absl::Status Run(const std::vector<std::string>& overrides) {
   CT_ASSIGN_OR_RETURN(TrainOutput out, trainer.Train());
 
   // The slowest rank's time and the largest peak memory count.
-  at::Tensor figures = torch::tensor({timer->seconds(), static_cast<double>(PeakAllocatedBytes(device))},
-                                     torch::kFloat64);
+  at::Tensor figures = torch::tensor(
+      {timer->seconds(), static_cast<double>(PeakAllocatedBytes(device))}, torch::kFloat64);
   // Without collectives every rank reports its own figures (the ranks do the same work).
   at::Tensor gathered = figures.view({1, 2});
   if (!absl::GetFlag(FLAGS_skip_collectives)) {

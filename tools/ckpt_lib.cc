@@ -233,7 +233,8 @@ class ModelSource {
       }
       std::vector<int64_t> expected = t.stored;
       expected[0] = piece->rows();
-      const bool shape_ok = info->shape == expected || (info->shape.empty() && expected == StoredShape({}));
+      const bool shape_ok =
+          info->shape == expected || (info->shape.empty() && expected == StoredShape({}));
       if (!shape_ok || info->dtype != t.dtype) {
         return absl::DataLossError(absl::StrCat(
             at_piece, "the file holds ", c10::toString(info->dtype), " ",
@@ -370,7 +371,8 @@ absl::Status InspectManifest(const std::string& dir, std::ostream& out) {
       ++unknown_dtype;
       continue;
     }
-    const int64_t bytes = Numel(StoredShape(shape)) * static_cast<int64_t>(c10::elementSize(*dtype));
+    const int64_t bytes =
+        Numel(StoredShape(shape)) * static_cast<int64_t>(c10::elementSize(*dtype));
     (is_model ? model_bytes : optimizer_bytes) += bytes;
   }
   out << "tensors:\n";

@@ -171,7 +171,8 @@ absl::Status Run() {
       const double seconds =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / iters;
       // The slowest rank decides the collective's time.
-      at::Tensor slowest = at::full({1}, seconds, at::TensorOptions().dtype(at::kDouble).device(device));
+      at::Tensor slowest =
+          at::full({1}, seconds, at::TensorOptions().dtype(at::kDouble).device(device));
       CT_ASSIGN_OR_RETURN(auto max_work, comm->AllReduce(slowest, ReduceOp::kMax));
       CT_RETURN_IF_ERROR(max_work->Synchronize());
       const double time = slowest.cpu().item<double>();
@@ -181,7 +182,8 @@ absl::Status Run() {
         std::printf("%-15s %14lld %12.1f %12.2f %12.2f\n", kind.c_str(),
                     static_cast<long long>(c.bytes()), time * 1e6, algbw, busbw);
         std::printf(
-            "{\"collective\":\"%s\",\"backend\":\"%s\",\"ranks\":%d,\"dtype\":\"%s\",\"bytes\":%lld,"
+            "{\"collective\":\"%s\",\"backend\":\"%s\",\"ranks\":%d,\"dtype\":\"%s\",\"bytes\":%"
+            "lld,"
             "\"time_us\":%.2f,\"algbw_gbps\":%.3f,\"busbw_gbps\":%.3f,\"verified\":true}\n",
             kind.c_str(), comm->backend().c_str(), env.world_size,
             absl::GetFlag(FLAGS_dtype).c_str(), static_cast<long long>(c.bytes()), time * 1e6,

@@ -38,13 +38,15 @@ absl::StatusOr<std::pair<DatasetPtr, DatasetPtr>> LoadData(const proto::DataSpec
                                                            int64_t vocab_size, uint64_t seed) {
   if (data.has_builtin()) {
     if (data.builtin() != "arithmetic") {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "data.builtin is \"", data.builtin(), "\", which is not a builtin corpus: use \"arithmetic\""));
+      return absl::InvalidArgumentError(
+          absl::StrCat("data.builtin is \"", data.builtin(),
+                       "\", which is not a builtin corpus: use \"arithmetic\""));
     }
     if (ArithmeticVocabSize() > vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "the arithmetic corpus has ", ArithmeticVocabSize(), " tokens but the model's vocab_size is ",
-          vocab_size, ": use a model with vocab_size >= ", ArithmeticVocabSize()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("the arithmetic corpus has ", ArithmeticVocabSize(),
+                       " tokens but the model's vocab_size is ", vocab_size,
+                       ": use a model with vocab_size >= ", ArithmeticVocabSize()));
     }
     CT_ASSIGN_OR_RETURN(auto train, MakeArithmeticDataset(data.builtin_train_samples(),
                                                            data.seq_len(), seed));

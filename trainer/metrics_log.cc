@@ -49,7 +49,8 @@ void MetricsLogCallback::OnLog(const CallbackContext& c, const Metrics& logs) {
   if (!out_.is_open()) {
     out_.open(path_, std::ios::app);
     if (!out_) {
-      LOG(ERROR) << "cannot open metrics log " << path_ << " for appending; metrics go to the log only";
+      LOG(ERROR) << "cannot open metrics log " << path_
+                 << " for appending; metrics go to the log only";
       return;
     }
   }

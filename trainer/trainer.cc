@@ -269,7 +269,8 @@ absl::Status Trainer::RunOptimizerStep(std::vector<Batch>& micro_batches) {
   torch::optim::Optimizer* optimizer = engine_->optimizer();
   SetLearningRate(*optimizer, last_lr_);
 
-  const bool sync_each = args_.accelerator_config().gradient_accumulation_kwargs().sync_each_batch();
+  const bool sync_each =
+      args_.accelerator_config().gradient_accumulation_kwargs().sync_each_batch();
   const bool non_blocking = args_.accelerator_config().non_blocking();
   torch::Tensor step_loss = torch::zeros({}, torch::TensorOptions()
                                                   .dtype(torch::kFloat64)

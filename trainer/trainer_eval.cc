@@ -65,7 +65,8 @@ absl::StatusOr<torch::Tensor> GatherPadded(Engine& engine, torch::Tensor values)
 // Restores train mode when evaluation ends, whatever the exit path.
 class EvalModeGuard {
  public:
-  explicit EvalModeGuard(TrainableModel& model) : model_(model), was_training_(model.is_training()) {
+  explicit EvalModeGuard(TrainableModel& model)
+      : model_(model), was_training_(model.is_training()) {
     model_.eval();
   }
   ~EvalModeGuard() { model_.train(was_training_); }

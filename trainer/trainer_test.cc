@@ -119,7 +119,8 @@ double DirectLoss(DecoderLM& model, const Dataset& data) {
   int64_t count = 0;
   for (int64_t i = 0; i < data.size(); ++i) {
     Example e = data.Get(i);
-    Batch batch{e.inputs.unsqueeze(0), e.inputs.unsqueeze(0), torch::ones_like(e.inputs).unsqueeze(0)};
+    Batch batch{e.inputs.unsqueeze(0), e.inputs.unsqueeze(0),
+                torch::ones_like(e.inputs).unsqueeze(0)};
     loss += model.LossSum(model.Forward(batch), batch).item<double>();
     count += model.CountLossTargets(batch);
   }

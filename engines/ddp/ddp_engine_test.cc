@@ -37,6 +37,10 @@ class CountingCommunicator : public Communicator {
   absl::StatusOr<std::unique_ptr<Work>> Broadcast(at::Tensor& t, int root) override {
     return inner_->Broadcast(t, root);
   }
+  absl::StatusOr<std::unique_ptr<Work>> Scatter(const at::Tensor& i, at::Tensor& o,
+                                                int root) override {
+    return inner_->Scatter(i, o, root);
+  }
   absl::StatusOr<std::unique_ptr<Work>> AllReduceCoalesced(std::vector<at::Tensor>& t,
                                                            ReduceOp op) override {
     return inner_->AllReduceCoalesced(t, op);
@@ -69,7 +73,8 @@ std::shared_ptr<Mlp> SmallMlp(int rank) {
 }
 
 OptimizerFactory Sgd() {
-  return [](const NamedParameters& params) -> absl::StatusOr<std::unique_ptr<torch::optim::Optimizer>> {
+  return [](const NamedParameters& params)
+             -> absl::StatusOr<std::unique_ptr<torch::optim::Optimizer>> {
     std::vector<torch::Tensor> tensors;
     for (const auto& [name, p] : params) tensors.push_back(p);
     return std::unique_ptr<torch::optim::Optimizer>(

@@ -34,12 +34,14 @@ absl::StatusOr<c10::Device> ResolveDevice(const std::string& spec) {
   }
   auto device = CatchTorch([&] { return c10::Device(spec); });
   if (!device.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "local.device is \"", spec, "\", which is not a device: use \"auto\", \"cpu\" or \"cuda:N\""));
+    return absl::InvalidArgumentError(
+        absl::StrCat("local.device is \"", spec,
+                     "\", which is not a device: use \"auto\", \"cpu\" or \"cuda:N\""));
   }
   if (device->is_cuda() && !torch::cuda::is_available()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "local.device is \"", spec, "\" but this LibTorch build or machine has no CUDA: use \"cpu\""));
+    return absl::InvalidArgumentError(
+        absl::StrCat("local.device is \"", spec,
+                     "\" but this LibTorch build or machine has no CUDA: use \"cpu\""));
   }
   return *device;
 }

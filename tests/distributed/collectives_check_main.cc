@@ -77,6 +77,18 @@ absl::Status Check(Communicator& comm, at::TensorOptions options, int64_t chunk)
   CT_RETURN_IF_ERROR(Done(comm.Broadcast(b, n - 1)));
   CT_RETURN_IF_ERROR(Expect(b, at::full({chunk}, 7, options), "broadcast " + tag));
 
+  // The last rank holds part k = k * 100 + arange(chunk); rank r receives part r only.
+  const int root = n - 1;
+  at::Tensor parts;
+  if (r == root) {
+    std::vector<at::Tensor> all;
+    for (int k = 0; k < n; ++k) all.push_back(at::arange(chunk, options) + k * 100);
+    parts = at::cat(all);
+  }
+  at::Tensor part = at::full({chunk}, -1, options);
+  CT_RETURN_IF_ERROR(Done(comm.Scatter(parts, part, root)));
+  CT_RETURN_IF_ERROR(Expect(part, at::arange(chunk, options) + r * 100, "scatter " + tag));
+
   std::vector<at::Tensor> many = {at::full({chunk}, r + 1, options),
                                   at::full({chunk + 3}, 1, options)};
   CT_RETURN_IF_ERROR(Done(comm.AllReduceCoalesced(many, ReduceOp::kSum)));

@@ -208,8 +208,8 @@ int Run() {
 
   if (env->rank != 0) return 0;
   auto seeded_model = RowSeededModel(DecoderInit::Mode::kRowSeeded);
-  SgdTrainer seeded(Args(2 * env->world_size, dir + "/seeded"), seeded_model, TrainData(),
-                    nullptr, std::move(*LocalEngine::Create(proto::LocalEngineConfig(), precision)));
+  SgdTrainer seeded(Args(2 * env->world_size, dir + "/seeded"), seeded_model, TrainData(), nullptr,
+                    std::move(*LocalEngine::Create(proto::LocalEngineConfig(), precision)));
   if (!seeded.Train().ok()) return 1;
   const double deferred_difference = WorstRelative(StepLosses(deferred), StepLosses(seeded));
   LOG(INFO) << "built deferred and initialized into shards: losses differ from one process "

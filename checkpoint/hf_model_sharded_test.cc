@@ -42,21 +42,13 @@ struct Case {
 
 class HfShardedLoadTest : public ::testing::TestWithParam<Case> {};
 
-// A model built deferred is initialized straight into shards: no rank allocates a whole
-// tensor, and the gathered model equals the same seed's row-seeded model built whole.
-class DeferredInitTest : public ::testing::TestWithParam<int> {};
-
-TEST_P(DeferredInitTest, ShardsEqualTheWholeRowSeededModel) {
-  const int world = GetParam();
-  proto::DecoderConfig config = NamedDecoderConfig("tiny").value();
-  config.set_vocab_size(301);  // not a multiple of any world size or of the 64-row blocks
-  std::vector<std::shared_ptr<DecoderLM>> models;
-  for (int rank = 0; rank < world; ++rank) {
-    models.push_back(BuildDecoder(config, {DecoderInit::Mode::kDeferred, 5}).value());
-  }
-  const auto whole = BuildDecoder(config, {DecoderInit::Mode::kRowSeeded, 5}).value();
-  const auto whole_params = whole->named_parameters();
-  absl::Status s = RunRanksAsThreads(world, [&](int rank, auto store) -> absl::Status {
+// Shards models[rank] on each of models.size() ranks (threads over Gloo, FullyShard's
+// defaults) and checks that every gathered parameter equals `want` and that each rank's
+// parameter storage is exactly its padded chunks: no rank ever holds a whole tensor.
+absl::Status ShardAndCompare(const std::vector<std::shared_ptr<DecoderLM>>& models,
+                             const std::map<std::string, at::Tensor>& want) {
+  const int world = static_cast<int>(models.size());
+  return RunRanksAsThreads(world, [&](int rank, auto store) -> absl::Status {
     CT_ASSIGN_OR_RETURN(std::unique_ptr<GlooCommunicator> comm,
                         GlooCommunicator::Create(store, rank, world, kTimeout));
     DecoderLM& model = *models[rank];
@@ -66,57 +58,56 @@ TEST_P(DeferredInitTest, ShardsEqualTheWholeRowSeededModel) {
     int64_t held = 0;
     for (const auto& item : model.named_parameters()) {
       const std::string& name = item.key();
-      const ShardInfo* info = sharded->Find(item.value());
-      CT_RETURN_IF_ERROR(Check(info != nullptr, "no ShardInfo for " + name));
+      CT_RETURN_IF_ERROR(Check(sharded->Find(item.value()) != nullptr, "no ShardInfo for " + name));
       CT_RETURN_IF_ERROR(Check(!IsDeferred(item.value()), name + " is still deferred"));
       held += static_cast<int64_t>(item.value().storage().nbytes());
       CT_ASSIGN_OR_RETURN(at::Tensor gathered, sharded->GatherFull(item.value()));
-      CT_RETURN_IF_ERROR(Check(at::equal(gathered, whole_params[name]),
-                               absl::StrCat("rank ", rank, ": ", name,
-                                            " differs from the whole row-seeded model")));
+      CT_RETURN_IF_ERROR(
+          Check(at::equal(gathered, want.at(name)), absl::StrCat("rank ", rank, ": ", name,
+                                                                 " differs from the reference")));
     }
-    // Every parameter's storage is its padded chunk, never a whole tensor.
     return Check(held == sharded->shard_bytes(),
                  absl::StrCat("rank ", rank, " holds ", held, " bytes, its chunks are ",
                               sharded->shard_bytes()));
   });
+}
+
+std::map<std::string, at::Tensor> Copies(const DecoderLM& model) {
+  std::map<std::string, at::Tensor> out;
+  for (const auto& item : model.named_parameters()) out[item.key()] = item.value().detach().clone();
+  return out;
+}
+
+proto::DecoderConfig OddVocabulary() {
+  proto::DecoderConfig config = NamedDecoderConfig("tiny").value();
+  config.set_vocab_size(301);  // not a multiple of any world size or of the 64-row blocks
+  return config;
+}
+
+class DeferredInitTest : public ::testing::TestWithParam<int> {};
+
+// Every rank built deferred: each initializes its own rows, and the gathered model equals the
+// same seed's row-seeded model built whole.
+TEST_P(DeferredInitTest, ShardsEqualTheWholeRowSeededModel) {
+  std::vector<std::shared_ptr<DecoderLM>> models;
+  for (int rank = 0; rank < GetParam(); ++rank) {
+    models.push_back(BuildDecoder(OddVocabulary(), {DecoderInit::Mode::kDeferred, 5}).value());
+  }
+  const auto whole = BuildDecoder(OddVocabulary(), {DecoderInit::Mode::kRowSeeded, 5}).value();
+  const absl::Status s = ShardAndCompare(models, Copies(*whole));
   EXPECT_TRUE(s.ok()) << s;
 }
 
 // Only rank 0 builds (or loads) the model; the others are deferred and receive their chunks of
 // rank 0's values, nothing more (sync_module_states: a scatter per tensor).
 TEST_P(DeferredInitTest, OnlyRankZeroHoldsTheWholeModel) {
-  const int world = GetParam();
-  proto::DecoderConfig config = NamedDecoderConfig("tiny").value();
-  config.set_vocab_size(301);
-  std::vector<std::shared_ptr<DecoderLM>> models;
   at::manual_seed(41);
-  models.push_back(BuildDecoder(config).value());
-  const auto reference = models[0]->named_parameters();
-  std::map<std::string, at::Tensor> want;
-  for (const auto& item : reference) want[item.key()] = item.value().detach().clone();
-  for (int rank = 1; rank < world; ++rank) {
-    models.push_back(BuildDecoder(config, {DecoderInit::Mode::kDeferred, 99}).value());
+  std::vector<std::shared_ptr<DecoderLM>> models = {BuildDecoder(OddVocabulary()).value()};
+  const std::map<std::string, at::Tensor> want = Copies(*models[0]);
+  for (int rank = 1; rank < GetParam(); ++rank) {
+    models.push_back(BuildDecoder(OddVocabulary(), {DecoderInit::Mode::kDeferred, 99}).value());
   }
-  absl::Status s = RunRanksAsThreads(world, [&](int rank, auto store) -> absl::Status {
-    CT_ASSIGN_OR_RETURN(std::unique_ptr<GlooCommunicator> comm,
-                        GlooCommunicator::Create(store, rank, world, kTimeout));
-    DecoderLM& model = *models[rank];
-    CT_ASSIGN_OR_RETURN(
-        FullyShardedModel * sharded,
-        FullyShard(model, ShardMesh{std::shared_ptr<Communicator>(std::move(comm)), nullptr}, {}));
-    int64_t held = 0;
-    for (const auto& item : model.named_parameters()) {
-      held += static_cast<int64_t>(item.value().storage().nbytes());
-      CT_ASSIGN_OR_RETURN(at::Tensor gathered, sharded->GatherFull(item.value()));
-      CT_RETURN_IF_ERROR(Check(at::equal(gathered, want.at(item.key())),
-                               absl::StrCat("rank ", rank, ": ", item.key(),
-                                            " is not rank 0's value")));
-    }
-    return Check(held == sharded->shard_bytes(),
-                 absl::StrCat("rank ", rank, " holds ", held, " bytes, its chunks are ",
-                              sharded->shard_bytes()));
-  });
+  const absl::Status s = ShardAndCompare(models, want);
   EXPECT_TRUE(s.ok()) << s;
 }
 

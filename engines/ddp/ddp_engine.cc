@@ -13,6 +13,7 @@
 #include "base/logging.h"
 #include "base/status.h"
 #include "base/torch_status.h"
+#include "engines/host_collectives.h"
 
 namespace cpptrain {
 
@@ -260,29 +261,15 @@ void DdpEngine::ZeroGrad() {
 }
 
 absl::StatusOr<bool> DdpEngine::AllRanksFinite(bool local_finite) {
-  at::Tensor flag = torch::full({1}, local_finite ? 0.0 : 1.0,
-                                torch::TensorOptions().dtype(torch::kFloat).device(device_));
-  CT_ASSIGN_OR_RETURN(std::unique_ptr<Work> work, comm_->AllReduce(flag, ReduceOp::kMax));
-  CT_RETURN_IF_ERROR(work->Synchronize());
-  return flag.cpu().item<float>() == 0.0f;
+  return AllRanksFiniteOver({comm_.get()}, device_, local_finite);
 }
 
 absl::StatusOr<torch::Tensor> DdpEngine::AllReduceSum(const torch::Tensor& values) {
-  at::Tensor on_device = values.to(device_, /*non_blocking=*/false, /*copy=*/true);
-  CT_ASSIGN_OR_RETURN(std::unique_ptr<Work> work, comm_->AllReduce(on_device, ReduceOp::kSum));
-  CT_RETURN_IF_ERROR(work->Synchronize());
-  return on_device.cpu();
+  return AllReduceSumOver({comm_.get()}, device_, values);
 }
 
 absl::StatusOr<torch::Tensor> DdpEngine::AllGather(const torch::Tensor& values) {
-  at::Tensor input = values.contiguous().to(device_);
-  std::vector<int64_t> shape = input.sizes().vec();
-  if (shape.empty()) shape.push_back(1);
-  shape[0] *= comm_->size();
-  at::Tensor output = torch::empty(shape, input.options());
-  CT_ASSIGN_OR_RETURN(std::unique_ptr<Work> work, comm_->AllGather(input, output));
-  CT_RETURN_IF_ERROR(work->Synchronize());
-  return output.cpu();
+  return AllGatherOver({comm_.get()}, device_, values);
 }
 
 std::vector<std::vector<std::string>> DdpEngine::BucketParameterNames() const {

@@ -11,6 +11,7 @@
 #include "base/status.h"
 #include "base/torch_status.h"
 #include "engines/grad_utils.h"
+#include "engines/host_collectives.h"
 
 namespace cpptrain {
 namespace {
@@ -195,16 +196,6 @@ void Fsdp2Engine::SetGradientSync(bool enabled) {
   if (sharded_ != nullptr) sharded_->SetGradientSync(enabled);
 }
 
-absl::Status Fsdp2Engine::AllReduceMesh(at::Tensor& t, ReduceOp op) {
-  CT_ASSIGN_OR_RETURN(std::unique_ptr<Work> work, mesh_.shard->AllReduce(t, op));
-  CT_RETURN_IF_ERROR(work->Synchronize());
-  if (mesh_.replicate != nullptr) {
-    CT_ASSIGN_OR_RETURN(work, mesh_.replicate->AllReduce(t, op));
-    CT_RETURN_IF_ERROR(work->Synchronize());
-  }
-  return absl::OkStatus();
-}
-
 absl::StatusOr<double> Fsdp2Engine::ClipGradNorm(double max_norm) {
   if (optimizer_ == nullptr) {
     return absl::FailedPreconditionError("ClipGradNorm before PrepareForTraining");
@@ -233,33 +224,17 @@ absl::StatusOr<bool> Fsdp2Engine::OptimizerStep() {
 }
 
 absl::StatusOr<bool> Fsdp2Engine::AllRanksFinite(bool local_finite) {
-  at::Tensor flag = torch::full({1}, local_finite ? 0.0 : 1.0,
-                                torch::TensorOptions().dtype(torch::kFloat).device(device_));
-  CT_RETURN_IF_ERROR(AllReduceMesh(flag, ReduceOp::kMax));
-  return flag.cpu().item<float>() == 0.0f;
+  return AllRanksFiniteOver({mesh_.shard.get(), mesh_.replicate.get()}, device_, local_finite);
 }
 
 absl::StatusOr<torch::Tensor> Fsdp2Engine::AllReduceSum(const torch::Tensor& values) {
-  at::Tensor on_device = values.to(device_, /*non_blocking=*/false, /*copy=*/true);
-  CT_RETURN_IF_ERROR(AllReduceMesh(on_device, ReduceOp::kSum));
-  return on_device.cpu();
+  return AllReduceSumOver({mesh_.shard.get(), mesh_.replicate.get()}, device_, values);
 }
 
+// Rank = replicate coordinate * shard size + shard coordinate: the shard group is the inner
+// dimension.
 absl::StatusOr<torch::Tensor> Fsdp2Engine::AllGather(const torch::Tensor& values) {
-  // Rank = replicate coordinate * shard size + shard coordinate: gathering over the shard
-  // group first and the replicas second yields rank order.
-  at::Tensor gathered = values.contiguous().to(device_);
-  for (Communicator* comm : {mesh_.shard.get(), mesh_.replicate.get()}) {
-    if (comm == nullptr) continue;
-    std::vector<int64_t> shape = gathered.sizes().vec();
-    if (shape.empty()) shape.push_back(1);
-    shape[0] *= comm->size();
-    at::Tensor output = torch::empty(shape, gathered.options());
-    CT_ASSIGN_OR_RETURN(std::unique_ptr<Work> work, comm->AllGather(gathered, output));
-    CT_RETURN_IF_ERROR(work->Synchronize());
-    gathered = output;
-  }
-  return gathered.cpu();
+  return AllGatherOver({mesh_.shard.get(), mesh_.replicate.get()}, device_, values);
 }
 
 }  // namespace cpptrain

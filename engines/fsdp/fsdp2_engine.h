@@ -56,8 +56,6 @@ class Fsdp2Engine : public LocalEngine {
  private:
   Fsdp2Engine(const proto::FsdpConfig& config, MixedPrecision precision, c10::Device device,
               ShardMesh mesh, FullyShardOptions options);
-  // Sum (or max) over every rank of the mesh: the shard group, then the replicas.
-  absl::Status AllReduceMesh(at::Tensor& t, ReduceOp op);
 
   proto::FsdpConfig config_;
   ShardMesh mesh_;

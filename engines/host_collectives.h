@@ -1,0 +1,35 @@
+// Blocking collectives on small host values (token counts, finite flags, timing figures) over
+// one or more communicators in turn, for the engines' AllReduceSum / AllGather /
+// AllRanksFinite. Null communicators are skipped, so an engine passes {shard, replicate} and
+// a plain mesh simply has no replicate.
+//
+//   CT_ASSIGN_OR_RETURN(at::Tensor total, AllReduceSumOver({comm}, device, counts));
+#ifndef CPPTRAIN_ENGINES_HOST_COLLECTIVES_H_
+#define CPPTRAIN_ENGINES_HOST_COLLECTIVES_H_
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "sharding/communicator.h"
+
+namespace cpptrain {
+
+// The sum over every rank of `values`, on the CPU (computed on `device`).
+absl::StatusOr<at::Tensor> AllReduceSumOver(const std::vector<Communicator*>& comms,
+                                            c10::Device device, const at::Tensor& values);
+
+// Every rank's `values` stacked along dim 0 in rank order, on the CPU. The first communicator
+// is the inner mesh dimension: rank = outer coordinate * inner size + inner coordinate.
+absl::StatusOr<at::Tensor> AllGatherOver(const std::vector<Communicator*>& comms,
+                                         c10::Device device, const at::Tensor& values);
+
+// True when every rank passed true.
+absl::StatusOr<bool> AllRanksFiniteOver(const std::vector<Communicator*>& comms,
+                                        c10::Device device, bool local_finite);
+
+}  // namespace cpptrain
+
+#endif  // CPPTRAIN_ENGINES_HOST_COLLECTIVES_H_

@@ -116,8 +116,10 @@ c10::intrusive_ptr<Ref> GetRef(AutogradContext* ctx) {
   return c10::static_intrusive_pointer_cast<Ref>(ctx->saved_data["group"].toCapsule());
 }
 
-// Identity on a unit's output; its backward runs before the unit's backward: gather again.
-class PreBackwardFunction : public torch::autograd::Function<PreBackwardFunction> {
+// Identity on a tensor; its backward calls `OnBackward` with the group before passing the
+// gradient on.
+template <void (*OnBackward)(const Ref&)>
+class BackwardHookFunction : public torch::autograd::Function<BackwardHookFunction<OnBackward>> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x,
                             c10::intrusive_ptr<Ref> ref) {
@@ -125,24 +127,15 @@ class PreBackwardFunction : public torch::autograd::Function<PreBackwardFunction
     return x;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    FullyShardedModel::Internals::PreBackward(*GetRef(ctx));
+    OnBackward(*GetRef(ctx));
     return {grads[0], at::Tensor()};
   }
 };
 
-// Identity on a unit's input; its backward runs once the unit's gradients are complete.
-class PostBackwardFunction : public torch::autograd::Function<PostBackwardFunction> {
- public:
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x,
-                            c10::intrusive_ptr<Ref> ref) {
-    ctx->saved_data["group"] = c10::IValue::make_capsule(std::move(ref));
-    return x;
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    FullyShardedModel::Internals::PostBackward(*GetRef(ctx));
-    return {grads[0], at::Tensor()};
-  }
-};
+// On a unit's output: runs before the unit's backward (gather again).
+using PreBackwardFunction = BackwardHookFunction<&FullyShardedModel::Internals::PreBackward>;
+// On a unit's input: runs once the unit's gradients are complete (reduce-scatter them).
+using PostBackwardFunction = BackwardHookFunction<&FullyShardedModel::Internals::PostBackward>;
 
 c10::intrusive_ptr<Ref> MakeRef(FullyShardedModel* model, FullyShardedModel::Group* group) {
   auto ref = c10::make_intrusive<Ref>();

@@ -23,6 +23,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using testing::Parameters;
+using testing::StepLosses;
 using testing::TestTempDir;
 using testing::TinyDecoder;
 using testing::VariableLengthTokens;
@@ -42,14 +43,6 @@ proto::TrainingArguments Args(const std::string& dir, int max_steps) {
   args.set_disable_tqdm(true);
   args.mutable_local()->set_device("cpu");
   return args;
-}
-
-std::vector<double> Losses(const Trainer& trainer) {
-  std::vector<double> out;
-  for (const Metrics& m : trainer.state().log_history) {
-    if (m.count("loss")) out.push_back(m.at("loss"));
-  }
-  return out;
 }
 
 TEST(TrainerCheckpointTest, ResumedRunIsBitwiseEqualToUninterrupted) {
@@ -76,7 +69,8 @@ TEST(TrainerCheckpointTest, ResumedRunIsBitwiseEqualToUninterrupted) {
   const auto a = Parameters(*whole), b = Parameters(*resumed_model);
   ASSERT_EQ(a.size(), b.size());
   for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(a[i].equal(b[i])) << "parameter " << i;
-  EXPECT_EQ(Losses(resumed), Losses(uninterrupted));  // history comes back, then continues
+  // The history comes back, then continues.
+  EXPECT_EQ(StepLosses(resumed), StepLosses(uninterrupted));
 }
 
 TEST(TrainerCheckpointTest, LatestSkipsUnfinishedCheckpoints) {

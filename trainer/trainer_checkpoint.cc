@@ -200,7 +200,10 @@ absl::Status Trainer::SaveCheckpoint() {
       return absl::InternalError(absl::StrCat("cannot rename '", temp_dir.string(), "' to '",
                                               final_dir.string(), "': ", error.message()));
     }
-    CT_RETURN_IF_ERROR(RemoveTree(old.string()));
+    // The new checkpoint is in place: a leftover old copy costs disk, not the save.
+    if (const absl::Status removed = RemoveTree(old.string()); !removed.ok()) {
+      LOG(WARNING) << "replaced checkpoint left behind: " << removed;
+    }
     CT_RETURN_IF_ERROR(FsyncDirectory(out.string()));
     RotateCheckpoints();
     CT_LOG_RANK0(INFO) << "saved " << final_dir.string();

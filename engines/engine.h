@@ -78,7 +78,15 @@ class Engine {
   // example an fp16 overflow).
   virtual absl::StatusOr<bool> OptimizerStep() = 0;
 
+  // Sets every gradient to none and drops whatever a step left behind: gradients of unsynced
+  // micro-batches, reductions in flight and gathered parameters of a step that failed. Nothing
+  // of one step reaches the next.
   virtual void ZeroGrad() = 0;
+
+  // Drops the optimizer and its state (and the fp16 loss scale); the next PrepareForTraining
+  // builds a new one over the same parameters. For starting training again
+  // (auto_find_batch_size after running out of memory).
+  virtual void ResetOptimizer() = 0;
 
   // Null before PrepareForTraining.
   virtual torch::optim::Optimizer* optimizer() = 0;

@@ -43,8 +43,8 @@ MixedPrecision MixedPrecisionFromArgs(const proto::TrainingArguments& args) {
   return MixedPrecision::kNone;
 }
 
-absl::StatusOr<c10::Device> DataParallelDevice(const DistributedEnv& env) {
-  if (!torch::cuda::is_available()) return c10::Device(c10::kCPU);
+absl::StatusOr<c10::Device> DataParallelDevice(const DistributedEnv& env, bool use_cpu) {
+  if (use_cpu || !torch::cuda::is_available()) return c10::Device(c10::kCPU);
   const int gpus = static_cast<int>(torch::cuda::device_count());
   if (env.local_rank >= gpus) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -85,9 +85,10 @@ absl::StatusOr<ShardMesh> CreateShardMesh(const proto::FsdpConfig& config,
 }  // namespace
 
 absl::StatusOr<ShardMesh> ShardMeshFromEnvironment(const proto::FsdpConfig& config,
-                                                   std::chrono::milliseconds timeout) {
+                                                   std::chrono::milliseconds timeout,
+                                                   bool use_cpu) {
   CT_ASSIGN_OR_RETURN(DistributedEnv env, DistributedEnvFromEnvironment());
-  CT_ASSIGN_OR_RETURN(const c10::Device device, DataParallelDevice(env));
+  CT_ASSIGN_OR_RETURN(const c10::Device device, DataParallelDevice(env, use_cpu));
   return CreateShardMesh(config, env, device, timeout);
 }
 
@@ -99,7 +100,8 @@ absl::StatusOr<std::unique_ptr<Engine>> CreateEngine(const proto::TrainingArgume
     if (args.engine_case() == proto::TrainingArguments::ENGINE_NOT_SET ||
         (args.has_fsdp() && args.fsdp().version() == 2)) {
       CT_ASSIGN_OR_RETURN(std::unique_ptr<Fsdp2Engine> engine,
-                          Fsdp2Engine::ForShardedModel(*model, precision));
+                          Fsdp2Engine::ForShardedModel(
+                              *model, args.has_fsdp() ? &args.fsdp() : nullptr, precision));
       return std::unique_ptr<Engine>(std::move(engine));
     }
     const std::string& selected =
@@ -113,14 +115,16 @@ absl::StatusOr<std::unique_ptr<Engine>> CreateEngine(const proto::TrainingArgume
   switch (args.engine_case()) {
     case proto::TrainingArguments::ENGINE_NOT_SET:
     case proto::TrainingArguments::kLocal: {
+      proto::LocalEngineConfig local = args.local();
+      if (args.use_cpu() && local.device() == "auto") local.set_device("cpu");
       CT_ASSIGN_OR_RETURN(std::unique_ptr<LocalEngine> engine,
-                          LocalEngine::Create(args.local(), precision));
+                          LocalEngine::Create(local, precision));
       return std::unique_ptr<Engine>(std::move(engine));
     }
     case proto::TrainingArguments::kDdp: {
       CT_ASSIGN_OR_RETURN(DistributedEnv env, DistributedEnvFromEnvironment());
       const std::chrono::milliseconds timeout(int64_t{args.ddp_timeout()} * 1000);
-      CT_ASSIGN_OR_RETURN(const c10::Device device, DataParallelDevice(env));
+      CT_ASSIGN_OR_RETURN(const c10::Device device, DataParallelDevice(env, args.use_cpu()));
       CT_ASSIGN_OR_RETURN(auto store, NextEngineStore(env, timeout));
       CT_ASSIGN_OR_RETURN(
           std::unique_ptr<Communicator> comm,
@@ -133,7 +137,7 @@ absl::StatusOr<std::unique_ptr<Engine>> CreateEngine(const proto::TrainingArgume
       if (args.fsdp().version() != 2) break;
       CT_ASSIGN_OR_RETURN(DistributedEnv env, DistributedEnvFromEnvironment());
       const std::chrono::milliseconds timeout(int64_t{args.ddp_timeout()} * 1000);
-      CT_ASSIGN_OR_RETURN(const c10::Device device, DataParallelDevice(env));
+      CT_ASSIGN_OR_RETURN(const c10::Device device, DataParallelDevice(env, args.use_cpu()));
       CT_ASSIGN_OR_RETURN(ShardMesh mesh, CreateShardMesh(args.fsdp(), env, device, timeout));
       CT_ASSIGN_OR_RETURN(std::unique_ptr<Fsdp2Engine> engine,
                           Fsdp2Engine::Create(args.fsdp(), precision, device, std::move(mesh)));

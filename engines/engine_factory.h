@@ -21,17 +21,19 @@ namespace cpptrain {
 MixedPrecision MixedPrecisionFromArgs(const proto::TrainingArguments& args);
 
 // The device of a data-parallel rank: cuda:<LOCAL_RANK> where CUDA is available (an error when
-// the host has fewer GPUs than local ranks), the CPU otherwise.
-absl::StatusOr<c10::Device> DataParallelDevice(const DistributedEnv& env);
+// the host has fewer GPUs than local ranks), the CPU otherwise or with `use_cpu`.
+absl::StatusOr<c10::Device> DataParallelDevice(const DistributedEnv& env, bool use_cpu = false);
 
 // The FSDP mesh for this process from the launcher's environment (1-D over all ranks, or
-// dp_replicate_size x dp_shard_size), on the data-parallel device. For applications that
+// dp_replicate_size x dp_shard_size), on the data-parallel device (the CPU with use_cpu, as
+// TrainingArguments.use_cpu). For applications that
 // shard a model at load time, before any Trainer:
 //
 //   CT_ASSIGN_OR_RETURN(ShardMesh mesh, ShardMeshFromEnvironment(fsdp, std::chrono::minutes(30)));
 //   CT_RETURN_IF_ERROR(FullyShard(*model, mesh, options).status());
 absl::StatusOr<ShardMesh> ShardMeshFromEnvironment(const proto::FsdpConfig& config,
-                                                   std::chrono::milliseconds timeout);
+                                                   std::chrono::milliseconds timeout,
+                                                   bool use_cpu = false);
 
 // With `model` sharded at load time (FullyShard), an unset engine means FSDP2 over the
 // model's own mesh, `fsdp` adopts those shards, and `local`/`ddp` are an error that says so.

@@ -1,14 +1,31 @@
 #include "engines/grad_utils.h"
 
+#include <unordered_set>
+
 #include <ATen/ATen.h>
 
 namespace cpptrain {
 
+std::vector<std::pair<std::string, at::Tensor>> UniqueTrainableParameters(
+    const torch::nn::Module& model) {
+  std::vector<std::pair<std::string, at::Tensor>> params;
+  std::unordered_set<const c10::TensorImpl*> seen;
+  for (const auto& item : model.named_parameters(/*recurse=*/true)) {
+    if (!item.value().requires_grad()) continue;
+    if (seen.insert(item.value().unsafeGetTensorImpl()).second) {
+      params.emplace_back(item.key(), item.value());
+    }
+  }
+  return params;
+}
+
 std::vector<at::Tensor> Gradients(const torch::optim::Optimizer& optimizer) {
   std::vector<at::Tensor> grads;
+  std::unordered_set<const c10::TensorImpl*> seen;
   for (const auto& group : optimizer.param_groups()) {
     for (const at::Tensor& param : group.params()) {
-      if (param.grad().defined()) grads.push_back(param.grad());
+      if (!param.grad().defined() || !seen.insert(param.unsafeGetTensorImpl()).second) continue;
+      grads.push_back(param.grad());
     }
   }
   return grads;

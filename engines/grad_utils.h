@@ -1,20 +1,32 @@
-// Gradient helpers every engine shares: collect the gradients an optimizer steps, their
-// global L2 norm, clipping by a precomputed norm, and clearing them (set to none).
+// Parameter and gradient helpers every engine shares: the trainable parameters of a model
+// with each tensor once (tied weights are registered under several names), the gradients an
+// optimizer steps, their global L2 norm, clipping by a precomputed norm, and clearing them.
 //
+//   NamedParameters params = UniqueTrainableParameters(*model);   // optimizer factory input
 //   std::vector<at::Tensor> grads = Gradients(optimizer);
 //   at::Tensor norm = GlobalNorm(grads);       // fp32 scalar on the gradients' device
 //   ClipByNorm(grads, norm.item<double>(), 1.0);
 #ifndef CPPTRAIN_ENGINES_GRAD_UTILS_H_
 #define CPPTRAIN_ENGINES_GRAD_UTILS_H_
 
+#include <string>
+#include <utility>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
 namespace cpptrain {
 
-// The defined gradients of every parameter in every group of `optimizer`.
+// The parameters that require grad, each tensor once under the first name
+// named_parameters() gives it. LibTorch lists a tensor registered under two names (tied
+// weights) twice; an optimizer given both would step it twice.
+std::vector<std::pair<std::string, at::Tensor>> UniqueTrainableParameters(
+    const torch::nn::Module& model);
+
+// The defined gradients of every parameter in every group of `optimizer`, each tensor once
+// (a parameter listed twice would count twice in the norm and be clipped twice).
 std::vector<at::Tensor> Gradients(const torch::optim::Optimizer& optimizer);
 
 // sqrt(sum of squares) over all of `grads`, accumulated in fp32. An undefined tensor when

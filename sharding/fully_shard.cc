@@ -279,10 +279,10 @@ void FullyShardedModel::Reshard(Group& group) {
   if (group.state != Group::State::kUnsharded) return;
   for (Group::Param& p : group.params) {
     p.param.set_data(p.local);
-    if (p.stashed_grad.defined()) {
-      p.param.mutable_grad() = std::move(p.stashed_grad);
-      p.stashed_grad = at::Tensor();
-    }
+    // The chunk's own gradient comes back; a full-shaped gradient still here belongs to a
+    // backward that never reached this group's post-backward (it failed) and is dropped.
+    p.param.mutable_grad() = std::move(p.stashed_grad);
+    p.stashed_grad = at::Tensor();
   }
   FreeStorage(group.full);
   group.state = Group::State::kSharded;
@@ -395,10 +395,31 @@ void FullyShardedModel::OnPostBackward(Group& group) {
   }
 }
 
+// Moves the full gradients of `group`'s parameters into `by_rank` ([W, S], rank-major),
+// added to what it holds when `add`, else overwriting it (zeros where a gradient is missing).
+void FullyShardedModel::PackFullGradients(Group& group, const at::Tensor& by_rank, bool add) {
+  const int world = mesh_.shard->size();
+  for (Group::Param& p : group.params) {
+    at::Tensor grad = p.param.grad();
+    p.param.mutable_grad() = at::Tensor();
+    at::Tensor slot = by_rank.narrow(1, p.offset, p.chunk_numel);
+    if (!grad.defined()) {
+      if (!add) slot.zero_();
+    } else if (add) {
+      slot.add_(RankMajor(grad, world, p.chunk_numel));
+    } else {
+      slot.copy_(RankMajor(grad, world, p.chunk_numel));
+    }
+  }
+}
+
 absl::Status FullyShardedModel::PostBackward(Group& group) {
   if (group.post_backward_done) return absl::OkStatus();
   group.post_backward_done = true;
-  if (group.state != Group::State::kUnsharded) return absl::OkStatus();
+  // A group this backward never gathered (its unit did not run) has no full gradients, but
+  // with sync on it still owes the reduction of what the unsynced passes accumulated.
+  const bool full_grads = group.state == Group::State::kUnsharded;
+  if (!full_grads && !(sync_ && group.accumulated.defined())) return absl::OkStatus();
   const int world = mesh_.shard->size();
   const int64_t s = group.segment_numel;
   CT_RETURN_IF_ERROR(CatchTorch([&]() -> absl::Status {
@@ -414,19 +435,7 @@ absl::Status FullyShardedModel::PostBackward(Group& group) {
             : at::empty({world * s},
                         at::TensorOptions().dtype(group.reduce_dtype).device(device()));
     group.accumulated = at::Tensor();
-    const at::Tensor by_rank = in.view({world, s});
-    for (Group::Param& p : group.params) {
-      at::Tensor grad = p.param.grad();
-      p.param.mutable_grad() = at::Tensor();
-      at::Tensor slot = by_rank.narrow(1, p.offset, p.chunk_numel);
-      if (!grad.defined()) {
-        if (!add) slot.zero_();
-      } else if (add) {
-        slot.add_(RankMajor(grad, world, p.chunk_numel));
-      } else {
-        slot.copy_(RankMajor(grad, world, p.chunk_numel));
-      }
-    }
+    if (full_grads) PackFullGradients(group, in.view({world, s}), add);
     if (!sync_) {
       group.accumulated = in;
       return absl::OkStatus();
@@ -464,7 +473,8 @@ absl::Status FullyShardedModel::FinishBackward() {
   std::vector<Group*> order;
   for (auto it = groups_.rbegin(); it != groups_.rend(); ++it) order.push_back(it->get());
   for (Group* g : order) {
-    if (g->state == Group::State::kUnsharded && status.ok()) status = PostBackward(*g);
+    const bool owes = g->state == Group::State::kUnsharded || (sync_ && g->accumulated.defined());
+    if (owes && status.ok()) status = PostBackward(*g);
   }
   for (Group* g : order) {
     if (!g->reduced) continue;
@@ -502,6 +512,22 @@ absl::Status FullyShardedModel::FinishBackward() {
     g->post_backward_done = false;
   }
   return status;
+}
+
+void FullyShardedModel::DiscardGradients() {
+  for (const auto& g : groups_) {
+    for (const auto& work : {g->reduce_work.get(), g->replicate_work.get()}) {
+      if (work != nullptr) (void)work->Synchronize();  // nothing may still write the buffers
+    }
+    g->reduce_work.reset();
+    g->replicate_work.reset();
+    g->reduce_out = at::Tensor();
+    g->reduced = false;
+    g->accumulated = at::Tensor();
+    g->pre_backward_done = false;
+    g->post_backward_done = false;
+  }
+  last_reduced_ = nullptr;
 }
 
 absl::Status FullyShardedModel::ReshardAll() {
@@ -605,6 +631,26 @@ absl::Status BroadcastFromRankZero(const ShardMesh& mesh, at::Tensor& t) {
   return work->Synchronize();
 }
 
+// A tensor registered in two shard groups (weights tied across units) is sharded with the
+// root, which is gathered around the whole forward and backward, so every use sees it full
+// (FSDP1's rule: a shared parameter belongs to the lowest common ancestor).
+void MoveTiedAcrossGroupsToRoot(int root_index, std::vector<Assignment>* assignments) {
+  std::unordered_map<const c10::TensorImpl*, const Assignment*> first;
+  std::unordered_map<const c10::TensorImpl*, bool> across;
+  for (const Assignment& a : *assignments) {
+    auto [it, inserted] = first.emplace(a.param.unsafeGetTensorImpl(), &a);
+    if (inserted || it->second->group == a.group) continue;
+    if (across.emplace(a.param.unsafeGetTensorImpl(), true).second) {
+      CT_LOG_RANK0(INFO) << "FullyShard: " << a.name << " is the same tensor as "
+                         << it->second->name
+                         << " in another unit; it is sharded with the root group";
+    }
+  }
+  for (Assignment& a : *assignments) {
+    if (across.count(a.param.unsafeGetTensorImpl())) a.group = root_index;
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<FullyShardedModel*> FullyShard(TrainableModel& model, ShardMesh mesh,
@@ -655,16 +701,11 @@ absl::StatusOr<FullyShardedModel*> FullyShard(TrainableModel& model, ShardMesh m
     }
   }
   const int root_index = static_cast<int>(units.size());
-  std::unordered_map<const c10::TensorImpl*, const Assignment*> seen;
   for (Assignment& a : assignments) {
     if (a.group == kRootPending) a.group = root_index;
-    auto [it, inserted] = seen.emplace(a.param.unsafeGetTensorImpl(), &a);
-    if (!inserted && it->second->group != a.group) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "FullyShard: parameter ", a.name, " is the same tensor as ", it->second->name,
-          " in another shard group; tied weights must sit in one unit: wrap their common "
-          "parent, or leave both to the root"));
-    }
+  }
+  MoveTiedAcrossGroupsToRoot(root_index, &assignments);
+  for (const Assignment& a : assignments) {
     if (a.param.dim() == 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("FullyShard: parameter ", a.name,

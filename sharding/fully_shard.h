@@ -1,7 +1,7 @@
 // FullyShard: per-parameter dim-0 sharding of a model's units (PyTorch's FSDP2 `fully_shard`).
 //
 // Every parameter of a group (a unit chosen by the wrap policy, or the root for everything
-// else) is split along dim 0 into shard-group-size chunks of ceil(rows / size) rows
+// else; a tensor tied across two units goes to the root, gathered around every pass) is split along dim 0 into shard-group-size chunks of ceil(rows / size) rows
 // (sharding/shard_rows.h); the last
 // ranks' chunks are shorter (or empty) and padded to the common size for communication. At
 // rest each rank's registered parameter IS its chunk ([local_rows, ...]): the optimizer, the
@@ -150,6 +150,11 @@ class FullyShardedModel : public ShardingAttachment {
   // and leaves each parameter's .grad as its chunk's gradient (added to what was there).
   absl::Status FinishBackward();
 
+  // Forgets every gradient not yet handed to .grad: what unsynced passes accumulated and
+  // reductions of a backward that did not finish (waits for those first). Engines call it
+  // when gradients are zeroed, so nothing from an earlier step reaches a later one.
+  void DiscardGradients();
+
   // Returns every group to its shards (waits for gathers in flight). Idempotent.
   absl::Status ReshardAll();
 
@@ -192,6 +197,7 @@ class FullyShardedModel : public ShardingAttachment {
   absl::Status WaitUnshard(Group& group);  // completes it; parameters become full
   void Reshard(Group& group);              // parameters become chunks again
   absl::Status PostBackward(Group& group);
+  void PackFullGradients(Group& group, const at::Tensor& by_rank, bool add);
   void Prefetch(const Group& group, int direction);
   torch::Tensor PreForward(Group& group, torch::Tensor input);
   torch::Tensor PostForward(Group& group, torch::Tensor output);

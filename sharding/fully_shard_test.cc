@@ -10,6 +10,7 @@
 #include "base/status.h"
 #include "base/torch_status.h"
 #include "models/configs.h"
+#include "models/testing/tied_blocks.h"
 #include "sharding/gloo_communicator.h"
 #include "sharding/testing/multi_rank.h"
 
@@ -232,7 +233,7 @@ TEST(FullyShardTest, ExplicitPrefetchGathersTheListedUnitsEarly) {
   EXPECT_TRUE(s.ok()) << s;
 }
 
-// Two units that share one tensor cannot be sharded separately.
+// Two units that share one tensor; the forward passes its input through.
 class TiedAcrossUnits : public TrainableModel {
  public:
   TiedAcrossUnits() : TrainableModel("TiedAcrossUnits") {
@@ -252,23 +253,36 @@ class TiedAcrossUnits : public TrainableModel {
   std::shared_ptr<Unit> a_, b_;
 };
 
-TEST(FullyShardTest, TiedWeightsAcrossUnitsAreAnError) {
-  TiedAcrossUnits model;
-  absl::Status s = RunRanksAsThreads(1, [&](int rank, auto store) -> absl::Status {
-    CT_ASSIGN_OR_RETURN(ShardMesh mesh, Mesh(rank, 1, store));
-    auto sharded = FullyShard(model, mesh, {});
-    return Check(!sharded.ok() && sharded.status().message().find("b.w") != std::string::npos &&
-                     sharded.status().message().find("a.w") != std::string::npos,
-                 std::string(sharded.status().message()));
-  });
-  EXPECT_TRUE(s.ok()) << s;
-  // Wrapping nothing puts both names in the root group: allowed.
-  TiedAcrossUnits unwrapped;
-  s = RunRanksAsThreads(1, [&](int rank, auto store) -> absl::Status {
-    CT_ASSIGN_OR_RETURN(ShardMesh mesh, Mesh(rank, 1, store));
-    FullyShardOptions options;
-    options.wrap.kind = WrapPolicy::Kind::kNone;
-    return FullyShard(unwrapped, mesh, options).status();
+// A tensor tied across two wrapped units is sharded with the root, which is gathered around
+// the whole pass: each rank's chunk gradient is its rows of the unsharded model's gradient
+// summed over both ranks' inputs (each use of the tie contributing once).
+TEST(FullyShardTest, TiedWeightsAcrossUnitsShardWithTheRoot) {
+  constexpr int kWorld = 2;
+  testing::TiedBlocks reference(/*seed=*/1);
+  for (int r = 0; r < kWorld; ++r) {
+    const Batch batch = testing::TiedBlocks::Inputs(3, 10 + r);
+    reference.LossSum(reference.Forward(batch), batch).backward();
+  }
+  const auto want = reference.named_parameters();
+  std::vector<std::shared_ptr<testing::TiedBlocks>> models;
+  for (int r = 0; r < kWorld; ++r) models.push_back(std::make_shared<testing::TiedBlocks>(1));
+  absl::Status s = RunRanksAsThreads(kWorld, [&](int rank, auto store) -> absl::Status {
+    CT_ASSIGN_OR_RETURN(ShardMesh mesh, Mesh(rank, kWorld, store));
+    testing::TiedBlocks& model = *models[rank];
+    CT_ASSIGN_OR_RETURN(FullyShardedModel * sharded, FullyShard(model, mesh, {}));
+    CT_RETURN_IF_ERROR(Check(sharded->num_groups() == 3, "units a and b plus the root"));
+    const Batch batch = testing::TiedBlocks::Inputs(3, 10 + rank);
+    CT_RETURN_IF_ERROR(CatchTorch([&] { model.LossSum(model.Forward(batch), batch).backward(); }));
+    CT_RETURN_IF_ERROR(sharded->FinishBackward());
+    for (const auto& item : model.named_parameters()) {
+      const ShardInfo* info = sharded->Find(item.value());
+      CT_RETURN_IF_ERROR(Check(info != nullptr, "no ShardInfo for " + item.key()));
+      const torch::Tensor rows = want[item.key()].grad().narrow(0, info->row_begin, info->local_rows);
+      CT_RETURN_IF_ERROR(Check(torch::allclose(item.value().grad(), rows, 1e-5, 1e-6),
+                               "gradient of " + item.key() + " on rank " + std::to_string(rank)));
+    }
+    const ShardInfo* tied = sharded->Find(model.named_parameters()["b.w"]);
+    return Check(tied->name == "a.w", "the tie keeps its first name, saw " + tied->name);
   });
   EXPECT_TRUE(s.ok()) << s;
 }

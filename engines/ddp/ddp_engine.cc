@@ -4,7 +4,6 @@
 #include <mutex>
 #include <utility>
 
-#include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/torch.h>
 
@@ -13,6 +12,7 @@
 #include "base/logging.h"
 #include "base/status.h"
 #include "base/torch_status.h"
+#include "engines/grad_utils.h"
 #include "engines/host_collectives.h"
 
 namespace cpptrain {
@@ -37,8 +37,8 @@ struct DdpEngine::Reducer {
   std::mutex mu;
   std::vector<bool> ready;
   size_t next_to_launch = 0;
-  bool in_backward = false;  // a synchronized backward has started and not been finalized
-  bool finalized = false;    // Finalize ran for the current Backward call
+  bool in_backward = false;     // inside a synchronized Engine::Backward
+  bool stray_backward = false;  // gradients came from a backward that bypassed Backward()
   absl::Status error;
 
   // Nothing ready, nothing launched: the state at the start of a synchronized backward.
@@ -68,24 +68,28 @@ struct DdpEngine::Reducer {
     }
   }
 
-  // Called from the hook on parameter `index`'s gradient accumulator.
+  // Called from the hook on parameter `index`'s gradient accumulator, also from inside a
+  // nested backward (a recomputed layer's). Outside a synchronized Engine::Backward the
+  // gradient only accumulates locally; with synchronization on, that is remembered so the
+  // step refuses to use gradients no rank reduced.
   void OnGradientAccumulated(int index) {
     if (!*sync) return;
     std::lock_guard<std::mutex> lock(mu);
     if (!in_backward) {
-      BeginLocked();
-      torch::autograd::Engine::get_default_engine().queue_callback([this] { Finalize(); });
+      stray_backward = true;
+      return;
     }
     MarkReadyLocked(index);
     LaunchReadyLocked();
   }
 
-  // End of a synchronized backward (queued autograd callback, or called directly when no
-  // gradient reached any parameter).
-  void Finalize() {
+  // After the whole backward has returned (never from inside it: a nested backward of a
+  // recomputed layer ends long before the outer one). When the backward failed, only waits
+  // for what was launched, so no collective still reads the buckets.
+  void Finalize(bool backward_ok) {
     std::lock_guard<std::mutex> lock(mu);
     std::vector<std::string> unused;
-    for (size_t i = 0; i < params.size(); ++i) {
+    for (size_t i = 0; i < params.size() && backward_ok; ++i) {
       if (!ready[i]) unused.push_back(names[i]);
     }
     if (!unused.empty() && find_unused) {
@@ -105,7 +109,19 @@ struct DdpEngine::Reducer {
       buckets[i].work.reset();
     }
     in_backward = false;
-    finalized = true;
+  }
+
+  // Forgets a backward that did not complete (an out-of-memory retry): nothing in flight,
+  // nothing ready.
+  void Reset() {
+    std::lock_guard<std::mutex> lock(mu);
+    for (Bucket& b : buckets) {
+      if (b.work != nullptr) (void)b.work->Wait();
+      b.work.reset();
+    }
+    in_backward = false;
+    stray_backward = false;
+    error = absl::OkStatus();
   }
 };
 
@@ -146,17 +162,35 @@ DdpEngine::DdpEngine(const proto::DdpConfig& config, MixedPrecision precision, c
 
 DdpEngine::~DdpEngine() = default;
 
-absl::Status DdpEngine::BroadcastState() {
-  std::vector<at::Tensor> tensors;
-  for (const auto& p : model_->parameters()) tensors.push_back(p);
-  for (const auto& b : model_->buffers()) tensors.push_back(b);
+absl::Status DdpEngine::BroadcastFromRank0(const std::vector<at::Tensor>& tensors) {
   torch::NoGradGuard no_grad;
-  for (at::Tensor& t : tensors) {
+  for (const at::Tensor& t : tensors) {
     at::Tensor data = t.detach();
     CT_ASSIGN_OR_RETURN(std::unique_ptr<Work> work, comm_->Broadcast(data, 0));
     CT_RETURN_IF_ERROR(work->Wait());
   }
   return absl::OkStatus();
+}
+
+absl::Status DdpEngine::BroadcastState() {
+  std::vector<at::Tensor> tensors;
+  for (const auto& p : model_->parameters()) tensors.push_back(p);
+  for (const auto& b : model_->buffers()) tensors.push_back(b);
+  return BroadcastFromRank0(tensors);
+}
+
+std::unique_ptr<ForwardScope> DdpEngine::EnterForward() {
+  // PyTorch's broadcast_buffers: buffers a forward may update (running statistics) follow
+  // rank 0's at every training forward. The Trainer calls this inside its error boundary.
+  if (config_.broadcast_buffers() && model_ != nullptr && model_->is_training() &&
+      at::GradMode::is_enabled()) {
+    const std::vector<at::Tensor> buffers = model_->buffers();
+    if (!buffers.empty()) {
+      const absl::Status status = BroadcastFromRank0(buffers);
+      TORCH_CHECK(status.ok(), "DDP broadcast_buffers: ", status.ToString());
+    }
+  }
+  return LocalEngine::EnterForward();
 }
 
 absl::Status DdpEngine::PrepareForInference(std::shared_ptr<TrainableModel> model) {
@@ -176,10 +210,9 @@ absl::Status DdpEngine::PrepareForTraining(std::shared_ptr<TrainableModel> model
   reducer->comm = comm_.get();
   reducer->sync = &sync_;
   reducer->find_unused = config_.find_unused_parameters();
-  for (const auto& item : model_->named_parameters(/*recurse=*/true)) {
-    if (!item.value().requires_grad()) continue;
-    reducer->names.push_back(item.key());
-    reducer->params.push_back(item.value());
+  for (auto& [name, param] : UniqueTrainableParameters(*model_)) {
+    reducer->names.push_back(std::move(name));
+    reducer->params.push_back(std::move(param));
   }
   // Buckets in reverse registration order (roughly the order backward produces gradients),
   // each up to bucket_cap_mb and of one dtype.
@@ -233,29 +266,44 @@ absl::Status DdpEngine::PrepareForTraining(std::shared_ptr<TrainableModel> model
 }
 
 absl::Status DdpEngine::Backward(const torch::Tensor& loss) {
-  if (reducer_ != nullptr) {
-    std::lock_guard<std::mutex> lock(reducer_->mu);
-    reducer_->finalized = false;
-  }
-  CT_RETURN_IF_ERROR(LocalEngine::Backward(loss));
-  if (!sync_ || reducer_ == nullptr) return absl::OkStatus();
-  bool finalized;
+  if (!sync_ || reducer_ == nullptr) return LocalEngine::Backward(loss);
   {
     std::lock_guard<std::mutex> lock(reducer_->mu);
-    finalized = reducer_->finalized;
-    // No gradient reached any parameter, so no hook started the synchronization: finalize
-    // here, which reports (or, with find_unused_parameters, reduces) every parameter.
-    if (!finalized) reducer_->BeginLocked();
+    reducer_->BeginLocked();
   }
-  if (!finalized) reducer_->Finalize();
+  absl::Status status = LocalEngine::Backward(loss);
+  reducer_->Finalize(status.ok());
   std::lock_guard<std::mutex> lock(reducer_->mu);
   absl::Status error = std::move(reducer_->error);
   reducer_->error = absl::OkStatus();
-  return error;
+  return status.ok() ? error : status;
+}
+
+absl::Status DdpEngine::CheckGradientsSynchronized() {
+  if (reducer_ == nullptr) return absl::OkStatus();
+  std::lock_guard<std::mutex> lock(reducer_->mu);
+  if (!reducer_->stray_backward) return absl::OkStatus();
+  reducer_->stray_backward = false;
+  return absl::FailedPreconditionError(absl::StrCat(
+      "rank ", comm_->rank(),
+      ": DDP: gradients were computed by a backward that did not go through "
+      "Engine::Backward, so no rank reduced them: call engine()->Backward(loss) instead of "
+      "loss.backward() (a Trainer subclass overriding TrainingStep must too)"));
+}
+
+absl::StatusOr<double> DdpEngine::ClipGradNorm(double max_norm) {
+  CT_RETURN_IF_ERROR(CheckGradientsSynchronized());
+  return LocalEngine::ClipGradNorm(max_norm);
+}
+
+absl::StatusOr<bool> DdpEngine::OptimizerStep() {
+  CT_RETURN_IF_ERROR(CheckGradientsSynchronized());
+  return LocalEngine::OptimizerStep();
 }
 
 void DdpEngine::ZeroGrad() {
   if (reducer_ == nullptr) return;
+  reducer_->Reset();
   torch::NoGradGuard no_grad;
   for (auto& bucket : reducer_->buckets) bucket.buffer.zero_();
 }

@@ -3,7 +3,10 @@
 // bucket_cap_mb each; each parameter's .grad is a view of its bucket), and a bucket is
 // all-reduced as soon as every gradient in it has been accumulated, from a hook on the
 // parameter's gradient accumulator, while the rest of backward still runs. Buckets are launched
-// in order on every rank. With gradient synchronization off (non-final micro-batches of an
+// in order on every rank and waited for once the whole backward has returned (in Backward(),
+// never from inside autograd: a recomputed layer's nested backward ends before the outer one,
+// so the first gradient hook cannot tell when backward is over). With broadcast_buffers,
+// rank 0's buffers are broadcast before every training forward. With gradient synchronization off (non-final micro-batches of an
 // accumulation) there is no communication at all. Gradients are summed, not averaged: the
 // Trainer divides the loss by the global number of targets.
 //
@@ -39,8 +42,13 @@ class DdpEngine : public LocalEngine {
   absl::Status PrepareForInference(std::shared_ptr<TrainableModel> model) override;
   absl::Status PrepareForTraining(std::shared_ptr<TrainableModel> model,
                                   const OptimizerFactory& factory) override;
+  // Broadcasts rank 0's buffers first when training with ddp.broadcast_buffers.
+  std::unique_ptr<ForwardScope> EnterForward() override;
   absl::Status Backward(const torch::Tensor& loss) override;
   void SetGradientSync(bool enabled) override { sync_ = enabled; }
+  absl::StatusOr<double> ClipGradNorm(double max_norm) override;
+  absl::StatusOr<bool> OptimizerStep() override;
+  // Zeroes the buckets and forgets any backward that did not complete.
   void ZeroGrad() override;
   absl::StatusOr<torch::Tensor> AllReduceSum(const torch::Tensor& values) override;
   absl::StatusOr<torch::Tensor> AllGather(const torch::Tensor& values) override;
@@ -57,6 +65,9 @@ class DdpEngine : public LocalEngine {
   DdpEngine(const proto::DdpConfig& config, MixedPrecision precision, c10::Device device,
             std::shared_ptr<Communicator> comm);
   absl::Status BroadcastState();
+  absl::Status BroadcastFromRank0(const std::vector<at::Tensor>& tensors);
+  // An error when gradients came from a backward outside Backward() while sync was on.
+  absl::Status CheckGradientsSynchronized();
 
   proto::DdpConfig config_;
   std::shared_ptr<Communicator> comm_;

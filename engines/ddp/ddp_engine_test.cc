@@ -7,7 +7,10 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "base/status.h"
+#include "engines/testing/engine_testing.h"
 #include "models/mlp.h"
+#include "models/testing/tied_blocks.h"
 #include "sharding/gloo_communicator.h"
 #include "sharding/testing/multi_rank.h"
 
@@ -176,6 +179,80 @@ TEST(DdpEngineTest, AnOverflowOnOneRankSkipsTheStepOnAll) {
     auto one_bad = s->engine->AllRanksFinite(rank != 1);  // rank 1 overflowed
     EXPECT_TRUE(one_bad.ok());
     EXPECT_FALSE(*one_bad) << "rank " << rank << " must skip the step too";
+    return absl::OkStatus();
+  }).ok());
+}
+
+// A weight tied across two units (a.w and b.w) is one bucket slot, one optimizer entry and
+// one term of the norm: after a step it equals one process stepping the summed loss once.
+TEST(DdpEngineTest, TiedWeightsAreReducedAndSteppedOnce) {
+  const std::vector<Batch> batches = {testing::TiedBlocks::Inputs(3, 20),
+                                      testing::TiedBlocks::Inputs(3, 21)};
+  const testing::SgdReference want = testing::TiedBlocksSgdStep(batches, 0.5, 0);
+  ASSERT_TRUE(RunRanksAsThreads(2, [&](int rank, c10::intrusive_ptr<c10d::Store> store) {
+    auto comm = GlooCommunicator::Create(store, rank, 2, std::chrono::seconds(30));
+    if (!comm.ok()) return comm.status();
+    auto engine = DdpEngine::Create(proto::DdpConfig(), MixedPrecision::kNone,
+                                    c10::Device(c10::kCPU), std::move(*comm));
+    if (!engine.ok()) return engine.status();
+    auto model = std::make_shared<testing::TiedBlocks>(1);
+    int given = 0;
+    CT_RETURN_IF_ERROR((*engine)->PrepareForTraining(model, testing::SgdFactory(0.5, &given)));
+    EXPECT_EQ(given, 3);
+    EXPECT_EQ((*engine)->BucketParameterNames().size(), 1u);
+    EXPECT_EQ((*engine)->BucketParameterNames()[0].size(), 3u);
+    const Batch& batch = batches[rank];
+    CT_RETURN_IF_ERROR((*engine)->Backward(model->LossSum(model->Forward(batch), batch)));
+    CT_ASSIGN_OR_RETURN(double norm, (*engine)->ClipGradNorm(0));
+    EXPECT_NEAR(norm, want.norm, 1e-5 * want.norm);
+    CT_RETURN_IF_ERROR((*engine)->OptimizerStep().status());
+    for (const auto& item : model->named_parameters()) {
+      EXPECT_TRUE(torch::allclose(item.value(), want.params.at(item.key()), 1e-5, 1e-6))
+          << "rank " << rank << " " << item.key();
+    }
+    return absl::OkStatus();
+  }).ok());
+}
+
+// broadcast_buffers: a buffer a rank changed (running statistics) is rank 0's again at the
+// next training forward; with it off, each rank keeps its own.
+TEST(DdpEngineTest, BroadcastBuffersBeforeEveryTrainingForward) {
+  for (bool broadcast : {true, false}) {
+    ASSERT_TRUE(RunRanksAsThreads(2, [&](int rank, c10::intrusive_ptr<c10d::Store> store) {
+      auto comm = GlooCommunicator::Create(store, rank, 2, std::chrono::seconds(30));
+      if (!comm.ok()) return comm.status();
+      proto::DdpConfig config;
+      config.set_broadcast_buffers(broadcast);
+      auto engine = DdpEngine::Create(config, MixedPrecision::kNone, c10::Device(c10::kCPU),
+                                      std::move(*comm));
+      if (!engine.ok()) return engine.status();
+      std::shared_ptr<Mlp> model = SmallMlp(rank);
+      torch::Tensor stat = model->register_buffer("running_stat", torch::zeros({3}));
+      CT_RETURN_IF_ERROR((*engine)->PrepareForTraining(model, Sgd()));
+      stat.fill_(rank + 1.0);
+      (*engine)->EnterForward();
+      EXPECT_TRUE(stat.equal(torch::full({3}, broadcast ? 1.0 : rank + 1.0)))
+          << "rank " << rank << " broadcast " << broadcast << ": " << stat;
+      return absl::OkStatus();
+    }).ok());
+  }
+}
+
+// A backward that bypasses Engine::Backward while synchronization is on reduces nothing, so
+// the step refuses to run on those gradients.
+TEST(DdpEngineTest, ABackwardOutsideTheEngineIsRefusedAtTheStep) {
+  ASSERT_TRUE(RunRanksAsThreads(2, [](int rank, c10::intrusive_ptr<c10d::Store> store) {
+    auto s = Prepare(rank, store, 2, 25);
+    if (!s.ok()) return s.status();
+    Batch batch = RankBatch(rank);
+    s->model->LossSum(s->model->Forward(batch), batch).backward();
+    auto step = s->engine->OptimizerStep();
+    EXPECT_FALSE(step.ok());
+    EXPECT_NE(step.status().message().find("Engine::Backward"), std::string::npos)
+        << step.status();
+    s->engine->ZeroGrad();
+    EXPECT_TRUE(s->engine->Backward(s->model->LossSum(s->model->Forward(batch), batch)).ok());
+    EXPECT_TRUE(s->engine->OptimizerStep().ok());
     return absl::OkStatus();
   }).ok());
 }

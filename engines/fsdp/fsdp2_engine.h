@@ -13,6 +13,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "engines/local/local_engine.h"
@@ -27,14 +28,25 @@ namespace cpptrain {
 FullyShardOptions FullyShardOptionsFromConfig(const proto::FsdpConfig& config,
                                               MixedPrecision precision, c10::Device device);
 
+// One line per setting where `config` (null: no fsdp block) and `precision` ask for other
+// sharding than `sharded` has, e.g. "fsdp.dp_replicate_size is 2 but the model's mesh has 1
+// replica(s)". Empty when they agree.
+std::vector<std::string> DisagreementsWithShardedModel(const proto::FsdpConfig* config,
+                                                       MixedPrecision precision,
+                                                       const FullyShardedModel& sharded);
+
 class Fsdp2Engine : public LocalEngine {
  public:
   static absl::StatusOr<std::unique_ptr<Fsdp2Engine>> Create(const proto::FsdpConfig& config,
                                                              MixedPrecision precision,
                                                              c10::Device device, ShardMesh mesh);
-  // An engine for a model FullyShard-ed at load time: its mesh, device and options.
-  static absl::StatusOr<std::unique_ptr<Fsdp2Engine>> ForShardedModel(const TrainableModel& model,
-                                                                      MixedPrecision precision);
+  // An engine for a model FullyShard-ed at load time: its mesh, device and options. `config`
+  // is the job's fsdp block (null without one): every field it sets must agree with the
+  // model's sharding (DisagreementsWithShardedModel), or this is an error naming each;
+  // activation_checkpointing is applied to the model. Without a block, bf16/fp16 must match
+  // the model's param_dtype.
+  static absl::StatusOr<std::unique_ptr<Fsdp2Engine>> ForShardedModel(
+      const TrainableModel& model, const proto::FsdpConfig* config, MixedPrecision precision);
 
   std::string name() const override { return "fsdp2"; }
   int rank() const override { return rank_; }
@@ -46,6 +58,8 @@ class Fsdp2Engine : public LocalEngine {
   void SetGradientSync(bool enabled) override;
   absl::StatusOr<double> ClipGradNorm(double max_norm) override;
   absl::StatusOr<bool> OptimizerStep() override;
+  // Clears .grad and what unsynced passes accumulated (nothing carries into the next step).
+  void ZeroGrad() override;
   absl::StatusOr<torch::Tensor> AllReduceSum(const torch::Tensor& values) override;
   absl::StatusOr<torch::Tensor> AllGather(const torch::Tensor& values) override;
   absl::StatusOr<bool> AllRanksFinite(bool local_finite) override;

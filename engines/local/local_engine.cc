@@ -88,11 +88,7 @@ absl::Status LocalEngine::PrepareForTraining(std::shared_ptr<TrainableModel> mod
                                              const OptimizerFactory& factory) {
   CT_RETURN_IF_ERROR(PrepareForInference(std::move(model)));
   if (optimizer_ != nullptr) return absl::OkStatus();
-  NamedParameters params;
-  for (const auto& item : model_->named_parameters(/*recurse=*/true)) {
-    if (item.value().requires_grad()) params.emplace_back(item.key(), item.value());
-  }
-  CT_ASSIGN_OR_RETURN(optimizer_, factory(params));
+  CT_ASSIGN_OR_RETURN(optimizer_, factory(UniqueTrainableParameters(*model_)));
   return absl::OkStatus();
 }
 
@@ -160,6 +156,13 @@ absl::StatusOr<bool> LocalEngine::OptimizerStep() {
 
 void LocalEngine::ZeroGrad() {
   if (optimizer_ != nullptr) ClearGradients(*optimizer_);
+}
+
+void LocalEngine::ResetOptimizer() {
+  optimizer_.reset();
+  if (scaler_) scaler_.emplace();
+  grads_unscaled_ = false;
+  grads_finite_ = true;
 }
 
 absl::StatusOr<torch::Tensor> LocalEngine::AllReduceSum(const torch::Tensor& values) {

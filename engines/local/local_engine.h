@@ -38,6 +38,7 @@ class LocalEngine : public Engine {
   absl::StatusOr<double> ClipGradNorm(double max_norm) override;
   absl::StatusOr<bool> OptimizerStep() override;
   void ZeroGrad() override;
+  void ResetOptimizer() override;
   torch::optim::Optimizer* optimizer() override { return optimizer_.get(); }
   absl::StatusOr<torch::Tensor> AllReduceSum(const torch::Tensor& values) override;
   absl::StatusOr<torch::Tensor> AllGather(const torch::Tensor& values) override;

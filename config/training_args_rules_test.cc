@@ -231,6 +231,20 @@ TEST(LoopRulesTest, PersistentWorkersNeedWorkers) {
                     HasSubstr("dataloader_num_workers=0")));
 }
 
+TEST(LoopRulesTest, UseCpuConflictsWithACudaLocalDevice) {
+  EXPECT_THAT(OneProblem("use_cpu: true local { device: \"cuda:0\" }"),
+              AllOf(HasSubstr("use_cpu=true"), HasSubstr("local.device=\"cuda:0\"")));
+  ExpectValid("use_cpu: true local {}");
+}
+
+TEST(LoopRulesTest, AcceleratorOptionsThatAreNotBuiltAreRefused) {
+  EXPECT_THAT(OneProblem("accelerator_config { dispatch_batches: true }"),
+              AllOf(HasSubstr("dispatch_batches=true"), HasSubstr("set it to false")));
+  EXPECT_THAT(OneProblem("accelerator_config { use_seedable_sampler: false }"),
+              AllOf(HasSubstr("use_seedable_sampler=false"), HasSubstr("unset it")));
+  ExpectValid("accelerator_config { dispatch_batches: false use_seedable_sampler: true }");
+}
+
 TEST(LoopRulesTest, SaveTotalLimitMustBePositiveWhenSet) {
   EXPECT_THAT(OneProblem("save_total_limit: 0"), HasSubstr("save_total_limit=0"));
 }

@@ -111,14 +111,12 @@ TEST(WarningsTest, DefaultsHaveNone) {
   EXPECT_THAT(TrainingArgumentsWarnings(Args("")), IsEmpty());
 }
 
-TEST(WarningsTest, GradientCheckpointingWithFullShard) {
-  EXPECT_THAT(TrainingArgumentsWarnings(Args("gradient_checkpointing: true fsdp {}")),
-              Contains(HasSubstr("fsdp.activation_checkpointing")));
+// Recomputation runs inside each unit after its backward gather, whichever flag asks for it:
+// no extra all-gather, so no warning.
+TEST(WarningsTest, GradientCheckpointingWithFullShardWarnsNothing) {
+  EXPECT_THAT(TrainingArgumentsWarnings(Args("gradient_checkpointing: true fsdp {}")), IsEmpty());
   EXPECT_THAT(TrainingArgumentsWarnings(Args("gradient_checkpointing: true fsdp { version: 1 "
                                              "sharding_strategy: HYBRID_SHARD }")),
-              Contains(HasSubstr("gradient_checkpointing=true")));
-  EXPECT_THAT(TrainingArgumentsWarnings(
-                  Args("gradient_checkpointing: true fsdp { reshard_after_forward: false }")),
               IsEmpty());
 }
 
@@ -137,8 +135,11 @@ TEST(WarningsTest, LoadBestWithoutEvaluation) {
 }
 
 TEST(WarningsTest, Fsdp1KeysIgnoredByFsdp2) {
-  EXPECT_THAT(TrainingArgumentsWarnings(Args("fsdp { backward_prefetch: BACKWARD_POST }")),
-              Contains(HasSubstr("fsdp.backward_prefetch")));
+  EXPECT_THAT(TrainingArgumentsWarnings(Args("fsdp { limit_all_gathers: false }")),
+              Contains(HasSubstr("fsdp.limit_all_gathers")));
+  // FSDP2 honours backward_prefetch (NO_PREFETCH turns it off).
+  EXPECT_THAT(TrainingArgumentsWarnings(Args("fsdp { backward_prefetch: NO_PREFETCH }")),
+              IsEmpty());
 }
 
 TEST(WarningsTest, SizeBasedWrapWithoutThreshold) {

@@ -15,6 +15,7 @@
 #include "base/torch_status.h"
 #include "config/training_args.h"
 #include "engines/engine_factory.h"
+#include "engines/grad_utils.h"
 #include "trainer/data/data_loader.h"
 #include "trainer/metrics_log.h"
 #include "trainer/optimizer.h"
@@ -79,6 +80,7 @@ absl::StatusOr<std::unique_ptr<DataLoader>> Trainer::MakeLoader(
   options.seed = static_cast<uint64_t>(ResolvedDataSeed(args_));
   options.drop_last = train && args_.dataloader_drop_last();
   options.num_workers = args_.dataloader_num_workers();
+  options.persistent_workers = args_.dataloader_persistent_workers();
   if (args_.has_dataloader_prefetch_factor()) {
     options.prefetch_factor = args_.dataloader_prefetch_factor();
   }
@@ -143,10 +145,35 @@ absl::StatusOr<TrainOutput> Trainer::Train() {
     }
     const int64_t smaller = std::max<int64_t>(1, static_cast<int64_t>(batch_size * 0.9));
     LOG(WARNING) << "out of memory at per-device batch size " << batch_size
-                 << "; auto_find_batch_size retries with " << smaller;
+                 << "; auto_find_batch_size starts again from the initial weights with "
+                 << smaller;
     batch_size = smaller;
-    engine_->ZeroGrad();
+    CT_RETURN_IF_ERROR(ResetForRetry());
   }
+}
+
+// auto_find_batch_size: the retry must train exactly as a run started at the smaller batch
+// size would, so it starts from this rank's initial weights with a fresh optimizer.
+absl::Status Trainer::SnapshotInitialParameters() {
+  if (!args_.auto_find_batch_size() || !initial_parameters_.empty()) return absl::OkStatus();
+  return CatchTorch([&] {
+    for (const auto& [name, param] : UniqueTrainableParameters(*model_)) {
+      initial_parameters_.push_back(param.detach().to(torch::kCPU, /*non_blocking=*/false,
+                                                      /*copy=*/true));
+    }
+  });
+}
+
+absl::Status Trainer::ResetForRetry() {
+  engine_->ZeroGrad();  // also drops what the failed step left (reductions, gathers)
+  engine_->ResetOptimizer();
+  return CatchTorch([&] {
+    torch::NoGradGuard no_grad;
+    size_t i = 0;
+    for (auto& [name, param] : UniqueTrainableParameters(*model_)) {
+      param.copy_(initial_parameters_.at(i++));
+    }
+  });
 }
 
 absl::StatusOr<TrainOutput> Trainer::InnerTrainingLoop(int64_t batch_size) {
@@ -154,11 +181,14 @@ absl::StatusOr<TrainOutput> Trainer::InnerTrainingLoop(int64_t batch_size) {
   if (args_.gradient_checkpointing()) model_->SetGradientCheckpointing(true);
   CT_RETURN_IF_ERROR(engine_->PrepareForTraining(
       model_, [this](const NamedParameters& params) { return CreateOptimizer(params); }));
+  CT_RETURN_IF_ERROR(SnapshotInitialParameters());
   CT_ASSIGN_OR_RETURN(std::unique_ptr<DataLoader> loader,
                       MakeLoader(train_dataset_, /*train=*/true, batch_size));
 
   const int64_t ga = ResolvedGradientAccumulationSteps(args_);
-  const int64_t batches = loader->num_batches();
+  // Every rank counts the busiest rank's batches (without even_batches some have fewer and
+  // fill in with join batches), so all agree on the steps without communicating.
+  const int64_t batches = loader->max_num_batches();
   const int64_t steps_per_epoch = std::max<int64_t>(1, batches / ga + (batches % ga > 0));
   const int64_t max_steps =
       args_.max_steps() > 0
@@ -204,16 +234,12 @@ absl::StatusOr<TrainOutput> Trainer::InnerTrainingLoop(int64_t batch_size) {
        ++epoch) {
     const int64_t first_update = epoch == start_epoch ? start_update : 0;
     loader->SetEpoch(epoch);
-    loader->Start(/*skip_batches=*/first_update * ga);
+    loader->Start(/*skip_batches=*/std::min(first_update * ga, loader->num_batches()));
     callbacks_.EpochBegin(Context());
     for (int64_t update = first_update; update < steps_per_epoch; ++update) {
-      std::vector<Batch> micro_batches;
-      while (static_cast<int64_t>(micro_batches.size()) < ga) {
-        std::optional<Batch> batch = loader->Next();
-        if (!batch.has_value()) break;
-        micro_batches.push_back(std::move(*batch));
-      }
-      if (micro_batches.empty()) break;
+      CT_ASSIGN_OR_RETURN(MicroBatches micro_batches,
+                          NextMicroBatches(*loader, std::min(ga, batches - update * ga)));
+      if (micro_batches.batches.empty()) break;
       callbacks_.StepBegin(Context());
       CT_RETURN_IF_ERROR(RunOptimizerStep(micro_batches));
       state_.epoch = epoch + static_cast<double>(update + 1) / steps_per_epoch;
@@ -246,24 +272,55 @@ absl::StatusOr<TrainOutput> Trainer::InnerTrainingLoop(int64_t batch_size) {
   return out;
 }
 
-absl::Status Trainer::RunOptimizerStep(std::vector<Batch>& micro_batches) {
+absl::StatusOr<Trainer::MicroBatches> Trainer::NextMicroBatches(DataLoader& loader,
+                                                                 int64_t count) {
+  MicroBatches out;
+  while (static_cast<int64_t>(out.batches.size()) < count) {
+    std::optional<Batch> batch = loader.Next();
+    if (!batch.has_value()) {
+      CT_RETURN_IF_ERROR(loader.status());
+      CT_ASSIGN_OR_RETURN(batch, loader.JoinBatch());
+      ++out.joined;
+    } else if (out.joined > 0) {
+      return absl::InternalError("a real batch after a join batch: the loader's count is off");
+    }
+    out.batches.push_back(std::move(*batch));
+  }
+  return out;
+}
+
+namespace {
+
+// Hugging Face's num_input_tokens_seen ("non_padding"): tokens the attention mask marks as
+// real, or every input element without a mask.
+int64_t NonPaddingTokens(const Batch& batch) {
+  if (batch.attention_mask.defined()) return batch.attention_mask.sum().item<int64_t>();
+  return batch.inputs.numel();
+}
+
+}  // namespace
+
+absl::Status Trainer::RunOptimizerStep(MicroBatches& step) {
+  std::vector<Batch>& micro_batches = step.batches;
+  const size_t real = micro_batches.size() - static_cast<size_t>(step.joined);
   // Exact normalization: every micro-batch's summed loss is divided by the number of counted
-  // targets in the whole accumulated batch, summed over ranks (one all-reduce per step).
+  // targets in the whole accumulated batch, summed over ranks; one all-reduce per step sums
+  // them with the tokens seen.
   int64_t local_targets = 0;
   int64_t local_tokens = 0;
-  for (const Batch& batch : micro_batches) {
-    local_targets += model_->CountLossTargets(batch);
-    local_tokens += batch.inputs.numel();
+  for (size_t i = 0; i < real; ++i) {
+    local_targets += model_->CountLossTargets(micro_batches[i]);
+    local_tokens += NonPaddingTokens(micro_batches[i]);
   }
-  int64_t normalizer = local_targets * engine_->world_size();
-  if (args_.average_tokens_across_devices()) {
-    CT_ASSIGN_OR_RETURN(torch::Tensor global,
-                        engine_->AllReduceSum(torch::tensor(
-                            {static_cast<double>(local_targets)}, torch::kFloat64)));
-    normalizer = static_cast<int64_t>(global.item<double>());
-  }
+  CT_ASSIGN_OR_RETURN(torch::Tensor global,
+                      engine_->AllReduceSum(torch::tensor({static_cast<double>(local_targets),
+                                                           static_cast<double>(local_tokens)},
+                                                          torch::kFloat64)));
+  int64_t normalizer = args_.average_tokens_across_devices()
+                           ? static_cast<int64_t>(global[0].item<double>())
+                           : local_targets * engine_->world_size();
   normalizer = std::max<int64_t>(1, normalizer);
-  state_.num_input_tokens_seen += local_tokens;
+  state_.num_input_tokens_seen += static_cast<int64_t>(global[1].item<double>());
 
   last_lr_ = plateau_ ? plateau_->learning_rate() : schedule_->LearningRate(state_.global_step);
   torch::optim::Optimizer* optimizer = engine_->optimizer();
@@ -318,7 +375,10 @@ absl::Status Trainer::MaybeLogEvaluateSave() {
   }
   if (control_.should_evaluate) {
     CT_ASSIGN_OR_RETURN(Metrics metrics, Evaluate());
-    UpdateBestMetric(metrics);
+    const bool new_best = UpdateBestMetric(metrics);
+    // save_strategy BEST (Hugging Face's SaveStrategy.BEST): a checkpoint whenever the
+    // evaluation improved the best metric, and only then.
+    if (args_.save_strategy() == proto::TrainingArguments::BEST) control_.should_save = new_best;
     if (plateau_) {
       const std::string name = ResolvedMetricForBestModel(args_);
       if (auto it = metrics.find(name); it != metrics.end()) plateau_->Step(it->second);
@@ -331,15 +391,17 @@ absl::Status Trainer::MaybeLogEvaluateSave() {
   return absl::OkStatus();
 }
 
-void Trainer::UpdateBestMetric(const Metrics& metrics) {
+bool Trainer::UpdateBestMetric(const Metrics& metrics) {
   auto it = metrics.find(ResolvedMetricForBestModel(args_));
-  if (it == metrics.end()) return;
+  if (it == metrics.end()) return false;
   const bool greater = ResolvedGreaterIsBetter(args_);
-  if (!state_.best_metric.has_value() ||
-      (greater ? it->second > *state_.best_metric : it->second < *state_.best_metric)) {
-    state_.best_metric = it->second;
-    state_.best_global_step = state_.global_step;
+  if (state_.best_metric.has_value() &&
+      !(greater ? it->second > *state_.best_metric : it->second < *state_.best_metric)) {
+    return false;
   }
+  state_.best_metric = it->second;
+  state_.best_global_step = state_.global_step;
+  return true;
 }
 
 }  // namespace cpptrain

@@ -111,14 +111,25 @@ class Trainer {
   absl::Status EnsureEngine();
   absl::StatusOr<std::unique_ptr<DataLoader>> MakeLoader(std::shared_ptr<const Dataset> dataset,
                                                          bool train, int64_t batch_size) const;
+  // One optimizer step's micro-batches; the last `joined` are join batches (labels all
+  // ignored) of a rank that ran out while others had batches left.
+  struct MicroBatches {
+    std::vector<Batch> batches;
+    int64_t joined = 0;
+  };
   absl::StatusOr<TrainOutput> InnerTrainingLoop(int64_t batch_size);
-  absl::Status RunOptimizerStep(std::vector<Batch>& micro_batches);
+  absl::StatusOr<MicroBatches> NextMicroBatches(DataLoader& loader, int64_t count);
+  absl::Status RunOptimizerStep(MicroBatches& step);
+  absl::Status SnapshotInitialParameters();
+  // After an out-of-memory failure: initial weights, fresh optimizer, nothing left over.
+  absl::Status ResetForRetry();
   absl::Status MaybeLogEvaluateSave();
   absl::StatusOr<EvalResult> RunEvaluation(std::shared_ptr<const Dataset> dataset,
                                            bool keep_outputs);
   // User metrics (prefixed), "<prefix>_loss", runtime and samples per second.
   Metrics ResultMetrics(const EvalResult& result, const std::string& prefix);
-  void UpdateBestMetric(const Metrics& metrics);
+  // Records a new best metric; true when `metrics` improved on it (or set it first).
+  bool UpdateBestMetric(const Metrics& metrics);
   // trainer_checkpoint.cc
   absl::Status SaveCheckpoint();
   void RotateCheckpoints();
@@ -147,6 +158,8 @@ class Trainer {
   double last_grad_norm_ = 0;
   double last_lr_ = 0;
   std::string best_model_checkpoint_;  // "" until a checkpoint holds the best metric
+  // auto_find_batch_size only: this rank's trainable parameters before the first step.
+  std::vector<torch::Tensor> initial_parameters_;
 };
 
 // The finished checkpoint-<step> directory of `output_dir` with the highest step.

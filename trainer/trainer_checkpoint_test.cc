@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -134,6 +135,50 @@ TEST(TrainerCheckpointTest, RotationKeepsNewestAndBest) {
   EXPECT_LE(kept.size(), 2u);
   // load_best_model_at_end: the model now holds the best checkpoint's weights.
   auto file = SafetensorsFile::Open(dir + "/" + best + "/model.safetensors");
+  ASSERT_TRUE(file.ok()) << file.status();
+  for (const auto& item : model->named_parameters()) {
+    auto stored = (*file)->GetCopy(item.key());
+    ASSERT_TRUE(stored.ok()) << stored.status();
+    EXPECT_TRUE(stored->equal(item.value())) << item.key();
+  }
+}
+
+// save_strategy BEST: a checkpoint at every evaluation that improved the best metric, none
+// at the others, and load_best_model_at_end restores the best of them.
+TEST(TrainerCheckpointTest, SaveStrategyBestSavesExactlyTheImprovements) {
+  auto data = VariableLengthTokens(24, 4);
+  const std::string dir = TestTempDir("save_best");
+  proto::TrainingArguments args = Args(dir, 8);
+  args.set_save_strategy(proto::TrainingArguments::BEST);
+  args.set_eval_strategy(proto::TrainingArguments::STEPS);
+  args.set_eval_steps(1);
+  args.set_load_best_model_at_end(true);
+  args.set_metric_for_best_model("loss");
+  auto model = TinyDecoder(1);
+  Trainer trainer(args, model, data, VariableLengthTokens(8, 9));
+  auto out = trainer.Train();
+  ASSERT_TRUE(out.ok()) << out.status();
+  // The steps whose eval_loss was below every earlier one.
+  std::vector<std::string> improved;
+  double best = std::numeric_limits<double>::infinity();
+  for (const Metrics& m : trainer.state().log_history) {
+    if (!m.count("eval_loss") || !(m.at("eval_loss") < best)) continue;
+    best = m.at("eval_loss");
+    improved.push_back("checkpoint-" + std::to_string(static_cast<int>(m.at("step"))));
+  }
+  std::vector<std::string> kept;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("checkpoint-", 0) == 0) kept.push_back(name);
+  }
+  std::sort(kept.begin(), kept.end());
+  std::sort(improved.begin(), improved.end());
+  ASSERT_FALSE(improved.empty());
+  EXPECT_EQ(kept, improved);
+  ASSERT_TRUE(trainer.state().best_global_step.has_value());
+  const std::string best_dir =
+      dir + "/checkpoint-" + std::to_string(*trainer.state().best_global_step);
+  auto file = SafetensorsFile::Open(best_dir + "/model.safetensors");
   ASSERT_TRUE(file.ok()) << file.status();
   for (const auto& item : model->named_parameters()) {
     auto stored = (*file)->GetCopy(item.key());

@@ -128,8 +128,16 @@ absl::StatusOr<Trainer::EvalResult> Trainer::RunEvaluation(std::shared_ptr<const
     loader->SetEpoch(0);
     loader->Start();
     double loss_sum = 0;
-    for (int64_t index = 0; std::optional<Batch> batch = loader->Next(); ++index) {
-      const int64_t keep = batch->size() - (index == last_batch ? repeats : 0);
+    // Every rank runs the busiest rank's number of batches (a JoinBatch that counts for
+    // nothing where it has none left, without even_batches), so sharded forwards stay in step.
+    for (int64_t index = 0; index < loader->max_num_batches(); ++index) {
+      std::optional<Batch> batch = loader->Next();
+      if (!batch.has_value()) {
+        CT_RETURN_IF_ERROR(loader->status());
+        CT_ASSIGN_OR_RETURN(batch, loader->JoinBatch());
+      }
+      const bool joined = index >= loader->num_batches();
+      const int64_t keep = joined ? 0 : batch->size() - (index == last_batch ? repeats : 0);
       Batch on_device = batch->To(engine_->device(), args_.accelerator_config().non_blocking());
       PredictionStepOutput out = PredictionStep(on_device, !keep_outputs && keep == batch->size());
       if (keep < batch->size()) {
@@ -142,7 +150,7 @@ absl::StatusOr<Trainer::EvalResult> Trainer::RunEvaluation(std::shared_ptr<const
       loss_sum += out.loss_sum.item<double>();
       result.num_targets += out.num_targets;
       result.num_samples += keep;
-      ++result.num_steps;
+      if (!joined) ++result.num_steps;
       if (keep_outputs) {
         CT_ASSIGN_OR_RETURN(torch::Tensor all_logits, GatherPadded(*engine_, out.logits.cpu()));
         CT_ASSIGN_OR_RETURN(torch::Tensor all_labels, GatherPadded(*engine_, batch->labels.cpu()));

@@ -82,6 +82,58 @@ class ZeroLossTrainer : public Trainer {
   }
 };
 
+// Runs out of memory (as a CUDA allocation would report it) in the third step of any run whose
+// per-device batch is above 4, after two optimizer steps have changed the weights.
+class OutOfMemoryAbove4 : public Trainer {
+ public:
+  using Trainer::Trainer;
+
+ protected:
+  absl::StatusOr<torch::Tensor> TrainingStep(const Batch& batch, int64_t num_items) override {
+    if (batch.size() > 4 && state().global_step == 2) {
+      return absl::ResourceExhaustedError("CUDA out of memory. Tried to allocate 2.00 GiB");
+    }
+    return Trainer::TrainingStep(batch, num_items);
+  }
+};
+
+// auto_find_batch_size starts again from the initial weights with a fresh AdamW, so the run
+// that finally fits ends exactly where a run started at that batch size ends.
+TEST(TrainerTest, AutoFindBatchSizeRetriesFromTheInitialWeights) {
+  auto data = VariableLengthTokens(64, 3);
+  proto::TrainingArguments args = BaseArgs("auto_find");
+  args.set_per_device_train_batch_size(8);
+  args.set_max_steps(4);
+  args.set_auto_find_batch_size(true);
+  auto model = TinyDecoder(7);
+  OutOfMemoryAbove4 retried(args, model, data);
+  auto out = retried.Train();
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(retried.state().train_batch_size, 4);  // 8 -> 7 -> 6 -> 5 -> 4
+
+  proto::TrainingArguments direct_args = BaseArgs("auto_find_direct");
+  direct_args.set_per_device_train_batch_size(4);
+  direct_args.set_max_steps(4);
+  auto direct_model = TinyDecoder(7);
+  Trainer direct(direct_args, direct_model, data);
+  ASSERT_TRUE(direct.Train().ok());
+  EXPECT_EQ(MaxRelativeDifference(Parameters(*model), Parameters(*direct_model)), 0.0);
+}
+
+// Hugging Face's num_input_tokens_seen: the tokens the attention mask marks real (padding
+// excluded), over every rank.
+TEST(TrainerTest, InputTokensSeenCountsNonPaddingTokens) {
+  auto data = VariableLengthTokens(48, 1);
+  int64_t real_tokens = 0;
+  for (int64_t i = 0; i < data->size(); ++i) real_tokens += data->Get(i).inputs.numel();
+  proto::TrainingArguments args = BaseArgs("tokens_seen");
+  args.set_per_device_train_batch_size(8);
+  args.set_num_train_epochs(1);
+  Trainer trainer(args, TinyDecoder(7), data);
+  ASSERT_TRUE(trainer.Train().ok());
+  EXPECT_EQ(trainer.state().num_input_tokens_seen, real_tokens);
+}
+
 TEST(TrainerTest, SubclassComputeLossOverrideIsUsed) {
   auto model = TinyDecoder(7);
   auto before = Parameters(*model);

@@ -284,6 +284,19 @@ void CheckLoop(const TrainingArguments& args, Problems* problems) {
     problems->push_back(absl::StrCat("accelerator_config.gradient_accumulation_kwargs.num_steps=",
                                      ga.num_steps(), " must be >= 1"));
   }
+  const proto::AcceleratorConfig& accel = args.accelerator_config();
+  if (accel.dispatch_batches()) {
+    problems->push_back(
+        "accelerator_config.dispatch_batches=true (rank 0 reads every batch and sends each rank "
+        "its part) is not supported: every rank reads its own batches of the same dataset, "
+        "which is what dispatch_batches=false does; unset it or set it to false");
+  }
+  if (!accel.use_seedable_sampler()) {
+    problems->push_back(
+        "accelerator_config.use_seedable_sampler=false is not supported: the sampler is always "
+        "seeded with data_seed (or seed) + epoch, the same on every rank, as "
+        "use_seedable_sampler=true; unset it");
+  }
   if (ga.has_num_steps() && args.gradient_accumulation_steps() > 1) {
     problems->push_back(
         absl::StrCat("accelerator_config.gradient_accumulation_kwargs.num_steps=", ga.num_steps(),
@@ -319,7 +332,8 @@ void CheckLoop(const TrainingArguments& args, Problems* problems) {
   }
   if (args.dataloader_persistent_workers() && args.dataloader_num_workers() == 0) {
     problems->push_back(
-        "dataloader_persistent_workers=true needs worker processes (saw "
+        "dataloader_persistent_workers=true keeps worker threads between epochs but there are "
+        "none (saw "
         "dataloader_num_workers=0); set dataloader_num_workers > 0 or turn it off");
   }
   if (args.has_save_total_limit() && args.save_total_limit() < 1) {

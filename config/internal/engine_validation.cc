@@ -162,6 +162,11 @@ void CheckEngine(const TrainingArguments& args, Problems* problems) {
   switch (args.engine_case()) {
     case TrainingArguments::kLocal:
       CheckLocal(args.local(), problems);
+      if (args.use_cpu() && absl::StartsWith(args.local().device(), "cuda")) {
+        problems->push_back(absl::StrCat("use_cpu=true but local.device=\"",
+                                         args.local().device(),
+                                         "\"; drop one of them (use_cpu picks \"cpu\")"));
+      }
       break;
     case TrainingArguments::kDdp:
       CheckDdp(args.ddp(), problems);
@@ -180,15 +185,8 @@ void CheckEngine(const TrainingArguments& args, Problems* problems) {
 void AddEngineWarnings(const TrainingArguments& args, std::vector<std::string>* warnings) {
   if (!args.has_fsdp()) return;
   const FsdpConfig& fsdp = args.fsdp();
-  const bool full_shard = fsdp.version() == 2
-                              ? !fsdp.has_reshard_after_forward() || fsdp.reshard_after_forward()
-                              : fsdp.sharding_strategy() == FsdpConfig::FULL_SHARD ||
-                                    fsdp.sharding_strategy() == FsdpConfig::HYBRID_SHARD;
-  if (args.gradient_checkpointing() && !fsdp.activation_checkpointing() && full_shard) {
-    warnings->push_back(
-        "gradient_checkpointing=true with FSDP full sharding adds a redundant all-gather in "
-        "the backward pass; use fsdp.activation_checkpointing=true instead");
-  }
+  // gradient_checkpointing and fsdp.activation_checkpointing are the same mechanism here:
+  // recomputation runs inside each unit after its backward gather, so no extra all-gather.
   if (fsdp.auto_wrap_policy() == FsdpConfig::SIZE_BASED_WRAP && fsdp.min_num_params() == 0) {
     warnings->push_back(
         "fsdp.auto_wrap_policy=SIZE_BASED_WRAP with fsdp.min_num_params=0 wraps every module "
@@ -201,8 +199,8 @@ void AddEngineWarnings(const TrainingArguments& args, std::vector<std::string>* 
                      FsdpConfig::AutoWrapPolicy_Name(fsdp.auto_wrap_policy())));
   }
   if (fsdp.version() == 2) {
+    // backward_prefetch is honoured by FSDP2 too (NO_PREFETCH turns the backward prefetch off).
     const std::pair<const char*, bool> fsdp1_only[] = {
-        {"backward_prefetch", fsdp.has_backward_prefetch()},
         {"limit_all_gathers", fsdp.has_limit_all_gathers()},
         {"use_orig_params", fsdp.has_use_orig_params()},
     };

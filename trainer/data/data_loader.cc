@@ -58,7 +58,10 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, DataLoaderOptions
       pin_(options_.pin_memory && torch::cuda::is_available()),
       capacity_(options_.num_workers * options_.prefetch_factor.value_or(2)) {}
 
-DataLoader::~DataLoader() { StopWorkers(); }
+DataLoader::~DataLoader() {
+  exit_requested_ = true;
+  StopWorkers();
+}
 
 void DataLoader::SetEpoch(int64_t epoch) {
   StopWorkers();
@@ -85,14 +88,19 @@ void DataLoader::Start(int64_t skip_batches) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stop_ = false;
+    end_ = num;
     next_to_claim_ = skip_batches;
     next_to_deliver_ = skip_batches;
     ready_.clear();
   }
-  workers_.reserve(static_cast<size_t>(options_.num_workers));
-  for (int64_t i = 0; i < options_.num_workers; ++i) {
-    workers_.emplace_back([this] { WorkerLoop(); });
+  if (workers_.empty()) {
+    workers_.reserve(static_cast<size_t>(options_.num_workers));
+    for (int64_t i = 0; i < options_.num_workers; ++i) {
+      workers_.emplace_back([this] { WorkerLoop(); });
+      ++threads_started_;
+    }
   }
+  room_cv_.notify_all();
 }
 
 std::optional<Batch> DataLoader::Next() {
@@ -126,7 +134,16 @@ std::optional<Batch> DataLoader::Next() {
 }
 
 absl::StatusOr<Batch> DataLoader::MakeBatch(int64_t k) const {
-  const std::vector<int64_t>& indices = batches_[static_cast<size_t>(k)];
+  absl::StatusOr<Batch> batch = Collate(batches_[static_cast<size_t>(k)]);
+  if (!batch.ok()) {
+    return absl::Status(batch.status().code(),
+                        absl::StrCat("batch ", k, " of epoch ", sampler_.epoch(), " on rank ",
+                                     options_.rank, ": ", batch.status().message()));
+  }
+  return batch;
+}
+
+absl::StatusOr<Batch> DataLoader::Collate(const std::vector<int64_t>& indices) const {
   absl::StatusOr<Batch> batch = absl::UnknownError("unset");
   const absl::Status torch_status = CatchTorch([&] {
     std::vector<Example> examples;
@@ -136,44 +153,55 @@ absl::StatusOr<Batch> DataLoader::MakeBatch(int64_t k) const {
     if (batch.ok() && pin_) batch = batch->PinMemory();
   });
   if (!torch_status.ok()) batch = torch_status;
-  if (!batch.ok()) {
-    return absl::Status(batch.status().code(),
-                        absl::StrCat("batch ", k, " of epoch ", sampler_.epoch(), " on rank ",
-                                     options_.rank, ": ", batch.status().message()));
-  }
   return batch;
 }
 
+absl::StatusOr<Batch> DataLoader::JoinBatch() const {
+  CT_ASSIGN_OR_RETURN(Batch batch, Collate({0}));
+  CT_RETURN_IF_ERROR(CatchTorch([&] { batch.labels.fill_(kIgnoreIndex); }));
+  return batch;
+}
+
+// Claims batches up to `capacity_` ahead of the consumer, builds them outside the lock, and
+// waits (between epochs too, when persistent) until there is work again or it must exit.
 void DataLoader::WorkerLoop() {
-  const int64_t end = static_cast<int64_t>(batches_.size());
+  std::unique_lock<std::mutex> lock(mutex_);
   while (true) {
-    int64_t k;
-    {
-      std::unique_lock<std::mutex> lock(mutex_);
-      room_cv_.wait(lock, [&] {
-        return stop_ || next_to_claim_ >= end || next_to_claim_ < next_to_deliver_ + capacity_;
-      });
-      if (stop_ || next_to_claim_ >= end) return;
-      k = next_to_claim_++;
-    }
+    room_cv_.wait(lock, [&] {
+      return exit_ ||
+             (!stop_ && next_to_claim_ < end_ && next_to_claim_ < next_to_deliver_ + capacity_);
+    });
+    if (exit_) return;
+    const int64_t k = next_to_claim_++;
+    ++building_;
+    lock.unlock();
     absl::StatusOr<Batch> batch = MakeBatch(k);
-    std::lock_guard<std::mutex> lock(mutex_);
-    ready_.emplace(k, std::move(batch));
-    ready_cv_.notify_all();
+    lock.lock();
+    --building_;
+    if (!stop_) {
+      ready_.emplace(k, std::move(batch));
+      ready_cv_.notify_all();
+    }
+    idle_cv_.notify_all();
   }
 }
 
 void DataLoader::StopWorkers() {
   if (workers_.empty()) return;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::unique_lock<std::mutex> lock(mutex_);
     stop_ = true;
+    // Persistent workers stay; nothing may still read this epoch's batches_ when it changes.
+    idle_cv_.wait(lock, [&] { return building_ == 0; });
+    ready_.clear();
+    if (options_.persistent_workers && !exit_requested_) return;
+    exit_ = true;
   }
   room_cv_.notify_all();
   for (std::thread& worker : workers_) worker.join();
   workers_.clear();
   std::lock_guard<std::mutex> lock(mutex_);
-  ready_.clear();
+  exit_ = false;
 }
 
 }  // namespace cpptrain

@@ -43,6 +43,9 @@ struct DataLoaderOptions {
   bool drop_last = false;
   // Background threads that build batches; 0 builds them in Next().
   int64_t num_workers = 0;
+  // Keep the worker threads from one epoch to the next instead of starting them again
+  // (dataloader_persistent_workers); only with num_workers > 0.
+  bool persistent_workers = false;
   // Batches each worker may hold ahead; only with num_workers > 0, where unset means 2.
   std::optional<int64_t> prefetch_factor;
   // Pins batches in page-locked memory when CUDA is available; ignored otherwise.
@@ -70,6 +73,18 @@ class DataLoader {
   // Batches this rank yields per epoch (the same on every rank unless even_batches and
   // drop_last are both false).
   int64_t num_batches() const { return sampler_.num_batches(); }
+  // Batches the busiest rank yields per epoch, known on every rank without communicating:
+  // with even_batches and drop_last both false, ranks with fewer batches run JoinBatch()
+  // until this count, so every rank takes part in every step's collectives.
+  int64_t max_num_batches() const { return sampler_.max_num_batches(); }
+
+  // A one-sample batch whose labels are all kIgnoreIndex: it runs through the model (and its
+  // collectives) but adds no loss, no target and no gradient (PyTorch's Join, for ranks that
+  // ran out of batches).
+  absl::StatusOr<Batch> JoinBatch() const;
+
+  // Worker threads started so far (for tests: persistent workers start only num_workers).
+  int64_t threads_started() const { return threads_started_; }
 
   // Selects the epoch (the shuffle order) for the next Start(); ends the current iteration.
   void SetEpoch(int64_t epoch);
@@ -98,8 +113,10 @@ class DataLoader {
 
   // Reads and collates batch `k` of the epoch (and pins it when enabled).
   absl::StatusOr<Batch> MakeBatch(int64_t k) const;
+  absl::StatusOr<Batch> Collate(const std::vector<int64_t>& indices) const;
   void WorkerLoop();
-  // Ends the iteration: stops and joins the workers and drops prefetched batches.
+  // Ends the iteration: waits for batches being built, drops prefetched ones, and joins the
+  // workers (persistent ones stay, idle, until the next Start or the destructor).
   void StopWorkers();
 
   const std::shared_ptr<const Dataset> dataset_;
@@ -117,11 +134,17 @@ class DataLoader {
   absl::Status status_;
 
   std::vector<std::thread> workers_;
+  int64_t threads_started_ = 0;
+  bool exit_requested_ = false;  // set by the destructor: persistent workers exit too
   std::mutex mutex_;
-  std::condition_variable room_cv_;   // Workers wait here for capacity.
+  std::condition_variable room_cv_;   // Workers wait here for capacity or a new epoch.
   std::condition_variable ready_cv_;  // Next() waits here for its batch.
+  std::condition_variable idle_cv_;   // StopWorkers waits here for batches being built.
   // Guarded by mutex_.
-  bool stop_ = false;
+  bool stop_ = false;   // the iteration ended: claim nothing, drop what is finished
+  bool exit_ = false;   // workers return
+  int64_t building_ = 0;
+  int64_t end_ = 0;     // batches in the current epoch
   int64_t next_to_claim_ = 0;
   int64_t next_to_deliver_ = 0;
   std::map<int64_t, absl::StatusOr<Batch>> ready_;

@@ -146,6 +146,51 @@ TEST(DataLoaderTest, WorkersGiveTheSameBatchesAsNoWorkers) {
   EXPECT_TRUE(at::equal(first->inputs, Drain(**parallel)[0].inputs));
 }
 
+// dataloader_persistent_workers: the same batches, with the worker threads started once
+// for all epochs (and restarts mid-epoch) instead of once per epoch.
+TEST(DataLoaderTest, PersistentWorkersAreStartedOnce) {
+  auto ds = std::make_shared<CountingDataset>(103);
+  auto serial = DataLoader::Create(ds, ShuffledOptions(5, 0));
+  DataLoaderOptions options = ShuffledOptions(5, 3);
+  options.persistent_workers = true;
+  auto persistent = DataLoader::Create(ds, options);
+  auto restarted = DataLoader::Create(ds, ShuffledOptions(5, 3));
+  ASSERT_TRUE(serial.ok() && persistent.ok() && restarted.ok());
+  for (int64_t epoch : {0, 1, 2}) {
+    (*serial)->SetEpoch(epoch);
+    (*persistent)->SetEpoch(epoch);
+    (*restarted)->SetEpoch(epoch);
+    const std::vector<Batch> expected = Drain(**serial);
+    ExpectSameBatches(expected, Drain(**persistent));
+    // Restarted mid-epoch.
+    ExpectSameBatches(std::vector<Batch>(expected.begin() + 7, expected.end()),
+                      Drain(**persistent, /*skip=*/7));
+    ExpectSameBatches(expected, Drain(**restarted));
+  }
+  EXPECT_EQ((*persistent)->threads_started(), 3);
+  EXPECT_EQ((*restarted)->threads_started(), 9);
+}
+
+// Without even_batches some ranks have a batch fewer; every rank knows the busiest rank's
+// count, and a join batch runs through the model but counts no target.
+TEST(DataLoaderTest, UnevenRanksKnowTheLongestAndJoin) {
+  auto ds = std::make_shared<CountingDataset>(10);  // 2 per rank and step: 5 + 3 + 2 batches
+  for (int64_t rank = 0; rank < 3; ++rank) {
+    DataLoaderOptions options = ShuffledOptions(2, 0);
+    options.rank = rank;
+    options.world_size = 3;
+    options.even_batches = false;
+    auto loader = DataLoader::Create(ds, options);
+    ASSERT_TRUE(loader.ok());
+    EXPECT_EQ((*loader)->num_batches(), rank < 2 ? 2 : 1) << "rank " << rank;
+    EXPECT_EQ((*loader)->max_num_batches(), 2);
+    auto join = (*loader)->JoinBatch();
+    ASSERT_TRUE(join.ok()) << join.status();
+    EXPECT_EQ(join->size(), 1);
+    EXPECT_TRUE(join->labels.eq(kIgnoreIndex).all().item<bool>());
+  }
+}
+
 TEST(DataLoaderTest, PrefetchIsBounded) {
   auto ds = std::make_shared<CountingDataset>(200);
   DataLoaderOptions options = ShuffledOptions(2, 2);

@@ -65,6 +65,8 @@ class DistributedSampler {
 
   // Batches on this rank this epoch. Identical on every rank with drop_last or even_batches.
   int64_t num_batches() const;
+  // Batches on the rank with the most this epoch (rank 0): the global steps.
+  int64_t max_num_batches() const { return num_steps(); }
   // Samples in a full batch on this rank (b above).
   int64_t rank_batch_size() const { return rank_batch_size_; }
   // Samples per optimizer-step across all ranks (G above).

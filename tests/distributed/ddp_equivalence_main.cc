@@ -1,30 +1,35 @@
-// Run under //tools:launch with N processes (Gloo on the CPU). Each rank trains the tiny
-// decoder with the DDP engine: per-device batch 2, accumulation 2, 5 optimizer steps, over
-// token sequences of different lengths (so batches are padded). Rank 0 then trains the same
-// model with the LocalEngine on the concatenated batch (2N per step, accumulation 2) and
-// checks that the loss at every step and the final parameters agree (relative 1e-5).
-// Exit status 0 when they do.
+// Run under //tools:launch with N processes (Gloo on the CPU, NCCL on GPUs). Each rank trains
+// the tiny decoder with the DDP engine: per-device batch 2, accumulation 2, 5 optimizer steps,
+// over token sequences of different lengths (so batches are padded). Rank 0 then trains the
+// same model with the LocalEngine on the concatenated batch (2N per step, accumulation 2) and
+// checks that the loss at every step, the final parameters (relative 1e-5) and the input
+// tokens seen agree. Exit status 0 when they do. --checkpointing recomputes every layer in
+// backward (on both sides); the variants of equivalence_variant.h apply to both sides.
 //
 // With --unused, the model carries a parameter the loss never touches: with
 // find_unused_parameters off, Train() must fail with an error naming it (exit status 3); with
 // --find_unused, training must succeed.
 #include <torch/torch.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <iostream>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "base/logging.h"
+#include "base/status.h"
 #include "engines/local/local_engine.h"
 #include "models/configs.h"
 #include "sharding/rendezvous.h"
+#include "tests/distributed/equivalence_variant.h"
 #include "trainer/testing/trainer_testing.h"
 #include "trainer/trainer.h"
 
 ABSL_FLAG(bool, unused, false, "add a parameter the loss never uses");
 ABSL_FLAG(bool, find_unused, false, "set ddp.find_unused_parameters");
 ABSL_FLAG(std::string, output_dir, "/tmp/ddp_equivalence", "where the Trainer writes");
+ABSL_FLAG(bool, checkpointing, false, "gradient_checkpointing on both sides");
 
 namespace cpptrain {
 namespace {
@@ -48,20 +53,46 @@ class TestModel : public TrainableModel {
   std::shared_ptr<DecoderLM> decoder_;
 };
 
-using testing::EquivalenceArgs;
 using testing::EvaluateAndPredict;
 using testing::MaxRelativeDifference;
 using testing::Parameters;
 using testing::SameEvaluation;
-using testing::SgdTrainer;
 using testing::StepLosses;
 using testing::WorstRelative;
 
-std::shared_ptr<const Dataset> Data() { return testing::VariableLengthTokens(96, 5); }
-
-std::shared_ptr<TestModel> Model(bool unused) {
+std::shared_ptr<TestModel> Model(bool unused, const EquivalenceVariant& variant) {
   torch::manual_seed(11);
-  return std::make_shared<TestModel>(*BuildDecoder(*NamedDecoderConfig("tiny")), unused);
+  auto model = std::make_shared<TestModel>(*BuildDecoder(*NamedDecoderConfig("tiny")), unused);
+  variant.Prepare(*model);
+  return model;
+}
+
+proto::TrainingArguments Args(const EquivalenceVariant& variant, int batch, const std::string& dir,
+                              bool distributed) {
+  proto::TrainingArguments args = variant.Args(batch, dir, distributed);
+  args.set_gradient_checkpointing(absl::GetFlag(FLAGS_checkpointing));
+  args.set_per_device_eval_batch_size(distributed ? 2 : 5);
+  return args;
+}
+
+// Evaluate and predict across ranks on 23 samples: the last global batch repeats samples,
+// which must count for nothing; predictions come back gathered, in dataset order. Without
+// even batches (--uneven) predictions cannot be gathered: the loss alone is compared.
+std::shared_ptr<const Dataset> EvalData() { return testing::VariableLengthTokens(23, 9); }
+
+absl::StatusOr<testing::EvalOutputs> Evaluation(Trainer& trainer, bool loss_only) {
+  if (!loss_only) return EvaluateAndPredict(trainer, EvalData());
+  testing::EvalOutputs out;
+  CT_ASSIGN_OR_RETURN(out.metrics, trainer.Evaluate(EvalData()));
+  return out;
+}
+
+bool SameEvaluationOrLoss(const testing::EvalOutputs& got, const testing::EvalOutputs& want,
+                          bool loss_only) {
+  if (!loss_only) return SameEvaluation(got, want, 1e-5, /*samples=*/23, "evaluation, DDP");
+  const double a = got.metrics.at("eval_loss"), b = want.metrics.at("eval_loss");
+  LOG(INFO) << "evaluation, DDP (loss only): eval_loss " << a << " vs " << b;
+  return std::abs(a - b) <= 1e-5 * std::abs(b);
 }
 
 int Run() {
@@ -71,13 +102,15 @@ int Run() {
     return 1;
   }
   InitLogging("ddp_equivalence", env->rank);
+  const EquivalenceVariant variant = VariantFromFlags();
   const bool unused = absl::GetFlag(FLAGS_unused);
+  const std::string dir = absl::GetFlag(FLAGS_output_dir);
   proto::TrainingArguments ddp_args =
-      EquivalenceArgs(2, absl::StrCat(absl::GetFlag(FLAGS_output_dir), "/ddp_rank", env->rank));
+      Args(variant, 2, absl::StrCat(dir, "/ddp_rank", env->rank), /*distributed=*/true);
   ddp_args.mutable_ddp()->set_find_unused_parameters(absl::GetFlag(FLAGS_find_unused));
-  auto ddp_model = Model(unused);
-  SgdTrainer ddp(ddp_args, ddp_model, Data());
-  auto ddp_out = ddp.Train();
+  auto ddp_model = Model(unused, variant);
+  std::unique_ptr<Trainer> ddp = variant.MakeTrainer(ddp_args, ddp_model, variant.TrainData());
+  auto ddp_out = ddp->Train();
   if (!ddp_out.ok()) {
     LOG(ERROR) << "DDP training failed: " << ddp_out.status().message();
     return 3;
@@ -86,25 +119,22 @@ int Run() {
     LOG(INFO) << "trained with an unused parameter (find_unused_parameters on)";
     return 0;
   }
-  // Evaluate and predict across ranks on 23 samples: the last global batch repeats samples,
-  // which must count for nothing; predictions come back gathered, in dataset order.
-  ddp_args.set_per_device_eval_batch_size(2);
-  auto eval_data = testing::VariableLengthTokens(23, 9);
-  Trainer ddp_eval(ddp_args, ddp_model, nullptr, eval_data, nullptr);
-  auto ddp_outputs = EvaluateAndPredict(ddp_eval, eval_data);
+  Trainer ddp_eval(ddp_args, ddp_model, nullptr, EvalData(), nullptr);
+  auto ddp_outputs = Evaluation(ddp_eval, variant.uneven);
   if (!ddp_outputs.ok()) {
     LOG(ERROR) << "DDP evaluation failed: " << ddp_outputs.status();
     return 1;
   }
   if (env->rank != 0) return 0;
 
-  auto local_model = Model(false);
-  auto local_engine = LocalEngine::Create(proto::LocalEngineConfig(), MixedPrecision::kNone);
-  SgdTrainer local(EquivalenceArgs(2 * env->world_size, absl::GetFlag(FLAGS_output_dir) + "/local"),
-                   local_model, Data(), nullptr, std::move(*local_engine));
-  if (!local.Train().ok()) return 1;
+  auto local_model = Model(false, variant);
+  auto local_engine = LocalEngine::Create(variant.LocalConfig(), MixedPrecision::kNone);
+  std::unique_ptr<Trainer> local = variant.MakeTrainer(
+      Args(variant, 2 * env->world_size, dir + "/local", /*distributed=*/false), local_model,
+      variant.TrainData(), nullptr, std::move(*local_engine));
+  if (!local->Train().ok()) return 1;
 
-  const std::vector<double> a = StepLosses(ddp), b = StepLosses(local);
+  const std::vector<double> a = StepLosses(*ddp), b = StepLosses(*local);
   if (a.size() != 5 || b.size() != 5) {
     LOG(ERROR) << "expected 5 logged losses, got " << a.size() << " and " << b.size();
     return 1;
@@ -112,21 +142,21 @@ int Run() {
   const double worst_loss = WorstRelative(a, b);
   const double worst_param =
       MaxRelativeDifference(Parameters(*ddp_model), Parameters(*local_model));
-  LOG(INFO) << "world " << env->world_size << ": DDP losses " << a[0] << " ... " << a[4]
-            << "; local " << b[0] << " ... " << b[4] << "; max relative difference: loss "
-            << worst_loss << ", parameters " << worst_param;
+  const int64_t tokens = ddp->state().num_input_tokens_seen;
+  const int64_t local_tokens = local->state().num_input_tokens_seen;
+  LOG(INFO) << "world " << env->world_size << " (" << variant.Describe() << "): DDP losses "
+            << a[0] << " ... " << a[4] << "; local " << b[0] << " ... " << b[4]
+            << "; max relative difference: loss " << worst_loss << ", parameters " << worst_param
+            << "; input tokens seen " << tokens << " vs " << local_tokens;
   // The same (DDP-trained) model evaluated by one process.
-  proto::TrainingArguments eval_args =
-      EquivalenceArgs(2, absl::GetFlag(FLAGS_output_dir) + "/local_eval");
-  eval_args.set_per_device_eval_batch_size(5);
   Trainer local_eval(
-      eval_args, ddp_model, nullptr, eval_data,
-      std::move(*LocalEngine::Create(proto::LocalEngineConfig(), MixedPrecision::kNone)));
-  auto local_outputs = EvaluateAndPredict(local_eval, eval_data);
+      Args(variant, 2, dir + "/local_eval", /*distributed=*/false), ddp_model, nullptr, EvalData(),
+      std::move(*LocalEngine::Create(variant.LocalConfig(), MixedPrecision::kNone)));
+  auto local_outputs = Evaluation(local_eval, variant.uneven);
   if (!local_outputs.ok()) return 1;
-  const bool same_evaluation =
-      SameEvaluation(*ddp_outputs, *local_outputs, 1e-5, /*samples=*/23, "evaluation, DDP");
-  const bool ok = worst_loss < 1e-5 && worst_param < 1e-5 && same_evaluation;
+  const bool same_evaluation = SameEvaluationOrLoss(*ddp_outputs, *local_outputs, variant.uneven);
+  const bool ok = worst_loss < 1e-5 && worst_param < 1e-5 && same_evaluation &&
+                  tokens == local_tokens;
   std::cout << (ok ? "EQUIVALENT" : "MISMATCH") << std::endl;
   return ok ? 0 : 1;
 }

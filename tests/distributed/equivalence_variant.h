@@ -1,0 +1,53 @@
+// The variants the multi-process equivalence programs share, from command-line flags:
+//   --optimizer=sgd|adamw   plain SGD (lr 0.5), or the Trainer's AdamW with weight-decay groups
+//                           (weight_decay 0.1: biases and norms get none)
+//   --frozen                embeddings (and the tied head) and the final norm do not train
+//   --uneven                14 training samples and even_batches=false on the distributed
+//                           side: some ranks run out of batches before others every epoch
+//   --use_cpu               CPU tensors and the CPU communicator even on a CUDA host
+// Both sides of a comparison (the distributed run and the one process it must equal) get the
+// same variant, so their losses and parameters still agree.
+//
+//   const EquivalenceVariant variant = VariantFromFlags();
+//   proto::TrainingArguments args = variant.Args(2, dir, /*distributed=*/true);
+//   variant.Prepare(*model);
+//   std::unique_ptr<Trainer> trainer = variant.MakeTrainer(args, model, variant.TrainData());
+#ifndef CPPTRAIN_TESTS_DISTRIBUTED_EQUIVALENCE_VARIANT_H_
+#define CPPTRAIN_TESTS_DISTRIBUTED_EQUIVALENCE_VARIANT_H_
+
+#include <memory>
+#include <string>
+
+#include "trainer/trainer.h"
+
+namespace cpptrain {
+
+struct EquivalenceVariant {
+  bool adamw = false;
+  bool frozen = false;
+  bool uneven = false;
+  bool use_cpu = false;
+
+  // testing::EquivalenceArgs with this variant's optimizer settings, device and batching;
+  // even_batches is off only on the `distributed` side.
+  proto::TrainingArguments Args(int per_device_batch, const std::string& dir,
+                                bool distributed) const;
+  // Freezes what --frozen names (by parameter name suffix); call before any engine sees it.
+  void Prepare(torch::nn::Module& model) const;
+  std::shared_ptr<const Dataset> TrainData() const;
+  std::unique_ptr<Trainer> MakeTrainer(const proto::TrainingArguments& args,
+                                       std::shared_ptr<TrainableModel> model,
+                                       std::shared_ptr<const Dataset> train,
+                                       std::shared_ptr<const Dataset> eval = nullptr,
+                                       std::unique_ptr<Engine> engine = nullptr) const;
+  // The local engine for the one-process side: on the CPU with use_cpu, else "auto".
+  proto::LocalEngineConfig LocalConfig() const;
+  // "adamw frozen" etc., for logs.
+  std::string Describe() const;
+};
+
+EquivalenceVariant VariantFromFlags();
+
+}  // namespace cpptrain
+
+#endif  // CPPTRAIN_TESTS_DISTRIBUTED_EQUIVALENCE_VARIANT_H_

@@ -20,17 +20,21 @@
 // talking). Collective number s (Create's join is #0; the number is in every error) uses
 // "store_comm/<g>/<s>/" followed by
 //   "<r>"       rank r's contribution, read by several ranks: all of them (all-gather,
-//               all-reduce, barrier, join) or all but the root (broadcast). Each reader adds
-//               1 to "done" after it has read everything it needs; the reader whose add
-//               returns the number of readers deletes the contributions and "done".
+//               all-reduce, barrier, join) or all but the root (broadcast);
 //   "<r>to<q>"  rank r's part for rank q alone (reduce-scatter, scatter); q deletes it as soon
-//               as it has read it.
+//               as it has read it;
+//   "left<r>"   written by rank r > 0 once it has read (and deleted) everything it needs,
+//               its last store request of the collective. Rank 0 waits for every "left<r>",
+//               then deletes them and the "<r>" keys.
 // No rank can read a deleted or stale key: a key name is written once in the life of the
 // store (generation, sequence number and writer are all in it, and none repeats), and it is
-// deleted only after the last of its readers has read it. So no key outlives its collective
-// once every rank has finished it: thousands of collectives leave the store as it was. A rank
-// that waits for a key never written (a peer died or called another collective) gives up at
-// the deadline and names the ranks whose keys are missing. Each value ends with the
+// deleted only by its one reader after reading it, or by rank 0 after every reader said it
+// has left. So every collective's keys are gone when it returns on rank 0, however many run.
+// Rank 0 ends each collective last, after every peer's last store request for it: rank 0 is
+// where ConnectStore hosts the TCPStore, so it may exit right after its last collective
+// without cutting a peer off mid-collective.
+// A rank that waits for a key never written (a peer died, or called another collective) gives
+// up at the deadline and names the ranks whose keys are missing. Each value ends with the
 // collective's name, so ranks that issue different collectives under one number get an error
 // rather than each other's bytes.
 
@@ -95,7 +99,8 @@ class Round {
   absl::StatusOr<std::vector<Bytes>> Get(const std::vector<std::string>& keys,
                                          const std::vector<int>& senders, int64_t bytes) {
     if (keys.empty()) return std::vector<Bytes>();
-    CT_RETURN_IF_ERROR(WaitFor(keys, senders));
+    const char* never = op_ == absl::string_view(kJoin) ? kNeverJoined : kNeverContributed;
+    CT_RETURN_IF_ERROR(WaitFor(keys, senders, never));
     std::vector<Bytes> values(keys.size());
     for (size_t i = 0; i < keys.size(); ++i) {
       CT_RETURN_IF_ERROR(Guard("reading", [&] { values[i] = store_.get(keys[i]); }));
@@ -104,19 +109,20 @@ class Round {
     return values;
   }
 
-  // Counts this rank as done with `shared` (keys `readers` ranks read); the last one deletes
-  // them and the counter.
-  absl::Status DoneReading(const std::vector<std::string>& shared, int readers) {
-    const std::string done = absl::StrCat(prefix_, "done");
-    int64_t count = 0;
-    CT_RETURN_IF_ERROR(Guard("counting readers", [&] { count = store_.add(done, 1); }));
-    if (count > readers) {
-      return absl::InternalError(absl::StrCat(Where(), ": ", count, " ranks finished reading but ",
-                                              readers, " read this collective's keys"));
+  // Ends the collective on this rank, once it has read (and deleted) all it needs. Rank 0 ends
+  // last: every other rank writes "left<r>"; rank 0 waits for all of them, then deletes them
+  // and `shared` (the keys several ranks read).
+  absl::Status Finish(const std::vector<std::string>& shared) {
+    if (size_ == 1) return absl::OkStatus();
+    if (rank_ != 0) return Guard("writing", [&] { store_.set(LeftKey(rank_), Bytes{1}); });
+    std::vector<std::string> keys;
+    std::vector<int> ranks;
+    for (int q = 1; q < size_; ++q) {
+      keys.push_back(LeftKey(q));
+      ranks.push_back(q);
     }
-    if (count < readers) return absl::OkStatus();
-    std::vector<std::string> keys = shared;
-    keys.push_back(done);
+    CT_RETURN_IF_ERROR(WaitFor(keys, ranks, kNeverFinished));
+    keys.insert(keys.end(), shared.begin(), shared.end());
     return Delete(keys);
   }
 
@@ -127,21 +133,38 @@ class Round {
   }
 
  private:
+  static constexpr char kNeverContributed[] =
+      "never contributed (a rank died, hangs, or stopped issuing the same collectives in the "
+      "same order)";
+  static constexpr char kNeverJoined[] =
+      "never joined (did every rank create its communicator on the same store, with the same "
+      "size?)";
+  static constexpr char kNeverFinished[] =
+      "never finished it (a rank died, hangs, or stopped issuing the same collectives in the "
+      "same order)";
+
+  std::string LeftKey(int rank) const { return absl::StrCat(prefix_, "left", rank); }
+
   // "rank 1 of 2: store all-reduce #12"
   std::string Where() const {
     return absl::StrCat("rank ", rank_, " of ", size_, ": store ", op_, " #", sequence_);
   }
 
+  absl::Status StoreFailed(absl::string_view what, absl::string_view message) const {
+    return absl::UnavailableError(absl::StrCat(Where(), ": the store failed while ", what,
+                                               " (is the process hosting it gone?): ", message));
+  }
+
   template <typename Fn>
   absl::Status Guard(absl::string_view what, Fn&& fn) {
     absl::Status status = CatchTorch(std::forward<Fn>(fn));
-    if (status.ok()) return status;
-    return absl::UnavailableError(
-        absl::StrCat(Where(), ": the store failed while ", what,
-                     " (is the process hosting it gone?): ", status.message()));
+    return status.ok() ? status : StoreFailed(what, status.message());
   }
 
-  absl::Status WaitFor(const std::vector<std::string>& keys, const std::vector<int>& senders) {
+  // Waits until the deadline for `keys`, written by `writers` (in the same order); at the
+  // deadline, the error names the writers whose keys are missing and what they `never` did.
+  absl::Status WaitFor(const std::vector<std::string>& keys, const std::vector<int>& writers,
+                       const char* never) {
     // Rounded up: c10d reads a zero timeout as "wait forever".
     const auto left =
         std::max(std::chrono::ceil<std::chrono::milliseconds>(deadline_ - Clock::now()),
@@ -151,33 +174,26 @@ class Round {
       return absl::OkStatus();
     } catch (const std::exception& e) {
       // A store measures the timeout on its own clock and may give up a little early.
-      if (Clock::now() + kClockSlack < deadline_) {
-        return absl::UnavailableError(
-            absl::StrCat(Where(), ": the store failed while waiting ",
-                         "(is the process hosting it gone?): ", TorchErrorMessage(e)));
-      }
-      return TimedOut(keys, senders);
+      if (Clock::now() + kClockSlack < deadline_)
+        return StoreFailed("waiting", TorchErrorMessage(e));
+      return TimedOut(keys, writers, never);
     }
   }
 
-  absl::Status TimedOut(const std::vector<std::string>& keys, const std::vector<int>& senders) {
+  absl::Status TimedOut(const std::vector<std::string>& keys, const std::vector<int>& writers,
+                        const char* never) {
     std::vector<int> missing;
     absl::Status status = CatchTorch([&] {
       for (size_t i = 0; i < keys.size(); ++i) {
-        if (!store_.check({keys[i]})) missing.push_back(senders[i]);
+        if (!store_.check({keys[i]})) missing.push_back(writers[i]);
       }
     });
     const std::string who = status.ok()
                                 ? absl::StrCat("rank(s) ", absl::StrJoin(missing, ", "))
-                                : absl::StrCat("some of rank(s) ", absl::StrJoin(senders, ", "),
+                                : absl::StrCat("some of rank(s) ", absl::StrJoin(writers, ", "),
                                                " (the store failed too: ", status.message(), ")");
-    const char* why = op_ == absl::string_view(kJoin)
-                          ? " never joined (did every rank create its communicator on the same "
-                            "store, with the same size?)"
-                          : " never contributed (a rank died, hangs, or stopped issuing the same "
-                            "collectives in the same order)";
-    return absl::DeadlineExceededError(
-        absl::StrCat(Where(), " did not complete within ", Seconds(timeout_), ": ", who, why));
+    return absl::DeadlineExceededError(absl::StrCat(Where(), " did not complete within ",
+                                                    Seconds(timeout_), ": ", who, " ", never));
   }
 
   absl::Status CheckValue(Bytes& value, int sender, int64_t bytes) const {
@@ -233,7 +249,7 @@ absl::StatusOr<std::vector<Bytes>> AllGatherBytes(Round& round, Bytes mine) {
     }
     CT_RETURN_IF_ERROR(round.Put(round.Key(rank), mine));
     CT_ASSIGN_OR_RETURN(std::vector<Bytes> got, round.Get(keys, senders, bytes));
-    CT_RETURN_IF_ERROR(round.DoneReading(every_key, size));
+    CT_RETURN_IF_ERROR(round.Finish(every_key));
     for (size_t i = 0; i < senders.size(); ++i) all[senders[i]] = std::move(got[i]);
   }
   all[rank] = std::move(mine);
@@ -246,10 +262,11 @@ absl::StatusOr<Bytes> BroadcastBytes(Round& round, Bytes payload, int root, int6
   const std::string key = round.Key(root);
   if (round.rank() == root) {
     CT_RETURN_IF_ERROR(round.Put(key, payload));
+    CT_RETURN_IF_ERROR(round.Finish({key}));
     return payload;
   }
   CT_ASSIGN_OR_RETURN(std::vector<Bytes> got, round.Get({key}, {root}, bytes));
-  CT_RETURN_IF_ERROR(round.DoneReading({key}, round.size() - 1));
+  CT_RETURN_IF_ERROR(round.Finish({key}));
   return std::move(got[0]);
 }
 
@@ -261,11 +278,13 @@ absl::StatusOr<Bytes> ScatterBytes(Round& round, std::vector<Bytes> parts, int r
     for (int q = 0; q < round.size(); ++q) {
       if (q != root) CT_RETURN_IF_ERROR(round.Put(round.Key(root, q), std::move(parts[q])));
     }
+    CT_RETURN_IF_ERROR(round.Finish({}));
     return std::move(parts[root]);
   }
   const std::string key = round.Key(root, rank);
   CT_ASSIGN_OR_RETURN(std::vector<Bytes> got, round.Get({key}, {root}, bytes));
   CT_RETURN_IF_ERROR(round.Delete({key}));
+  CT_RETURN_IF_ERROR(round.Finish({}));
   return std::move(got[0]);
 }
 
@@ -284,6 +303,7 @@ absl::StatusOr<std::vector<Bytes>> AllToAllBytes(Round& round, std::vector<Bytes
   }
   CT_ASSIGN_OR_RETURN(std::vector<Bytes> got, round.Get(keys, senders, bytes));
   CT_RETURN_IF_ERROR(round.Delete(keys));
+  CT_RETURN_IF_ERROR(round.Finish({}));
   std::vector<Bytes> received(size);
   for (size_t i = 0; i < senders.size(); ++i) received[senders[i]] = std::move(got[i]);
   received[rank] = std::move(parts[rank]);

@@ -9,6 +9,11 @@
 // has no Gloo, or in any build when the environment says CPPTRAIN_CPU_COMM=store
 // (CPPTRAIN_CPU_COMM=gloo insists on Gloo; unset picks Gloo where it exists).
 //
+// Rank 0 of the communicator ends each collective last, once every peer has made its last store
+// request for it, so the process hosting the TCPStore (rank 0 under ConnectStore) may exit
+// right after its last collective. A group that does not contain that process (a mesh's other
+// groups) must finish before it exits: end with a collective over all ranks.
+//
 // Every collective runs to completion inside the call and returns a finished Work: Wait() and
 // Synchronize() return at once with the collective's status (a timeout or a lost store comes
 // back there; bad arguments come back from the call, before any communication). Reductions run

@@ -40,6 +40,7 @@
 
 namespace cpptrain {
 namespace store_internal {
+namespace {
 
 using Bytes = std::vector<uint8_t>;
 using Clock = std::chrono::steady_clock;
@@ -67,6 +68,8 @@ std::string StripTag(Bytes& value) {
   value.resize(start);
   return tag;
 }
+
+}  // namespace
 
 // One collective in flight: its store operations, with errors that name the collective, its
 // number, the rank and the ranks it waited for.

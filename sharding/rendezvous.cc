@@ -18,6 +18,7 @@
 #include "base/logging.h"
 #include "base/status.h"
 #include "base/torch_status.h"
+#include "sharding/store_communicator.h"
 #ifdef CPPTRAIN_HAS_GLOO
 #include "sharding/gloo_communicator.h"
 #endif
@@ -410,21 +411,50 @@ absl::StatusOr<c10::intrusive_ptr<c10d::Store>> ConnectStore(const DistributedEn
   return store;
 }
 
+namespace {
+
+// CPPTRAIN_CPU_COMM: "store" picks the store communicator, "gloo" insists on Gloo; unset or
+// empty picks Gloo where this build has it, else the store.
+absl::StatusOr<std::unique_ptr<Communicator>> CreateCpuCommunicator(
+    c10::intrusive_ptr<c10d::Store> store, int rank, int size, std::chrono::milliseconds timeout) {
+  const char* env = std::getenv("CPPTRAIN_CPU_COMM");
+  const absl::string_view choice = env == nullptr ? "" : env;
+  if (!choice.empty() && choice != "store" && choice != "gloo") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CPPTRAIN_CPU_COMM=\"", choice,
+        "\" names no CPU communicator; set it to store or gloo, or unset it (Gloo where the build "
+        "has it, else the store)"));
+  }
+#ifdef CPPTRAIN_HAS_GLOO
+  if (choice != "store") {
+    CT_ASSIGN_OR_RETURN(std::unique_ptr<GlooCommunicator> gloo,
+                        GlooCommunicator::Create(std::move(store), rank, size, timeout));
+    return std::unique_ptr<Communicator>(std::move(gloo));
+  }
+  const char* why = "CPPTRAIN_CPU_COMM=store";
+#else
+  if (choice == "gloo") {
+    return absl::UnimplementedError(
+        "CPPTRAIN_CPU_COMM=gloo, but this build has no Gloo communicator (its LibTorch ships no "
+        "c10d Gloo headers): unset CPPTRAIN_CPU_COMM to move CPU tensors through the store");
+  }
+  const char* why = "this build has no Gloo";
+#endif
+  LOG_FIRST_N(INFO, 1) << "CPU collectives go through the c10d store (" << why
+                       << "): slow, meant for tests and small tensors";
+  CT_ASSIGN_OR_RETURN(std::unique_ptr<StoreCommunicator> comm,
+                      StoreCommunicator::Create(std::move(store), rank, size, timeout));
+  return std::unique_ptr<Communicator>(std::move(comm));
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<Communicator>> CreateCommunicatorForDevice(
     c10::intrusive_ptr<c10d::Store> store, int rank, int size, c10::DeviceType device_type,
     std::chrono::milliseconds timeout) {
   switch (device_type) {
-    case c10::DeviceType::CPU: {
-#ifdef CPPTRAIN_HAS_GLOO
-      CT_ASSIGN_OR_RETURN(std::unique_ptr<GlooCommunicator> gloo,
-                          GlooCommunicator::Create(std::move(store), rank, size, timeout));
-      return std::unique_ptr<Communicator>(std::move(gloo));
-#else
-      return absl::UnimplementedError(
-          "CreateCommunicatorForDevice: CPU tensors need the Gloo communicator, which this "
-          "build lacks (its LibTorch ships no c10d Gloo headers): use CUDA devices (NCCL)");
-#endif
-    }
+    case c10::DeviceType::CPU:
+      return CreateCpuCommunicator(std::move(store), rank, size, timeout);
     case c10::DeviceType::CUDA:
       // ---- NCCL: CUDA builds only (CPPTRAIN_HAS_NCCL) --------------------------------------
 #ifdef CPPTRAIN_HAS_NCCL
@@ -442,11 +472,11 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateCommunicatorForDevice(
       return absl::UnimplementedError(
           "CreateCommunicatorForDevice: CUDA tensors need the NCCL communicator, which is "
           "compiled only in CUDA builds (CPPTRAIN_HAS_NCCL); this build moves CPU tensors "
-          "with Gloo only, so train on device cpu or use a CUDA build");
+          "only, so train on device cpu or use a CUDA build");
     default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("CreateCommunicatorForDevice: no communicator for device type ",
-                       c10::DeviceTypeName(device_type), "; use cpu (Gloo) or cuda (NCCL)"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "CreateCommunicatorForDevice: no communicator for device type ",
+          c10::DeviceTypeName(device_type), "; use cpu (Gloo or the store) or cuda (NCCL)"));
   }
 }
 

@@ -65,8 +65,10 @@ absl::StatusOr<std::vector<int>> ParseSlurmTasksPerNode(absl::string_view value)
 absl::StatusOr<c10::intrusive_ptr<c10d::Store>> ConnectStore(const DistributedEnv& env,
                                                              std::chrono::milliseconds timeout);
 
-// Gloo for CPU; NCCL for CUDA in builds with CPPTRAIN_HAS_NCCL (an error otherwise). Blocks
-// like the communicator's Create (until every rank of the group joined, at most `timeout`).
+// CPU: Gloo, or the StoreCommunicator (slow, through `store`) in builds without Gloo or when
+// the environment sets CPPTRAIN_CPU_COMM=store (=gloo insists on Gloo; another value is an
+// error). CUDA: NCCL in builds with CPPTRAIN_HAS_NCCL (an error otherwise). Blocks like the
+// communicator's Create (until every rank of the group joined, at most `timeout`).
 absl::StatusOr<std::unique_ptr<Communicator>> CreateCommunicatorForDevice(
     c10::intrusive_ptr<c10d::Store> store, int rank, int size, c10::DeviceType device_type,
     std::chrono::milliseconds timeout);

@@ -5,7 +5,9 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -387,11 +389,37 @@ TEST(ConnectStoreTest, RejectsBadArguments) {
       HasSubstr("MASTER_PORT=0"));
 }
 
-TEST(CreateCommunicatorForDeviceTest, GlooForCpu) {
+// Sets CPPTRAIN_CPU_COMM (or unsets it, for nullptr) for the scope; restores it after.
+class ScopedCpuComm {
+ public:
+  explicit ScopedCpuComm(const char* value) {
+    const char* old = std::getenv(kName);
+    if (old != nullptr) old_ = old;
+    if (value != nullptr) {
+      setenv(kName, value, 1);
+    } else {
+      unsetenv(kName);
+    }
+  }
+  ~ScopedCpuComm() {
+    if (old_.has_value()) {
+      setenv(kName, old_->c_str(), 1);
+    } else {
+      unsetenv(kName);
+    }
+  }
+
+ private:
+  static constexpr const char* kName = "CPPTRAIN_CPU_COMM";
+  std::optional<std::string> old_;
+};
+
+// Creates the CPU communicator of 2 ranks, checks its backend and one all-reduce.
+void ExpectCpuBackend(const std::string& backend) {
   absl::Status s = multi_rank::RunRanksAsThreads(2, [&](int rank, StorePtr store) -> absl::Status {
     CT_ASSIGN_OR_RETURN(auto comm, CreateCommunicatorForDevice(store, rank, 2, c10::DeviceType::CPU,
                                                                std::chrono::seconds(30)));
-    EXPECT_EQ(comm->backend(), "gloo");
+    EXPECT_EQ(comm->backend(), backend);
     at::Tensor t = at::full({4}, rank + 1.0);
     CT_ASSIGN_OR_RETURN(auto work, comm->AllReduce(t, ReduceOp::kSum));
     CT_RETURN_IF_ERROR(work->Wait());
@@ -399,6 +427,43 @@ TEST(CreateCommunicatorForDeviceTest, GlooForCpu) {
     return absl::OkStatus();
   });
   EXPECT_TRUE(s.ok()) << s;
+}
+
+TEST(CreateCommunicatorForDeviceTest, CpuIsGlooWhereTheBuildHasItElseTheStore) {
+  ScopedCpuComm unset(nullptr);
+#ifdef CPPTRAIN_HAS_GLOO
+  ExpectCpuBackend("gloo");
+#else
+  ExpectCpuBackend("store");
+#endif
+}
+
+TEST(CreateCommunicatorForDeviceTest, CpuCommStoreForcesTheStoreCommunicator) {
+  ScopedCpuComm store("store");
+  ExpectCpuBackend("store");
+}
+
+TEST(CreateCommunicatorForDeviceTest, CpuCommGlooInsistsOnGloo) {
+  ScopedCpuComm gloo("gloo");
+#ifdef CPPTRAIN_HAS_GLOO
+  ExpectCpuBackend("gloo");
+#else
+  StorePtr store = c10::make_intrusive<c10d::HashStore>();
+  absl::StatusOr<std::unique_ptr<Communicator>> comm =
+      CreateCommunicatorForDevice(store, 0, 1, c10::DeviceType::CPU, std::chrono::seconds(1));
+  EXPECT_EQ(comm.status().code(), absl::StatusCode::kUnimplemented) << comm.status();
+  EXPECT_THAT(std::string(comm.status().message()), HasSubstr("CPPTRAIN_CPU_COMM=gloo"));
+#endif
+}
+
+TEST(CreateCommunicatorForDeviceTest, UnknownCpuCommIsAnError) {
+  ScopedCpuComm mpi("mpi");
+  StorePtr store = c10::make_intrusive<c10d::HashStore>();
+  absl::StatusOr<std::unique_ptr<Communicator>> comm =
+      CreateCommunicatorForDevice(store, 0, 1, c10::DeviceType::CPU, std::chrono::seconds(1));
+  EXPECT_EQ(comm.status().code(), absl::StatusCode::kInvalidArgument) << comm.status();
+  EXPECT_THAT(std::string(comm.status().message()),
+              HasSubstr("CPPTRAIN_CPU_COMM=\"mpi\" names no CPU communicator"));
 }
 
 TEST(CreateCommunicatorForDeviceTest, CudaNeedsACudaBuild) {

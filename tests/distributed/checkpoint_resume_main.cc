@@ -20,6 +20,7 @@ ABSL_FLAG(std::string, engine, "local", "local, ddp, fsdp (sharded checkpoints) 
 ABSL_FLAG(std::string, output_dir, "/tmp/checkpoint_resume", "where checkpoints go");
 ABSL_FLAG(std::string, resume, "", "resume_from_checkpoint");
 ABSL_FLAG(int, max_steps, 10, "optimizer steps in all");
+ABSL_FLAG(bool, use_cpu, false, "train on the CPU even where CUDA is available");
 
 namespace cpptrain {
 namespace {
@@ -47,6 +48,7 @@ int Run() {
   args.set_save_steps(2);
   args.set_disable_tqdm(true);
   args.set_resume_from_checkpoint(absl::GetFlag(FLAGS_resume));
+  args.set_use_cpu(absl::GetFlag(FLAGS_use_cpu));
   const std::string engine = absl::GetFlag(FLAGS_engine);
   if (engine == "ddp") {
     args.mutable_ddp();

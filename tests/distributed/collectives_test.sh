@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
-# Every collective against its formula through the real launcher: Gloo with 2, 3 and 4
-# processes on the CPU; on a CUDA host, NCCL with one process per GPU (2 and 4 where present).
+# Every collective against its formula through the real launcher: the CPU communicator with 2,
+# 3 and 4 processes everywhere; on a CUDA host also NCCL, one process per GPU (2 and 4 where
+# present).
 set -uo pipefail
 launch="$1"
 program="$2"
 fail=0
+# The CPU communicator (Gloo, or the store communicator in builds without Gloo) on every
+# machine; NCCL on a CUDA host with as many GPUs.
 runs=("cpu 2" "cpu 3" "cpu 4")
 if gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU'); then
-  runs=()
   for n in 2 4; do (( n <= gpus )) && runs+=("cuda $n"); done
-  echo "CUDA host with $gpus GPUs: NCCL checks on ${runs[*]}"
+  echo "CUDA host with $gpus GPUs: checks on ${runs[*]}"
 fi
 for run in "${runs[@]}"; do
   read -r device n <<<"$run"
@@ -24,5 +26,6 @@ for run in "${runs[@]}"; do
     echo "FAIL: $device with $n processes (exit $code, $passed ranks passed)"; fail=1
   fi
 done
+echo "runs: ${#runs[@]} (${runs[*]}), $fail failed"
 [[ $fail -eq 0 ]] && echo PASS
 exit $fail

@@ -1,0 +1,66 @@
+# Sourced by the multi-process test scripts, after setting `launch` and `program`:
+#
+#   variant NAME PROCESSES FLAGS...   runs the program under the launcher
+#   record PROCESSES OK               counts a run a script checked its own way (OK: 0 passed)
+#   skip NAME REASON                  records a variant that cannot run here
+#   variants_done                     prints the closing line; returns non-zero on a failure
+#
+# A variant runs on the GPUs (NCCL, one process per GPU) when the host has at least PROCESSES
+# of them, and otherwise on the CPU (--use_cpu: Gloo, or the store communicator in builds
+# without Gloo), so every variant runs on every machine and the closing line says where:
+#   variants: 14 ran (3 on CUDA, 11 on the CPU), 0 skipped, 0 failed
+# A variant passes when the program exits 0 and prints $expect (default EQUIVALENT); lines
+# matching $show are echoed. `placement N` prints the flag a leg with N processes needs.
+
+expect=${expect:-EQUIVALENT}
+show=${show:-"relative difference|EQUIVALENT|MISMATCH|ERROR|Error"}
+gpus=0
+if command -v nvidia-smi >/dev/null 2>&1 && gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU'); then
+  echo "CUDA host with $gpus GPUs: variants needing more processes run on the CPU"
+else
+  gpus=0
+fi
+ran_cuda=0
+ran_cpu=0
+skipped=0
+failed=0
+
+placement() {  # processes -> "" (CUDA) or --use_cpu
+  if (( gpus >= $1 )); then echo ""; else echo "--use_cpu"; fi
+}
+
+record() {  # processes, 0 when it passed
+  if [[ -z "$(placement "$1")" ]]; then ran_cuda=$((ran_cuda + 1)); else ran_cpu=$((ran_cpu + 1)); fi
+  [[ "$2" == 0 ]] || failed=$((failed + 1))
+}
+
+variant() {  # name, processes, flags...
+  local name=$1 n=$2 where=CUDA flag out code
+  shift 2
+  flag=$(placement "$n")
+  [[ -n "$flag" ]] && where=CPU
+  out=$(timeout 300 "$launch" --nproc_per_node="$n" --master_port=0 "$program" \
+        --output_dir="$TEST_TMPDIR/$name" $flag "$@" 2>&1)
+  code=$?
+  echo "== $name: $n processes on the $where $*"
+  echo "$out" | grep -E "$show" | sed 's/^\(\[rank [0-9]*\]\) [IWE][0-9 :.]*[a-z_]*\.cc:[0-9]*\]/\1/' | head -16
+  if [[ $code -ne 0 || "$out" != *"$expect"* ]]; then
+    echo "$out" | tail -30
+    echo "FAIL: $name (exit $code)"
+    record "$n" 1
+  else
+    record "$n" 0
+  fi
+}
+
+skip() {  # name, reason
+  echo "SKIPPED: $1: $2"
+  skipped=$((skipped + 1))
+}
+
+variants_done() {
+  echo "variants: $((ran_cuda + ran_cpu)) ran ($ran_cuda on CUDA, $ran_cpu on the CPU)," \
+    "$skipped skipped, $failed failed"
+  [[ $failed -eq 0 ]] && echo PASS
+  [[ $failed -eq 0 ]]
+}

@@ -180,8 +180,9 @@ def table(records, a):
         engine = rs[0]["engine"] + (" (compiled)" if rs[0].get("compile") else "")
         if rs[0].get("impl") == "hf":
             engine += " (transformers)"
-        print(f"| {side} | {engine} | {tps} | {peak} | {rs[0]['first_loss']:.9g} | "
-              f"{rs[0]['last_loss']:.9g} |")
+        losses = [f"{x:.9g}" if x is not None else "-"
+                  for x in (rs[0]["first_loss"], rs[0]["last_loss"])]
+        print(f"| {side} | {engine} | {tps} | {peak} | {losses[0]} | {losses[1]} |")
     if medians["torch"]:
         print(f"ours / torch (medians of tokens/s per GPU): {medians['ours'] / medians['torch']:.3f}")
     for key in ("first_loss", "last_loss"):

@@ -59,8 +59,10 @@ absl::StatusOr<std::shared_ptr<DecoderLM>> BenchModel(const std::string& init_di
     return BuildDecoder(config);
   }
   const std::string config_path = absl::StrCat(init_dir, "/config.json");
-  const bool rank0 = engine.rank() == 0;
-  const double seen = rank0 && std::filesystem::exists(config_path) ? 1.0 : 0.0;
+  // Every rank looks, and all decide by the sum: no rank writes before this collective, so one
+  // that saw nothing while another saw the model can only be behind a lagging shared file
+  // system, and then fails loading, naming the file.
+  const double seen = std::filesystem::exists(config_path) ? 1.0 : 0.0;
   CT_ASSIGN_OR_RETURN(at::Tensor present,
                       engine.AllReduceSum(torch::tensor({seen}, torch::kFloat64)));
   if (present.item<double>() > 0) {
@@ -76,7 +78,7 @@ absl::StatusOr<std::shared_ptr<DecoderLM>> BenchModel(const std::string& init_di
   }
   torch::manual_seed(0);
   CT_ASSIGN_OR_RETURN(std::shared_ptr<DecoderLM> model, BuildDecoder(config));
-  if (rank0) CT_RETURN_IF_ERROR(WriteModelDir(init_dir, *model));
+  if (engine.rank() == 0) CT_RETURN_IF_ERROR(WriteModelDir(init_dir, *model));
   CT_RETURN_IF_ERROR(engine.Barrier());
   return model;
 }

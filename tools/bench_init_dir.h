@@ -26,8 +26,8 @@
 namespace cpptrain {
 
 // The model to train. Without `init_dir`: built from `config` after torch::manual_seed(0).
-// With it, rank 0 looks for `init_dir`/config.json and tells the others (one AllReduceSum on
-// `engine`, so every rank decides alike):
+// With it, every rank looks for `init_dir`/config.json and all decide alike (one AllReduceSum
+// on `engine`):
 //   - present: every rank loads the directory (LoadHfDecoder); its config must describe the
 //     same model as `config` (the --model named `model_name`), or the error shows both;
 //   - absent: the model is built as without `init_dir`, rank 0 writes model.safetensors then

@@ -21,6 +21,7 @@
 // of the first and the last optimizer step) and tokens_fingerprint.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <random>
 
@@ -210,6 +211,11 @@ absl::StatusOr<at::Tensor> VerificationFigures(BenchTrainer& trainer, const std:
   return engine.AllReduceSum(local);
 }
 
+// `value` with full precision, or null when it is not finite (JSON has no NaN).
+std::string JsonNumber(double value) {
+  return std::isfinite(value) ? absl::StrFormat("%.17g", value) : "null";
+}
+
 absl::Status Run(const std::vector<std::string>& overrides) {
   CT_ASSIGN_OR_RETURN(DistributedEnv env, DistributedEnvFromEnvironment());
   InitLogging("bench", env.rank);
@@ -261,8 +267,8 @@ absl::Status Run(const std::vector<std::string>& overrides) {
         "\"activation_checkpointing\":%s,\"skip_collectives\":%s,\"learning_rate\":%.17g,"
         "\"weight_decay\":%.17g,\"init_dir\":\"%s\",\"seconds\":%.3f,"
         "\"tokens_per_s\":%.1f,\"tokens_per_s_per_gpu\":%.1f,\"flops_per_token\":%.4g,"
-        "\"tflops_per_gpu\":%.1f,\"mfu\":%.4f,\"peak_memory_gib\":%s,\"first_loss\":%.17g,"
-        "\"last_loss\":%.17g,\"tokens_fingerprint\":%.0f,"
+        "\"tflops_per_gpu\":%.1f,\"mfu\":%.4f,\"peak_memory_gib\":%s,\"first_loss\":%s,"
+        "\"last_loss\":%s,\"tokens_fingerprint\":%.0f,"
         "\"formula\":\"6*matmul_params + 12*layers*heads*head_dim*seq per token\"}\n",
         model_name.c_str(), absl::GetFlag(FLAGS_engine).c_str(), world, device.str().c_str(),
         static_cast<long long>(seq), static_cast<long long>(micro), static_cast<long long>(accum),
@@ -272,8 +278,8 @@ absl::Status Run(const std::vector<std::string>& overrides) {
         absl::GetFlag(FLAGS_skip_collectives) ? "true" : "false", args.learning_rate(),
         args.weight_decay(), init_dir.c_str(), seconds, tokens_per_s, tokens_per_s / world,
         flops_per_token, tflops_per_gpu, tflops_per_gpu / absl::GetFlag(FLAGS_peak_tflops),
-        peak_gib.c_str(), verification[0].item<double>(), verification[1].item<double>(),
-        verification[2].item<double>());
+        peak_gib.c_str(), JsonNumber(verification[0].item<double>()).c_str(),
+        JsonNumber(verification[1].item<double>()).c_str(), verification[2].item<double>());
     std::fflush(stdout);
   }
   return absl::OkStatus();

@@ -29,9 +29,11 @@ Prints one JSON line with the same fields and formulas as the C++ bench.
 import argparse
 import contextlib
 import json
+import math
 import os
 import re
 import socket
+import sys
 import time
 
 import torch
@@ -334,6 +336,11 @@ def flops_per_token(c, seq):
     return 6 * matmul + 12 * c["num_hidden_layers"] * heads * d * seq
 
 
+def finite_or_none(x):
+    """JSON has no NaN or infinity."""
+    return x if math.isfinite(x) else None
+
+
 def parse_bool(text):
     if text.lower() in ("1", "true", "yes"):
         return True
@@ -458,9 +465,15 @@ def main():
             "tokens_per_s": round(tps, 1), "tokens_per_s_per_gpu": round(tps / world, 1),
             "flops_per_token": fpt, "tflops_per_gpu": round(tflops, 1),
             "mfu": round(tflops / a.peak_tflops, 4), "peak_memory_gib": peak,
-            "first_loss": losses[0].item(), "last_loss": losses[1].item(),
+            "first_loss": finite_or_none(losses[0].item()),
+            "last_loss": finite_or_none(losses[1].item()),
             "tokens_fingerprint": int(fp.item()), "torch": torch.__version__}), flush=True)
     dist.destroy_process_group()
+    if device.type == "cpu":
+        # torch 2.15's Gloo teardown at interpreter exit sometimes aborts ("terminate called
+        # without an active exception", about one run in ten here) after all the work is done.
+        sys.stdout.flush()
+        os._exit(0)
 
 
 if __name__ == "__main__":

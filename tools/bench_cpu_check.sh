@@ -6,26 +6,31 @@
 # (default /tmp/cpptrain_bench_venv) has none (about 5 GiB: PyPI's torch brings CUDA
 # libraries).
 #   tools/bench_cpu_check.sh            # about 5 minutes once torch is installed
+#   VENV=/path/to/venv JSONL=docs/benchmarks/<date>-cpu-tiny.jsonl tools/bench_cpu_check.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 venv="${VENV:-/tmp/cpptrain_bench_venv}"
 if ! "$venv/bin/python" -c 'import torch, safetensors' 2>/dev/null; then
   python3 -m venv "$venv" && "$venv/bin/pip" install -q torch safetensors numpy || exit 2
 fi
-export PATH="$venv/bin:$PATH"
+# Before the virtualenv joins PATH: Bazel's actions see PATH, and another one rebuilds all.
 bazel build //tools:bench //tools:launch || exit 2
+export PATH="$venv/bin:$PATH"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+# JSONL=file keeps the raw lines of the cases that must pass (the others go to $work).
 compare() {  # init_dir, nproc, engine, more flags...
   local init=$1 n=$2 engine=$3; shift 3
   python3 tools/bench_compare.py --launch bazel-bin/tools/launch --bench bazel-bin/tools/bench \
     --device cpu --bf16 false --model tiny --seq_len 32 --micro_batch 2 --steps 4 --warmup 2 \
-    --init_dir "$init" --nproc "$n" --engine "$engine" --jsonl "$work/runs.jsonl" "$@"
+    --init_dir "$init" --nproc "$n" --engine "$engine" "$@"
 }
 failed=0
 expect() {  # want (pass|fail), name, compare arguments...
   local want=$1 name=$2; shift 2
-  compare "$@" >"$work/$name.log" 2>&1
+  local jsonl="$work/runs.jsonl"
+  [[ $want == pass && -n "${JSONL:-}" ]] && jsonl="$JSONL"
+  compare "$@" --jsonl "$jsonl" >"$work/$name.log" 2>&1
   local code=$?
   if [[ ($want == pass && $code == 0) || ($want == fail && $code == 1) ]]; then
     echo "ok   $name (exit $code)"

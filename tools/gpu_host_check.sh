@@ -62,10 +62,12 @@ fi
 #   ddp      --engine=ddp beside PyTorch DDP; on 2+ GPUs also ours without collectives
 #   fsdp2    --engine=fsdp2 beside PyTorch fully_shard; on 2+ GPUs also ours without collectives
 #   compile  ours local (1 GPU) and ddp beside PyTorch's with torch.compile
+#   compile_fsdp2  fsdp2 beside PyTorch's fully_shard with torch.compile of each layer
 #   mb8      ddp and fsdp2 at micro-batch 8
+#   mb8_local  local at micro-batch 8 (1 GPU)
 #   comm     comm_bench beside torch.distributed (256 MiB)
 [[ "${BENCH:-1}" == 0 ]] && exit 0
-runs=" ${RUNS:-demo local ddp fsdp2 compile mb8 comm} "
+runs=" ${RUNS:-demo local ddp fsdp2 compile compile_fsdp2 mb8 mb8_local comm} "
 want() { [[ "$runs" == *" $1 "* ]]; }
 
 if want demo; then
@@ -112,10 +114,12 @@ for n in 1 2 4; do
     (( n == 1 )) && compare "compile_local_$n" $n --engine local --torch_compile
     compare "compile_ddp_$n" $n --engine ddp --torch_compile
   fi
+  want compile_fsdp2 && compare "compile_fsdp2_$n" $n --engine fsdp2 --torch_compile
   if want mb8; then
     compare "mb8_ddp_$n" $n --engine ddp --micro_batch 8
     compare "mb8_fsdp2_$n" $n --engine fsdp2 --micro_batch 8
   fi
+  want mb8_local && (( n == 1 )) && compare "mb8_local_$n" $n --engine local --micro_batch 8
   if want comm && (( n > 1 )); then
     run "comm_$n" "$launch" --nproc_per_node=$n --master_port=0 "$comm" --device=cuda \
       --min_bytes=268435456 --max_bytes=268435456 --collectives=all_gather,reduce_scatter,all_reduce

@@ -40,6 +40,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+import torch.utils.checkpoint
 
 # Shapes used without --init_dir, in config.json's field names (models/configs.cc).
 CONFIGS = {

@@ -13,8 +13,15 @@
 // --skip_collectives (ddp, fsdp2) replaces the communicator with one that moves nothing
 // (wrong results, right timing), so the difference to a normal run is the exposed
 // communication.
+//
+// Verification (tools/bench_compare.py runs this and tools/bench_torch.py side by side): with
+// --init_dir the model comes from that Hugging Face directory (written there first when it
+// holds none) and every rank's token ids are written beside it, once per run shape, for
+// bench_torch.py to train on. The JSON line carries first_loss and last_loss (the global loss
+// of the first and the last optimizer step) and tokens_fingerprint.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <random>
 
@@ -23,6 +30,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "base/logging.h"
 #include "base/status.h"
 #include "base/torch_compat.h"
@@ -33,6 +41,7 @@
 #include "models/configs.h"
 #include "sharding/noop_communicator.h"
 #include "sharding/rendezvous.h"
+#include "tools/bench_init_dir.h"
 #include "tools/repeated_flag.h"
 #include "trainer/trainer.h"
 
@@ -47,6 +56,12 @@ ABSL_FLAG(bool, bf16, true, "bf16 autocast (parameters and reductions stay fp32)
 ABSL_FLAG(bool, activation_checkpointing, false, "recompute each layer in backward");
 ABSL_FLAG(bool, skip_collectives, false, "communicate nothing (measures exposed communication)");
 ABSL_FLAG(double, peak_tflops, 790.0, "peak bf16 TFLOP/s of one GPU, for MFU (H200: 790)");
+ABSL_FLAG(std::string, init_dir, "",
+          "Hugging Face model directory to start from (written there first when it holds none), "
+          "and where each rank's token ids go for tools/bench_torch.py");
+ABSL_FLAG(double, learning_rate, 1e-4, "AdamW learning rate (constant)");
+ABSL_FLAG(double, weight_decay, 0.0,
+          "AdamW weight decay of the matrices (TrainingArguments' default; bench_torch.py's too)");
 
 namespace cpptrain {
 namespace {
@@ -89,6 +104,38 @@ class StepTimer : public TrainerCallback {
   double seconds_ = 0;
 };
 
+// Keeps, on the device, what the verification needs without a host sync in the timed steps:
+// this rank's share of the first and the last step's loss, and every micro-batch's token ids.
+class BenchTrainer : public Trainer {
+ public:
+  using Trainer::Trainer;
+
+  // Undefined before the step ran.
+  const torch::Tensor& first_loss() const { return first_loss_; }
+  const torch::Tensor& last_loss() const { return last_loss_; }
+  // [steps, grad_accum, micro_batch, seq_len] on the CPU.
+  torch::Tensor TokenIds() const {
+    const int64_t accum = args().gradient_accumulation_steps();
+    at::Tensor ids = torch::stack(inputs_).to(torch::kCPU);
+    return ids.view({ids.size(0) / accum, accum, ids.size(1), ids.size(2)});
+  }
+
+ protected:
+  absl::StatusOr<torch::Tensor> TrainingStep(const Batch& batch,
+                                             int64_t num_items_in_batch) override {
+    CT_ASSIGN_OR_RETURN(torch::Tensor loss, Trainer::TrainingStep(batch, num_items_in_batch));
+    const int64_t step = state().global_step;  // optimizer steps finished before this one
+    if (step == 0) first_loss_ = first_loss_.defined() ? first_loss_ + loss : loss;
+    if (step + 1 == state().max_steps) last_loss_ = last_loss_.defined() ? last_loss_ + loss : loss;
+    inputs_.push_back(batch.inputs);
+    return loss;
+  }
+
+ private:
+  torch::Tensor first_loss_, last_loss_;
+  std::vector<torch::Tensor> inputs_;
+};
+
 absl::StatusOr<std::unique_ptr<Engine>> MakeEngine(const proto::TrainingArguments& args) {
   if (!absl::GetFlag(FLAGS_skip_collectives)) return CreateEngine(args);
   CT_ASSIGN_OR_RETURN(DistributedEnv env, DistributedEnvFromEnvironment());
@@ -106,24 +153,20 @@ absl::StatusOr<std::unique_ptr<Engine>> MakeEngine(const proto::TrainingArgument
   return std::unique_ptr<Engine>(std::move(engine));
 }
 
-absl::Status Run(const std::vector<std::string>& overrides) {
-  CT_ASSIGN_OR_RETURN(DistributedEnv env, DistributedEnvFromEnvironment());
-  InitLogging("bench", env.rank);
-  CT_ASSIGN_OR_RETURN(proto::DecoderConfig config, NamedDecoderConfig(absl::GetFlag(FLAGS_model)));
-  const int64_t seq = absl::GetFlag(FLAGS_seq_len);
+absl::StatusOr<proto::TrainingArguments> BenchArgs(int rank,
+                                                   const std::vector<std::string>& overrides) {
   const int64_t micro = absl::GetFlag(FLAGS_micro_batch);
   const int64_t accum = absl::GetFlag(FLAGS_grad_accum);
-  const int64_t warmup = absl::GetFlag(FLAGS_warmup);
-  const int64_t steps = absl::GetFlag(FLAGS_steps);
-
+  const int64_t steps = absl::GetFlag(FLAGS_warmup) + absl::GetFlag(FLAGS_steps);
   proto::TrainingArguments args;
-  args.set_output_dir(absl::StrCat("/tmp/cpptrain_bench_rank", env.rank));
+  args.set_output_dir(absl::StrCat("/tmp/cpptrain_bench_rank", rank));
   args.set_per_device_train_batch_size(static_cast<int32_t>(micro));
   args.set_gradient_accumulation_steps(static_cast<int32_t>(accum));
-  args.set_max_steps(warmup + steps);
-  args.set_learning_rate(1e-4);
+  args.set_max_steps(steps);
+  args.set_learning_rate(absl::GetFlag(FLAGS_learning_rate));
+  args.set_weight_decay(absl::GetFlag(FLAGS_weight_decay));
   args.set_lr_scheduler_type(proto::TrainingArguments::CONSTANT);
-  args.set_logging_steps(static_cast<double>(warmup + steps));
+  args.set_logging_steps(static_cast<double>(steps));
   args.set_save_strategy(proto::TrainingArguments::NO);
   args.set_bf16(absl::GetFlag(FLAGS_bf16));
   args.set_gradient_checkpointing(absl::GetFlag(FLAGS_activation_checkpointing));
@@ -137,8 +180,8 @@ absl::Status Run(const std::vector<std::string>& overrides) {
   } else if (engine_name == "fsdp2") {
     args.mutable_fsdp()->set_version(2);
   } else {
-    return absl::InvalidArgumentError(absl::StrCat("--engine=", engine_name,
-                                                   " is not built yet: use local, ddp or fsdp2"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--engine=", engine_name, " is not built yet: use local, ddp or fsdp2"));
   }
   if (absl::GetFlag(FLAGS_skip_collectives) && args.has_local()) {
     return absl::InvalidArgumentError(
@@ -146,18 +189,57 @@ absl::Status Run(const std::vector<std::string>& overrides) {
         "--engine=local communicates nothing: drop the flag");
   }
   CT_RETURN_IF_ERROR(ApplyOverrides(overrides, &args));
+  return args;
+}
 
-  torch::manual_seed(0);
-  CT_ASSIGN_OR_RETURN(std::shared_ptr<DecoderLM> model, BuildDecoder(config));
+// The global losses of the first and last step and the tokens fingerprint, summed over ranks
+// (after the run: reading the device tensors here costs the timed steps nothing).
+absl::StatusOr<at::Tensor> VerificationFigures(BenchTrainer& trainer, const std::string& init_dir,
+                                               int64_t seq) {
+  Engine& engine = *trainer.engine();
+  const at::Tensor ids = trainer.TokenIds();
+  if (!init_dir.empty()) {
+    const BenchTokensShape shape{engine.world_size(), ids.size(1), ids.size(2), seq, ids.size(0)};
+    CT_RETURN_IF_ERROR(
+        WriteBenchTokensIfAbsent(BenchTokensPath(init_dir, shape, engine.rank()), ids));
+  }
+  const at::Tensor local =
+      torch::tensor({trainer.first_loss().item<double>(), trainer.last_loss().item<double>(),
+                     static_cast<double>(BenchTokensFingerprint(ids, engine.rank()))},
+                    torch::kFloat64);
+  if (absl::GetFlag(FLAGS_skip_collectives)) return local;
+  return engine.AllReduceSum(local);
+}
+
+// `value` with full precision, or null when it is not finite (JSON has no NaN).
+std::string JsonNumber(double value) {
+  return std::isfinite(value) ? absl::StrFormat("%.17g", value) : "null";
+}
+
+absl::Status Run(const std::vector<std::string>& overrides) {
+  CT_ASSIGN_OR_RETURN(DistributedEnv env, DistributedEnvFromEnvironment());
+  InitLogging("bench", env.rank);
+  const std::string model_name = absl::GetFlag(FLAGS_model);
+  CT_ASSIGN_OR_RETURN(proto::DecoderConfig config, NamedDecoderConfig(model_name));
+  const int64_t seq = absl::GetFlag(FLAGS_seq_len);
+  const int64_t micro = absl::GetFlag(FLAGS_micro_batch);
+  const int64_t accum = absl::GetFlag(FLAGS_grad_accum);
+  const int64_t warmup = absl::GetFlag(FLAGS_warmup);
+  const int64_t steps = absl::GetFlag(FLAGS_steps);
+  const std::string init_dir = absl::GetFlag(FLAGS_init_dir);
+  CT_ASSIGN_OR_RETURN(proto::TrainingArguments args, BenchArgs(env.rank, overrides));
+
   CT_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, MakeEngine(args));
+  CT_ASSIGN_OR_RETURN(std::shared_ptr<DecoderLM> model,
+                      BenchModel(init_dir, config, model_name, *engine));
   const c10::Device device = engine->device();
   const int world = engine->world_size();
   auto data = std::make_shared<RandomTokens>((warmup + steps) * accum * micro * world, seq,
                                              config.vocab_size());
-  Trainer trainer(args, model, data, nullptr, std::move(engine));
+  BenchTrainer trainer(args, model, data, nullptr, std::move(engine));
   auto timer = std::make_shared<StepTimer>(warmup, device);
   trainer.AddCallback(timer);
-  CT_ASSIGN_OR_RETURN(TrainOutput out, trainer.Train());
+  CT_RETURN_IF_ERROR(trainer.Train().status());
 
   // The slowest rank's time and the largest peak memory count.
   at::Tensor figures = torch::tensor(
@@ -170,29 +252,34 @@ absl::Status Run(const std::vector<std::string>& overrides) {
   }
   const double seconds = gathered.select(1, 0).max().item<double>();
   const double peak_bytes = gathered.select(1, 1).max().item<double>();
-  double last_loss = 0;
-  for (const Metrics& m : trainer.state().log_history) {
-    if (m.count("loss")) last_loss = m.at("loss");
-  }
+  CT_ASSIGN_OR_RETURN(at::Tensor verification, VerificationFigures(trainer, init_dir, seq));
   const double tokens = static_cast<double>(steps * accum * micro * seq * world);
   const double tokens_per_s = tokens / seconds;
   const double flops_per_token = DecoderTrainingFlopsPerToken(config, seq);
   const double tflops_per_gpu = tokens_per_s / world * flops_per_token / 1e12;
+  // Peak memory is known on CUDA only (PeakAllocatedBytes is -1 elsewhere).
+  const std::string peak_gib =
+      peak_bytes < 0 ? "null" : absl::StrFormat("%.2f", peak_bytes / (1 << 30));
   if (env.rank == 0) {
     std::printf(
         "{\"model\":\"%s\",\"engine\":\"%s\",\"gpus\":%d,\"device\":\"%s\",\"seq_len\":%lld,"
-        "\"micro_batch\":%lld,\"grad_accum\":%lld,\"steps\":%lld,\"bf16\":%s,"
-        "\"activation_checkpointing\":%s,\"skip_collectives\":%s,\"seconds\":%.3f,"
+        "\"micro_batch\":%lld,\"grad_accum\":%lld,\"steps\":%lld,\"warmup\":%lld,\"bf16\":%s,"
+        "\"activation_checkpointing\":%s,\"skip_collectives\":%s,\"learning_rate\":%.17g,"
+        "\"weight_decay\":%.17g,\"init_dir\":\"%s\",\"seconds\":%.3f,"
         "\"tokens_per_s\":%.1f,\"tokens_per_s_per_gpu\":%.1f,\"flops_per_token\":%.4g,"
-        "\"tflops_per_gpu\":%.1f,\"mfu\":%.4f,\"peak_memory_gib\":%.2f,\"last_loss\":%.4f,"
+        "\"tflops_per_gpu\":%.1f,\"mfu\":%.4f,\"peak_memory_gib\":%s,\"first_loss\":%s,"
+        "\"last_loss\":%s,\"tokens_fingerprint\":%.0f,"
         "\"formula\":\"6*matmul_params + 12*layers*heads*head_dim*seq per token\"}\n",
-        absl::GetFlag(FLAGS_model).c_str(), engine_name.c_str(), world, device.str().c_str(),
+        model_name.c_str(), absl::GetFlag(FLAGS_engine).c_str(), world, device.str().c_str(),
         static_cast<long long>(seq), static_cast<long long>(micro), static_cast<long long>(accum),
-        static_cast<long long>(steps), args.bf16() ? "true" : "false",
+        static_cast<long long>(steps), static_cast<long long>(warmup),
+        args.bf16() ? "true" : "false",
         absl::GetFlag(FLAGS_activation_checkpointing) ? "true" : "false",
-        absl::GetFlag(FLAGS_skip_collectives) ? "true" : "false", seconds, tokens_per_s,
-        tokens_per_s / world, flops_per_token, tflops_per_gpu,
-        tflops_per_gpu / absl::GetFlag(FLAGS_peak_tflops), peak_bytes / (1 << 30), last_loss);
+        absl::GetFlag(FLAGS_skip_collectives) ? "true" : "false", args.learning_rate(),
+        args.weight_decay(), init_dir.c_str(), seconds, tokens_per_s, tokens_per_s / world,
+        flops_per_token, tflops_per_gpu, tflops_per_gpu / absl::GetFlag(FLAGS_peak_tflops),
+        peak_gib.c_str(), JsonNumber(verification[0].item<double>()).c_str(),
+        JsonNumber(verification[1].item<double>()).c_str(), verification[2].item<double>());
     std::fflush(stdout);
   }
   return absl::OkStatus();

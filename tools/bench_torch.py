@@ -1,182 +1,480 @@
 #!/usr/bin/env python3
-"""PyTorch's own engines on the same model as //tools:bench, for side-by-side figures.
+"""PyTorch's own engines on the same model, weights and tokens as //tools:bench.
 
-  torchrun --standalone --nproc_per_node 4 tools/bench_torch.py --engine ddp
-  torchrun --standalone --nproc_per_node 4 tools/bench_torch.py --engine fsdp2
+  torchrun --standalone --nproc_per_node 4 tools/bench_torch.py --engine ddp --init_dir DIR
+  torchrun --standalone --nproc_per_node 4 tools/bench_torch.py --engine fsdp2 --init_dir DIR
+  torchrun --standalone --nproc_per_node 1 tools/bench_torch.py --device cpu --model tiny \
+      --init_dir DIR --seq_len 16 --micro_batch 2
 
-The model is the Qwen3/Llama decoder of models/decoder.cc written in plain PyTorch (RMSNorm,
-rotary embeddings, grouped-query attention through scaled_dot_product_attention, SwiGLU, tied
-head for Qwen3-0.6B), random tokens, AdamW, bf16 autocast with fp32 parameters. Prints one JSON
-line with the same formulas as the C++ bench.
+With --init_dir (written by tools/bench first) the model is the one in DIR (config.json and
+model.safetensors, Hugging Face names) and each step trains on the token ids tools/bench's rank
+of the same number trained on (DIR/tokens-w<world>-ga<accum>-mb<micro>-seq<seq>-steps<steps>-
+rank<rank>.safetensors), so first_loss and last_loss are comparable with tools/bench's. Without
+it: the shape from CONFIGS, weights normal(0, 0.02), random tokens.
+
+The same settings as tools/bench's Trainer: AdamW (fused on CUDA) with the learning rate, betas,
+eps and weight decay of TrainingArguments (decay on matrices only, as Hugging Face groups them),
+gradient clipping at 1.0, the loss summed over shifted labels in fp32 and divided by the number
+of targets, computed in a function so the logits are freed before backward. ddp and local: bf16
+autocast with fp32 parameters (--bf16); fsdp2: fully_shard per layer and on the root with
+MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32).
+
+--impl native: the Qwen3/Llama decoder of models/decoder.cc written here in plain PyTorch, its
+modules named as Hugging Face's. --impl hf: transformers' AutoModelForCausalLM from --init_dir.
+--compile: torch.compile of each decoder layer (fsdp2, ddp: so gradients still come out layer by
+layer for the collectives to overlap) or of the whole model (local), before wrapping.
+
+Prints one JSON line with the same fields and formulas as the C++ bench.
 """
 import argparse
+import contextlib
 import json
 import math
 import os
+import re
+import socket
+import sys
 import time
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+import torch.utils.checkpoint
 
+# Shapes used without --init_dir, in config.json's field names (models/configs.cc).
 CONFIGS = {
-    "qwen3-0.6b": dict(vocab=151936, hidden=1024, inter=3072, layers=28, heads=16, kv=8, head_dim=128,
-                       tied=True, theta=1e6, qk_norm=True),
-    "llama3-8b": dict(vocab=128256, hidden=4096, inter=14336, layers=32, heads=32, kv=8, head_dim=128,
-                      tied=False, theta=5e5, qk_norm=False),
+    "qwen3-0.6b": dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072,
+                       num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
+                       head_dim=128, tie_word_embeddings=True, rope_theta=1e6,
+                       rms_norm_eps=1e-6, qk_norm=True),
+    "llama3-8b": dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336,
+                      num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                      head_dim=128, tie_word_embeddings=False, rope_theta=5e5,
+                      rms_norm_eps=1e-5, qk_norm=False),
+    "tiny": dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                 tie_word_embeddings=True, rope_theta=10000, rms_norm_eps=1e-6, qk_norm=True),
 }
+
+# TrainingArguments' AdamW defaults (proto/training_args.proto), which tools/bench keeps.
+ADAM_BETAS = (0.9, 0.999)
+ADAM_EPS = 1e-8
+
+
+def config_from_json(path):
+    """The decoder shape of a Hugging Face config.json (llama or qwen3)."""
+    with open(path) as f:
+        j = json.load(f)
+    if j.get("model_type") not in ("llama", "qwen3"):
+        raise SystemExit(f"{path}: model_type {j.get('model_type')!r} is not llama or qwen3")
+    if j.get("attention_bias"):
+        raise SystemExit(f"{path}: attention_bias is true; the native model has no biases "
+                         "(use --impl hf)")
+    heads = j["num_attention_heads"]
+    head_dim = j.get("head_dim") or (128 if j["model_type"] == "qwen3"
+                                     else j["hidden_size"] // heads)
+    theta = j.get("rope_theta") or j.get("rope_parameters", {}).get("rope_theta", 10000.0)
+    return dict(vocab_size=j["vocab_size"], hidden_size=j["hidden_size"],
+                intermediate_size=j["intermediate_size"],
+                num_hidden_layers=j["num_hidden_layers"], num_attention_heads=heads,
+                num_key_value_heads=j.get("num_key_value_heads") or heads, head_dim=head_dim,
+                tie_word_embeddings=j.get("tie_word_embeddings", False), rope_theta=theta,
+                rms_norm_eps=j.get("rms_norm_eps", 1e-6), qk_norm=j["model_type"] == "qwen3")
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim, eps=1e-6):
+    def __init__(self, dim, eps):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
     def forward(self, x):
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        x32 = x.float()
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * normed.to(x.dtype)
 
 
-def rotate_half(x):
+def apply_rotary(x, cos, sin):
     a, b = x.chunk(2, dim=-1)
-    return torch.cat((-b, a), dim=-1)
+    return x * cos.to(x.dtype) + torch.cat((-b, a), dim=-1) * sin.to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        h, d = c["hidden_size"], c["head_dim"]
+        self.heads, self.kv_heads, self.head_dim = c["num_attention_heads"], c["num_key_value_heads"], d
+        self.q_proj = nn.Linear(h, self.heads * d, bias=False)
+        self.k_proj = nn.Linear(h, self.kv_heads * d, bias=False)
+        self.v_proj = nn.Linear(h, self.kv_heads * d, bias=False)
+        self.o_proj = nn.Linear(self.heads * d, h, bias=False)
+        self.qk_norm = c["qk_norm"]
+        if self.qk_norm:
+            self.q_norm = RMSNorm(d, c["rms_norm_eps"])
+            self.k_norm = RMSNorm(d, c["rms_norm_eps"])
+
+    def forward(self, x, cos, sin):
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, self.heads, self.head_dim)
+        k = self.k_proj(x).view(b, t, self.kv_heads, self.head_dim)
+        v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = apply_rotary(q.transpose(1, 2), cos, sin).to(v.dtype)
+        k = apply_rotary(k.transpose(1, 2), cos, sin).to(v.dtype)
+        groups = self.heads // self.kv_heads
+        if groups > 1:
+            k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        h, i = c["hidden_size"], c["intermediate_size"]
+        self.gate_proj = nn.Linear(h, i, bias=False)
+        self.up_proj = nn.Linear(h, i, bias=False)
+        self.down_proj = nn.Linear(i, h, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class Layer(nn.Module):
     def __init__(self, c):
         super().__init__()
-        h, d = c["hidden"], c["head_dim"]
-        self.c = c
-        self.q_proj = nn.Linear(h, c["heads"] * d, bias=False)
-        self.k_proj = nn.Linear(h, c["kv"] * d, bias=False)
-        self.v_proj = nn.Linear(h, c["kv"] * d, bias=False)
-        self.o_proj = nn.Linear(c["heads"] * d, h, bias=False)
-        self.q_norm = RMSNorm(d) if c["qk_norm"] else nn.Identity()
-        self.k_norm = RMSNorm(d) if c["qk_norm"] else nn.Identity()
-        self.gate_proj = nn.Linear(h, c["inter"], bias=False)
-        self.up_proj = nn.Linear(h, c["inter"], bias=False)
-        self.down_proj = nn.Linear(c["inter"], h, bias=False)
-        self.input_layernorm = RMSNorm(h)
-        self.post_attention_layernorm = RMSNorm(h)
+        self.self_attn = Attention(c)
+        self.mlp = MLP(c)
+        self.input_layernorm = RMSNorm(c["hidden_size"], c["rms_norm_eps"])
+        self.post_attention_layernorm = RMSNorm(c["hidden_size"], c["rms_norm_eps"])
 
     def forward(self, x, cos, sin):
-        b, t, _ = x.shape
-        c = self.c
-        h = self.input_layernorm(x)
-        q = self.q_norm(self.q_proj(h).view(b, t, c["heads"], c["head_dim"])).transpose(1, 2)
-        k = self.k_norm(self.k_proj(h).view(b, t, c["kv"], c["head_dim"])).transpose(1, 2)
-        v = self.v_proj(h).view(b, t, c["kv"], c["head_dim"]).transpose(1, 2)
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
-        groups = c["heads"] // c["kv"]
-        k = k.repeat_interleave(groups, 1)
-        v = v.repeat_interleave(groups, 1)
-        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.o_proj(a.transpose(1, 2).reshape(b, t, -1))
-        h = self.post_attention_layernorm(x)
-        return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+        h = x + self.self_attn(self.input_layernorm(x), cos, sin)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class Body(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(c["vocab_size"], c["hidden_size"])
+        self.layers = nn.ModuleList(Layer(c) for _ in range(c["num_hidden_layers"]))
+        self.norm = RMSNorm(c["hidden_size"], c["rms_norm_eps"])
 
 
 class Decoder(nn.Module):
+    """Parameter names as Hugging Face's: model.embed_tokens.weight, model.layers.N..., lm_head."""
+
     def __init__(self, c, checkpointing=False):
         super().__init__()
         self.c = c
-        self.embed_tokens = nn.Embedding(c["vocab"], c["hidden"])
-        self.layers = nn.ModuleList(Layer(c) for _ in range(c["layers"]))
-        self.norm = RMSNorm(c["hidden"])
-        self.lm_head = None if c["tied"] else nn.Linear(c["hidden"], c["vocab"], bias=False)
+        self.model = Body(c)
+        if not c["tie_word_embeddings"]:
+            self.lm_head = nn.Linear(c["hidden_size"], c["vocab_size"], bias=False)
         self.checkpointing = checkpointing
 
     def forward(self, ids):
-        c = self.c
-        t = ids.shape[1]
-        inv = 1.0 / (c["theta"] ** (torch.arange(0, c["head_dim"], 2, device=ids.device).float() / c["head_dim"]))
-        freqs = torch.outer(torch.arange(t, device=ids.device).float(), inv)
+        c, t = self.c, ids.shape[1]
+        # fp32 tables, as models/decoder_layer.cc ComputeRotary.
+        exponents = torch.arange(0, c["head_dim"], 2, device=ids.device).float() / c["head_dim"]
+        inv_freq = 1.0 / torch.pow(c["rope_theta"], exponents)
+        freqs = torch.outer(torch.arange(t, device=ids.device).float(), inv_freq)
         emb = torch.cat((freqs, freqs), dim=-1)
-        cos, sin = emb.cos().to(torch.bfloat16), emb.sin().to(torch.bfloat16)
-        x = self.embed_tokens(ids)
-        for layer in self.layers:
+        cos, sin = emb.cos(), emb.sin()
+        x = self.model.embed_tokens(ids)
+        for layer in self.model.layers:
             if self.checkpointing:
                 x = torch.utils.checkpoint.checkpoint(layer, x, cos, sin, use_reentrant=False)
             else:
                 x = layer(x, cos, sin)
-        x = self.norm(x)
-        w = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(x, w)
+        x = self.model.norm(x)
+        head = self.model.embed_tokens if c["tie_word_embeddings"] else self.lm_head
+        return F.linear(x, head.weight)
+
+
+def init_like_hf(model, std=0.02):
+    """normal(0, std) for linear and embedding weights, ones for norms (HF's _init_weights)."""
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                m.weight.normal_(0.0, std)
+            elif isinstance(m, RMSNorm):
+                m.weight.fill_(1.0)
+
+
+def build_model(a, c, device):
+    """The model on `device` and the forward returning logits."""
+    if a.impl == "hf":
+        import transformers
+        if not a.init_dir:
+            raise SystemExit("--impl hf loads --init_dir: give the directory tools/bench wrote")
+        new = int(transformers.__version__.split(".")[0]) >= 5  # torch_dtype became dtype
+        dtype_arg = {"dtype" if new else "torch_dtype": torch.float32}
+        model = transformers.AutoModelForCausalLM.from_pretrained(a.init_dir, **dtype_arg)
+        if a.activation_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        return model.to(device), lambda m, ids: m(input_ids=ids, use_cache=False).logits
+    with torch.device("meta"):
+        model = Decoder(c, a.activation_checkpointing)
+    if a.init_dir:
+        from safetensors.torch import load_file
+        state = load_file(os.path.join(a.init_dir, "model.safetensors"))
+        if c["tie_word_embeddings"]:
+            state.pop("lm_head.weight", None)
+        model.load_state_dict(state, strict=True, assign=True)
+    else:
+        model.to_empty(device="cpu")
+        torch.manual_seed(0)
+        init_like_hf(model)
+    return model.to(device), lambda m, ids: m(ids)
+
+
+def decoder_layers(model):
+    return model.model.layers
+
+
+def compile_layers(model):
+    layers = decoder_layers(model)
+    for i, layer in enumerate(layers):
+        layers[i] = torch.compile(layer)
+
+
+def wrap(model, a, device, world):
+    """Compiles (--compile) and wraps the model for the engine."""
+    if a.compile and a.engine == "local":
+        model = torch.compile(model)
+    elif a.compile:
+        compile_layers(model)
+    if a.engine == "ddp":
+        ids = [device.index] if device.type == "cuda" else None
+        return nn.parallel.DistributedDataParallel(model, device_ids=ids)
+    if a.engine.startswith("fsdp2"):
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        mesh = init_device_mesh(device.type, (world,))
+        mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+              if a.bf16 else MixedPrecisionPolicy())
+        reshard = a.engine == "fsdp2"
+        for layer in decoder_layers(model):
+            fully_shard(layer, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
+        fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
+    return model
+
+
+def excluded_from_weight_decay(name):
+    """trainer/optimizer.cc ExcludedFromWeightDecay: biases and normalization weights."""
+    n = name.lower()
+    return ("bias" in n or "layernorm" in n or "rmsnorm" in n
+            or re.search(r"(^|\.)norm($|\.)|_norm($|\.)", n) is not None)
+
+
+def make_optimizer(model, a, device):
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        (no_decay if excluded_from_weight_decay(name) else decay).append(p)
+    groups = [g for g in ({"params": decay, "weight_decay": a.weight_decay},
+                          {"params": no_decay, "weight_decay": 0.0}) if g["params"]]
+    # Fused on CUDA like tools/bench's FusedAdamW; single-tensor on the CPU like LibTorch's.
+    kind = {"fused": True} if device.type == "cuda" else {"foreach": False}
+    return torch.optim.AdamW(groups, lr=a.learning_rate, betas=ADAM_BETAS, eps=ADAM_EPS, **kind)
+
+
+def tokens_path(a, world, rank):
+    """tools/bench_init_dir.cc BenchTokensPath."""
+    steps = a.warmup + a.steps
+    return os.path.join(a.init_dir, f"tokens-w{world}-ga{a.grad_accum}-mb{a.micro_batch}"
+                                    f"-seq{a.seq_len}-steps{steps}-rank{rank}.safetensors")
+
+
+def load_tokens(a, world, rank, device):
+    """[steps, grad_accum, micro_batch, seq_len] token ids tools/bench's rank `rank` trained on."""
+    from safetensors.torch import load_file
+    path = tokens_path(a, world, rank)
+    if not os.path.exists(path):
+        raise SystemExit(f"{path} does not exist: run tools/bench with --init_dir={a.init_dir} "
+                         "and the same --nproc_per_node, --grad_accum, --micro_batch, --seq_len, "
+                         "--warmup and --steps first (it writes the token ids there)")
+    ids = load_file(path)["input_ids"]
+    want = (a.warmup + a.steps, a.grad_accum, a.micro_batch, a.seq_len)
+    if tuple(ids.shape) != want:
+        raise SystemExit(f"{path} holds token ids of shape {tuple(ids.shape)}, expected {want}")
+    return ids.to(device)
+
+
+def fingerprint(ids, rank):
+    """tools/bench_init_dir.cc BenchTokensFingerprint."""
+    flat = ids.reshape(-1).long().cpu()
+    weights = torch.arange(flat.numel()).remainder(97) + 1
+    return int((flat * weights).sum()) * (rank + 1)
+
+
+def micro_batch_loss(forward, model, ids, targets):
+    """Cross-entropy summed over logits[:, :-1] against ids[:, 1:] in fp32, divided by `targets`
+    (labels are the inputs, as tools/bench's collator makes them). The logits die on return."""
+    logits = forward(model, ids)
+    shifted = logits[:, :-1].reshape(-1, logits.size(-1)).float()
+    return F.cross_entropy(shifted, ids[:, 1:].reshape(-1), reduction="sum") / targets
+
+
+@contextlib.contextmanager
+def gradient_sync(model, engine, enabled):
+    """Gradients communicated only on the last micro-batch of a step."""
+    if engine == "ddp" and not enabled:
+        with model.no_sync():
+            yield
+        return
+    if engine.startswith("fsdp2"):
+        model.set_requires_gradient_sync(enabled)
+    yield
 
 
 def flops_per_token(c, seq):
-    h, d = c["hidden"], c["head_dim"]
-    per_layer = h * c["heads"] * d * 2 + h * c["kv"] * d * 2 + 3 * h * c["inter"]
-    matmul = c["layers"] * per_layer + c["vocab"] * h
-    return 6 * matmul + 12 * c["layers"] * c["heads"] * d * seq
+    h, d = c["hidden_size"], c["head_dim"]
+    heads, kv = c["num_attention_heads"], c["num_key_value_heads"]
+    per_layer = h * heads * d * 2 + h * kv * d * 2 + 3 * h * c["intermediate_size"]
+    matmul = c["num_hidden_layers"] * per_layer + c["vocab_size"] * h
+    return 6 * matmul + 12 * c["num_hidden_layers"] * heads * d * seq
 
 
-def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--model", default="qwen3-0.6b")
+def finite_or_none(x):
+    """JSON has no NaN or infinity."""
+    return x if math.isfinite(x) else None
+
+
+def parse_bool(text):
+    if text.lower() in ("1", "true", "yes"):
+        return True
+    if text.lower() in ("0", "false", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"{text!r} is not true or false")
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="qwen3-0.6b", help="shape without --init_dir; a label with it")
+    p.add_argument("--init_dir", default="", help="directory tools/bench wrote (model and tokens)")
+    p.add_argument("--impl", default="native", choices=["native", "hf"])
+    p.add_argument("--compile", action="store_true", help="torch.compile before wrapping")
     p.add_argument("--engine", default="ddp", choices=["ddp", "fsdp2", "fsdp2_noreshard", "local"])
+    p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    p.add_argument("--bf16", type=parse_bool, default=None,
+                   help="bf16 autocast (ddp, local) or bf16 parameters (fsdp2); default: on CUDA")
     p.add_argument("--seq_len", type=int, default=2048)
     p.add_argument("--micro_batch", type=int, default=4)
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--grad_accum", type=int, default=1)
+    p.add_argument("--steps", type=int, default=20, help="timed optimizer steps")
+    p.add_argument("--warmup", type=int, default=5, help="untimed optimizer steps first")
+    p.add_argument("--learning_rate", type=float, default=1e-4)
+    p.add_argument("--weight_decay", type=float, default=0.0,
+                   help="of the matrices; tools/bench's default too")
+    p.add_argument("--max_grad_norm", type=float, default=1.0)
     p.add_argument("--activation_checkpointing", action="store_true")
     p.add_argument("--peak_tflops", type=float, default=790.0)
     a = p.parse_args()
+    if a.bf16 is None:
+        a.bf16 = a.device == "cuda"
+    return a
+
+
+def init_distributed(a):
+    if "WORLD_SIZE" not in os.environ:  # started without torchrun: one process
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=str(port))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    torch.cuda.set_device(local_rank)
-    dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank))
-    world = dist.get_world_size()
-    c = CONFIGS[a.model]
-    torch.manual_seed(0)
-    model = Decoder(c, a.activation_checkpointing).cuda()
-    if a.engine == "ddp":
-        model = nn.parallel.DistributedDataParallel(model, device_ids=[local_rank])
-    elif a.engine.startswith("fsdp2"):
-        from torch.distributed.fsdp import fully_shard, MixedPrecisionPolicy
-        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        reshard = a.engine == "fsdp2"
-        for layer in model.layers:
-            fully_shard(layer, mp_policy=mp, reshard_after_forward=reshard)
-        fully_shard(model, mp_policy=mp, reshard_after_forward=False)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    gen = torch.Generator(device="cuda").manual_seed(local_rank)
-    last = 0.0
+    if a.device == "cuda":
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", device_id=device)
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo")
+    return device
+
+
+def synchronize(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def main():
+    a = parse_args()
+    device = init_distributed(a)
+    world, rank = dist.get_world_size(), dist.get_rank()
+    c = config_from_json(os.path.join(a.init_dir, "config.json")) if a.init_dir else CONFIGS[a.model]
+    model, forward = build_model(a, c, device)
+    model = wrap(model, a, device, world)
+    opt = make_optimizer(model, a, device)
+    total = a.warmup + a.steps
+    if a.init_dir:
+        tokens = load_tokens(a, world, rank, device)
+    else:
+        gen = torch.Generator(device=device).manual_seed(rank)
+        tokens = torch.randint(c["vocab_size"], (total, a.grad_accum, a.micro_batch, a.seq_len),
+                               device=device, generator=gen)
+    # This rank's loss targets per step (no padding, no ignored labels); equal on every rank, so
+    # the engines' gradient averaging gives the gradient of the global mean, as tools/bench's sum
+    # over ranks of (summed loss / global targets) does.
+    targets = a.grad_accum * a.micro_batch * (a.seq_len - 1)
+    autocast = a.bf16 and not a.engine.startswith("fsdp2")
+    step_losses = {}
     start = None
-    for step in range(a.warmup + a.steps):
+    for step in range(total):
         if step == a.warmup:
-            torch.cuda.synchronize()
+            synchronize(device)
             start = time.perf_counter()
-        ids = torch.randint(c["vocab"], (a.micro_batch, a.seq_len), device="cuda", generator=gen)
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=not a.engine.startswith("fsdp2")):
-            logits = model(ids)
-        loss = F.cross_entropy(logits[:, :-1].float().reshape(-1, c["vocab"]), ids[:, 1:].reshape(-1))
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        step_loss = None
+        for i in range(a.grad_accum):
+            with gradient_sync(model, a.engine, enabled=i + 1 == a.grad_accum):
+                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
+                    loss = micro_batch_loss(forward, model, tokens[step, i], targets)
+                loss.backward()
+            step_loss = loss.detach() if step_loss is None else step_loss + loss.detach()
+        if step in (0, total - 1):
+            step_losses[step] = step_loss  # stays on the device until after the run
+        torch.nn.utils.clip_grad_norm_(model.parameters(), a.max_grad_norm)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        if step == a.warmup + a.steps - 1:
-            last = loss.item()
-    torch.cuda.synchronize()
-    seconds = torch.tensor([time.perf_counter() - start], device="cuda")
+    synchronize(device)
+    seconds = torch.tensor([time.perf_counter() - start], device=device)
     dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
-    peak = torch.tensor([torch.cuda.max_memory_allocated() / 2**30], device="cuda")
-    dist.all_reduce(peak, op=dist.ReduceOp.MAX)
-    tokens = a.steps * a.micro_batch * a.seq_len * world
-    tps = tokens / seconds.item()
+    peak = None
+    if device.type == "cuda":
+        peak_t = torch.tensor([torch.cuda.max_memory_allocated(device) / 2**30], device=device)
+        dist.all_reduce(peak_t, op=dist.ReduceOp.MAX)
+        peak = round(peak_t.item(), 2)
+    losses = torch.stack([step_losses[0], step_losses[total - 1]]).double()
+    dist.all_reduce(losses)
+    losses /= world  # mean over ranks of the local means = the global mean
+    fp = torch.tensor([fingerprint(tokens, rank)], dtype=torch.int64, device=device)
+    dist.all_reduce(fp)
+    tps = a.steps * a.grad_accum * a.micro_batch * a.seq_len * world / seconds.item()
     fpt = flops_per_token(c, a.seq_len)
     tflops = tps / world * fpt / 1e12
-    if dist.get_rank() == 0:
-        print(json.dumps({"model": a.model, "engine": "torch_" + a.engine, "gpus": world,
-                          "seq_len": a.seq_len, "micro_batch": a.micro_batch, "steps": a.steps,
-                          "tokens_per_s": round(tps, 1), "tokens_per_s_per_gpu": round(tps / world, 1),
-                          "tflops_per_gpu": round(tflops, 1), "mfu": round(tflops / a.peak_tflops, 4),
-                          "peak_memory_gib": round(peak.item(), 2), "last_loss": round(last, 4)}), flush=True)
+    if rank == 0:
+        print(json.dumps({
+            "model": a.model, "engine": "torch_" + a.engine, "impl": a.impl, "compile": a.compile,
+            "gpus": world, "device": str(device), "seq_len": a.seq_len,
+            "micro_batch": a.micro_batch, "grad_accum": a.grad_accum, "steps": a.steps,
+            "warmup": a.warmup, "bf16": a.bf16,
+            "activation_checkpointing": a.activation_checkpointing,
+            "learning_rate": a.learning_rate, "weight_decay": a.weight_decay,
+            "init_dir": a.init_dir, "seconds": round(seconds.item(), 3),
+            "tokens_per_s": round(tps, 1), "tokens_per_s_per_gpu": round(tps / world, 1),
+            "flops_per_token": fpt, "tflops_per_gpu": round(tflops, 1),
+            "mfu": round(tflops / a.peak_tflops, 4), "peak_memory_gib": peak,
+            "first_loss": finite_or_none(losses[0].item()),
+            "last_loss": finite_or_none(losses[1].item()),
+            "tokens_fingerprint": int(fp.item()), "torch": torch.__version__}), flush=True)
     dist.destroy_process_group()
+    if device.type == "cpu":
+        # torch 2.15's Gloo teardown at interpreter exit sometimes aborts ("terminate called
+        # without an active exception", about one run in ten here) after all the work is done.
+        sys.stdout.flush()
+        os._exit(0)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# The whole bench verification path on the CPU, without a GPU: tools/bench (Bazel build) beside
+# tools/bench_torch.py on the tiny model in fp32, through tools/bench_compare.py, on 1 and 2
+# processes; then the check must fail when one side gets other weights, other tokens or another
+# weight decay. Creates a virtualenv with CPU-usable torch and safetensors from PyPI when VENV
+# (default /tmp/cpptrain_bench_venv) has none (about 5 GiB: PyPI's torch brings CUDA
+# libraries).
+#   tools/bench_cpu_check.sh            # about 5 minutes once torch is installed
+#   VENV=/path/to/venv JSONL=docs/benchmarks/<date>-cpu-tiny.jsonl tools/bench_cpu_check.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+venv="${VENV:-/tmp/cpptrain_bench_venv}"
+if ! "$venv/bin/python" -c 'import torch, safetensors' 2>/dev/null; then
+  python3 -m venv "$venv" && "$venv/bin/pip" install -q torch safetensors numpy || exit 2
+fi
+# Before the virtualenv joins PATH: Bazel's actions see PATH, and another one rebuilds all.
+bazel build //tools:bench //tools:launch || exit 2
+export PATH="$venv/bin:$PATH"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+# JSONL=file keeps the raw lines of the cases that must pass (the others go to $work).
+compare() {  # init_dir, nproc, engine, more flags...
+  local init=$1 n=$2 engine=$3; shift 3
+  python3 tools/bench_compare.py --launch bazel-bin/tools/launch --bench bazel-bin/tools/bench \
+    --device cpu --bf16 false --model tiny --seq_len 32 --micro_batch 2 --steps 4 --warmup 2 \
+    --init_dir "$init" --nproc "$n" --engine "$engine" "$@"
+}
+failed=0
+expect() {  # want (pass|fail), name, compare arguments...
+  local want=$1 name=$2; shift 2
+  local jsonl="$work/runs.jsonl"
+  [[ $want == pass && -n "${JSONL:-}" ]] && jsonl="$JSONL"
+  compare "$@" --jsonl "$jsonl" >"$work/$name.log" 2>&1
+  local code=$?
+  if [[ ($want == pass && $code == 0) || ($want == fail && $code == 1) ]]; then
+    echo "ok   $name (exit $code)"
+  else
+    echo "FAIL $name: exit $code, expected the check to $want"; failed=1
+  fi
+  grep -E '^largest|^  .* differ' "$work/$name.log" | sed 's/^/     /'
+}
+expect pass local_1 "$work/init" 1 local --runs 3
+expect pass ddp_2 "$work/init" 2 ddp --runs 3
+expect pass fsdp2_2 "$work/init" 2 fsdp2 --runs 3
+
+# Other weights on PyTorch's side: the same tokens, every matrix perturbed.
+cp -r "$work/init" "$work/other"
+python3 - "$work/other/model.safetensors" <<'EOF'
+import sys, torch
+from safetensors.torch import load_file, save_file
+state = load_file(sys.argv[1])
+gen = torch.Generator().manual_seed(1)
+save_file({k: v + 0.01 * torch.randn(v.shape, generator=gen) if v.dim() == 2 else v
+           for k, v in state.items()}, sys.argv[1], metadata={"format": "pt"})
+EOF
+expect fail other_weights "$work/init" 1 local --runs 1 --torch_arg=--init_dir="$work/other"
+
+# Other tokens in PyTorch's first step.
+cp -r "$work/init" "$work/tokens"
+python3 - "$work/tokens/tokens-w1-ga1-mb2-seq32-steps6-rank0.safetensors" <<'EOF'
+import sys, torch
+from safetensors.torch import load_file, save_file
+ids = load_file(sys.argv[1])["input_ids"]
+ids[0] = torch.randint(64, ids[0].shape, generator=torch.Generator().manual_seed(7))
+save_file({"input_ids": ids}, sys.argv[1], metadata={"format": "pt"})
+EOF
+expect fail other_tokens "$work/tokens" 1 local --runs 1
+
+# Another weight decay on PyTorch's side. At learning rate 1e-4 six steps of decay 0.1 move
+# the loss by about 1e-7; at 1e-2 by about 5e-5, which a tolerance of 1e-5 catches (fp32 runs
+# agree to about 1e-7).
+expect fail weight_decay "$work/init" 1 local --runs 1 --learning_rate 1e-2 \
+  --torch_arg=--weight_decay=0.1 --last_loss_tolerance 1e-5
+expect pass same_weight_decay "$work/init" 1 local --runs 1 --learning_rate 1e-2 \
+  --weight_decay 0.1 --last_loss_tolerance 1e-5
+((failed)) && { echo "bench_cpu_check: FAILED"; exit 1; }
+echo "bench_cpu_check: every case as expected"

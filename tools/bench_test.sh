@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# End to end, our side of the bench verification (tools/bench_compare.py compares it with
+# PyTorch's; that needs torch in Python and is run by hand: docs/BENCHMARKS.md): on the tiny
+# model in fp32 on the CPU, tools/bench --init_dir writes the model and token ids once, later
+# runs load them and get the same first and last loss; DDP and FSDP2 on 2 ranks get the same
+# losses as each other; a model of another shape is refused.
+set -euo pipefail
+launch="$1"
+bench="$2"
+init="${TEST_TMPDIR}/init"
+log="${TEST_TMPDIR}/bench.log"
+
+# Prints the JSON line of one run; the remaining arguments go to tools/bench.
+bench_json() {
+  local nproc=$1; shift
+  "$launch" --nproc_per_node="$nproc" --master_port=0 "$bench" --model=tiny --bf16=false \
+    --seq_len=16 --micro_batch=2 --warmup=1 --steps=3 --init_dir="$init" "$@" >"$log" 2>&1 ||
+    { cat "$log"; echo "FAIL: tools/bench $* exited non-zero" >&2; exit 1; }
+  grep -o '{"model".*' "$log" | tail -1
+}
+field() { sed -E "s/.*\"$1\":([^,}]*).*/\1/" <<<"$2"; }
+losses() { echo "$(field first_loss "$1") $(field last_loss "$1") $(field tokens_fingerprint "$1")"; }
+
+first=$(bench_json 1 --engine=local)
+for f in config.json model.safetensors tokens-w1-ga1-mb2-seq16-steps4-rank0.safetensors; do
+  [[ -s "$init/$f" ]] || { echo "FAIL: the first run left no $init/$f"; exit 1; }
+done
+[[ "$(field first_loss "$first")" =~ ^[0-9.]+$ ]] ||
+  { echo "FAIL: no finite first_loss in $first"; exit 1; }
+[[ "$(field peak_memory_gib "$first")" == null ]] ||
+  { echo "FAIL: peak memory on the CPU should be null: $first"; exit 1; }
+again=$(bench_json 1 --engine=local)
+echo "written: $(losses "$first"); loaded: $(losses "$again")"
+[[ "$(losses "$first")" == "$(losses "$again")" ]] ||
+  { echo "FAIL: the run from the written directory differs from the one that wrote it"; exit 1; }
+
+ddp=$(bench_json 2 --engine=ddp)
+fsdp2=$(bench_json 2 --engine=fsdp2)
+echo "2 ranks: ddp $(losses "$ddp"); fsdp2 $(losses "$fsdp2")"
+[[ -s "$init/tokens-w2-ga1-mb2-seq16-steps4-rank1.safetensors" ]] ||
+  { echo "FAIL: rank 1 wrote no token ids"; exit 1; }
+# fp32 on the CPU: the engines agree to a few ulps, so compare to 6 significant digits.
+round() { awk '{ printf "%.6g %.6g %s", $1, $2, $3 }' <<<"$1"; }
+[[ "$(round "$(losses "$ddp")")" == "$(round "$(losses "$fsdp2")")" ]] ||
+  { echo "FAIL: DDP and FSDP2 trained differently from the same directory"; exit 1; }
+
+if "$launch" --nproc_per_node=1 --master_port=0 "$bench" --model=demo --bf16=false \
+  --seq_len=16 --micro_batch=2 --warmup=1 --steps=1 --init_dir="$init" >"$log" 2>&1; then
+  echo "FAIL: --model=demo on a directory holding the tiny model was accepted"; exit 1
+fi
+grep -q -- "--init_dir=$init holds another model than --model=demo" "$log" ||
+  { cat "$log"; echo "FAIL: the refusal does not name the flags"; exit 1; }
+echo PASS

@@ -302,13 +302,14 @@ TEST(ConnectStoreTest, ThreeRanksExchangeKeys) {
   absl::Status s = multi_rank::RunRanksAsThreads(3, [&](int rank, StorePtr) -> absl::Status {
     CT_ASSIGN_OR_RETURN(StorePtr store,
                         ConnectStore(LocalEnv(rank, 3, port), std::chrono::seconds(30)));
-    store->set(absl::StrCat("hello/", rank), {static_cast<uint8_t>(10 + rank)});
+    const std::vector<uint8_t> hello = {static_cast<uint8_t>(10 + rank)};
+    store->set(absl::StrCat("hello/", rank), hello);
     for (int r = 0; r < 3; ++r) {
       EXPECT_EQ(store->get(absl::StrCat("hello/", r)),
                 std::vector<uint8_t>{static_cast<uint8_t>(10 + r)});
     }
     // Rank 0 hosts the store: it must outlive the others' last request.
-    store->set(absl::StrCat("done/", rank), {1});
+    store->set(absl::StrCat("done/", rank), std::vector<uint8_t>{1});
     if (rank == 0) store->wait({"done/0", "done/1", "done/2"});
     return absl::OkStatus();
   });
@@ -327,7 +328,7 @@ TEST(ConnectStoreTest, AgentStoreMakesEveryRankAClientUnderTheAttemptPrefix) {
     env.use_agent_store = true;
     env.restart_count = 3;
     CT_ASSIGN_OR_RETURN(StorePtr store, ConnectStore(env, std::chrono::seconds(30)));
-    store->set(absl::StrCat("key", rank), {1});
+    store->set(absl::StrCat("key", rank), std::vector<uint8_t>{1});
     return absl::OkStatus();
   });
   EXPECT_TRUE(s.ok()) << s;
@@ -376,7 +377,7 @@ TEST(ConnectStoreTest, SingleProcessNeedsNoPort) {
   env.master_port = busy.port();
   absl::StatusOr<StorePtr> store = ConnectStore(env, std::chrono::seconds(5));
   ASSERT_TRUE(store.ok()) << store.status();
-  (*store)->set("k", {7});
+  (*store)->set("k", std::vector<uint8_t>{7});
   EXPECT_EQ((*store)->get("k"), std::vector<uint8_t>{7});
 }
 

@@ -336,7 +336,7 @@ TEST_P(StoreCollectiveTest, BarrierWaitsForEveryRank) {
       multi_rank::RunRanksAsThreads(world, [&](int rank, StorePtr store) -> absl::Status {
         CT_ASSIGN_OR_RETURN(auto comm, Join(store, rank, world));
         for (int round = 0; round < 3; ++round) {
-          store->set(absl::StrCat("arrived/", round, "/", rank), {1});
+          store->set(absl::StrCat("arrived/", round, "/", rank), std::vector<uint8_t>{1});
           CT_RETURN_IF_ERROR(comm->Barrier());
           for (int r = 0; r < world; ++r) {
             // check() does not wait: without the barrier a fast rank would find a key missing.
@@ -588,7 +588,7 @@ TEST(StoreCommunicatorTest, MissingRankIsATimeoutNamingIt) {
       EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
       EXPECT_THAT(std::string(refused.message()), HasSubstr("create a new communicator"));
     }
-    store->set(absl::StrCat("done/", rank), {1});
+    store->set(absl::StrCat("done/", rank), std::vector<uint8_t>{1});
     return absl::OkStatus();
   });
   EXPECT_TRUE(s.ok()) << s;

@@ -277,7 +277,8 @@ TEST(FullyShardTest, TiedWeightsAcrossUnitsShardWithTheRoot) {
     for (const auto& item : model.named_parameters()) {
       const ShardInfo* info = sharded->Find(item.value());
       CT_RETURN_IF_ERROR(Check(info != nullptr, "no ShardInfo for " + item.key()));
-      const torch::Tensor rows = want[item.key()].grad().narrow(0, info->row_begin, info->local_rows);
+      const torch::Tensor rows =
+          want[item.key()].grad().narrow(0, info->row_begin, info->local_rows);
       CT_RETURN_IF_ERROR(Check(torch::allclose(item.value().grad(), rows, 1e-5, 1e-6),
                                "gradient of " + item.key() + " on rank " + std::to_string(rank)));
     }

@@ -6,8 +6,8 @@
 // in order on every rank and waited for once the whole backward has returned (in Backward(),
 // never from inside autograd: a recomputed layer's nested backward ends before the outer one,
 // so the first gradient hook cannot tell when backward is over). With broadcast_buffers,
-// rank 0's buffers are broadcast before every training forward. With gradient synchronization off (non-final micro-batches of an
-// accumulation) there is no communication at all. Gradients are summed, not averaged: the
+// rank 0's buffers are broadcast before every training forward. With gradient synchronization
+// off (non-final micro-batches of an accumulation) there is no communication at all. Gradients are summed, not averaged: the
 // Trainer divides the loss by the global number of targets.
 //
 //   CT_ASSIGN_OR_RETURN(auto engine, DdpEngine::Create(config, precision, device, comm));

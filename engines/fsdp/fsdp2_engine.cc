@@ -129,7 +129,9 @@ std::string DTypeName(at::ScalarType dtype) {
 }
 
 // The dtypes a group gathers in and reduces in (unset: the parameters' own, fp32 here).
-at::ScalarType GatherDtype(const FullyShardOptions& o) { return o.param_dtype.value_or(at::kFloat); }
+at::ScalarType GatherDtype(const FullyShardOptions& o) {
+  return o.param_dtype.value_or(at::kFloat);
+}
 at::ScalarType ReduceDtype(const FullyShardOptions& o) {
   return o.reduce_dtype.value_or(GatherDtype(o));
 }

@@ -317,8 +317,11 @@ std::string HostedBy(const DistributedEnv& env) {
 absl::Status ConnectError(const DistributedEnv& env, std::chrono::milliseconds timeout,
                           const std::string& message) {
   const bool hosting = env.rank == 0 && !env.use_agent_store;
-  if (hosting && (absl::StrContains(message, "Address already in use") ||
-                  absl::StrContains(message, "errno: 98"))) {
+  // LibTorch 1.13 says "Address already in use ... errno: 98"; 2.x "EADDRINUSE, message:
+  // address already in use".
+  if (hosting && (ContainsIgnoreCase(message, "address already in use") ||
+                  absl::StrContains(message, "errno: 98") ||
+                  absl::StrContains(message, "EADDRINUSE"))) {
     return absl::FailedPreconditionError(absl::StrCat(
         "ConnectStore: rank 0 cannot host the TCPStore on port ", env.master_port,
         ": the port is already in use (another job or an earlier run holds it); pick another "

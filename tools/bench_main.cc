@@ -56,6 +56,7 @@ ABSL_FLAG(bool, bf16, true, "bf16 autocast (parameters and reductions stay fp32)
 ABSL_FLAG(bool, activation_checkpointing, false, "recompute each layer in backward");
 ABSL_FLAG(bool, skip_collectives, false, "communicate nothing (measures exposed communication)");
 ABSL_FLAG(double, peak_tflops, 790.0, "peak bf16 TFLOP/s of one GPU, for MFU (H200: 790)");
+ABSL_FLAG(bool, use_cpu, false, "run on the CPU even where CUDA is available (tests)");
 ABSL_FLAG(std::string, init_dir, "",
           "Hugging Face model directory to start from (written there first when it holds none), "
           "and where each rank's token ids go for tools/bench_torch.py");
@@ -139,7 +140,8 @@ class BenchTrainer : public Trainer {
 absl::StatusOr<std::unique_ptr<Engine>> MakeEngine(const proto::TrainingArguments& args) {
   if (!absl::GetFlag(FLAGS_skip_collectives)) return CreateEngine(args);
   CT_ASSIGN_OR_RETURN(DistributedEnv env, DistributedEnvFromEnvironment());
-  CT_ASSIGN_OR_RETURN(const c10::Device device, DataParallelDevice(env));
+  CT_ASSIGN_OR_RETURN(const c10::Device device,
+                      DataParallelDevice(env, absl::GetFlag(FLAGS_use_cpu)));
   auto noop = std::make_shared<NoopCommunicator>(env.rank, env.world_size);
   if (args.has_fsdp()) {
     // Every rank computes on its own chunk in the other ranks' slots: the same shapes and
@@ -169,6 +171,7 @@ absl::StatusOr<proto::TrainingArguments> BenchArgs(int rank,
   args.set_logging_steps(static_cast<double>(steps));
   args.set_save_strategy(proto::TrainingArguments::NO);
   args.set_bf16(absl::GetFlag(FLAGS_bf16));
+  args.set_use_cpu(absl::GetFlag(FLAGS_use_cpu));
   args.set_gradient_checkpointing(absl::GetFlag(FLAGS_activation_checkpointing));
   args.set_disable_tqdm(true);
   args.set_dataloader_num_workers(2);

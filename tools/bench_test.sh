@@ -3,7 +3,8 @@
 # PyTorch's; that needs torch in Python and is run by hand: docs/BENCHMARKS.md): on the tiny
 # model in fp32 on the CPU, tools/bench --init_dir writes the model and token ids once, later
 # runs load them and get the same first and last loss; DDP and FSDP2 on 2 ranks get the same
-# losses as each other; a model of another shape is refused.
+# losses as each other; a model of another shape is refused. On the CPU also on a CUDA host
+# (--use_cpu).
 set -euo pipefail
 launch="$1"
 bench="$2"
@@ -14,7 +15,8 @@ log="${TEST_TMPDIR}/bench.log"
 bench_json() {
   local nproc=$1; shift
   "$launch" --nproc_per_node="$nproc" --master_port=0 "$bench" --model=tiny --bf16=false \
-    --seq_len=16 --micro_batch=2 --warmup=1 --steps=3 --init_dir="$init" "$@" >"$log" 2>&1 ||
+    --use_cpu --seq_len=16 --micro_batch=2 --warmup=1 --steps=3 --init_dir="$init" "$@" \
+    >"$log" 2>&1 ||
     { cat "$log"; echo "FAIL: tools/bench $* exited non-zero" >&2; exit 1; }
   grep -o '{"model".*' "$log" | tail -1
 }

@@ -13,11 +13,18 @@ namespace {
 
 using testing::TiedBlocks;
 
+// The references are computed on the CPU, also on a CUDA host.
+proto::LocalEngineConfig CpuConfig() {
+  proto::LocalEngineConfig config;
+  config.set_device("cpu");
+  return config;
+}
+
 void StepTiedBlocks(double max_norm) {
   const Batch batch = TiedBlocks::Inputs(5, 3);
   const testing::SgdReference want = testing::TiedBlocksSgdStep({batch}, 0.5, max_norm);
   auto model = std::make_shared<TiedBlocks>(1);
-  auto engine = LocalEngine::Create(proto::LocalEngineConfig(), MixedPrecision::kNone);
+  auto engine = LocalEngine::Create(CpuConfig(), MixedPrecision::kNone);
   ASSERT_TRUE(engine.ok()) << engine.status();
   int given = 0;
   ASSERT_TRUE((*engine)->PrepareForTraining(model, testing::SgdFactory(0.5, &given)).ok());
@@ -39,7 +46,7 @@ TEST(LocalEngineTest, TiedWeightsAreClippedOnce) { StepTiedBlocks(/*max_norm=*/0
 
 TEST(LocalEngineTest, ResetOptimizerBuildsAFreshOne) {
   auto model = std::make_shared<TiedBlocks>(1);
-  auto engine = LocalEngine::Create(proto::LocalEngineConfig(), MixedPrecision::kNone);
+  auto engine = LocalEngine::Create(CpuConfig(), MixedPrecision::kNone);
   ASSERT_TRUE(engine.ok());
   ASSERT_TRUE((*engine)->PrepareForTraining(model, testing::SgdFactory(0.5)).ok());
   torch::optim::Optimizer* first = (*engine)->optimizer();

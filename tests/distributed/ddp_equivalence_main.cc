@@ -129,9 +129,9 @@ int Run() {
 
   auto local_model = Model(false, variant);
   auto local_engine = LocalEngine::Create(variant.LocalConfig(), MixedPrecision::kNone);
-  std::unique_ptr<Trainer> local = variant.MakeTrainer(
-      Args(variant, 2 * env->world_size, dir + "/local", /*distributed=*/false), local_model,
-      variant.TrainData(), nullptr, std::move(*local_engine));
+  std::unique_ptr<Trainer> local =
+      variant.MakeTrainer(Args(variant, 2 * env->world_size, dir + "/local", /*distributed=*/false),
+                          local_model, variant.TrainData(), nullptr, std::move(*local_engine));
   if (!local->Train().ok()) return 1;
 
   const std::vector<double> a = StepLosses(*ddp), b = StepLosses(*local);
@@ -144,19 +144,19 @@ int Run() {
       MaxRelativeDifference(Parameters(*ddp_model), Parameters(*local_model));
   const int64_t tokens = ddp->state().num_input_tokens_seen;
   const int64_t local_tokens = local->state().num_input_tokens_seen;
-  LOG(INFO) << "world " << env->world_size << " (" << variant.Describe() << "): DDP losses "
-            << a[0] << " ... " << a[4] << "; local " << b[0] << " ... " << b[4]
+  LOG(INFO) << "world " << env->world_size << " (" << variant.Describe() << "): DDP losses " << a[0]
+            << " ... " << a[4] << "; local " << b[0] << " ... " << b[4]
             << "; max relative difference: loss " << worst_loss << ", parameters " << worst_param
             << "; input tokens seen " << tokens << " vs " << local_tokens;
   // The same (DDP-trained) model evaluated by one process.
-  Trainer local_eval(
-      Args(variant, 2, dir + "/local_eval", /*distributed=*/false), ddp_model, nullptr, EvalData(),
-      std::move(*LocalEngine::Create(variant.LocalConfig(), MixedPrecision::kNone)));
+  Trainer local_eval(Args(variant, 2, dir + "/local_eval", /*distributed=*/false), ddp_model,
+                     nullptr, EvalData(),
+                     std::move(*LocalEngine::Create(variant.LocalConfig(), MixedPrecision::kNone)));
   auto local_outputs = Evaluation(local_eval, variant.uneven);
   if (!local_outputs.ok()) return 1;
   const bool same_evaluation = SameEvaluationOrLoss(*ddp_outputs, *local_outputs, variant.uneven);
-  const bool ok = worst_loss < 1e-5 && worst_param < 1e-5 && same_evaluation &&
-                  tokens == local_tokens;
+  const bool ok = worst_loss < 1e-5 && worst_param < variant.ParameterTolerance() &&
+                  same_evaluation && tokens == local_tokens;
   std::cout << (ok ? "EQUIVALENT" : "MISMATCH") << std::endl;
   return ok ? 0 : 1;
 }

@@ -278,14 +278,17 @@ int Run() {
   const auto names = local_model->named_parameters().keys();
   for (size_t i = 0; i < names.size(); ++i) {
     const double d = MaxRelativeDifference({(*fsdp_params)[i]}, {local_params[i]});
-    if (d > tolerance) LOG(WARNING) << "parameter " << names[i] << " differs by " << d;
+    if (d > Variant().ParameterTolerance()) {
+      LOG(WARNING) << "parameter " << names[i] << " differs by " << d;
+    }
   }
   LOG(INFO) << "world " << env->world_size << " (" << Variant().Describe() << "): FSDP losses "
             << a.front() << " ... " << a.back()
             << "; local " << b.front() << " ... " << b.back() << "; max relative difference: loss "
             << worst_loss << ", parameters " << worst_param;
   const bool ok = eval_ok && never_whole && a.size() == 5 && worst_loss < tolerance &&
-                  worst_param < (bf16 ? 5e-2 : 1e-5) && adopted_difference < 1e-6 &&
+                  worst_param < (bf16 ? 5e-2 : Variant().ParameterTolerance()) &&
+                  adopted_difference < 1e-6 &&
                   StepLosses(seeded).size() == 5 && deferred_difference < tolerance &&
                   adopted.engine()->name() == "fsdp2";
   std::cout << (ok ? "EQUIVALENT" : "MISMATCH") << std::endl;

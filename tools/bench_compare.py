@@ -118,6 +118,9 @@ def host_gpus():
 
 
 def git_commit():
+    # A copy of the tree without its history (the GPU machine's) names its commit here.
+    if os.environ.get("CPPTRAIN_COMMIT"):
+        return os.environ["CPPTRAIN_COMMIT"]
     try:
         head = subprocess.run(["git", "-C", HERE, "rev-parse", "HEAD"], stdout=subprocess.PIPE,
                               stderr=subprocess.DEVNULL, text=True).stdout.strip()

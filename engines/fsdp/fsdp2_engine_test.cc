@@ -80,11 +80,12 @@ TEST(Fsdp2EngineTest, TiedWeightsAcrossUnitsAreSteppedOnce) {
 
 // An unsynchronized pass (the first micro-batch of an accumulation), then ZeroGrad (an
 // out-of-memory retry drops the step): the next step must see only its own batch.
+// Untied, so only the accumulation is under test.
 TEST(Fsdp2EngineTest, ZeroGradDropsWhatAnUnsyncedPassAccumulated) {
   const std::vector<Batch> batches = {TiedBlocks::Inputs(3, 40), TiedBlocks::Inputs(3, 41)};
-  const testing::SgdReference want = testing::TiedBlocksSgdStep(batches, 0.5, 0);
-  std::vector<std::shared_ptr<TiedBlocks>> models = {std::make_shared<TiedBlocks>(1),
-                                                     std::make_shared<TiedBlocks>(1)};
+  const testing::SgdReference want = testing::TiedBlocksSgdStep(batches, 0.5, 0, /*tied=*/false);
+  std::vector<std::shared_ptr<TiedBlocks>> models = {std::make_shared<TiedBlocks>(1, false),
+                                                     std::make_shared<TiedBlocks>(1, false)};
   absl::Status s = RunRanksAsThreads(kWorld, [&](int rank, auto store) -> absl::Status {
     CT_ASSIGN_OR_RETURN(auto engine, MakeEngine(rank, store));
     CT_RETURN_IF_ERROR(engine->PrepareForTraining(models[rank], testing::SgdFactory(0.5)));
@@ -106,7 +107,7 @@ std::vector<absl::Status> AdoptWith(const FullyShardOptions& options,
   std::vector<absl::Status> out(kWorld);
   absl::Status s = RunRanksAsThreads(kWorld, [&](int rank, auto store) -> absl::Status {
     CT_ASSIGN_OR_RETURN(ShardMesh mesh, Mesh(rank, store));
-    TiedBlocks model(1);
+    TiedBlocks model(1, /*tied=*/false);
     CT_RETURN_IF_ERROR(FullyShard(model, mesh, options).status());
     out[rank] = Fsdp2Engine::ForShardedModel(model, config, precision).status();
     return absl::OkStatus();

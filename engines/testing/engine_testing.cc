@@ -21,8 +21,9 @@ OptimizerFactory SgdFactory(double lr, int* count) {
   };
 }
 
-SgdReference TiedBlocksSgdStep(const std::vector<Batch>& batches, double lr, double max_norm) {
-  TiedBlocks model(/*seed=*/1);
+SgdReference TiedBlocksSgdStep(const std::vector<Batch>& batches, double lr, double max_norm,
+                               bool tied) {
+  TiedBlocks model(/*seed=*/1, tied);
   for (const Batch& batch : batches) model.LossSum(model.Forward(batch), batch).backward();
   // parameters() lists the tied tensor twice; the update and the norm take it once.
   std::vector<torch::Tensor> unique;

@@ -28,9 +28,10 @@ struct SgdReference {
   double norm = 0;                           // global gradient norm before clipping
 };
 
-// TiedBlocks(seed 1) after one SGD step on the summed loss of `batches` (one per rank),
+// TiedBlocks(seed 1, tied) after one SGD step on the summed loss of `batches` (one per rank),
 // clipped to `max_norm` when it is positive, the tied weight stepped once.
-SgdReference TiedBlocksSgdStep(const std::vector<Batch>& batches, double lr, double max_norm);
+SgdReference TiedBlocksSgdStep(const std::vector<Batch>& batches, double lr, double max_norm,
+                               bool tied = true);
 
 }  // namespace testing
 }  // namespace cpptrain

@@ -1,5 +1,5 @@
 // A test model whose two units share one weight: `a.w` and `b.w` are the same tensor, registered
-// under both names (weights tied across units). Its forward runs each unit through its hook, so
+// under both names (weights tied across units), or, untied, two equal copies. Its forward runs each unit through its hook, so
 // sharding engines see the tie as real models present it.
 //
 //   auto model = std::make_shared<testing::TiedBlocks>(/*seed=*/1);
@@ -38,11 +38,13 @@ class TiedBlocks : public TrainableModel {
  public:
   static constexpr int64_t kWidth = 4;
 
-  explicit TiedBlocks(uint64_t seed) : TrainableModel("TiedBlocks") {
+  // `tied` false gives b its own copy of the weight (equal at the start): the same model
+  // without the tie, for tests of something else.
+  explicit TiedBlocks(uint64_t seed, bool tied = true) : TrainableModel("TiedBlocks") {
     auto generator = at::make_generator<at::CPUGeneratorImpl>(seed);
     const torch::Tensor shared = at::randn({kWidth, kWidth}, generator) * 0.5;
     a_ = register_module("a", std::make_shared<TiedBlock>(shared));
-    b_ = register_module("b", std::make_shared<TiedBlock>(shared));
+    b_ = register_module("b", std::make_shared<TiedBlock>(tied ? shared : shared.detach().clone()));
   }
   torch::Tensor Forward(const Batch& batch) override {
     return Hooked(batch.inputs,

@@ -48,6 +48,10 @@ class TestModel : public TrainableModel {
   int64_t CountLossTargets(const Batch& batch) const override {
     return decoder_->CountLossTargets(batch);
   }
+  // The Trainer's gradient_checkpointing reaches the layers only through this.
+  void SetGradientCheckpointing(bool enabled) override {
+    decoder_->SetGradientCheckpointing(enabled);
+  }
 
  private:
   std::shared_ptr<DecoderLM> decoder_;

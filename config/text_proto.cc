@@ -19,6 +19,7 @@
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
+#include "base/status.h"
 
 namespace cpptrain {
 namespace {
@@ -232,6 +233,39 @@ void MoveToToken(absl::string_view text, absl::string_view token, int* line, int
   }
 }
 
+// The dotted path of the field whose value sits at byte `offset` of `text`: the innermost
+// "name {" blocks open there and the last "name:" before it, e.g. "args.learning_rate"; ""
+// when it cannot be told. Strings and # comments are skipped.
+std::string FieldPathAt(absl::string_view text, size_t offset) {
+  std::vector<std::string> open;
+  std::string last;   // the identifier most recently read
+  std::string field;  // the last "name:" in the innermost open block
+  for (size_t i = 0; i < offset && i < text.size(); ++i) {
+    const char c = text[i];
+    if (c == '#') {
+      while (i < text.size() && text[i] != '\n') ++i;
+    } else if (c == '"' || c == '\'') {
+      for (++i; i < text.size() && text[i] != c; ++i) i += text[i] == '\\';
+    } else if (IsIdentifierChar(c)) {
+      size_t end = i;
+      while (end < text.size() && IsIdentifierChar(text[end])) ++end;
+      last = std::string(text.substr(i, end - i));
+      i = end - 1;
+    } else if (c == ':') {
+      field = last;
+    } else if (c == '{' || c == '<') {
+      open.push_back(last);
+      field.clear();
+    } else if ((c == '}' || c == '>') && !open.empty()) {
+      open.pop_back();
+      field.clear();
+    }
+  }
+  if (field.empty()) return "";
+  open.push_back(field);
+  return absl::StrJoin(open, ".");
+}
+
 // Formats the collected errors as "source:line:column: message" lines.
 std::string FormatErrors(const CollectingErrors& errors, absl::string_view text,
                          absl::string_view source_name, const Descriptor* root) {
@@ -245,7 +279,13 @@ std::string FormatErrors(const CollectingErrors& errors, absl::string_view text,
       MoveToToken(text, Between(e.message, "Unknown enumeration value of \"", "\""), &line,
                   &column);
     }
-    lines.push_back(absl::StrCat(source_name, ":", line + 1, ":", column + 1, ": ",
+    // A value the parser refused (wrong type, out of range) also names its field.
+    std::string field;
+    if (!absl::StrContains(e.message, "has no field named")) {
+      const std::string path = FieldPathAt(text, OffsetOf(text, line, column));
+      if (!path.empty()) field = absl::StrCat("field ", path, ": ");
+    }
+    lines.push_back(absl::StrCat(source_name, ":", line + 1, ":", column + 1, ": ", field,
                                  ExplainParserError(root, e.message)));
   }
   if (lines.empty()) lines.push_back(absl::StrCat(source_name, ": malformed text proto"));
@@ -296,6 +336,24 @@ std::string LeafText(const FieldDescriptor* field, absl::string_view value) {
   return absl::StrCat(name, ": [", absl::StrJoin(items, ", "), "]");
 }
 
+// Reaching into a oneof member (parts[i]) while another member of that oneof is set would
+// switch silently ("ddp.bucket_cap_mb=25" on a file that selects `local`): an error saying how
+// to switch explicitly. A message-valued assignment ("ddp={...}") still switches.
+absl::Status CheckOneofCase(const Message& parent, const FieldDescriptor* field,
+                            const std::vector<absl::string_view>& parts, size_t i) {
+  const google::protobuf::OneofDescriptor* oneof = field->containing_oneof();
+  if (oneof == nullptr) return absl::OkStatus();
+  const FieldDescriptor* current = parent.GetReflection()->GetOneofFieldDescriptor(parent, oneof);
+  if (current == nullptr || current == field) return absl::OkStatus();
+  const std::string prefix = absl::StrJoin(parts.begin(), parts.begin() + i, ".");
+  const std::string base = prefix.empty() ? "" : absl::StrCat(prefix, ".");
+  return absl::InvalidArgumentError(absl::StrCat(
+      base, current->name(), " is selected (", oneof->name(), " is a oneof), so setting a field of ",
+      base, field->name(), " would switch ", oneof->name(), " silently; switch explicitly with ",
+      "--set=", base, field->name(), "={} before this --set, or give its fields in the braces (",
+      "--set=", base, field->name(), "={", parts[i + 1], ": ...})"));
+}
+
 // Applies `assignment` to `msg` in place; the caller works on a copy. Returns the reason
 // (without the "--set=" prefix) on failure.
 absl::Status ApplyInPlace(absl::string_view assignment, Message* msg) {
@@ -318,7 +376,8 @@ absl::Status ApplyInPlace(absl::string_view assignment, Message* msg) {
           absl::StrCat(field->full_name(), " is not a singular message field, so \"", parts[i + 1],
                        "\" cannot follow it in the path"));
     }
-    // For a oneof member this selects the case and clears the other member.
+    CT_RETURN_IF_ERROR(CheckOneofCase(*parent, field, parts, i));
+    // For a oneof member whose case is unset, this selects the case.
     parent = parent->GetReflection()->MutableMessage(parent, field);
   }
 

@@ -31,7 +31,9 @@ absl::Status LoadTextProtoFile(const std::string& path, google::protobuf::Messag
 
 // Applies one "path.to.field=value" assignment (a --set flag) to `msg`.
 //  - Each path component but the last names a singular message field; reaching into a oneof
-//    member selects that oneof case (clearing the other member), as in "fsdp.version=2".
+//    member selects that oneof case when none is selected, as in "fsdp.version=2", and is an
+//    error when another member is (it would switch engines silently): switch with a message
+//    body, "ddp={}" or "ddp={bucket_cap_mb: 25}".
 //  - The leaf is a scalar, enum, string or repeated scalar field. Strings may be unquoted;
 //    enum names also match case-insensitively ("cosine" -> COSINE). A repeated field takes a
 //    comma-separated list or text-format list syntax ("[a, b]") and is replaced; an empty

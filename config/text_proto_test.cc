@@ -78,10 +78,22 @@ TEST(ParseTextProtoTest, UnknownNestedFieldListsThatMessagesFields) {
   EXPECT_THAT(error, ::testing::Not(HasSubstr("per_device_train_batch_size")));
 }
 
-TEST(ParseTextProtoTest, TypeErrorNamesLine) {
+TEST(ParseTextProtoTest, TypeErrorNamesLineAndField) {
   const std::string error =
       ParseError("logging_steps: 10\n\nper_device_train_batch_size: \"eight\"\n");
-  EXPECT_THAT(error, AllOf(HasSubstr("run.textproto:3:"), HasSubstr("Expected integer")));
+  EXPECT_THAT(error, AllOf(HasSubstr("run.textproto:3:"),
+                           HasSubstr("field per_device_train_batch_size: "),
+                           HasSubstr("Expected integer")));
+}
+
+TEST(ParseTextProtoTest, TypeErrorInANestedMessageNamesItsPath) {
+  proto::TrainJob job;
+  const absl::Status status = ParseTextProto(
+      "args {\n  # a comment { with braces }\n  output_dir: \"/tmp/x {\"\n  ddp {\n"
+      "    bucket_cap_mb: lots\n  }\n}\n",
+      "job.textproto", &job);
+  EXPECT_THAT(std::string(status.message()),
+              AllOf(HasSubstr("job.textproto:5:"), HasSubstr("field args.ddp.bucket_cap_mb: ")));
 }
 
 TEST(ParseTextProtoTest, UnknownEnumListsValidValues) {
@@ -166,13 +178,22 @@ TEST(ApplyOverrideTest, SetsFieldThroughTrainJob) {
   EXPECT_EQ(job.data().seq_len(), 256);
 }
 
-TEST(ApplyOverrideTest, OneofSwitchFromDdpToFsdp) {
-  proto::TrainingArguments args;
-  args.mutable_ddp()->set_bucket_cap_mb(50);
-  ASSERT_TRUE(ApplyOverride("fsdp.version=1", &args).ok());
-  EXPECT_FALSE(args.has_ddp());
-  ASSERT_TRUE(args.has_fsdp());
-  EXPECT_EQ(args.fsdp().version(), 1);
+// A field of another engine than the selected one would switch engines silently: an error
+// that says how to switch; the explicit forms switch.
+TEST(ApplyOverrideTest, ReachingIntoAnotherOneofMemberIsAnError) {
+  proto::TrainJob job;
+  job.mutable_args()->mutable_local();
+  const absl::Status refused = ApplyOverride("args.ddp.bucket_cap_mb=25", &job);
+  EXPECT_THAT(std::string(refused.message()),
+              AllOf(HasSubstr("--set=args.ddp.bucket_cap_mb=25"), HasSubstr("args.local is selected"),
+                    HasSubstr("switch explicitly with --set=args.ddp={}"),
+                    HasSubstr("--set=args.ddp={bucket_cap_mb: ...}")));
+  EXPECT_TRUE(job.args().has_local()) << "a refused override changes nothing";
+  ASSERT_TRUE(ApplyOverrides({"args.ddp={}", "args.ddp.bucket_cap_mb=25"}, &job).ok());
+  EXPECT_EQ(job.args().ddp().bucket_cap_mb(), 25);
+  ASSERT_TRUE(ApplyOverride("args.fsdp={version: 1}", &job).ok());
+  EXPECT_FALSE(job.args().has_ddp());
+  EXPECT_EQ(job.args().fsdp().version(), 1);
 }
 
 TEST(ApplyOverrideTest, MessageLeafInBracesReplacesAndSelectsOneof) {

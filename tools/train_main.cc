@@ -62,9 +62,11 @@ absl::StatusOr<std::pair<DatasetPtr, DatasetPtr>> LoadData(const proto::DataSpec
   const TokenWidth width =
       data.token_dtype() == proto::DataSpec::UINT32 ? TokenWidth::kUint32 : TokenWidth::kUint16;
   CT_ASSIGN_OR_RETURN(auto train, TokenFileDataset::Open(data.train_file(), width, data.seq_len()));
+  CT_RETURN_IF_ERROR(train->CheckTokensBelow(vocab_size));
   DatasetPtr eval;
   if (data.has_eval_file()) {
     CT_ASSIGN_OR_RETURN(auto e, TokenFileDataset::Open(data.eval_file(), width, data.seq_len()));
+    CT_RETURN_IF_ERROR(e->CheckTokensBelow(vocab_size));
     eval = e;
   }
   return std::make_pair(DatasetPtr(train), eval);

@@ -111,6 +111,38 @@ int64_t TokenFileDataset::TokenAt(int64_t position) const {
          static_cast<int64_t>(p[2]) << 16 | static_cast<int64_t>(p[3]) << 24;
 }
 
+namespace {
+
+// The largest of `n` little-endian tokens of type T at `data` (memcpy per element: the
+// mapping need not be aligned; compilers vectorize the loop on little-endian hosts).
+template <typename T>
+uint64_t MaxOf(const unsigned char* data, int64_t n) {
+  T max = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    T value;
+    std::memcpy(&value, data + i * sizeof(T), sizeof(T));
+    max = value > max ? value : max;
+  }
+  return max;
+}
+
+}  // namespace
+
+absl::Status TokenFileDataset::CheckTokensBelow(int64_t vocab_size) const {
+  const int64_t n = size() * seq_len_;
+  const uint64_t max = width_ == TokenWidth::kUint16 ? MaxOf<uint16_t>(data_, n)
+                                                     : MaxOf<uint32_t>(data_, n);
+  if (max < static_cast<uint64_t>(vocab_size)) return absl::OkStatus();
+  int64_t first = 0;
+  while (first < n && TokenAt(first) < vocab_size) ++first;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "token file ", path_, ": token ", TokenAt(first), " at byte offset ",
+      first * TokenWidthBytes(width_), " (token ", first, ") is not below the model's vocab_size ",
+      vocab_size, " (largest token in the file: ", max,
+      "): the file was tokenized for another vocabulary, or data.token_dtype (",
+      TokenWidthName(width_), ") is not the file's"));
+}
+
 Example TokenFileDataset::Get(int64_t index) const {
   Example example;
   if (index < 0 || index >= size()) return example;

@@ -48,6 +48,11 @@ class TokenFileDataset final : public Dataset {
   // undefined. Returns an empty Example when index is out of range.
   Example Get(int64_t index) const override;
 
+  // One pass over the samples' tokens: an error naming the file, the first offending token,
+  // its byte offset and the largest token when any is >= vocab_size (instead of an
+  // out-of-range index deep inside the first forward that reads it).
+  absl::Status CheckTokensBelow(int64_t vocab_size) const;
+
   const std::string& path() const { return path_; }
   TokenWidth width() const { return width_; }
   int64_t seq_len() const { return seq_len_; }

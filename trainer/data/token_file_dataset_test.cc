@@ -1,14 +1,14 @@
 #include "trainer/data/token_file_dataset.h"
 
+#include <ATen/ATen.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
 #include <cstdio>
 #include <fstream>
 #include <iterator>
 #include <string>
 #include <vector>
-
-#include <ATen/ATen.h>
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
 
 namespace cpptrain {
 namespace {
@@ -65,6 +65,26 @@ TEST(TokenFileDatasetTest, Uint32RoundTrip) {
   EXPECT_EQ(ToVector((*ds)->Get(0).inputs), (std::vector<int64_t>{4294967295LL, 70000}));
   EXPECT_EQ(ToVector((*ds)->Get(1).inputs), (std::vector<int64_t>{0, 16909060}));
   EXPECT_EQ(ToVector((*ds)->Get(2).inputs), (std::vector<int64_t>{5, 6}));
+}
+
+TEST(TokenFileDatasetTest, TokensAtOrAboveTheVocabularyAreNamed) {
+  for (TokenWidth width : {TokenWidth::kUint16, TokenWidth::kUint32}) {
+    const std::string path = TempPath("vocab.bin");
+    // The 1000 is in the dropped tail; the 64 at token 5 is the first at or above 64.
+    const std::vector<int64_t> tokens = {1, 2, 3, 63, 0, 64, 70, 5, 1000};
+    ASSERT_TRUE(WriteTokenFile(path, tokens, width).ok());
+    auto ds = TokenFileDataset::Open(path, width, 4);
+    ASSERT_TRUE(ds.ok()) << ds.status();
+    EXPECT_TRUE((*ds)->CheckTokensBelow(71).ok());
+    const absl::Status refused = (*ds)->CheckTokensBelow(64);
+    EXPECT_THAT(
+        std::string(refused.message()),
+        ::testing::AllOf(
+            HasSubstr(path),
+            HasSubstr("token 64 at byte offset " + std::to_string(5 * TokenWidthBytes(width))),
+            HasSubstr("vocab_size 64"), HasSubstr("largest token in the file: 70"),
+            HasSubstr(std::string(TokenWidthName(width)))));
+  }
 }
 
 TEST(TokenFileDatasetTest, FileIsLittleEndian) {

@@ -28,14 +28,19 @@ ABSL_FLAG(std::string, master_addr, "127.0.0.1", "Address of the node that hosts
 ABSL_FLAG(int32_t, master_port, 29500,
           "Port on master_addr for the rendezvous store; 0 picks a free one (single node).");
 ABSL_FLAG(int32_t, max_restarts, 0, "Times the whole group is restarted after a failure.");
-ABSL_FLAG(double, grace_period_s, 10, "Seconds between SIGTERM and SIGKILL when stopping.");
+ABSL_FLAG(double, grace_period_s, 10,
+          "Seconds between SIGTERM and SIGKILL when stopping the ranks after one failed.");
+ABSL_FLAG(double, stop_timeout_s, 0,
+          "Seconds the ranks may take to save and exit after a forwarded SIGTERM/SIGINT; 0: no "
+          "limit (a second signal sends SIGKILL).");
 ABSL_FLAG(bool, standalone, false, "Single node on 127.0.0.1 with a free port.");
 
 namespace {
 
 constexpr char kUsage[] =
     "launch [--nproc_per_node=N] [--nnodes=1] [--node_rank=0] [--master_addr=127.0.0.1] "
-    "[--master_port=29500] [--max_restarts=0] [--grace_period_s=10] [--standalone] "
+    "[--master_port=29500] [--max_restarts=0] [--grace_period_s=10] [--stop_timeout_s=0] "
+    "[--standalone] "
     "PROGRAM [ARGS...]";
 
 std::atomic<cpptrain::Launcher*> g_launcher{nullptr};
@@ -85,6 +90,7 @@ int main(int argc, char** argv) {
   options.master_port = absl::GetFlag(FLAGS_master_port);
   options.max_restarts = absl::GetFlag(FLAGS_max_restarts);
   options.grace_period = absl::Seconds(absl::GetFlag(FLAGS_grace_period_s));
+  options.stop_timeout = absl::Seconds(absl::GetFlag(FLAGS_stop_timeout_s));
   options.standalone = absl::GetFlag(FLAGS_standalone);
   options.command = split->command;
 

@@ -46,7 +46,7 @@ constexpr std::chrono::milliseconds kGroupExitLimit(5000);
 constexpr LauncherFlag kFlags[] = {
     {"nproc_per_node", true}, {"nnodes", true},      {"node_rank", true},
     {"master_addr", true},    {"master_port", true}, {"max_restarts", true},
-    {"grace_period_s", true}, {"standalone", false},
+    {"grace_period_s", true}, {"stop_timeout_s", true}, {"standalone", false},
 };
 
 const LauncherFlag* FindFlag(absl::string_view name) {
@@ -304,6 +304,12 @@ absl::StatusOr<LaunchOptions> ResolveLaunchOptions(LaunchOptions options) {
         absl::StrCat("--grace_period_s=", absl::ToDoubleSeconds(options.grace_period),
                      " is negative: pass the seconds between SIGTERM and SIGKILL, 0 or more"));
   }
+  if (options.stop_timeout < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--stop_timeout_s=", absl::ToDoubleSeconds(options.stop_timeout),
+                     " is negative: pass the seconds ranks may take to save and exit after a "
+                     "forwarded SIGTERM/SIGINT, or 0 for no limit"));
+  }
   if (options.master_addr.empty()) {
     return absl::InvalidArgumentError("--master_addr is empty: pass a host name or address");
   }
@@ -427,16 +433,21 @@ absl::StatusOr<LaunchResult> Launcher::Run() {
 absl::StatusOr<Launcher::Attempt> Launcher::RunAttempt(int restart_count) {
   const absl::Status started = StartRanks(restart_count);
   if (!started.ok()) {
-    StopRanks(SIGKILL);
+    StopRanks(SIGKILL, absl::ZeroDuration());
     return started;
   }
   while (true) {
     Pump(kTickMs);
     if (stop_signal_ != 0) {
+      const absl::Duration timeout = options_.stop_timeout > absl::ZeroDuration()
+                                         ? options_.stop_timeout
+                                         : absl::InfiniteDuration();
       Message(absl::StrCat("got ", SignalName(stop_signal_),
-                           "; forwarding it to all ranks, SIGKILL after ",
-                           absl::FormatDuration(options_.grace_period)));
-      StopRanks(stop_signal_);
+                           "; forwarding it to all ranks, which save and exit; SIGKILL ",
+                           timeout == absl::InfiniteDuration()
+                               ? std::string("on a second signal")
+                               : absl::StrCat("after ", absl::FormatDuration(timeout))));
+      StopRanks(stop_signal_, timeout);
       return Attempt{Ending::kStopped, "", 0};
     }
     for (int index : CollectExits()) {
@@ -449,7 +460,7 @@ absl::StatusOr<Launcher::Attempt> Launcher::RunAttempt(int restart_count) {
       Message(absl::StrCat(attempt.failure, " (local rank ", rank.local_rank, ", pid ", rank.pid,
                            "); stopping the other ranks: SIGTERM, then SIGKILL after ",
                            absl::FormatDuration(options_.grace_period)));
-      StopRanks(SIGTERM);
+      StopRanks(SIGTERM, options_.grace_period);
       return attempt;
     }
     if (AllExited()) {
@@ -623,29 +634,29 @@ bool Launcher::AllExited() const {
                      [](const Rank& rank) { return rank.pid <= 0 || rank.exited; });
 }
 
-void Launcher::StopRanks(int signal) {
+void Launcher::StopRanks(int signal, absl::Duration timeout) {
   for (const Rank& rank : ranks_) {
     if (rank.pid > 0) kill(-rank.pid, signal);  // exited ranks too: their descendants
   }
   const int requests_before = stop_requests_;
-  const auto deadline = std::chrono::steady_clock::now() +
-                        std::chrono::milliseconds(absl::ToInt64Milliseconds(options_.grace_period));
+  const absl::Time deadline = absl::Now() + timeout;
   CollectExits();
   while (!AllExited() && signal != SIGKILL) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        deadline - std::chrono::steady_clock::now());
-    if (left.count() <= 0) break;
+    const int64_t left = timeout == absl::InfiniteDuration()
+                             ? kTickMs
+                             : absl::ToInt64Milliseconds(deadline - absl::Now());
+    if (left <= 0) break;
     if (stop_requests_ > requests_before) {
       Message("stop requested again; sending SIGKILL now");
       break;
     }
-    Pump(static_cast<int>(std::min<int64_t>(kTickMs, left.count())));
+    Pump(static_cast<int>(std::min<int64_t>(kTickMs, left)));
     CollectExits();
   }
   for (const Rank& rank : ranks_) {
     if (rank.pid > 0 && !rank.exited && signal != SIGKILL) {
       Message(absl::StrCat("rank ", rank.rank, " (pid ", rank.pid, ") did not exit within ",
-                           absl::FormatDuration(options_.grace_period), " of ", SignalName(signal),
+                           absl::FormatDuration(timeout), " of ", SignalName(signal),
                            "; sending SIGKILL"));
     }
   }

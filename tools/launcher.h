@@ -36,8 +36,11 @@ struct LaunchOptions {
   int master_port = 29500;
   // Restarts of the whole group after a failure.
   int max_restarts = 0;
-  // From SIGTERM to SIGKILL when ranks are stopped.
+  // From SIGTERM to SIGKILL when the other ranks are stopped after one failed.
   absl::Duration grace_period = absl::Seconds(10);
+  // How long ranks may take to exit after a SIGTERM/SIGINT the launcher got and forwarded
+  // (they finish a step and save a checkpoint); zero: no limit, a second signal sends SIGKILL.
+  absl::Duration stop_timeout = absl::ZeroDuration();
   // Single node on 127.0.0.1 with a free port.
   bool standalone = false;
   // TORCHELASTIC_RUN_ID; empty: ResolveLaunchOptions makes one.
@@ -154,7 +157,9 @@ class Launcher {
   bool AllExited() const;
   // Sends `signal` to every rank's process group, waits out the grace period (or until every
   // rank's process exited), then SIGKILLs the groups and reaps every rank.
-  void StopRanks(int signal);
+  // Sends `signal` to every rank's process group, waits up to `timeout` (infinite: until they
+  // exit or a second stop request) and SIGKILLs what is left.
+  void StopRanks(int signal, absl::Duration timeout);
   // Waits (a bounded time) until every rank's process group is empty, reaping the members a
   // subreaper launcher adopted.
   void WaitForEmptyGroups();

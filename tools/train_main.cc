@@ -72,6 +72,10 @@ absl::StatusOr<std::pair<DatasetPtr, DatasetPtr>> LoadData(const proto::DataSpec
   return std::make_pair(DatasetPtr(train), eval);
 }
 
+// Set when training stopped for SIGTERM/SIGINT after saving a checkpoint: the exit code is then
+// 128 + the signal, as for a process the signal ended.
+int stopped_by_signal = 0;
+
 absl::Status Run(const std::string& config_path, const std::vector<std::string>& overrides) {
   if (config_path.empty()) {
     return absl::InvalidArgumentError("--config is empty: pass a TrainJob text file");
@@ -90,7 +94,9 @@ absl::Status Run(const std::string& config_path, const std::vector<std::string>&
             << (data.second ? absl::StrCat(", ", data.second->size(), " eval samples") : "");
 
   Trainer trainer(job.args(), model, data.first, data.second);
-  CT_ASSIGN_OR_RETURN(TrainOutput out, trainer.Train());
+  absl::StatusOr<TrainOutput> trained = trainer.Train();
+  stopped_by_signal = trainer.stopped_by_signal();
+  CT_ASSIGN_OR_RETURN(TrainOutput out, std::move(trained));
   Metrics summary = out.metrics;
   if (data.second != nullptr) {
     // Reuse the evaluation the schedule ran at the final step, if there was one.
@@ -122,7 +128,7 @@ int main(int argc, char** argv) {
       cpptrain::Run(absl::GetFlag(FLAGS_config), overrides);
   if (!status.ok()) {
     LOG(ERROR) << status.message();
-    return 1;
+    return cpptrain::stopped_by_signal != 0 ? 128 + cpptrain::stopped_by_signal : 1;
   }
   return 0;
 }

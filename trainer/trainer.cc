@@ -1,5 +1,8 @@
 #include "trainer/trainer.h"
 
+#include <csignal>
+#include <cstring>
+
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -19,6 +22,7 @@
 #include "trainer/data/data_loader.h"
 #include "trainer/metrics_log.h"
 #include "trainer/optimizer.h"
+#include "trainer/stop_signals.h"
 
 namespace cpptrain {
 namespace {
@@ -136,6 +140,11 @@ absl::StatusOr<TrainOutput> Trainer::Train() {
         "eval_strategy is ", proto::TrainingArguments::Strategy_Name(args_.eval_strategy()),
         " but the Trainer has no eval dataset: pass one, or set eval_strategy: NO"));
   }
+  CT_RETURN_IF_ERROR(Preflight());
+  // SIGTERM/SIGINT from here on end training at a step boundary with a checkpoint.
+  StopSignals stop_signals;
+  stop_signal_ = 0;
+  stopped_by_signal_ = 0;
   int64_t batch_size = args_.per_device_train_batch_size();
   while (true) {
     absl::StatusOr<TrainOutput> out = InnerTrainingLoop(batch_size);
@@ -245,6 +254,7 @@ absl::StatusOr<TrainOutput> Trainer::InnerTrainingLoop(int64_t batch_size) {
       state_.epoch = epoch + static_cast<double>(update + 1) / steps_per_epoch;
       callbacks_.StepEnd(Context());
       CT_RETURN_IF_ERROR(MaybeLogEvaluateSave());
+      if (stop_signal_ != 0) return SaveAndStopForSignal();
       if (control_.should_training_stop || control_.should_epoch_stop) break;
     }
     CT_RETURN_IF_ERROR(loader->status());
@@ -312,10 +322,14 @@ absl::Status Trainer::RunOptimizerStep(MicroBatches& step) {
     local_targets += model_->CountLossTargets(micro_batches[i]);
     local_tokens += NonPaddingTokens(micro_batches[i]);
   }
+  // A stop signal any rank received rides along, so every rank stops after the same step.
+  const int local_signal = StopSignals::Requested();
   CT_ASSIGN_OR_RETURN(torch::Tensor global,
                       engine_->AllReduceSum(torch::tensor({static_cast<double>(local_targets),
-                                                           static_cast<double>(local_tokens)},
+                                                           static_cast<double>(local_tokens),
+                                                           static_cast<double>(local_signal)},
                                                           torch::kFloat64)));
+  if (global[2].item<double>() > 0) stop_signal_ = local_signal != 0 ? local_signal : SIGTERM;
   int64_t normalizer = args_.average_tokens_across_devices()
                            ? static_cast<int64_t>(global[0].item<double>())
                            : local_targets * engine_->world_size();
@@ -340,7 +354,11 @@ absl::Status Trainer::RunOptimizerStep(MicroBatches& step) {
     step_loss += loss;
     if (!last) callbacks_.SubstepEnd(Context());
   }
-  CT_ASSIGN_OR_RETURN(last_grad_norm_, engine_->ClipGradNorm(args_.max_grad_norm()));
+  // Hugging Face computes (and logs) the norm only when it clips.
+  last_grad_norm_.reset();
+  if (args_.max_grad_norm() > 0) {
+    CT_ASSIGN_OR_RETURN(last_grad_norm_, engine_->ClipGradNorm(args_.max_grad_norm()));
+  }
   callbacks_.PreOptimizerStep(Context());
   CT_ASSIGN_OR_RETURN(bool stepped, engine_->OptimizerStep());
   (void)stepped;  // a skipped step still counts as a step, as in Hugging Face
@@ -367,8 +385,8 @@ absl::Status Trainer::MaybeLogEvaluateSave() {
     CT_ASSIGN_OR_RETURN(torch::Tensor loss_sum,
                         engine_->AllReduceSum(loss_since_log_.cpu().reshape({1})));
     Metrics logs = {{"loss", loss_sum.item<double>() / logged_steps_},
-                    {"grad_norm", last_grad_norm_},
                     {"learning_rate", last_lr_}};
+    if (last_grad_norm_.has_value()) logs["grad_norm"] = *last_grad_norm_;
     loss_since_log_.zero_();
     logged_steps_ = 0;
     Log(std::move(logs));
@@ -387,8 +405,30 @@ absl::Status Trainer::MaybeLogEvaluateSave() {
   if (control_.should_save) {
     control_.should_save = false;
     CT_RETURN_IF_ERROR(SaveCheckpoint());
+    last_saved_step_ = state_.global_step;
   }
   return absl::OkStatus();
+}
+
+absl::Status Trainer::SaveAndStopForSignal() {
+  const std::string name = strsignal(stop_signal_);
+  CT_LOG_RANK0(WARNING) << name << ": stopping after step " << state_.global_step
+                        << "; saving a checkpoint first (a second signal ends the process now)";
+  if (last_saved_step_ != state_.global_step) {
+    CT_RETURN_IF_ERROR(SaveCheckpoint());
+    last_saved_step_ = state_.global_step;
+  }
+  // Rank 0 finishes the checkpoint (manifest, state, rename) after the others' files: nobody
+  // exits before it is complete, or the launcher would stop rank 0 in the middle of it.
+  CT_RETURN_IF_ERROR(engine_->Barrier());
+  stopped_by_signal_ = stop_signal_;
+  const std::string saved = (std::filesystem::path(args_.output_dir()) /
+                             absl::StrCat("checkpoint-", state_.global_step))
+                                .string();
+  CT_LOG_RANK0(WARNING) << name << ": saved " << saved << "; exiting";
+  return absl::CancelledError(absl::StrCat(
+      "stopped by signal ", stop_signal_, " (", name, ") after step ", state_.global_step,
+      ": saved ", saved, "; resume with resume_from_checkpoint: \"latest\""));
 }
 
 bool Trainer::UpdateBestMetric(const Metrics& metrics) {

@@ -85,6 +85,9 @@ class Trainer {
   TrainableModel& model() { return *model_; }
   // Null until the first Train/Evaluate/Predict created it (unless passed in).
   Engine* engine() { return engine_.get(); }
+  // The signal (SIGTERM, SIGINT) after which the last Train() saved a checkpoint and returned
+  // a Cancelled error; 0 when it was not stopped by one. Programs exit with 128 + it.
+  int stopped_by_signal() const { return stopped_by_signal_; }
 
  protected:
   // The loss to back-propagate for one micro-batch: its summed loss divided by the number of
@@ -109,6 +112,9 @@ class Trainer {
   struct EvalResult;
 
   absl::Status EnsureEngine();
+  // Before the first step (trainer_preflight.cc): output_dir writable, room for a checkpoint,
+  // the same training arguments on every rank. Every rank returns an error when one fails.
+  absl::Status Preflight();
   absl::StatusOr<std::unique_ptr<DataLoader>> MakeLoader(std::shared_ptr<const Dataset> dataset,
                                                          bool train, int64_t batch_size) const;
   // One optimizer step's micro-batches; the last `joined` are join batches (labels all
@@ -124,6 +130,9 @@ class Trainer {
   // After an out-of-memory failure: initial weights, fresh optimizer, nothing left over.
   absl::Status ResetForRetry();
   absl::Status MaybeLogEvaluateSave();
+  // After the step in which a rank got SIGTERM/SIGINT: a checkpoint (unless this step saved
+  // one), then a Cancelled error naming it.
+  absl::Status SaveAndStopForSignal();
   absl::StatusOr<EvalResult> RunEvaluation(std::shared_ptr<const Dataset> dataset,
                                            bool keep_outputs);
   // User metrics (prefixed), "<prefix>_loss", runtime and samples per second.
@@ -155,9 +164,12 @@ class Trainer {
   torch::Tensor loss_since_log_;
   torch::Tensor loss_total_;
   int64_t logged_steps_ = 0;
-  double last_grad_norm_ = 0;
+  std::optional<double> last_grad_norm_;  // unset when max_grad_norm is 0 (none computed)
   double last_lr_ = 0;
   std::string best_model_checkpoint_;  // "" until a checkpoint holds the best metric
+  int stop_signal_ = 0;         // agreed by all ranks in the step's all-reduce
+  int stopped_by_signal_ = 0;
+  int64_t last_saved_step_ = -1;
   // auto_find_batch_size only: this rank's trainable parameters before the first step.
   std::vector<torch::Tensor> initial_parameters_;
 };

@@ -2,17 +2,21 @@
 // and prediction, logging and callbacks.
 #include "trainer/trainer.h"
 
+#include <csignal>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include "models/configs.h"
 #include "models/decoder.h"
 #include "trainer/data/in_memory_dataset.h"
+#include "trainer/internal/preflight.h"
 #include "trainer/testing/trainer_testing.h"
 
 namespace cpptrain {
@@ -132,6 +136,97 @@ TEST(TrainerTest, InputTokensSeenCountsNonPaddingTokens) {
   Trainer trainer(args, TinyDecoder(7), data);
   ASSERT_TRUE(trainer.Train().ok());
   EXPECT_EQ(trainer.state().num_input_tokens_seen, real_tokens);
+}
+
+// Checked before the first step: a directory nothing can be written into (even as root).
+TEST(TrainerTest, AnUnwritableOutputDirFailsBeforeTheFirstStep) {
+  proto::TrainingArguments args = BaseArgs("unused");
+  args.set_output_dir("/proc");
+  args.set_max_steps(2);
+  Trainer trainer(args, TinyDecoder(7), VariableLengthTokens(8, 1));
+  auto out = trainer.Train();
+  ASSERT_FALSE(out.ok());
+  EXPECT_THAT(std::string(out.status().message()),
+              ::testing::AllOf(::testing::HasSubstr("output_dir \"/proc\" is not writable"),
+                               ::testing::HasSubstr("choose a writable output_dir")));
+  EXPECT_EQ(trainer.state().global_step, 0);
+}
+
+TEST(TrainerTest, ACheckpointLargerThanTheFreeSpaceIsRefusedUpFront) {
+  auto model = TinyDecoder(7);
+  int64_t params = 0;
+  for (const auto& p : model->parameters()) params += p.numel();
+  // fp32 weights, and with AdamW two fp32 moments more.
+  EXPECT_EQ(trainer_internal::CheckpointBytes(*model, /*with_optimizer=*/false), 4 * params);
+  EXPECT_EQ(trainer_internal::CheckpointBytes(*model, /*with_optimizer=*/true), 12 * params);
+  std::filesystem::create_directories(TestTempDir("space"));
+  const absl::Status refused =
+      trainer_internal::CheckFreeSpace(TestTempDir("space"), int64_t{1} << 60);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(refused.message()),
+              ::testing::AllOf(::testing::HasSubstr("free but one checkpoint takes about"),
+                               ::testing::HasSubstr("save_strategy NO")));
+  EXPECT_TRUE(trainer_internal::CheckFreeSpace(TestTempDir("space"), 1).ok());
+}
+
+// Hugging Face logs grad_norm only when it clipped: with max_grad_norm 0 no norm is computed.
+TEST(TrainerTest, NoGradNormIsLoggedWithoutClipping) {
+  for (double max_norm : {0.0, 1.0}) {
+    proto::TrainingArguments args = BaseArgs("grad_norm");
+    args.set_max_grad_norm(max_norm);
+    args.set_max_steps(2);
+    args.set_per_device_train_batch_size(4);
+    Trainer trainer(args, TinyDecoder(7), VariableLengthTokens(16, 1));
+    ASSERT_TRUE(trainer.Train().ok());
+    int with_norm = 0;
+    for (const Metrics& m : trainer.state().log_history) with_norm += m.count("grad_norm");
+    EXPECT_EQ(with_norm, max_norm > 0 ? 2 : 0) << "max_grad_norm " << max_norm;
+  }
+}
+
+// What a scheduler's preemption delivers, at the end of one step.
+class SignalAtStep : public TrainerCallback {
+ public:
+  SignalAtStep(int64_t step, int signal) : step_(step), signal_(signal) {}
+  void OnStepEnd(const CallbackContext& c) override {
+    if (c.state.global_step == step_) std::raise(signal_);
+  }
+
+ private:
+  int64_t step_;
+  int signal_;
+};
+
+// SIGTERM (and SIGINT) during step 3: the run finishes step 4, saves checkpoint-4 although
+// save_strategy is NO, and returns Cancelled; resuming from latest ends bitwise where an
+// uninterrupted run ends.
+TEST(TrainerTest, AStopSignalSavesACheckpointAndTheResumeIsExact) {
+  auto data = VariableLengthTokens(48, 3);
+  proto::TrainingArguments args = BaseArgs("signal_whole");
+  args.set_per_device_train_batch_size(4);
+  args.set_max_steps(8);
+  auto whole = TinyDecoder(7);
+  ASSERT_TRUE(Trainer(args, whole, data).Train().ok());
+  for (int signal : {SIGTERM, SIGINT}) {
+    proto::TrainingArguments stopped_args = args;
+    stopped_args.set_output_dir(TestTempDir(absl::StrCat("signal_", signal)));
+    auto model = TinyDecoder(7);
+    Trainer stopped(stopped_args, model, data);
+    stopped.AddCallback(std::make_shared<SignalAtStep>(3, signal));
+    auto out = stopped.Train();
+    ASSERT_EQ(out.status().code(), absl::StatusCode::kCancelled) << out.status();
+    EXPECT_EQ(stopped.stopped_by_signal(), signal);
+    EXPECT_EQ(stopped.state().global_step, 4);
+    EXPECT_THAT(std::string(out.status().message()), ::testing::HasSubstr("checkpoint-4"));
+    ASSERT_TRUE(std::filesystem::exists(stopped_args.output_dir() +
+                                        "/checkpoint-4/trainer_state.textproto"));
+    stopped_args.set_resume_from_checkpoint("latest");
+    auto resumed_model = TinyDecoder(8);
+    Trainer resumed(stopped_args, resumed_model, data);
+    ASSERT_TRUE(resumed.Train().ok());
+    EXPECT_EQ(MaxRelativeDifference(Parameters(*resumed_model), Parameters(*whole)), 0.0)
+        << "signal " << signal;
+  }
 }
 
 TEST(TrainerTest, SubclassComputeLossOverrideIsUsed) {

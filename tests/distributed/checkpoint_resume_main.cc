@@ -5,6 +5,8 @@
 // compares across legs run on different engines and world sizes.
 #include <torch/torch.h>
 
+#include <csignal>
+
 #include <iomanip>
 #include <iostream>
 
@@ -21,9 +23,25 @@ ABSL_FLAG(std::string, output_dir, "/tmp/checkpoint_resume", "where checkpoints 
 ABSL_FLAG(std::string, resume, "", "resume_from_checkpoint");
 ABSL_FLAG(int, max_steps, 10, "optimizer steps in all");
 ABSL_FLAG(bool, use_cpu, false, "train on the CPU even where CUDA is available");
+ABSL_FLAG(int, sigterm_at_step, 0, "the last rank raises SIGTERM on itself after this step");
 
 namespace cpptrain {
 namespace {
+
+// Raises SIGTERM on this process at the end of step `step` (0: never), as a scheduler's
+// preemption would deliver it.
+class RaiseAtStep : public TrainerCallback {
+ public:
+  explicit RaiseAtStep(int64_t step) : step_(step) {}
+  void OnStepEnd(const CallbackContext& c) override {
+    if (step_ > 0 && c.state.global_step == step_) std::raise(SIGTERM);
+  }
+
+ private:
+  int64_t step_;
+};
+
+void PrintLosses(const Trainer& trainer, int64_t resumed, int rank);
 
 int Run() {
   auto env = DistributedEnvFromEnvironment();
@@ -73,12 +91,26 @@ int Run() {
     resumed = std::stoll(resume.substr(dash + 1));
   }
   Trainer trainer(args, model, testing::VariableLengthTokens(120, 3));
+  if (const int step = absl::GetFlag(FLAGS_sigterm_at_step); step > 0) {
+    trainer.AddCallback(std::make_shared<RaiseAtStep>(env->rank == env->world_size - 1 ? step : 0));
+  }
   auto out = trainer.Train();
+  if (!out.ok() && trainer.stopped_by_signal() != 0) {
+    // Stopped for the signal after saving: the steps it ran, and where it stopped.
+    PrintLosses(trainer, resumed, env->rank);
+    if (env->rank == 0) std::cout << "STOPPED " << trainer.state().global_step << std::endl;
+    return 128 + trainer.stopped_by_signal();
+  }
   if (!out.ok()) {
     LOG(ERROR) << "training failed: " << out.status();
     return 1;
   }
-  if (env->rank == 0) {
+  PrintLosses(trainer, resumed, env->rank);
+  return 0;
+}
+
+void PrintLosses(const Trainer& trainer, int64_t resumed, int rank) {
+  if (rank == 0) {
     for (const Metrics& m : trainer.state().log_history) {
       if (m.count("loss") && m.at("step") > resumed) {
         std::cout << "LOSS " << static_cast<int64_t>(m.at("step")) << " " << std::setprecision(10)
@@ -86,7 +118,6 @@ int Run() {
       }
     }
   }
-  return 0;
 }
 
 }  // namespace

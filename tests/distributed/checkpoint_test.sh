@@ -5,7 +5,9 @@
 # from the previous leg's checkpoint. The same global batches run in every leg, so each
 # resumed step's loss must equal the uninterrupted 4-rank run's. Then a run killed in the
 # middle of a save: the unfinished checkpoint is never picked, and resuming from the previous
-# one continues exactly. Legs with more processes than GPUs run on the CPU.
+# one continues exactly. Then preemption: SIGTERM on one rank, and SIGTERM to the launcher,
+# each saving a checkpoint and exiting 143, and a resume from it continuing exactly. Legs with
+# more processes than GPUs run on the CPU.
 set -uo pipefail
 launch="$1"
 program="$2"
@@ -54,6 +56,49 @@ leg resumed_after_kill 2 --engine=fsdp --output_dir="$TEST_TMPDIR/killed" --resu
 if compgen -G "$TEST_TMPDIR/killed/.tmp-*" > /dev/null; then
   echo "FAIL: the next save should clear the unfinished checkpoint"; fail=1
 fi
+
+# Preemption, from inside: the last rank gets SIGTERM after step 4; every rank stops after
+# step 5 (the signal rides in that step's all-reduce), checkpoint-5 is saved, and the exit
+# code is 128 + 15. Then a resume from latest continues the uninterrupted run's losses.
+timeout 300 "$launch" --nproc_per_node=2 --master_port=0 "$program" --engine=fsdp \
+  --output_dir="$TEST_TMPDIR/sigterm" --sigterm_at_step=4 $(placement 2) \
+  > "$TEST_TMPDIR/sigterm.log" 2>&1
+code=$?
+stopped=$(grep -o "STOPPED [0-9]*" "$TEST_TMPDIR/sigterm.log" | cut -d' ' -f2)
+echo "== sigterm: 2 processes, SIGTERM on rank 1 after step 4: exit $code," \
+  "stopped after step $stopped"
+saved="$TEST_TMPDIR/sigterm/checkpoint-5/trainer_state.textproto"
+if [[ $code -ne 143 || "$stopped" != 5 || ! -f "$saved" ]]; then
+  grep -E "Terminated|launch:|ERROR" "$TEST_TMPDIR/sigterm.log" | head; ls "$TEST_TMPDIR/sigterm"
+  echo "FAIL: SIGTERM should save checkpoint-5 and exit 143"; fail=1
+fi
+record 2 $(( code == 143 ? 0 : 1 ))
+leg sigterm_resumed 2 --engine=ddp --output_dir="$TEST_TMPDIR/sigterm" --resume=latest
+checked="$checked sigterm_resumed"
+
+# Preemption through the launcher: SIGTERM to the launcher once training is under way; it
+# forwards it, the ranks save and exit, and it exits 143.
+timeout 300 "$launch" --nproc_per_node=2 --master_port=0 "$program" --engine=ddp \
+  --output_dir="$TEST_TMPDIR/forwarded" --max_steps=100000 $(placement 2) \
+  > "$TEST_TMPDIR/forwarded.log" 2>&1 &
+launcher_pid=$!
+for _ in $(seq 600); do
+  grep -q '"step":3}' "$TEST_TMPDIR/forwarded.log" 2>/dev/null && break
+  sleep 0.1
+done
+kill -TERM "$launcher_pid"
+wait "$launcher_pid"
+code=$?
+stopped=$(grep -o "STOPPED [0-9]*" "$TEST_TMPDIR/forwarded.log" | cut -d' ' -f2)
+echo "== forwarded: SIGTERM to the launcher at step >= 3: exit $code," \
+  "stopped after step $stopped"
+grep -E "launch: got|Terminated: saved" "$TEST_TMPDIR/forwarded.log" | head -3
+saved="$TEST_TMPDIR/forwarded/checkpoint-$stopped/trainer_state.textproto"
+if [[ $code -ne 143 || -z "$stopped" || ! -f "$saved" ]]; then
+  tail -20 "$TEST_TMPDIR/forwarded.log"
+  echo "FAIL: a SIGTERM to the launcher should save a checkpoint and exit 143"; fail=1
+fi
+record 2 $(( code == 143 ? 0 : 1 ))
 
 for name in $checked; do
   if ! awk -v name="$name" '

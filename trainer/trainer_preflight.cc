@@ -1,0 +1,142 @@
+// The checks Train() runs before the first step, so a job fails in seconds instead of at its
+// first save: output_dir writable, room for one checkpoint, every rank started with the same
+// training arguments.
+#include <fcntl.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <unordered_set>
+
+#include <torch/torch.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "base/logging.h"
+#include "base/status.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
+#include "sharding/fully_shard.h"
+#include "trainer/internal/preflight.h"
+#include "trainer/trainer.h"
+
+namespace cpptrain {
+namespace {
+
+// FNV-1a over the deterministic serialization. Without checkpoints each rank may write its
+// metrics to its own output_dir, so the directory counts only when checkpoints are saved.
+uint64_t ArgumentsHash(proto::TrainingArguments args) {
+  if (args.save_strategy() == proto::TrainingArguments::NO) args.clear_output_dir();
+  std::string bytes;
+  {
+    google::protobuf::io::StringOutputStream stream(&bytes);
+    google::protobuf::io::CodedOutputStream coded(&stream);
+    coded.SetSerializationDeterministic(true);
+    args.SerializeToCodedStream(&coded);
+  }
+  uint64_t hash = 1469598103934665603ull;
+  for (unsigned char c : bytes) hash = (hash ^ c) * 1099511628211ull;
+  return hash;
+}
+
+}  // namespace
+
+namespace trainer_internal {
+
+absl::Status CheckWritable(const std::string& dir) {
+  const std::string probe = (std::filesystem::path(dir) / ".cpptrain-write-check").string();
+  const int fd = ::open(probe.c_str(), O_CREAT | O_WRONLY | O_TRUNC, 0644);
+  const bool written = fd >= 0 && ::write(fd, "x", 1) == 1;
+  const int error = errno;
+  if (fd >= 0) ::close(fd);
+  ::unlink(probe.c_str());
+  if (written) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "output_dir \"", dir, "\" is not writable (", std::strerror(error),
+      "): checkpoints and metrics.jsonl are written there; choose a writable output_dir"));
+}
+
+// Bytes of one checkpoint: every parameter (whole, also when sharded) and, unless only the
+// model is saved, AdamW's two fp32 moments of each trainable one.
+int64_t CheckpointBytes(const TrainableModel& model, bool with_optimizer) {
+  int64_t bytes = 0;
+  auto add = [&](int64_t numel, int64_t element_size, bool trainable) {
+    bytes += numel * element_size + (with_optimizer && trainable ? 8 * numel : 0);
+  };
+  if (const FullyShardedModel* sharded = FullyShardedOf(model)) {
+    for (const auto& [param, info] : sharded->Shards()) {
+      int64_t numel = 1;
+      for (int64_t d : info->global_shape) numel *= d;
+      add(numel, c10::elementSize(info->dtype), param.requires_grad());
+    }
+    return bytes;
+  }
+  std::unordered_set<const c10::TensorImpl*> seen;
+  for (const at::Tensor& p : model.parameters(/*recurse=*/true)) {
+    if (seen.insert(p.unsafeGetTensorImpl()).second) {
+      add(p.numel(), static_cast<int64_t>(p.element_size()), p.requires_grad());
+    }
+  }
+  return bytes;
+}
+
+namespace {
+std::string GiB(int64_t bytes) { return absl::StrCat(bytes / (1 << 20) / 1024.0, " GiB"); }
+}  // namespace
+
+absl::Status CheckFreeSpace(const std::string& dir, int64_t needed) {
+  struct statvfs fs;
+  if (::statvfs(dir.c_str(), &fs) != 0) return absl::OkStatus();  // unknown: not a refusal
+  const int64_t available = static_cast<int64_t>(fs.f_bavail) * static_cast<int64_t>(fs.f_frsize);
+  if (available >= needed) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "output_dir \"", dir, "\" has ", GiB(available), " free but one checkpoint takes about ",
+      GiB(needed), " (", needed, " bytes: the parameters, and AdamW's two moments unless "
+      "save_only_model): free space, choose another output_dir, or set save_strategy NO"));
+}
+
+}  // namespace trainer_internal
+
+absl::Status Trainer::Preflight() {
+  using trainer_internal::CheckFreeSpace;
+  using trainer_internal::CheckpointBytes;
+  using trainer_internal::CheckWritable;
+  absl::Status local = absl::OkStatus();
+  if (state_.is_world_process_zero) {
+    local = CheckWritable(args_.output_dir());
+    if (local.ok() && args_.save_strategy() != proto::TrainingArguments::NO) {
+      local = CheckFreeSpace(args_.output_dir(),
+                             CheckpointBytes(*model_, !args_.save_only_model()));
+    }
+  }
+  const uint64_t hash = ArgumentsHash(args_);
+  const torch::Tensor mine = torch::tensor(
+      {static_cast<double>(hash >> 32), static_cast<double>(hash & 0xFFFFFFFFull),
+       local.ok() ? 0.0 : 1.0},
+      torch::kFloat64);
+  CT_ASSIGN_OR_RETURN(torch::Tensor all, engine_->AllGather(mine));
+  all = all.view({-1, 3});
+  if (!local.ok()) return local;
+  std::vector<std::string> failed, differ;
+  for (int64_t r = 0; r < all.size(0); ++r) {
+    if (all[r][2].item<double>() != 0) failed.push_back(absl::StrCat(r));
+    if (!all[r].slice(0, 0, 2).equal(all[0].slice(0, 0, 2))) differ.push_back(absl::StrCat(r));
+  }
+  if (!failed.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rank(s) ", absl::StrJoin(failed, ", "), " failed the checks before training (their "
+        "logs say why)"));
+  }
+  if (!differ.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank(s) ", absl::StrJoin(differ, ", "), " were started with other training arguments "
+        "than rank 0 (this rank's hash ", absl::Hex(hash), "): start every rank with the same "
+        "config file and --set flags"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace cpptrain

@@ -355,7 +355,8 @@ TEST(GlooCommunicatorTest, InvalidArgumentsFailBeforeAnyCommunication) {
       at::Tensor int_out = at::zeros({4}, at::kLong);
       expect_invalid(comm->ReduceScatter(int_chunks, int_out, ReduceOp::kAvg), {"avg"});
       at::Tensor flags = at::ones({4}, at::kBool);
-      expect_invalid(comm->AllReduce(flags, ReduceOp::kMax), {"dtype Bool", "supported"});
+      expect_invalid(comm->AllReduce(flags, ReduceOp::kMax), {"dtype Bool", "reductions take"});
+      expect_invalid(comm->Broadcast(flags, 0), {"dtype Bool", "supported: Float"});
       at::Tensor undefined;
       expect_invalid(comm->Broadcast(undefined, 0), {"undefined"});
       at::Tensor meta = at::empty({4}, at::TensorOptions().device(at::kMeta));

@@ -4,7 +4,6 @@
 #include <map>
 #include <memory>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -22,16 +21,8 @@ using ::testing::HasSubstr;
 using StorePtr = c10::intrusive_ptr<c10d::Store>;
 
 conformance::CommunicatorUnderTest Gloo() {
-  conformance::CommunicatorUnderTest gloo;
-  gloo.name = "Gloo";
-  gloo.backend = "gloo";
-  gloo.class_name = "GlooCommunicator";
-  gloo.create =
-      [](StorePtr store, int rank, int size,
-         std::chrono::milliseconds timeout) -> absl::StatusOr<std::unique_ptr<Communicator>> {
-    return GlooCommunicator::Create(std::move(store), rank, size, timeout);
-  };
-  gloo.takes_non_contiguous = false;
+  conformance::CommunicatorUnderTest gloo("Gloo", "gloo", "GlooCommunicator",
+                                          conformance::FactoryOf<GlooCommunicator>());
   gloo.collective_timeout_error = "Gloo AllReduce failed on rank 0 of 2";
   gloo.join_timeout_error = "Gloo rendezvous failed on rank 1 of 3";
   return gloo;

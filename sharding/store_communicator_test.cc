@@ -49,15 +49,8 @@ std::string KebabCase(absl::string_view method) {
 }
 
 conformance::CommunicatorUnderTest Store() {
-  conformance::CommunicatorUnderTest store;
-  store.name = "Store";
-  store.backend = "store";
-  store.class_name = "StoreCommunicator";
-  store.create =
-      [](StorePtr s, int rank, int size,
-         std::chrono::milliseconds timeout) -> absl::StatusOr<std::unique_ptr<Communicator>> {
-    return StoreCommunicator::Create(std::move(s), rank, size, timeout);
-  };
+  conformance::CommunicatorUnderTest store("Store", "store", "StoreCommunicator",
+                                           conformance::FactoryOf<StoreCommunicator>());
   store.takes_non_contiguous = true;
   store.op_name = KebabCase;
   store.collective_timeout_error =

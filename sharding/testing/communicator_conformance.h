@@ -7,14 +7,9 @@
 //   using ::cpptrain::conformance::CommunicatorConformanceTest;
 //
 //   conformance::CommunicatorUnderTest Store() {
-//     conformance::CommunicatorUnderTest store;
-//     store.name = "Store";
-//     store.backend = "store";
-//     store.class_name = "StoreCommunicator";
-//     store.create = [](StorePtr s, int rank, int size, std::chrono::milliseconds timeout)
-//         -> absl::StatusOr<std::unique_ptr<Communicator>> {
-//       return StoreCommunicator::Create(std::move(s), rank, size, timeout);
-//     };
+//     conformance::CommunicatorUnderTest store("Store", "store", "StoreCommunicator",
+//                                              conformance::FactoryOf<StoreCommunicator>());
+//     store.takes_non_contiguous = true;
 //     ...
 //     return store;
 //   }
@@ -33,6 +28,7 @@
 #include <optional>
 #include <ostream>
 #include <string>
+#include <utility>
 
 #include <c10/util/intrusive_ptr.h>
 #include <gtest/gtest.h>
@@ -50,8 +46,25 @@ namespace conformance {
 using CommunicatorFactory = std::function<absl::StatusOr<std::unique_ptr<Communicator>>(
     c10::intrusive_ptr<c10d::Store> store, int rank, int size, std::chrono::milliseconds timeout)>;
 
+// The factory of a communicator class `C` with the usual static C::Create(store, rank, size,
+// timeout).
+template <typename C>
+CommunicatorFactory FactoryOf() {
+  return [](c10::intrusive_ptr<c10d::Store> store, int rank, int size,
+            std::chrono::milliseconds timeout) -> absl::StatusOr<std::unique_ptr<Communicator>> {
+    return C::Create(std::move(store), rank, size, timeout);
+  };
+}
+
 // A backend under test, and the few things that differ between backends by design.
 struct CommunicatorUnderTest {
+  CommunicatorUnderTest(std::string name, std::string backend, std::string class_name,
+                        CommunicatorFactory create)
+      : name(std::move(name)),
+        backend(std::move(backend)),
+        class_name(std::move(class_name)),
+        create(std::move(create)) {}
+
   std::string name;        // Names the test cases: "Gloo".
   std::string backend;     // What backend() returns: "gloo".
   std::string class_name;  // What Create's and the argument errors name: "GlooCommunicator".

@@ -19,6 +19,7 @@
 #include "base/logging.h"
 #include "base/status.h"
 #include "base/torch_status.h"
+#include "sharding/internal/communicator_checks.h"
 
 namespace cpptrain {
 namespace {
@@ -88,27 +89,9 @@ class GlooWork : public Work {
   absl::Status status_;
 };
 
-bool IsSupportedDtype(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat:
-    case at::kDouble:
-    case at::kBFloat16:
-    case at::kHalf:
-    case at::kInt:
-    case at::kLong:
-      return true;
-    default:
-      return false;
-  }
-}
-
 // The dtype a reduction runs in: Gloo 1.13 has no bfloat16; float16 joins it for accuracy.
 at::ScalarType ReductionDtype(at::ScalarType t) {
   return t == at::kBFloat16 || t == at::kHalf ? at::kFloat : t;
-}
-
-std::string SizesString(const at::Tensor& t) {
-  return absl::StrCat("[", absl::StrJoin(t.sizes(), ", "), "]");
 }
 
 // The tensor's elements as a flat uint8 view sharing its storage (Gloo moves bytes of any
@@ -211,15 +194,8 @@ void IgnoreSigpipeUnlessHandled() {
 
 absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
     c10::intrusive_ptr<c10d::Store> store, int rank, int size, std::chrono::milliseconds timeout) {
-  if (!store) return absl::InvalidArgumentError("GlooCommunicator::Create: store is null");
-  if (size < 1 || rank < 0 || rank >= size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "GlooCommunicator::Create: need 0 <= rank < size, got rank ", rank, ", size ", size));
-  }
-  if (timeout.count() <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "GlooCommunicator::Create: timeout must be positive, got ", timeout.count(), " ms"));
-  }
+  CT_RETURN_IF_ERROR(
+      sharding_internal::CheckCreateArguments("GlooCommunicator", store, rank, size, timeout));
   IgnoreSigpipeUnlessHandled();
   const GlooDeviceChoice choice = ChooseGlooDevice(&std::getenv);
   auto options = c10d::ProcessGroupGloo::Options::create(timeout);
@@ -248,6 +224,10 @@ GlooCommunicator::~GlooCommunicator() = default;
 
 namespace {
 
+// Gloo hands each tensor's storage over as is, and moves only the dtypes it reduces.
+constexpr sharding_internal::TensorRules kTensorRules{/*reducible_dtype_everywhere=*/true,
+                                                      /*contiguous=*/true};
+
 // Everything a collective needs from its communicator while it is being issued.
 struct Context {
   c10d::ProcessGroupGloo& pg;
@@ -255,42 +235,8 @@ struct Context {
   int rank;
   int size;
 
-  std::string Prefix() const {
-    return absl::StrCat("Gloo ", op, " (rank ", rank, " of ", size, "): ");
-  }
-
-  absl::Status Invalid(absl::string_view what) const {
-    return absl::InvalidArgumentError(absl::StrCat(Prefix(), what));
-  }
-
-  absl::Status CheckTensor(const at::Tensor& t, absl::string_view name) const {
-    if (!t.defined()) return Invalid(absl::StrCat(name, " is an undefined tensor"));
-    if (t.device().type() != at::kCPU) {
-      return Invalid(absl::StrCat(name, " is on device ", t.device().str(),
-                                  "; the Gloo communicator moves CPU tensors only (use the "
-                                  "NCCL communicator for CUDA tensors, or copy to CPU)"));
-    }
-    if (t.layout() != at::kStrided) {
-      return Invalid(absl::StrCat(name, " has a non-strided layout; pass a dense tensor"));
-    }
-    if (!IsSupportedDtype(t.scalar_type())) {
-      return Invalid(absl::StrCat(name, " has dtype ", c10::toString(t.scalar_type()),
-                                  "; supported: Float, Double, BFloat16, Half, Int, Long"));
-    }
-    if (!t.is_contiguous()) {
-      return Invalid(absl::StrCat(name, " (sizes ", SizesString(t),
-                                  ") is not contiguous; pass tensor.contiguous()"));
-    }
-    return absl::OkStatus();
-  }
-
-  absl::Status CheckOp(ReduceOp op, const at::Tensor& t, absl::string_view name) const {
-    if (op == ReduceOp::kAvg && !at::isFloatingType(t.scalar_type())) {
-      return Invalid(absl::StrCat("ReduceOp avg needs a floating-point tensor; ", name,
-                                  " has dtype ", c10::toString(t.scalar_type()),
-                                  "; use sum and divide, or convert to float"));
-    }
-    return absl::OkStatus();
+  sharding_internal::CollectiveChecks Checks() const {
+    return sharding_internal::CollectiveChecks("GlooCommunicator", kTensorRules, op, rank, size);
   }
 
   // Issues `launch` now; `finish` runs on the worker thread once the transfer succeeded.
@@ -332,10 +278,9 @@ at::Tensor ReduceRows(const at::Tensor& x, ReduceOp op) {
 absl::StatusOr<std::unique_ptr<Work>> AllReduceTensors(const Context& ctx,
                                                        std::vector<at::Tensor>& tensors,
                                                        ReduceOp op) {
+  const sharding_internal::CollectiveChecks checks = ctx.Checks();
   for (size_t i = 0; i < tensors.size(); ++i) {
-    const std::string name = absl::StrCat("tensors[", i, "]");
-    CT_RETURN_IF_ERROR(ctx.CheckTensor(tensors[i], name));
-    CT_RETURN_IF_ERROR(ctx.CheckOp(op, tensors[i], name));
+    CT_RETURN_IF_ERROR(checks.Reducible(tensors[i], absl::StrCat("tensors[", i, "]"), op));
   }
   // One buffer per reduction dtype, in order of first appearance (the same on every rank).
   std::vector<std::pair<at::ScalarType, std::vector<at::Tensor>>> groups;
@@ -380,38 +325,14 @@ absl::StatusOr<std::unique_ptr<Work>> AllReduceTensors(const Context& ctx,
   return ctx.MakeWork(std::move(futures));
 }
 
-absl::Status CheckPairs(const Context& ctx, const std::vector<at::Tensor>& inputs,
-                        const std::vector<at::Tensor>& outputs) {
-  if (inputs.size() != outputs.size()) {
-    return ctx.Invalid(absl::StrCat("got ", inputs.size(), " inputs but ", outputs.size(),
-                                    " outputs; pass one output per input"));
-  }
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    CT_RETURN_IF_ERROR(ctx.CheckTensor(inputs[i], absl::StrCat("input[", i, "]")));
-    CT_RETURN_IF_ERROR(ctx.CheckTensor(outputs[i], absl::StrCat("output[", i, "]")));
-    if (inputs[i].scalar_type() != outputs[i].scalar_type()) {
-      return ctx.Invalid(absl::StrCat(
-          "input[", i, "] has dtype ", c10::toString(inputs[i].scalar_type()), " but output[", i,
-          "] has dtype ", c10::toString(outputs[i].scalar_type()), "; they must match"));
-    }
-  }
-  return absl::OkStatus();
-}
-
 absl::StatusOr<std::unique_ptr<Work>> AllGatherTensors(const Context& ctx,
                                                        const std::vector<at::Tensor>& inputs,
                                                        std::vector<at::Tensor>& outputs) {
-  CT_RETURN_IF_ERROR(CheckPairs(ctx, inputs, outputs));
+  CT_RETURN_IF_ERROR(ctx.Checks().Pairs(inputs, outputs, sharding_internal::LargerSide::kOutput));
   const int size = ctx.size;
   int64_t total_bytes = 0;
   std::vector<int64_t> bytes;
   for (size_t i = 0; i < inputs.size(); ++i) {
-    if (outputs[i].numel() != size * inputs[i].numel()) {
-      return ctx.Invalid(absl::StrCat("output[", i, "] (sizes ", SizesString(outputs[i]), ") has ",
-                                      outputs[i].numel(), " elements; expected ",
-                                      size * inputs[i].numel(), " = ", size, " ranks x ",
-                                      inputs[i].numel(), " input elements"));
-    }
     bytes.push_back(inputs[i].nbytes());
     total_bytes += bytes.back();
   }
@@ -452,18 +373,13 @@ absl::StatusOr<std::unique_ptr<Work>> ReduceScatterTensors(const Context& ctx,
                                                            const std::vector<at::Tensor>& inputs,
                                                            std::vector<at::Tensor>& outputs,
                                                            ReduceOp op) {
-  CT_RETURN_IF_ERROR(CheckPairs(ctx, inputs, outputs));
+  const sharding_internal::CollectiveChecks checks = ctx.Checks();
+  CT_RETURN_IF_ERROR(checks.Pairs(inputs, outputs, sharding_internal::LargerSide::kInput));
   const int size = ctx.size;
   int64_t chunk_bytes = 0;  // What each rank sends to each rank.
   std::vector<int64_t> bytes;
   for (size_t i = 0; i < inputs.size(); ++i) {
-    CT_RETURN_IF_ERROR(ctx.CheckOp(op, inputs[i], absl::StrCat("input[", i, "]")));
-    if (inputs[i].numel() != size * outputs[i].numel()) {
-      return ctx.Invalid(absl::StrCat("input[", i, "] (sizes ", SizesString(inputs[i]), ") has ",
-                                      inputs[i].numel(), " elements; expected ",
-                                      size * outputs[i].numel(), " = ", size, " ranks x ",
-                                      outputs[i].numel(), " output elements"));
-    }
+    CT_RETURN_IF_ERROR(checks.Reducible(inputs[i], absl::StrCat("input[", i, "]"), op));
     bytes.push_back(outputs[i].nbytes());
     chunk_bytes += bytes.back();
   }
@@ -543,10 +459,9 @@ absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::ReduceScatterCoalesced(
 
 absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::Broadcast(at::Tensor& tensor, int root) {
   const Context ctx{*pg_, "Broadcast", rank_, size_};
-  CT_RETURN_IF_ERROR(ctx.CheckTensor(tensor, "tensor"));
-  if (root < 0 || root >= size_) {
-    return ctx.Invalid(absl::StrCat("root ", root, " is outside [0, ", size_, ")"));
-  }
+  const sharding_internal::CollectiveChecks checks = ctx.Checks();
+  CT_RETURN_IF_ERROR(checks.Tensor(tensor, "tensor"));
+  CT_RETURN_IF_ERROR(checks.Root(root));
   if (tensor.numel() == 0) return ctx.MakeWork({});
   std::vector<at::Tensor> bytes{ByteView(tensor)};
   c10d::BroadcastOptions options;
@@ -559,19 +474,7 @@ absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::Broadcast(at::Tensor& te
 absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::Scatter(const at::Tensor& input,
                                                                 at::Tensor& output, int root) {
   const Context ctx{*pg_, "Scatter", rank_, size_};
-  CT_RETURN_IF_ERROR(ctx.CheckTensor(output, "output"));
-  if (root < 0 || root >= size_) {
-    return ctx.Invalid(absl::StrCat("root ", root, " is outside [0, ", size_, ")"));
-  }
-  if (rank_ == root) {
-    CT_RETURN_IF_ERROR(ctx.CheckTensor(input, "input"));
-    if (input.numel() != output.numel() * size_ || input.scalar_type() != output.scalar_type()) {
-      return ctx.Invalid(absl::StrCat(
-          "input has ", input.numel(), " ", c10::toString(input.scalar_type()),
-          " elements; it needs world size (", size_, ") x output (", output.numel(), " ",
-          c10::toString(output.scalar_type()), ")"));
-    }
-  }
+  CT_RETURN_IF_ERROR(ctx.Checks().Scatter(input, output, root));
   if (output.numel() == 0) return ctx.MakeWork({});
   std::vector<at::Tensor> outputs{ByteView(output)};
   std::vector<std::vector<at::Tensor>> inputs;

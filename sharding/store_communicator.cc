@@ -13,6 +13,7 @@
 #include "base/logging.h"
 #include "base/status.h"
 #include "base/torch_status.h"
+#include "sharding/internal/communicator_checks.h"
 
 // The key protocol. A communicator's keys live under "store_comm/<g>/", where g counts the
 // communicators this rank has created on this store (key "store_comm/created/rank<r>"; every
@@ -369,86 +370,12 @@ void ReduceInto(const std::vector<Bytes>& values, ReduceOp op, std::vector<at::T
 
 // ---- Argument checks -----------------------------------------------------------------------
 
-struct Checks {
-  const char* op;
-  int rank;
-  int size;
+// Data movement takes any dtype and any strides: every tensor is copied.
+constexpr sharding_internal::TensorRules kTensorRules{};
 
-  absl::Status Invalid(absl::string_view what) const {
-    return absl::InvalidArgumentError(
-        absl::StrCat("StoreCommunicator ", op, " (rank ", rank, " of ", size, "): ", what));
-  }
-
-  absl::Status Tensor(const at::Tensor& t, absl::string_view name) const {
-    if (!t.defined()) return Invalid(absl::StrCat(name, " is an undefined tensor"));
-    if (t.device().type() != at::kCPU) {
-      return Invalid(absl::StrCat(name, " is on device ", t.device().str(),
-                                  "; the store communicator moves CPU tensors only (use the NCCL "
-                                  "communicator for CUDA tensors, or copy to the CPU)"));
-    }
-    if (t.layout() != at::kStrided) {
-      return Invalid(absl::StrCat(name, " has a non-strided layout; pass a dense tensor"));
-    }
-    return absl::OkStatus();
-  }
-
-  absl::Status Reducible(const at::Tensor& t, absl::string_view name, ReduceOp reduce) const {
-    CT_RETURN_IF_ERROR(Tensor(t, name));
-    switch (t.scalar_type()) {
-      case at::kFloat:
-      case at::kDouble:
-      case at::kBFloat16:
-      case at::kHalf:
-      case at::kInt:
-      case at::kLong:
-        break;
-      default:
-        return Invalid(absl::StrCat(name, " has dtype ", c10::toString(t.scalar_type()),
-                                    "; reductions take Float, Double, BFloat16, Half, Int, Long"));
-    }
-    if (reduce == ReduceOp::kAvg && !at::isFloatingType(t.scalar_type())) {
-      return Invalid(absl::StrCat("ReduceOp avg needs a floating-point tensor; ", name,
-                                  " has dtype ", c10::toString(t.scalar_type()),
-                                  "; use sum and divide, or convert to float"));
-    }
-    return absl::OkStatus();
-  }
-
-  absl::Status Root(int root) const {
-    if (root >= 0 && root < size) return absl::OkStatus();
-    return Invalid(absl::StrCat("root ", root, " is outside [0, ", size, ")"));
-  }
-
-  // inputs[i] and outputs[i] are tensors of one dtype; `big` has size * small.numel() elements
-  // (big is the output for all-gather, the input for reduce-scatter).
-  absl::Status Pairs(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs,
-                     bool output_is_big) const {
-    if (inputs.size() != outputs.size()) {
-      return Invalid(absl::StrCat("got ", inputs.size(), " inputs but ", outputs.size(),
-                                  " outputs; pass one output per input"));
-    }
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      const std::string in = absl::StrCat("input[", i, "]");
-      const std::string out = absl::StrCat("output[", i, "]");
-      CT_RETURN_IF_ERROR(Tensor(inputs[i], in));
-      CT_RETURN_IF_ERROR(Tensor(outputs[i], out));
-      if (inputs[i].scalar_type() != outputs[i].scalar_type()) {
-        return Invalid(absl::StrCat(in, " has dtype ", c10::toString(inputs[i].scalar_type()),
-                                    " but ", out, " has dtype ",
-                                    c10::toString(outputs[i].scalar_type()), "; they must match"));
-      }
-      const at::Tensor& big = output_is_big ? outputs[i] : inputs[i];
-      const at::Tensor& small = output_is_big ? inputs[i] : outputs[i];
-      if (big.numel() != size * small.numel()) {
-        return Invalid(absl::StrCat(
-            output_is_big ? out : in, " (sizes [", absl::StrJoin(big.sizes(), ", "), "]) has ",
-            big.numel(), " elements; expected ", size * small.numel(), " = ", size, " ranks x ",
-            small.numel(), " elements of ", output_is_big ? in : out));
-      }
-    }
-    return absl::OkStatus();
-  }
-};
+sharding_internal::CollectiveChecks Checks(const char* op, int rank, int size) {
+  return sharding_internal::CollectiveChecks("StoreCommunicator", kTensorRules, op, rank, size);
+}
 
 int64_t TotalBytes(const std::vector<at::Tensor>& tensors) {
   int64_t total = 0;
@@ -519,15 +446,8 @@ absl::Status ReduceScatterTensors(Round& round, const std::vector<at::Tensor>& i
 
 absl::StatusOr<std::unique_ptr<StoreCommunicator>> StoreCommunicator::Create(
     c10::intrusive_ptr<c10d::Store> store, int rank, int size, std::chrono::milliseconds timeout) {
-  if (!store) return absl::InvalidArgumentError("StoreCommunicator::Create: store is null");
-  if (size < 1 || rank < 0 || rank >= size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "StoreCommunicator::Create: need 0 <= rank < size, got rank ", rank, ", size ", size));
-  }
-  if (timeout.count() <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "StoreCommunicator::Create: timeout must be positive, got ", timeout.count(), " ms"));
-  }
+  CT_RETURN_IF_ERROR(
+      sharding_internal::CheckCreateArguments("StoreCommunicator", store, rank, size, timeout));
   absl::StatusOr<int64_t> generation = CatchTorch(
       [&] { return store->add(absl::StrCat(store_internal::kKeyRoot, "/created/rank", rank), 1); });
   if (!generation.ok()) {
@@ -580,7 +500,7 @@ absl::Status StoreCommunicator::Join() {
 absl::StatusOr<std::unique_ptr<Work>> StoreCommunicator::AllReduce(at::Tensor& tensor,
                                                                    ReduceOp op) {
   std::vector<at::Tensor> tensors{tensor};
-  CT_RETURN_IF_ERROR((Checks{"all-reduce", rank_, size_}.Reducible(tensor, "tensor", op)));
+  CT_RETURN_IF_ERROR(Checks("all-reduce", rank_, size_).Reducible(tensor, "tensor", op));
   if (ByteSize(tensor) == 0) return Finished(absl::OkStatus());
   return Finished(
       Run("all-reduce", [&](Round& round) { return AllReduceTensors(round, tensors, op); }));
@@ -588,13 +508,13 @@ absl::StatusOr<std::unique_ptr<Work>> StoreCommunicator::AllReduce(at::Tensor& t
 
 absl::StatusOr<std::unique_ptr<Work>> StoreCommunicator::AllReduceCoalesced(
     std::vector<at::Tensor>& tensors, ReduceOp op) {
-  const Checks checks{"all-reduce (coalesced)", rank_, size_};
+  const auto checks = Checks("all-reduce (coalesced)", rank_, size_);
   for (size_t i = 0; i < tensors.size(); ++i) {
     CT_RETURN_IF_ERROR(checks.Reducible(tensors[i], absl::StrCat("tensors[", i, "]"), op));
   }
   if (TotalBytes(tensors) == 0) return Finished(absl::OkStatus());
   return Finished(
-      Run(checks.op, [&](Round& round) { return AllReduceTensors(round, tensors, op); }));
+      Run(checks.op(), [&](Round& round) { return AllReduceTensors(round, tensors, op); }));
 }
 
 absl::StatusOr<std::unique_ptr<Work>> StoreCommunicator::AllGather(const at::Tensor& input,
@@ -605,11 +525,12 @@ absl::StatusOr<std::unique_ptr<Work>> StoreCommunicator::AllGather(const at::Ten
 
 absl::StatusOr<std::unique_ptr<Work>> StoreCommunicator::AllGatherCoalesced(
     const std::vector<at::Tensor>& inputs, std::vector<at::Tensor>& outputs) {
-  const Checks checks{inputs.size() == 1 ? "all-gather" : "all-gather (coalesced)", rank_, size_};
-  CT_RETURN_IF_ERROR(checks.Pairs(inputs, outputs, /*output_is_big=*/true));
+  const auto checks =
+      Checks(inputs.size() == 1 ? "all-gather" : "all-gather (coalesced)", rank_, size_);
+  CT_RETURN_IF_ERROR(checks.Pairs(inputs, outputs, sharding_internal::LargerSide::kOutput));
   if (TotalBytes(inputs) == 0) return Finished(absl::OkStatus());
   return Finished(
-      Run(checks.op, [&](Round& round) { return AllGatherTensors(round, inputs, outputs); }));
+      Run(checks.op(), [&](Round& round) { return AllGatherTensors(round, inputs, outputs); }));
 }
 
 absl::StatusOr<std::unique_ptr<Work>> StoreCommunicator::ReduceScatter(const at::Tensor& input,
@@ -621,23 +542,23 @@ absl::StatusOr<std::unique_ptr<Work>> StoreCommunicator::ReduceScatter(const at:
 
 absl::StatusOr<std::unique_ptr<Work>> StoreCommunicator::ReduceScatterCoalesced(
     const std::vector<at::Tensor>& inputs, std::vector<at::Tensor>& outputs, ReduceOp op) {
-  const Checks checks{inputs.size() == 1 ? "reduce-scatter" : "reduce-scatter (coalesced)", rank_,
-                      size_};
-  CT_RETURN_IF_ERROR(checks.Pairs(inputs, outputs, /*output_is_big=*/false));
+  const auto checks =
+      Checks(inputs.size() == 1 ? "reduce-scatter" : "reduce-scatter (coalesced)", rank_, size_);
+  CT_RETURN_IF_ERROR(checks.Pairs(inputs, outputs, sharding_internal::LargerSide::kInput));
   for (size_t i = 0; i < inputs.size(); ++i) {
     CT_RETURN_IF_ERROR(checks.Reducible(inputs[i], absl::StrCat("input[", i, "]"), op));
   }
   if (TotalBytes(outputs) == 0) return Finished(absl::OkStatus());
   return Finished(Run(
-      checks.op, [&](Round& round) { return ReduceScatterTensors(round, inputs, outputs, op); }));
+      checks.op(), [&](Round& round) { return ReduceScatterTensors(round, inputs, outputs, op); }));
 }
 
 absl::StatusOr<std::unique_ptr<Work>> StoreCommunicator::Broadcast(at::Tensor& tensor, int root) {
-  const Checks checks{"broadcast", rank_, size_};
+  const auto checks = Checks("broadcast", rank_, size_);
   CT_RETURN_IF_ERROR(checks.Tensor(tensor, "tensor"));
   CT_RETURN_IF_ERROR(checks.Root(root));
   if (ByteSize(tensor) == 0) return Finished(absl::OkStatus());
-  return Finished(Run(checks.op, [&](Round& round) -> absl::Status {
+  return Finished(Run(checks.op(), [&](Round& round) -> absl::Status {
     Bytes payload;
     if (rank_ == root) AppendBytes(tensor, payload);
     CT_ASSIGN_OR_RETURN(Bytes got,
@@ -649,15 +570,10 @@ absl::StatusOr<std::unique_ptr<Work>> StoreCommunicator::Broadcast(at::Tensor& t
 
 absl::StatusOr<std::unique_ptr<Work>> StoreCommunicator::Scatter(const at::Tensor& input,
                                                                  at::Tensor& output, int root) {
-  const Checks checks{"scatter", rank_, size_};
-  CT_RETURN_IF_ERROR(checks.Tensor(output, "output"));
-  CT_RETURN_IF_ERROR(checks.Root(root));
-  if (rank_ == root) {
-    std::vector<at::Tensor> outputs{output};
-    CT_RETURN_IF_ERROR(checks.Pairs({input}, outputs, /*output_is_big=*/false));
-  }
+  const auto checks = Checks("scatter", rank_, size_);
+  CT_RETURN_IF_ERROR(checks.Scatter(input, output, root));
   if (ByteSize(output) == 0) return Finished(absl::OkStatus());
-  return Finished(Run(checks.op, [&](Round& round) -> absl::Status {
+  return Finished(Run(checks.op(), [&](Round& round) -> absl::Status {
     const int64_t n = output.numel();
     std::vector<Bytes> parts(size_);
     if (rank_ == root) {

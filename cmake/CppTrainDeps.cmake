@@ -30,7 +30,7 @@ message(STATUS "cpptrain: protobuf ${Protobuf_VERSION}, protoc ${Protobuf_PROTOC
 # first through a build-local directory holding only a link "google -> <system>/google".
 # (A plain -I/usr/include would be dropped by GCC as a system directory.) It is a non-system
 # -I directory, which GCC searches before every -isystem directory LibTorch brings.
-set(CPPTRAIN_PROTOBUF_FIRST_DIR "${CMAKE_BINARY_DIR}/protobuf_include_first")
+set(CPPTRAIN_PROTOBUF_FIRST_DIR "${CMAKE_CURRENT_BINARY_DIR}/protobuf_include_first")
 file(MAKE_DIRECTORY "${CPPTRAIN_PROTOBUF_FIRST_DIR}")
 file(CREATE_LINK "${Protobuf_INCLUDE_DIR}/google" "${CPPTRAIN_PROTOBUF_FIRST_DIR}/google"
      SYMBOLIC)
@@ -44,8 +44,12 @@ file(CREATE_LINK "${Protobuf_INCLUDE_DIR}/google" "${CPPTRAIN_PROTOBUF_FIRST_DIR
 set(CPPTRAIN_PROTOBUF_FIRST_LINK_OPTION
     "SHELL:-Wl,--push-state,--no-as-needed $<TARGET_FILE:protobuf::libprotobuf> -Wl,--pop-state")
 
+# Installed, the same link is made under <prefix>/include/cpptrain (CppTrainPackage.cmake).
 add_library(system_protobuf INTERFACE)
-target_include_directories(system_protobuf BEFORE INTERFACE "${CPPTRAIN_PROTOBUF_FIRST_DIR}")
+include(GNUInstallDirs)
+target_include_directories(system_protobuf BEFORE INTERFACE
+  "$<BUILD_INTERFACE:${CPPTRAIN_PROTOBUF_FIRST_DIR}>"
+  "$<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}/cpptrain/protobuf_include_first>")
 target_link_libraries(system_protobuf INTERFACE protobuf::libprotobuf Threads::Threads)
 target_link_options(system_protobuf INTERFACE "${CPPTRAIN_PROTOBUF_FIRST_LINK_OPTION}")
 
@@ -84,9 +88,12 @@ target_link_libraries(system_torch INTERFACE system_protobuf ${TORCH_LIBRARIES})
 find_path(CPPTRAIN_C10D_GLOO_HEADER_DIR torch/csrc/distributed/c10d/ProcessGroupGloo.hpp
           PATHS ${TORCH_INCLUDE_DIRS} NO_DEFAULT_PATH)
 find_path(CPPTRAIN_GLOO_INCLUDE_DIR gloo/algorithm.h PATHS ${TORCH_INCLUDE_DIRS} NO_DEFAULT_PATH)
+# The definitions go on system_torch as well, so they reach code outside this directory that
+# links it (an application through cpptrain::cpptrain), as the Bazel build's `defines` do.
 if(CPPTRAIN_C10D_GLOO_HEADER_DIR AND CPPTRAIN_GLOO_INCLUDE_DIR)
   set(CPPTRAIN_HAS_GLOO ON)
   add_compile_definitions(USE_C10D_GLOO CPPTRAIN_HAS_GLOO=1)
+  target_compile_definitions(system_torch INTERFACE USE_C10D_GLOO CPPTRAIN_HAS_GLOO=1)
 else()
   set(CPPTRAIN_HAS_GLOO OFF)
 endif()
@@ -101,6 +108,7 @@ set(CPPTRAIN_HAS_CUDA OFF)
 if(CPPTRAIN_ENABLE_CUDA AND (TORCH_CUDA_LIBRARIES OR TARGET torch_cuda))
   set(CPPTRAIN_HAS_CUDA ON)
   add_compile_definitions(CPPTRAIN_HAS_CUDA=1)
+  target_compile_definitions(system_torch INTERFACE CPPTRAIN_HAS_CUDA=1)
   # Torch's Caffe2Config has run FindCUDAToolkit; link the runtime when it defined it.
   if(TARGET CUDA::cudart)
     target_link_libraries(system_torch INTERFACE CUDA::cudart)
@@ -134,6 +142,7 @@ if(CPPTRAIN_HAS_CUDA AND CPPTRAIN_ENABLE_NCCL)
   if(NCCL_INCLUDE_DIR AND NCCL_LIBRARY)
     set(CPPTRAIN_HAS_NCCL ON)
     add_compile_definitions(CPPTRAIN_HAS_NCCL=1)
+    target_compile_definitions(system_torch INTERFACE CPPTRAIN_HAS_NCCL=1)
     message(STATUS "cpptrain: NCCL ${NCCL_LIBRARY} with ${NCCL_INCLUDE_DIR}/nccl.h")
     target_include_directories(system_nccl SYSTEM INTERFACE "${NCCL_INCLUDE_DIR}")
     target_link_libraries(system_nccl INTERFACE "${NCCL_LIBRARY}" system_torch)
@@ -177,16 +186,37 @@ add_library(system_absl_flags INTERFACE)
 target_link_libraries(system_absl_flags INTERFACE absl::flags absl::flags_parse absl::flags_usage
                                                   system_absl)
 
-# --- GoogleTest -------------------------------------------------------------------------
-find_package(GTest REQUIRED)
-add_library(system_gtest_main INTERFACE)
-if(TARGET GTest::gmock)
-  target_link_libraries(system_gtest_main INTERFACE GTest::gmock)
-else()
-  find_library(GMOCK_LIBRARY gmock REQUIRED)
-  target_link_libraries(system_gtest_main INTERFACE "${GMOCK_LIBRARY}")
+# --- GoogleTest (tests only) ------------------------------------------------------------
+if(CPPTRAIN_BUILD_TESTS)
+  find_package(GTest REQUIRED)
+  add_library(system_gtest_main INTERFACE)
+  if(TARGET GTest::gmock)
+    target_link_libraries(system_gtest_main INTERFACE GTest::gmock)
+  else()
+    find_library(GMOCK_LIBRARY gmock REQUIRED)
+    target_link_libraries(system_gtest_main INTERFACE "${GMOCK_LIBRARY}")
+  endif()
+  target_link_libraries(system_gtest_main INTERFACE GTest::gtest_main GTest::gtest
+                                                    Threads::Threads)
 endif()
-target_link_libraries(system_gtest_main INTERFACE GTest::gtest_main GTest::gtest Threads::Threads)
+
+# --- Under another project's add_subdirectory ------------------------------------------
+# Imported targets (torch, absl::status, glog::glog, ...) are visible only in the directory
+# that found them, but the application's targets link them through cpptrain::cpptrain from
+# another directory: make the ones found here global.
+if(NOT CMAKE_SOURCE_DIR STREQUAL CMAKE_CURRENT_SOURCE_DIR)
+  if(CMAKE_VERSION VERSION_LESS 3.21)
+    message(FATAL_ERROR "cpptrain: add_subdirectory(cpptrain) needs CMake 3.21 or newer "
+                        "(this is ${CMAKE_VERSION}); install cpptrain and use find_package")
+  endif()
+  get_property(_cpptrain_imported DIRECTORY PROPERTY IMPORTED_TARGETS)
+  foreach(target IN LISTS _cpptrain_imported)
+    get_target_property(global ${target} IMPORTED_GLOBAL)
+    if(NOT global)
+      set_target_properties(${target} PROPERTIES IMPORTED_GLOBAL TRUE)
+    endif()
+  endforeach()
+endif()
 
 message(STATUS "cpptrain: Gloo=${CPPTRAIN_HAS_GLOO} CUDA=${CPPTRAIN_HAS_CUDA} "
                "NCCL=${CPPTRAIN_HAS_NCCL}")

@@ -24,13 +24,30 @@
 # "tools/launch=$<TARGET_FILE:tools_launch>" (DEST=SRC: a built file at its Bazel path), or
 # ".=<dir>" (the whole workspace is <dir>).
 
+#
+# Paths are the project's own, also when it is a subproject of another build
+# (add_subdirectory): CPPTRAIN_SOURCE_DIR is the checkout (the directory above this file) and
+# CPPTRAIN_BINARY_DIR the build directory of the CMakeLists.txt including this file, never
+# CMAKE_SOURCE_DIR / CMAKE_BINARY_DIR (the top-level project's).
+#
+# CPPTRAIN_BUILD_TESTS OFF skips tests and TESTONLY targets; CPPTRAIN_BUILD_TOOLS OFF skips
+# targets whose sources are in tools/ (both quietly; their dependents are skipped as well).
+# Libraries that are neither are the package: cpptrain_package() (CppTrainPackage.cmake)
+# links them into the umbrella target and installs them with their headers.
+
 include_guard(GLOBAL)
+include(GNUInstallDirs)
 
 set(_CPPTRAIN_RULES_DIR "${CMAKE_CURRENT_LIST_DIR}")
+get_filename_component(CPPTRAIN_SOURCE_DIR "${CMAKE_CURRENT_LIST_DIR}/.." ABSOLUTE)
+set(CPPTRAIN_BINARY_DIR "${CMAKE_CURRENT_BINARY_DIR}")
 set(CPPTRAIN_WORKSPACE_NAME "cpptrain" CACHE STRING "Bazel workspace name (WORKSPACE) for TEST_WORKSPACE")
-set(CPPTRAIN_TEST_ROOT "${CMAKE_BINARY_DIR}/testenv")
-set(CPPTRAIN_GEN_DIR "${CMAKE_BINARY_DIR}/gen")
+set(CPPTRAIN_TEST_ROOT "${CPPTRAIN_BINARY_DIR}/testenv")
+set(CPPTRAIN_GEN_DIR "${CPPTRAIN_BINARY_DIR}/gen")
 file(MAKE_DIRECTORY "${CPPTRAIN_TEST_ROOT}" "${CPPTRAIN_GEN_DIR}")
+# Where installed headers go: <prefix>/include/cpptrain/trainer/trainer.h is included as
+# "trainer/trainer.h", as in this tree.
+set(CPPTRAIN_INSTALL_INCLUDE_SUBDIR "cpptrain")
 
 # While BUILD files name sources that are still being written, -DCPPTRAIN_SKIP_MISSING_SOURCES=ON
 # skips those targets (and their dependents) instead of failing the configure step.
@@ -42,13 +59,32 @@ set(_CPPTRAIN_TIMEOUT_medium 300)
 set(_CPPTRAIN_TIMEOUT_large 900)
 set(_CPPTRAIN_TIMEOUT_enormous 3600)
 
+# Sets <out_var> to TRUE when one of the sources is in tools/.
+function(_cpptrain_is_tool out_var)
+  foreach(src IN LISTS ARGN)
+    if(src MATCHES "^tools/")
+      set(${out_var} TRUE PARENT_SCOPE)
+      return()
+    endif()
+  endforeach()
+  set(${out_var} FALSE PARENT_SCOPE)
+endfunction()
+
 # Sets <out_var> to TRUE when the target must be skipped, and says why.
 function(_cpptrain_should_skip name out_var)
-  cmake_parse_arguments(PARSE_ARGV 2 ARG "REQUIRES_CUDA;REQUIRES_NCCL;REQUIRES_GLOO" ""
-                        "SRCS;DEPS")
+  cmake_parse_arguments(PARSE_ARGV 2 ARG "REQUIRES_CUDA;REQUIRES_NCCL;REQUIRES_GLOO;TESTONLY"
+                        "" "SRCS;DEPS")
   set(need_cuda ${ARG_REQUIRES_CUDA})
   set(need_nccl ${ARG_REQUIRES_NCCL})
   set(need_gloo ${ARG_REQUIRES_GLOO})
+  _cpptrain_is_tool(is_tool ${ARG_SRCS})
+  # Turned off by an option: skipped without a message (dependents too).
+  if((ARG_TESTONLY AND NOT CPPTRAIN_BUILD_TESTS) OR (is_tool AND NOT CPPTRAIN_BUILD_TOOLS))
+    set_property(GLOBAL APPEND PROPERTY CPPTRAIN_SKIPPED_TARGETS ${name})
+    set_property(GLOBAL APPEND PROPERTY CPPTRAIN_QUIETLY_SKIPPED_TARGETS ${name})
+    set(${out_var} TRUE PARENT_SCOPE)
+    return()
+  endif()
   foreach(src IN LISTS ARG_SRCS)
     get_filename_component(base "${src}" NAME)
     if(base MATCHES "_cuda\\.(cc|cu)$")
@@ -64,7 +100,7 @@ function(_cpptrain_should_skip name out_var)
   set(reason "")
   if(CPPTRAIN_SKIP_MISSING_SOURCES)
     foreach(src IN LISTS ARG_SRCS)
-      if(NOT IS_ABSOLUTE "${src}" AND NOT EXISTS "${CMAKE_SOURCE_DIR}/${src}")
+      if(NOT IS_ABSOLUTE "${src}" AND NOT EXISTS "${CPPTRAIN_SOURCE_DIR}/${src}")
         set(reason "${src} does not exist")
         break()
       endif()
@@ -79,15 +115,22 @@ function(_cpptrain_should_skip name out_var)
     set(reason "needs c10d Gloo headers")
   else()
     get_property(skipped GLOBAL PROPERTY CPPTRAIN_SKIPPED_TARGETS)
+    get_property(quiet GLOBAL PROPERTY CPPTRAIN_QUIETLY_SKIPPED_TARGETS)
     foreach(dep IN LISTS ARG_DEPS)
       if(dep IN_LIST skipped)
+        if(dep IN_LIST quiet)
+          set_property(GLOBAL APPEND PROPERTY CPPTRAIN_QUIETLY_SKIPPED_TARGETS ${name})
+        endif()
         set(reason "depends on skipped ${dep}")
         break()
       endif()
     endforeach()
   endif()
   if(reason)
-    message(STATUS "cpptrain: skipping ${name} (${reason})")
+    get_property(quiet GLOBAL PROPERTY CPPTRAIN_QUIETLY_SKIPPED_TARGETS)
+    if(NOT name IN_LIST quiet)
+      message(STATUS "cpptrain: skipping ${name} (${reason})")
+    endif()
     set_property(GLOBAL APPEND PROPERTY CPPTRAIN_SKIPPED_TARGETS ${name})
     set(${out_var} TRUE PARENT_SCOPE)
   else()
@@ -99,17 +142,27 @@ function(_cpptrain_should_skip name out_var)
 endfunction()
 
 function(_cpptrain_common_target_setup name)
-  target_include_directories(${name} PRIVATE "${CMAKE_SOURCE_DIR}" "${CPPTRAIN_GEN_DIR}")
+  target_include_directories(${name} PRIVATE "${CPPTRAIN_SOURCE_DIR}" "${CPPTRAIN_GEN_DIR}")
 endfunction()
+
+# Include directories of a library: the checkout and the generated headers while building,
+# <prefix>/include/cpptrain once installed.
+set(_CPPTRAIN_LIBRARY_INCLUDES
+    "$<BUILD_INTERFACE:${CPPTRAIN_SOURCE_DIR}>"
+    "$<BUILD_INTERFACE:${CPPTRAIN_GEN_DIR}>"
+    "$<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}/${CPPTRAIN_INSTALL_INCLUDE_SUBDIR}>")
 
 # cpptrain_cc_library(<name> [SRCS ...] [HDRS ...] [DEPS ...] [REQUIRES_CUDA] [REQUIRES_NCCL]
 #                     [REQUIRES_GLOO] [TESTONLY])
 # Header-only libraries (no .cc/.cu in SRCS) become INTERFACE libraries; the others STATIC.
-# TESTONLY is accepted for parity with Bazel's testonly and has no effect.
+# TESTONLY (Bazel's testonly) libraries are built only with CPPTRAIN_BUILD_TESTS.
 function(cpptrain_cc_library name)
   cmake_parse_arguments(PARSE_ARGV 1 ARG "REQUIRES_CUDA;REQUIRES_NCCL;REQUIRES_GLOO;TESTONLY" "" "SRCS;HDRS;DEPS")
   set(_cpptrain_extra_deps "")
   set(flags "")
+  if(ARG_TESTONLY)
+    list(APPEND flags TESTONLY)
+  endif()
   if(ARG_REQUIRES_CUDA)
     list(APPEND flags REQUIRES_CUDA)
   endif()
@@ -127,12 +180,16 @@ function(cpptrain_cc_library name)
   list(FILTER compiled INCLUDE REGEX "\\.(cc|cpp|cu)$")
   if(compiled)
     add_library(${name} STATIC ${ARG_SRCS} ${ARG_HDRS})
-    target_include_directories(${name} PUBLIC "${CMAKE_SOURCE_DIR}" "${CPPTRAIN_GEN_DIR}")
+    target_include_directories(${name} PUBLIC ${_CPPTRAIN_LIBRARY_INCLUDES})
     target_link_libraries(${name} PUBLIC ${ARG_DEPS} ${_cpptrain_extra_deps})
   else()
     add_library(${name} INTERFACE)
-    target_include_directories(${name} INTERFACE "${CMAKE_SOURCE_DIR}" "${CPPTRAIN_GEN_DIR}")
+    target_include_directories(${name} INTERFACE ${_CPPTRAIN_LIBRARY_INCLUDES})
     target_link_libraries(${name} INTERFACE ${ARG_DEPS} ${_cpptrain_extra_deps})
+  endif()
+  _cpptrain_is_tool(is_tool ${ARG_SRCS} ${ARG_HDRS})
+  if(NOT ARG_TESTONLY AND NOT is_tool)
+    cpptrain_package_library(${name} HEADERS ${ARG_SRCS} ${ARG_HDRS})
   endif()
 endfunction()
 
@@ -144,6 +201,9 @@ function(cpptrain_cc_binary name)
                         "SRCS;DEPS")
   set(_cpptrain_extra_deps "")
   set(flags "")
+  if(ARG_TESTONLY)
+    list(APPEND flags TESTONLY)
+  endif()
   if(ARG_REQUIRES_CUDA)
     list(APPEND flags REQUIRES_CUDA)
   endif()
@@ -163,7 +223,8 @@ function(cpptrain_cc_binary name)
   _cpptrain_common_target_setup(${name})
   target_link_libraries(${name} PRIVATE ${ARG_DEPS} ${_cpptrain_extra_deps})
   if(ARG_PACKAGE)
-    set_target_properties(${name} PROPERTIES RUNTIME_OUTPUT_DIRECTORY "${CMAKE_BINARY_DIR}/${ARG_PACKAGE}")
+    set_target_properties(${name} PROPERTIES
+                          RUNTIME_OUTPUT_DIRECTORY "${CPPTRAIN_BINARY_DIR}/${ARG_PACKAGE}")
   endif()
   if(ARG_OUTPUT_NAME)
     set_target_properties(${name} PROPERTIES OUTPUT_NAME "${ARG_OUTPUT_NAME}")
@@ -184,7 +245,7 @@ function(_cpptrain_add_test name size data_var)
     if(entry MATCHES "^([^=]+)=(.+)$")
       list(APPEND links -l "${entry}")
     else()
-      list(APPEND links -l "${entry}=${CMAKE_SOURCE_DIR}/${entry}")
+      list(APPEND links -l "${entry}=${CPPTRAIN_SOURCE_DIR}/${entry}")
     endif()
   endforeach()
   set(env_dir "${CPPTRAIN_TEST_ROOT}/${name}")
@@ -220,6 +281,9 @@ endfunction()
 function(cpptrain_cc_test name)
   cmake_parse_arguments(PARSE_ARGV 1 ARG "REQUIRES_CUDA;REQUIRES_NCCL;REQUIRES_GLOO" "SIZE;PACKAGE;OUTPUT_NAME"
                         "SRCS;DEPS;DATA")
+  if(NOT CPPTRAIN_BUILD_TESTS)
+    return()
+  endif()
   _cpptrain_names_skipped_target(${name} ARG_DATA skip)
   if(skip)
     set_property(GLOBAL APPEND PROPERTY CPPTRAIN_SKIPPED_TARGETS ${name})
@@ -242,7 +306,8 @@ function(cpptrain_cc_test name)
   if(ARG_OUTPUT_NAME)
     list(APPEND extra OUTPUT_NAME ${ARG_OUTPUT_NAME})
   endif()
-  cpptrain_cc_binary(${name} ${flags} ${extra} SRCS ${ARG_SRCS} DEPS ${ARG_DEPS} system_gtest_main)
+  cpptrain_cc_binary(${name} TESTONLY ${flags} ${extra} SRCS ${ARG_SRCS} DEPS ${ARG_DEPS}
+                     system_gtest_main)
   if(CPPTRAIN_LAST_TARGET_SKIPPED)
     return()
   endif()
@@ -254,12 +319,16 @@ endfunction()
 # path. The test is skipped when an executable it names through $<TARGET_FILE:...> was.
 function(cpptrain_sh_test name)
   cmake_parse_arguments(PARSE_ARGV 1 ARG "" "SIZE;SRCS" "ARGS;DATA")
+  if(NOT CPPTRAIN_BUILD_TESTS)
+    return()
+  endif()
   set(named ${ARG_ARGS} ${ARG_DATA})
   _cpptrain_names_skipped_target(${name} named skip)
   if(skip)
     return()
   endif()
-  _cpptrain_add_test(${name} "${ARG_SIZE}" ARG_DATA /bin/bash "${CMAKE_SOURCE_DIR}/${ARG_SRCS}"
+  _cpptrain_add_test(${name} "${ARG_SIZE}" ARG_DATA
+                     /bin/bash "${CPPTRAIN_SOURCE_DIR}/${ARG_SRCS}"
                      ${ARG_ARGS})
 endfunction()
 
@@ -275,17 +344,21 @@ function(cpptrain_cc_proto_library name)
     set(out_h "${CPPTRAIN_GEN_DIR}/${stem}.pb.h")
     add_custom_command(
       OUTPUT "${out_cc}" "${out_h}"
-      COMMAND "${Protobuf_PROTOC_EXECUTABLE}" "--proto_path=${CMAKE_SOURCE_DIR}"
+      COMMAND "${Protobuf_PROTOC_EXECUTABLE}" "--proto_path=${CPPTRAIN_SOURCE_DIR}"
               "--cpp_out=${CPPTRAIN_GEN_DIR}" "${proto}"
-      DEPENDS "${CMAKE_SOURCE_DIR}/${proto}" "${Protobuf_PROTOC_EXECUTABLE}"
-      WORKING_DIRECTORY "${CMAKE_SOURCE_DIR}"
+      DEPENDS "${CPPTRAIN_SOURCE_DIR}/${proto}" "${Protobuf_PROTOC_EXECUTABLE}"
+      WORKING_DIRECTORY "${CPPTRAIN_SOURCE_DIR}"
       COMMENT "protoc ${proto}"
       VERBATIM)
     list(APPEND generated "${out_cc}" "${out_h}")
   endforeach()
   add_library(${name} STATIC ${generated})
-  target_include_directories(${name} PUBLIC "${CPPTRAIN_GEN_DIR}")
+  target_include_directories(${name} PUBLIC
+    "$<BUILD_INTERFACE:${CPPTRAIN_GEN_DIR}>"
+    "$<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}/${CPPTRAIN_INSTALL_INCLUDE_SUBDIR}>")
   target_link_libraries(${name} PUBLIC system_protobuf ${ARG_DEPS})
   # Generated code is not ours to lint.
   set_target_properties(${name} PROPERTIES CXX_CLANG_TIDY "")
+  # Installed: the generated headers and the .proto files, beside each other.
+  cpptrain_package_library(${name} HEADERS ${generated} ${ARG_PROTOS})
 endfunction()

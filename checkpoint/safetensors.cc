@@ -551,6 +551,17 @@ absl::StatusOr<uint32_t> SafetensorsFile::ComputeCrc32c(const std::string& name)
   return Crc32c(data_ + info->begin, static_cast<size_t>(info->end - info->begin));
 }
 
+absl::Status SafetensorsFile::VerifyCrc32c(const std::string& name) const {
+  CT_ASSIGN_OR_RETURN(std::optional<uint32_t> stored, StoredCrc32c(name));
+  if (!stored.has_value()) return absl::OkStatus();
+  CT_ASSIGN_OR_RETURN(uint32_t computed, ComputeCrc32c(name));
+  if (computed == *stored) return absl::OkStatus();
+  return absl::DataLossError(absl::StrCat("safetensors file '", path_, "': tensor '", name,
+                                          "': checksum mismatch: expected crc32c ",
+                                          Crc32cHex(*stored), ", computed ", Crc32cHex(computed),
+                                          ": the file was damaged after it was written"));
+}
+
 absl::StatusOr<const SafetensorsTensorInfo*> SafetensorsFile::Find(const std::string& name) const {
   auto it = infos_.find(name);
   if (it == infos_.end()) {

@@ -159,6 +159,9 @@ class SafetensorsFile {
   absl::StatusOr<std::optional<uint32_t>> StoredCrc32c(const std::string& name) const;
   // The CRC-32C of the tensor's bytes as they are in the file now (reads every one of them).
   absl::StatusOr<uint32_t> ComputeCrc32c(const std::string& name) const;
+  // DataLoss naming the file, the tensor and both values when the tensor has a stored checksum
+  // its bytes no longer match; OK when they match or nothing is stored.
+  absl::Status VerifyCrc32c(const std::string& name) const;
 
   // A CPU tensor viewing the mapped file, without a copy. It is READ-ONLY: the pages are
   // mapped without write permission, so writing to it (in-place ops, optimizer steps) kills

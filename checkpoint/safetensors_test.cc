@@ -279,6 +279,11 @@ TEST(SafetensorsChecksumTest, ChangedBytesNoLongerMatchTheStoredChecksum) {
   auto file = OpenOrDie(path);
   ASSERT_NE(file, nullptr);
   EXPECT_NE(file->ComputeCrc32c("w").value(), file->StoredCrc32c("w").value().value());
+  const absl::Status verified = file->VerifyCrc32c("w");
+  EXPECT_EQ(verified.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(verified.message()),
+              AllOf(HasSubstr(path), HasSubstr("tensor 'w': checksum mismatch: expected crc32c "),
+                    HasSubstr(Crc32cHex(file->StoredCrc32c("w").value().value()))));
 }
 
 TEST(SafetensorsChecksumTest, FilesWithoutChecksumsHaveNone) {

@@ -144,7 +144,10 @@ void LoadProblems::AddShapeMismatch(const std::string& name, const std::vector<i
                                 Shape(model), " in the model"));
 }
 
-void LoadProblems::Add(std::string line) { lines_.push_back(std::move(line)); }
+void LoadProblems::Add(std::string line, const std::string& field) {
+  if (!field.empty()) fields_.insert(field);
+  lines_.push_back(std::move(line));
+}
 
 absl::Status LoadProblems::Resolve(const std::string& what, bool strict,
                                    const std::string& escape) const {

@@ -57,8 +57,8 @@ class LoadProblems {
                   const std::string& hint);
   void AddShapeMismatch(const std::string& name, const std::vector<int64_t>& saved,
                         const std::vector<int64_t>& model);
-  // Anything else, said in full.
-  void Add(std::string line);
+  // Anything else, said in full; `field`: a config field it points at ("" when none).
+  void Add(std::string line, const std::string& field = "");
 
   bool empty() const { return lines_.empty(); }
   const std::vector<std::string>& lines() const { return lines_; }

@@ -3,7 +3,6 @@
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <chrono>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -32,7 +31,6 @@ namespace {
 
 using checkpoint_internal::CheckFinite;
 using checkpoint_internal::CheckpointFiles;
-using checkpoint_internal::PieceCheck;
 
 constexpr char kModelPrefix[] = "model.";
 constexpr char kOptimizerPrefix[] = "optimizer.";
@@ -344,26 +342,6 @@ absl::StatusOr<LoadPlan> ResolvedPlan(const std::string& dir,
   return plan;
 }
 
-// DataLoss unless the pieces of `t`, by first row, cover its rows once each.
-absl::Status CheckPiecesTile(const std::string& dir, const proto::CheckpointTensor& t) {
-  std::vector<const proto::TensorPiece*> pieces;
-  for (const proto::TensorPiece& piece : t.pieces()) pieces.push_back(&piece);
-  std::sort(pieces.begin(), pieces.end(),
-            [](const auto* a, const auto* b) { return a->row_begin() < b->row_begin(); });
-  int64_t next = 0;
-  for (const proto::TensorPiece* piece : pieces) {
-    if (piece->row_begin() != next || piece->rows() < 0) break;
-    next += piece->rows();
-  }
-  const int64_t rows = StoredShape(ShapeOf(t))[0];
-  if (next == rows) return absl::OkStatus();
-  return absl::DataLossError(absl::StrCat("checkpoint '", dir, "', ", kManifestFileName, ": ",
-                                          t.name(), " has ", rows,
-                                          " rows, but its pieces cover [0, ", next,
-                                          ") without a gap or an overlap: the manifest is "
-                                          "damaged or incomplete"));
-}
-
 }  // namespace
 
 absl::Status SaveModelState(const std::string& dir, TrainableModel& model,
@@ -467,45 +445,6 @@ absl::Status LoadModelState(const std::string& dir, TrainableModel& model,
   CheckpointFiles files(dir);
   if (!options.verified) CT_RETURN_IF_ERROR(VerifyPlan(files, manifest, plan));
   return CopyPlan(files, plan, optimizer, options.strict);
-}
-
-absl::StatusOr<CheckpointVerification> VerifyCheckpoint(const std::string& dir) {
-  const auto start = std::chrono::steady_clock::now();
-  CT_ASSIGN_OR_RETURN(proto::CheckpointManifest manifest, ReadManifest(dir));
-  CheckpointVerification report;
-  report.format_version = manifest.format_version();
-  CheckpointFiles files(dir);
-  for (const proto::CheckpointTensor& t : manifest.tensors()) {
-    if (absl::Status tiled = CheckPiecesTile(dir, t); !tiled.ok()) {
-      report.problems.push_back(tiled);
-    }
-    for (const proto::TensorPiece& piece : t.pieces()) {
-      const PieceCheck& check = files.VerifyPiece(t, piece);
-      PieceVerification v{t.name(),
-                          piece.file(),
-                          piece.key(),
-                          check.manifest_crc32c,
-                          check.header_crc32c,
-                          check.computed_crc32c,
-                          check.bytes,
-                          check.status};
-      if (v.status.ok()) {
-        v.status = files.ForEachSlice(
-            t, piece.row_begin(), piece.rows(),
-            [&](const proto::TensorPiece& p, int64_t a, int64_t, const at::Tensor& slice) {
-              if (p.file() != piece.file() || p.key() != piece.key()) return absl::OkStatus();
-              return CheckFinite(absl::StrCat("checkpoint '", dir, "', file '", p.file(), "'"),
-                                 t.name(), slice, a);
-            });
-      }
-      if (!v.status.ok()) report.problems.push_back(v.status);
-      report.pieces.push_back(std::move(v));
-    }
-  }
-  report.checksummed_bytes = files.checksummed_bytes();
-  report.unchecksummed_pieces = files.unchecksummed_pieces();
-  report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  return report;
 }
 
 }  // namespace cpptrain

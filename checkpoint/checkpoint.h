@@ -25,14 +25,14 @@
 //   CT_RETURN_IF_ERROR(SaveModelState(dir, *model, engine->optimizer(), *engine, {}));
 //   ...
 //   CT_RETURN_IF_ERROR(LoadModelState(dir, *model, engine->optimizer()));
-//   CT_ASSIGN_OR_RETURN(CheckpointVerification report, VerifyCheckpoint(dir));  // every byte
+//
+// checkpoint/verify.h reads every byte of a directory without a model (tools/ckpt verify).
 #ifndef CPPTRAIN_CHECKPOINT_CHECKPOINT_H_
 #define CPPTRAIN_CHECKPOINT_CHECKPOINT_H_
 
 #include <torch/optim/optimizer.h>
 
 #include <cstdint>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -44,9 +44,6 @@
 #include "proto/checkpoint.pb.h"
 
 namespace cpptrain {
-
-// Written last by the Trainer: its presence marks a finished checkpoint directory.
-inline constexpr char kTrainerStateFileName[] = "trainer_state.textproto";
 
 struct SaveModelStateOptions {
   // true: model.safetensors, gathered from the shards when the model is sharded (one tensor
@@ -93,32 +90,6 @@ absl::Status VerifyModelState(const std::string& dir, TrainableModel& model,
 absl::Status LoadModelState(const std::string& dir, TrainableModel& model,
                             torch::optim::Optimizer* optimizer,
                             const LoadModelStateOptions& options = {});
-
-// What VerifyCheckpoint found for one piece (a tensor, or a shard of one, in one file).
-struct PieceVerification {
-  std::string tensor;  // manifest name: model.<parameter>, optimizer.<parameter>.<state>
-  std::string file;
-  std::string key;
-  std::optional<uint32_t> manifest_crc32c;
-  std::optional<uint32_t> header_crc32c;
-  std::optional<uint32_t> computed_crc32c;
-  int64_t bytes = 0;
-  absl::Status status;  // OK, or what is wrong with it
-};
-
-struct CheckpointVerification {
-  int format_version = 1;
-  std::vector<PieceVerification> pieces;  // in manifest order
-  std::vector<absl::Status> problems;     // every error found, pieces' and others'
-  int64_t checksummed_bytes = 0;
-  int64_t unchecksummed_pieces = 0;
-  double seconds = 0;  // spent reading and checksumming
-};
-
-// Reads every byte of every piece the manifest lists, checksums it, and checks that floating
-// values are finite, without a model (tools/ckpt verify and inspect). Errors only when the
-// manifest itself cannot be read; everything else is in the report.
-absl::StatusOr<CheckpointVerification> VerifyCheckpoint(const std::string& dir);
 
 }  // namespace cpptrain
 

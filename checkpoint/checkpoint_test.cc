@@ -27,6 +27,7 @@
 #include "checkpoint/hf_model.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/test_dirs.h"
+#include "checkpoint/verify.h"
 #include "engines/local/local_engine.h"
 #include "engines/mixed_precision.h"
 #include "models/configs.h"
@@ -306,6 +307,22 @@ TEST(CheckpointIntegrityTest, CheckpointWithoutChecksumsLoadsWithOneWarning) {
   ASSERT_TRUE(report.ok());
   EXPECT_TRUE(report->problems.empty());
   EXPECT_EQ(report->unchecksummed_pieces, static_cast<int64_t>(report->pieces.size()));
+}
+
+TEST(CheckpointIntegrityTest, ChecksummedTextFilesVerify) {
+  const std::string path = FreshTestDir() + "/state.textproto";
+  WriteBytes(path, WithChecksumLine("global_step: 6\n"));
+  EXPECT_THAT(ReadBytes(path), HasSubstr("# crc32c "));
+  EXPECT_EQ(ReadChecksummedText(path, /*required=*/true).value(), "global_step: 6\n");
+  std::string bytes = ReadBytes(path);
+  bytes[13] = '9';
+  WriteBytes(path, bytes);
+  EXPECT_THAT(std::string(ReadChecksummedText(path, true).status().message()),
+              AllOf(HasSubstr(path), HasSubstr("is corrupted (checksum mismatch")));
+  WriteBytes(path, "global_step: 6\n");  // an older file, without the line
+  EXPECT_TRUE(ReadChecksummedText(path, /*required=*/false).ok());
+  EXPECT_THAT(std::string(ReadChecksummedText(path, true).status().message()),
+              HasSubstr("checksum line is missing"));
 }
 
 // ---------------------------------------------------------------------------------------------

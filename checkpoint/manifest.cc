@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/string_view.h"
 #include "base/status.h"
 #include "checkpoint/crc32c.h"
 #include "checkpoint/files.h"
@@ -14,6 +15,7 @@ namespace {
 // Field 15 (manifest_crc32c), wire type 5 (fixed32): (15 << 3) | 5.
 constexpr unsigned char kChecksumTag = 0x7d;
 constexpr size_t kChecksumBytes = 5;
+constexpr char kChecksumLine[] = "# crc32c ";
 
 std::string Where(const std::string& dir) {
   return absl::StrCat("checkpoint manifest '", dir, "/", kManifestFileName, "' is ");
@@ -48,6 +50,33 @@ absl::Status WriteManifest(const std::string& dir, const proto::CheckpointManife
 
 bool HasChecksums(const proto::CheckpointManifest& manifest) {
   return manifest.format_version() >= kManifestFormatWithChecksums;
+}
+
+std::string WithChecksumLine(const std::string& text) {
+  return absl::StrCat(text, kChecksumLine, Crc32cHex(Crc32c(text)), " of the lines above\n");
+}
+
+absl::StatusOr<std::string> ReadChecksummedText(const std::string& path, bool required) {
+  CT_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
+  const size_t line = text.rfind(kChecksumLine);
+  if (line == std::string::npos || (line > 0 && text[line - 1] != '\n')) {
+    if (!required) return text;
+    return absl::DataLossError(
+        absl::StrCat("'", path,
+                     "' is corrupted (its checksum line is missing: truncated?); use another "
+                     "checkpoint"));
+  }
+  const std::optional<uint32_t> stored =
+      ParseCrc32cHex(absl::string_view(text).substr(line + sizeof(kChecksumLine) - 1, 8));
+  text.resize(line);
+  const uint32_t computed = Crc32c(text);
+  if (!stored.has_value() || *stored != computed) {
+    return absl::DataLossError(
+        absl::StrCat("'", path, "' is corrupted (checksum mismatch: expected crc32c ",
+                     stored ? Crc32cHex(*stored) : "(unreadable)", ", computed ",
+                     Crc32cHex(computed), "); use another checkpoint"));
+  }
+  return text;
 }
 
 absl::StatusOr<proto::CheckpointManifest> ReadManifest(const std::string& dir) {

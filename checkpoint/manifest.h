@@ -22,6 +22,8 @@
 namespace cpptrain {
 
 inline constexpr char kManifestFileName[] = "manifest.pb";
+// Written last by the Trainer: its presence marks a finished checkpoint directory.
+inline constexpr char kTrainerStateFileName[] = "trainer_state.textproto";
 // The first format with checksums (pieces, manifest) and the decoder config.
 inline constexpr int kManifestFormatWithChecksums = 2;
 
@@ -45,6 +47,15 @@ absl::StatusOr<proto::CheckpointManifest> ReadManifest(const std::string& dir);
 
 // Whether the manifest carries checksums (format 2 or later).
 bool HasChecksums(const proto::CheckpointManifest& manifest);
+
+// A text file of a checkpoint (trainer_state.textproto) as written: `text`, then the comment
+// line "# crc32c <8 hex digits> of the lines above" (text-format parsers skip it).
+std::string WithChecksumLine(const std::string& text);
+
+// The text of `path` without its checksum line, verified; DataLoss naming the file when the
+// checksum does not match, or when the line is missing and `required` (the checkpoint's
+// manifest is of format 2, which writes it; older files have none).
+absl::StatusOr<std::string> ReadChecksummedText(const std::string& path, bool required);
 
 }  // namespace cpptrain
 

@@ -20,7 +20,6 @@
 #include "base/status.h"
 #include "base/torch_status.h"
 #include "checkpoint/checkpoint.h"
-#include "checkpoint/crc32c.h"
 #include "checkpoint/files.h"
 #include "checkpoint/hf_model.h"
 #include "checkpoint/safetensors.h"
@@ -101,39 +100,6 @@ std::vector<std::string> UnfinishedCheckpoints(const std::string& dir) {
   }
   std::sort(out.begin(), out.end());
   return out;
-}
-
-constexpr char kChecksumLine[] = "# crc32c ";
-
-// trainer_state.textproto as written: the text, then a comment line with the CRC-32C of the
-// bytes above it (the text format parser skips comments).
-std::string WithChecksumLine(const std::string& text) {
-  return absl::StrCat(text, kChecksumLine, Crc32cHex(Crc32c(text)), " of the lines above\n");
-}
-
-// The text of `path` without its checksum line, verified. `required`: the checkpoint is of the
-// format that writes the line (an older one has none).
-absl::StatusOr<std::string> ReadChecksummedText(const std::string& path, bool required) {
-  CT_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
-  const size_t line = text.rfind(kChecksumLine);
-  if (line == std::string::npos || (line > 0 && text[line - 1] != '\n')) {
-    if (!required) return text;
-    return absl::DataLossError(
-        absl::StrCat("'", path,
-                     "' is corrupted (its checksum line is missing: truncated?); use another "
-                     "checkpoint"));
-  }
-  const std::optional<uint32_t> stored =
-      ParseCrc32cHex(absl::string_view(text).substr(line + sizeof(kChecksumLine) - 1, 8));
-  text.resize(line);
-  const uint32_t computed = Crc32c(text);
-  if (!stored.has_value() || *stored != computed) {
-    return absl::DataLossError(
-        absl::StrCat("'", path, "' is corrupted (checksum mismatch: expected crc32c ",
-                     stored ? Crc32cHex(*stored) : "(unreadable)", ", computed ",
-                     Crc32cHex(computed), "); use another checkpoint"));
-  }
-  return text;
 }
 
 std::string RngStatePath(const std::string& dir, int rank) {

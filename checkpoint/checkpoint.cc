@@ -31,6 +31,7 @@ namespace {
 
 using checkpoint_internal::CheckFinite;
 using checkpoint_internal::CheckpointFiles;
+using checkpoint_internal::TensorDisplayName;
 
 constexpr char kModelPrefix[] = "model.";
 constexpr char kOptimizerPrefix[] = "optimizer.";
@@ -267,7 +268,7 @@ absl::Status VerifyPlan(CheckpointFiles& files, const proto::CheckpointManifest&
             CT_RETURN_IF_ERROR(files.VerifyPiece(*read->entry, piece).status);
             return CheckFinite(
                 absl::StrCat("checkpoint '", files.dir(), "', file '", piece.file(), "'"),
-                read->entry->name(), slice, a);
+                TensorDisplayName(read->entry->name()), slice, a);
           }));
     }
   }

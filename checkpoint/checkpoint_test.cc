@@ -238,7 +238,7 @@ TEST(CheckpointIntegrityTest, NonFiniteWeightsAndOptimizerStateAreRefused) {
   Save(dir, *model, nullptr, /*full_model=*/true);  // a diverged run: checksums match
   auto other = Build(Tiny(), 2);
   EXPECT_THAT(LoadError(dir, *other),
-              AllOf(HasSubstr(std::string("tensor model.") + kQProj + " holds 1 non-finite value"),
+              AllOf(HasSubstr(std::string("tensor ") + kQProj + " holds 1 non-finite value"),
                     HasSubstr("in row 3"), HasSubstr("NaN or infinite")));
 
   const std::string dir2 = dir + "/optimizer";

@@ -25,6 +25,7 @@ namespace {
 using checkpoint_internal::CheckFinite;
 using checkpoint_internal::CheckpointFiles;
 using checkpoint_internal::PieceCheck;
+using checkpoint_internal::TensorDisplayName;
 
 constexpr char kRngStatePrefix[] = "rng_state_";
 
@@ -72,7 +73,7 @@ void VerifyPieces(const std::string& dir, const proto::CheckpointManifest& manif
             [&](const proto::TensorPiece& p, int64_t a, int64_t, const at::Tensor& slice) {
               if (p.file() != piece.file() || p.key() != piece.key()) return absl::OkStatus();
               return CheckFinite(absl::StrCat("checkpoint '", dir, "', file '", p.file(), "'"),
-                                 t.name(), slice, a);
+                                 TensorDisplayName(t.name()), slice, a);
             });
       }
       if (!v.status.ok()) report.problems.push_back(v.status);

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/status.h"
@@ -36,6 +37,12 @@ absl::StatusOr<at::Tensor> PieceRows(const SafetensorsFile& file, const std::str
 }
 
 }  // namespace
+
+std::string TensorDisplayName(const std::string& manifest_name) {
+  constexpr absl::string_view kModel = "model.";
+  return absl::StartsWith(manifest_name, kModel) ? manifest_name.substr(kModel.size())
+                                                 : manifest_name;
+}
 
 absl::StatusOr<const SafetensorsFile*> CheckpointFiles::File(const std::string& name) {
   auto it = files_.find(name);
@@ -110,10 +117,14 @@ const PieceCheck& CheckpointFiles::VerifyPiece(const proto::CheckpointTensor& t,
   check.computed_crc32c = *computed;
   checksummed_bytes_ += check.bytes;
   if (*computed != *expected_crc) {
-    check.status = absl::DataLossError(absl::StrCat(
-        where, " (", t.name(), "): checksum mismatch: expected crc32c ", Crc32cHex(*expected_crc),
-        ", computed ", Crc32cHex(*computed), " over its ", check.bytes,
-        " bytes: the file was damaged after it was written; use another checkpoint"));
+    check.status = absl::DataLossError(
+        absl::StrCat(where,
+                     TensorDisplayName(t.name()) == piece.key()
+                         ? ""
+                         : absl::StrCat(" (", TensorDisplayName(t.name()), ")"),
+                     ": checksum mismatch: expected crc32c ", Crc32cHex(*expected_crc),
+                     ", computed ", Crc32cHex(*computed), " over its ", check.bytes,
+                     " bytes: the file was damaged after it was written; use another checkpoint"));
   }
   return check;
 }

@@ -76,6 +76,10 @@ class CheckpointFiles {
   int64_t checksummed_bytes_ = 0;
 };
 
+// How errors name a manifest tensor: a parameter by its name ("model.norm.weight" for the entry
+// "model.model.norm.weight"), optimizer state by its entry ("optimizer.<parameter>.<state>").
+std::string TensorDisplayName(const std::string& manifest_name);
+
 // DataLoss naming `name` and where the first bad value is, when the floating tensor `values`
 // (rows [row_offset, ...) of it) holds NaN or infinity. Other dtypes pass.
 absl::Status CheckFinite(const std::string& where, const std::string& name,

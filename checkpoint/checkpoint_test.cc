@@ -25,6 +25,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/torch_compat.h"
 #include "checkpoint/hf_model.h"
+#include "checkpoint/internal/checkpoint_files.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/test_dirs.h"
 #include "checkpoint/verify.h"
@@ -259,6 +260,24 @@ TEST(CheckpointIntegrityTest, NonFiniteWeightsAndOptimizerStateAreRefused) {
   auto other_adamw = SteppedAdamW(*other);
   EXPECT_THAT(LoadError(dir2, *other, other_adamw.get()),
               AllOf(HasSubstr(".exp_avg_sq holds"), HasSubstr("non-finite values")));
+}
+
+TEST(CheckpointIntegrityTest, CheckFiniteFindsNanAndInfinityInEveryFloatingDtype) {
+  for (at::ScalarType dtype : {at::kFloat, at::kDouble, at::kBFloat16, at::kHalf}) {
+    SCOPED_TRACE(c10::toString(dtype));
+    at::Tensor values = at::ones({4, 3}, dtype);
+    EXPECT_TRUE(checkpoint_internal::CheckFinite("here", "w", values, 0).ok());
+    for (double bad : {std::nan(""), std::numeric_limits<double>::infinity(),
+                       -std::numeric_limits<double>::infinity()}) {
+      at::Tensor copy = values.clone();
+      copy[2][1] = bad;
+      const absl::Status status = checkpoint_internal::CheckFinite("here", "w", copy, 10);
+      EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss);
+      EXPECT_THAT(std::string(status.message()),
+                  AllOf(HasSubstr("here: tensor w holds 1 non-finite value"), HasSubstr("row 12")));
+    }
+  }
+  EXPECT_TRUE(checkpoint_internal::CheckFinite("here", "i", at::ones({3}, at::kLong), 0).ok());
 }
 
 // A checkpoint of format 1, as written before checksums: the manifest without them (and

@@ -103,6 +103,22 @@ absl::Status GatherChecksums(Engine& engine, const WrittenChecksums& written,
     for (proto::TensorPiece& piece : *t.mutable_pieces()) pieces.push_back(&piece);
   }
   const int64_t n = static_cast<int64_t>(pieces.size());
+  // The sum below needs the same pieces on every rank: n and n^2 sum to world * n and
+  // world * n^2 exactly when every rank has n.
+  const double count = static_cast<double>(n);
+  CT_ASSIGN_OR_RETURN(at::Tensor counts,
+                      engine.AllReduceSum(torch::tensor({count, count * count}, torch::kFloat64)));
+  counts = counts.to(torch::kCPU);
+  const double world = engine.world_size();
+  if (counts[0].item<double>() != world * count ||
+      counts[1].item<double>() != world * count * count) {
+    return absl::InternalError(
+        absl::StrCat("saving a checkpoint: the ranks list different tensors (this rank ", n,
+                     " pieces, ", counts[0].item<double>() / world,
+                     " on average): the optimizer holds state for some "
+                     "parameters on some ranks only; save after a step every rank took, or with "
+                     "save_only_model"));
+  }
   at::Tensor values = torch::zeros({2 * n}, torch::kFloat64);
   double* v = values.data_ptr<double>();
   for (int64_t i = 0; i < n; ++i) {

@@ -96,7 +96,7 @@ absl::Status WriteShardFile(const std::string& dir, const std::string& file,
 // Puts every piece's checksum into rank 0's manifest: each rank contributes the pieces of the
 // files it wrote, summed over ranks (each piece is written by one rank; a CRC-32C is exact in a
 // double).
-absl::Status GatherChecksums(Engine& engine, const WrittenChecksums& written,
+absl::Status GatherChecksums(HostGroup& ranks, const WrittenChecksums& written,
                              proto::CheckpointManifest& manifest) {
   std::vector<proto::TensorPiece*> pieces;
   for (proto::CheckpointTensor& t : *manifest.mutable_tensors()) {
@@ -107,9 +107,9 @@ absl::Status GatherChecksums(Engine& engine, const WrittenChecksums& written,
   // world * n^2 exactly when every rank has n.
   const double count = static_cast<double>(n);
   CT_ASSIGN_OR_RETURN(at::Tensor counts,
-                      engine.AllReduceSum(torch::tensor({count, count * count}, torch::kFloat64)));
+                      ranks.AllReduceSum(torch::tensor({count, count * count}, torch::kFloat64)));
   counts = counts.to(torch::kCPU);
-  const double world = engine.world_size();
+  const double world = ranks.world_size();
   if (counts[0].item<double>() != world * count ||
       counts[1].item<double>() != world * count * count) {
     return absl::InternalError(
@@ -129,7 +129,7 @@ absl::Status GatherChecksums(Engine& engine, const WrittenChecksums& written,
     v[i] = key->second;
     v[n + i] = 1;  // written by this rank
   }
-  CT_ASSIGN_OR_RETURN(at::Tensor sums, engine.AllReduceSum(values));
+  CT_ASSIGN_OR_RETURN(at::Tensor sums, ranks.AllReduceSum(values));
   sums = sums.to(torch::kCPU).contiguous();
   const double* s = sums.data_ptr<double>();
   for (int64_t i = 0; i < n; ++i) {
@@ -362,10 +362,10 @@ absl::StatusOr<LoadPlan> ResolvedPlan(const std::string& dir,
 }  // namespace
 
 absl::Status SaveModelState(const std::string& dir, TrainableModel& model,
-                            torch::optim::Optimizer* optimizer, Engine& engine,
+                            torch::optim::Optimizer* optimizer, HostGroup& ranks,
                             const SaveModelStateOptions& options) {
   FullyShardedModel* sharded = FullyShardedOf(model);
-  const int rank = engine.rank();
+  const int rank = ranks.rank();
   const int shards = sharded ? sharded->mesh().shard->size() : 1;
   const int shard = sharded ? sharded->mesh().shard->rank() : 0;
   // One replica writes: rank = replica * shards + shard, so replica 0 is ranks [0, shards).
@@ -374,8 +374,8 @@ absl::Status SaveModelState(const std::string& dir, TrainableModel& model,
   const std::string whole_file = ShardFileName(0, shards);
 
   proto::CheckpointManifest manifest;
-  manifest.set_engine(engine.name());
-  manifest.set_world_size(engine.world_size());
+  manifest.set_engine(options.engine_name);
+  manifest.set_world_size(ranks.world_size());
   if (const auto* decoder = dynamic_cast<const DecoderLM*>(&model)) {
     *manifest.mutable_decoder() = decoder->config();
   }
@@ -438,9 +438,9 @@ absl::Status SaveModelState(const std::string& dir, TrainableModel& model,
     }
   }
   if (writes && !mine.empty()) CT_RETURN_IF_ERROR(WriteShardFile(dir, my_file, mine, written));
-  CT_RETURN_IF_ERROR(GatherChecksums(engine, written, manifest));  // also the barrier
+  CT_RETURN_IF_ERROR(GatherChecksums(ranks, written, manifest));  // also the barrier
   if (rank == 0) CT_RETURN_IF_ERROR(WriteManifest(dir, manifest));
-  return engine.Barrier();
+  return ranks.Barrier();
 }
 
 absl::Status VerifyModelState(const std::string& dir, TrainableModel& model,

@@ -22,7 +22,9 @@
 // the values are finite, before anything is copied; a checkpoint without checksums (manifest
 // format 1) loads with one warning.
 //
-//   CT_RETURN_IF_ERROR(SaveModelState(dir, *model, engine->optimizer(), *engine, {}));
+//   SaveModelStateOptions options;
+//   options.engine_name = engine->name();
+//   CT_RETURN_IF_ERROR(SaveModelState(dir, *model, engine->optimizer(), *engine, options));
 //   ...
 //   CT_RETURN_IF_ERROR(LoadModelState(dir, *model, engine->optimizer()));
 //
@@ -39,8 +41,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "checkpoint/manifest.h"
-#include "engines/engine.h"
-#include "models/model.h"
+#include "sharding/host_group.h"
+#include "module/trainable_model.h"
 #include "proto/checkpoint.pb.h"
 
 namespace cpptrain {
@@ -51,13 +53,15 @@ struct SaveModelStateOptions {
   bool full_model = true;
   // Optimizer state too (when an optimizer is given).
   bool include_optimizer = true;
+  // Recorded in the manifest: which engine wrote the checkpoint (e.g. "fsdp2").
+  std::string engine_name = "local";
 };
 
 // Collective: every rank calls it with the same arguments. `dir` must exist (and be shared by
 // all ranks). Returns once every rank's files and the manifest are durable. The ranks' checksums
 // reach rank 0's manifest through one AllReduceSum.
 absl::Status SaveModelState(const std::string& dir, TrainableModel& model,
-                            torch::optim::Optimizer* optimizer, Engine& engine,
+                            torch::optim::Optimizer* optimizer, HostGroup& ranks,
                             const SaveModelStateOptions& options);
 
 struct LoadModelStateOptions {

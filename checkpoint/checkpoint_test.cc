@@ -29,11 +29,9 @@
 #include "checkpoint/safetensors.h"
 #include "checkpoint/test_dirs.h"
 #include "checkpoint/verify.h"
-#include "engines/local/local_engine.h"
-#include "engines/mixed_precision.h"
 #include "models/configs.h"
 #include "models/decoder.h"
-#include "proto/engines.pb.h"
+#include "sharding/host_group.h"
 
 namespace cpptrain {
 namespace {
@@ -79,13 +77,10 @@ std::unique_ptr<torch::optim::AdamW> SteppedAdamW(DecoderLM& model) {
 
 void Save(const std::string& dir, DecoderLM& model, torch::optim::Optimizer* optimizer,
           bool full_model) {
-  proto::LocalEngineConfig config;
-  config.set_device("cpu");
-  auto engine = LocalEngine::Create(config, MixedPrecision::kNone);
-  ASSERT_TRUE(engine.ok()) << engine.status();
+  SingleProcessGroup alone;
   SaveModelStateOptions options;
   options.full_model = full_model;
-  const absl::Status saved = SaveModelState(dir, model, optimizer, **engine, options);
+  const absl::Status saved = SaveModelState(dir, model, optimizer, alone, options);
   ASSERT_TRUE(saved.ok()) << saved;
 }
 

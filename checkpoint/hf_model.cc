@@ -29,7 +29,7 @@
 #include "checkpoint/model_match.h"
 #include "checkpoint/safetensors.h"
 #include "models/configs.h"
-#include "models/row_init.h"
+#include "module/deferred.h"
 #include "sharding/fully_shard.h"
 
 namespace cpptrain {

@@ -20,12 +20,10 @@
 #include "checkpoint/crc32c.h"
 #include "checkpoint/files.h"
 #include "checkpoint/safetensors.h"
-#include "engines/local/local_engine.h"
-#include "engines/mixed_precision.h"
 #include "models/configs.h"
 #include "models/decoder.h"
+#include "sharding/host_group.h"
 #include "proto/checkpoint.pb.h"
-#include "proto/engines.pb.h"
 #include "tools/ckpt_lib.h"
 
 namespace cpptrain {
@@ -61,17 +59,13 @@ std::shared_ptr<DecoderLM> TinyModel(uint64_t seed) {
   return *model;
 }
 
-// Writes `model` with SaveModelState from a LocalEngine on the CPU, without an optimizer.
+// Writes `model` with SaveModelState from one process, without an optimizer.
 void SaveFull(const std::string& dir, DecoderLM& model, bool full_model = true) {
   fs::create_directories(dir);
-  proto::LocalEngineConfig config;
-  config.set_device("cpu");
-  absl::StatusOr<std::unique_ptr<LocalEngine>> engine =
-      LocalEngine::Create(config, MixedPrecision::kNone);
-  ASSERT_TRUE(engine.ok()) << engine.status();
+  SingleProcessGroup alone;
   SaveModelStateOptions options;
   options.full_model = full_model;
-  ASSERT_TRUE(SaveModelState(dir, model, /*optimizer=*/nullptr, **engine, options).ok());
+  ASSERT_TRUE(SaveModelState(dir, model, /*optimizer=*/nullptr, alone, options).ok());
 }
 
 std::map<std::string, torch::Tensor> Parameters(DecoderLM& model) {

@@ -23,11 +23,11 @@
 
 #include "absl/status/statusor.h"
 #include "engines/engine.h"
-#include "models/model.h"
+#include "module/trainable_model.h"
 #include "proto/checkpoint.pb.h"
 #include "proto/training_args.pb.h"
 #include "trainer/callbacks.h"
-#include "trainer/data/batch.h"
+#include "module/batch.h"
 #include "trainer/data/dataset.h"
 #include "trainer/scheduler.h"
 

@@ -147,6 +147,7 @@ absl::Status Trainer::SaveCheckpoint() {
       FullyShardedOf(*model_) == nullptr ||
       (args_.has_fsdp() && args_.fsdp().state_dict_type() == proto::FsdpConfig::FULL_STATE_DICT);
   options.include_optimizer = !args_.save_only_model();
+  options.engine_name = engine_->name();
   CT_RETURN_IF_ERROR(
       SaveModelState(temp_dir.string(), *model_, engine_->optimizer(), *engine_, options));
   if (!args_.save_only_model()) {

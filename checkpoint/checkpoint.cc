@@ -3,25 +3,39 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <map>
 #include <memory>
+#include <set>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "base/logging.h"
 #include "base/status.h"
 #include "base/torch_status.h"
 #include "checkpoint/files.h"
+#include "checkpoint/hf_model.h"
+#include "checkpoint/internal/checkpoint_files.h"
+#include "checkpoint/model_match.h"
 #include "checkpoint/optimizer_state.h"
 #include "checkpoint/safetensors.h"
+#include "models/decoder.h"
 #include "sharding/fully_shard.h"
 #include "sharding/shard_rows.h"
 
 namespace cpptrain {
 namespace {
+
+using checkpoint_internal::CheckFinite;
+using checkpoint_internal::CheckpointFiles;
+using checkpoint_internal::TensorDisplayName;
+
+constexpr char kModelPrefix[] = "model.";
+constexpr char kOptimizerPrefix[] = "optimizer.";
+constexpr char kLoadStrictEscape[] = "set load_strict: false (LoadModelStateOptions::strict)";
 
 // How a tensor of a parameter is laid out across ranks: split like the parameter (its
 // ShardInfo), or whole on rank 0.
@@ -60,85 +74,298 @@ void AddToManifest(proto::CheckpointManifest& manifest, const std::string& name,
   }
 }
 
-// Reads rows of checkpoint tensors, opening each file once.
-class PieceReader {
- public:
-  explicit PieceReader(std::string dir) : dir_(std::move(dir)) {}
+// The checksums of the files this rank wrote: file -> key -> CRC-32C.
+using WrittenChecksums = std::map<std::string, std::map<std::string, uint32_t>>;
 
-  // Rows [begin, begin + rows) of `t`, shaped [rows, ...] (the stored shape's other dims).
-  absl::StatusOr<at::Tensor> Rows(const proto::CheckpointTensor& t, int64_t begin, int64_t rows) {
-    std::vector<int64_t> shape = StoredShape({t.shape().begin(), t.shape().end()});
-    if (begin < 0 || begin + rows > shape[0]) {
-      return absl::InvalidArgumentError(absl::StrCat("checkpoint '", dir_, "': rows [", begin, ", ",
-                                                     begin + rows, ") of ", t.name(),
-                                                     " asked for, but it has ", shape[0]));
-    }
-    shape[0] = rows;
-    at::Tensor out;
-    int64_t covered = 0;
-    for (const proto::TensorPiece& piece : t.pieces()) {
-      const int64_t a = std::max(begin, piece.row_begin());
-      const int64_t b = std::min(begin + rows, piece.row_begin() + piece.rows());
-      if (a >= b) continue;
-      CT_ASSIGN_OR_RETURN(const SafetensorsFile* file, File(piece.file()));
-      CT_ASSIGN_OR_RETURN(at::Tensor slice, file->GetSlice(piece.key(), a - piece.row_begin(),
-                                                           b - piece.row_begin()));
-      if (!out.defined()) out = at::empty(shape, slice.options());
-      CT_RETURN_IF_ERROR(CatchTorch([&] {
-        out.narrow(0, a - begin, b - a).copy_(slice.view(out.narrow(0, a - begin, b - a).sizes()));
-      }));
-      covered += b - a;
-    }
-    if (covered != rows) {
-      return absl::DataLossError(absl::StrCat(
-          "checkpoint '", dir_, "': the pieces of ", t.name(), " cover ", covered, " of rows [",
-          begin, ", ", begin + rows, "); the manifest or a shard file is incomplete"));
-    }
-    if (!out.defined()) out = at::empty(shape);  // zero rows
-    return out;
+absl::Status WriteShardFile(const std::string& dir, const std::string& file,
+                            const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+                            WrittenChecksums& written) {
+  std::vector<SafetensorsWriter::Entry> entries;
+  for (const auto& [key, tensor] : tensors) {
+    entries.push_back({key, tensor.scalar_type(), tensor.sizes().vec()});
   }
-
- private:
-  absl::StatusOr<const SafetensorsFile*> File(const std::string& name) {
-    auto it = files_.find(name);
-    if (it == files_.end()) {
-      CT_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> file,
-                          SafetensorsFile::Open(dir_ + "/" + name));
-      it = files_.emplace(name, std::move(file)).first;
-    }
-    return it->second.get();
+  CT_ASSIGN_OR_RETURN(auto writer, SafetensorsWriter::Create(dir + "/" + file, entries));
+  for (const auto& [key, tensor] : tensors) CT_RETURN_IF_ERROR(writer->Append(key, tensor));
+  CT_RETURN_IF_ERROR(writer->Finish());
+  for (const auto& [key, tensor] : tensors) {
+    CT_ASSIGN_OR_RETURN(written[file][key], writer->Crc32cOf(key));
   }
+  return absl::OkStatus();
+}
 
-  std::string dir_;
-  std::map<std::string, std::unique_ptr<SafetensorsFile>> files_;
+// Puts every piece's checksum into rank 0's manifest: each rank contributes the pieces of the
+// files it wrote, summed over ranks (each piece is written by one rank; a CRC-32C is exact in a
+// double).
+absl::Status GatherChecksums(HostGroup& ranks, const WrittenChecksums& written,
+                             proto::CheckpointManifest& manifest) {
+  std::vector<proto::TensorPiece*> pieces;
+  for (proto::CheckpointTensor& t : *manifest.mutable_tensors()) {
+    for (proto::TensorPiece& piece : *t.mutable_pieces()) pieces.push_back(&piece);
+  }
+  const int64_t n = static_cast<int64_t>(pieces.size());
+  // The sum below needs the same pieces on every rank: n and n^2 sum to world * n and
+  // world * n^2 exactly when every rank has n.
+  const double count = static_cast<double>(n);
+  CT_ASSIGN_OR_RETURN(at::Tensor counts,
+                      ranks.AllReduceSum(torch::tensor({count, count * count}, torch::kFloat64)));
+  counts = counts.to(torch::kCPU);
+  const double world = ranks.world_size();
+  if (counts[0].item<double>() != world * count ||
+      counts[1].item<double>() != world * count * count) {
+    return absl::InternalError(
+        absl::StrCat("saving a checkpoint: the ranks list different tensors (this rank ", n,
+                     " pieces, ", counts[0].item<double>() / world,
+                     " on average): the optimizer holds state for some "
+                     "parameters on some ranks only; save after a step every rank took, or with "
+                     "save_only_model"));
+  }
+  at::Tensor values = torch::zeros({2 * n}, torch::kFloat64);
+  double* v = values.data_ptr<double>();
+  for (int64_t i = 0; i < n; ++i) {
+    auto file = written.find(pieces[i]->file());
+    if (file == written.end()) continue;
+    auto key = file->second.find(pieces[i]->key());
+    if (key == file->second.end()) continue;
+    v[i] = key->second;
+    v[n + i] = 1;  // written by this rank
+  }
+  CT_ASSIGN_OR_RETURN(at::Tensor sums, ranks.AllReduceSum(values));
+  sums = sums.to(torch::kCPU).contiguous();
+  const double* s = sums.data_ptr<double>();
+  for (int64_t i = 0; i < n; ++i) {
+    if (s[n + i] != 1) {
+      return absl::InternalError(absl::StrCat("saving a checkpoint: piece ", pieces[i]->key(),
+                                              " of ", pieces[i]->file(), " was written by ",
+                                              s[n + i], " ranks, expected exactly 1"));
+    }
+    pieces[i]->set_crc32c(static_cast<uint32_t>(s[i]));
+  }
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Loading: a plan (what every parameter reads), checked whole before anything is copied.
+
+// Rows [begin, begin + rows) of a manifest tensor, viewed as `view` once read.
+struct Read {
+  const proto::CheckpointTensor* entry = nullptr;
+  int64_t begin = 0;
+  int64_t rows = 0;
+  std::vector<int64_t> view;
 };
+
+struct ParamPlan {
+  std::string name;
+  at::Tensor param;
+  Read weights;
+  std::map<std::string, Read> state;  // optimizer state by name
+};
+
+struct LoadPlan {
+  std::vector<ParamPlan> params;
+  LoadProblems problems;
+  bool has_optimizer_state = false;  // the checkpoint holds some
+};
+
+std::vector<int64_t> ShapeOf(const proto::CheckpointTensor& t) {
+  return {t.shape().begin(), t.shape().end()};
+}
+
+// The decoder config fields the checkpoint and the model disagree on: against the manifest's
+// config, or an older checkpoint's config.json.
+void CompareDecoderConfig(const std::string& dir, const proto::CheckpointManifest& manifest,
+                          const TrainableModel& model, LoadProblems& problems) {
+  const auto* decoder = dynamic_cast<const DecoderLM*>(&model);
+  if (decoder == nullptr) return;
+  if (manifest.has_decoder()) {
+    problems.AddConfigDifferences(DecoderConfigDifferences(manifest.decoder(), decoder->config()));
+    return;
+  }
+  const std::string config_json = dir + "/config.json";
+  if (!std::filesystem::exists(config_json)) return;
+  absl::StatusOr<proto::DecoderConfig> saved = DecoderConfigFromHfConfig(config_json);
+  if (!saved.ok()) {
+    LOG(WARNING) << "checkpoint '" << dir
+                 << "': cannot compare the model with config.json: " << saved.status();
+    return;
+  }
+  problems.AddConfigDifferences(
+      DecoderConfigDifferences(*saved, decoder->config(), "the checkpoint's config.json"));
+}
+
+// Matches the model's parameters (and the optimizer's state for them) with the manifest.
+LoadPlan PlanLoad(const std::string& dir, const proto::CheckpointManifest& manifest,
+                  TrainableModel& model, torch::optim::Optimizer* optimizer) {
+  LoadPlan plan;
+  CompareDecoderConfig(dir, manifest, model, plan.problems);
+  std::map<std::string, const proto::CheckpointTensor*> by_name;
+  std::vector<std::string> saved_params;
+  for (const proto::CheckpointTensor& t : manifest.tensors()) {
+    by_name[t.name()] = &t;
+    if (absl::StartsWith(t.name(), kModelPrefix)) saved_params.push_back(t.name());
+    if (absl::StartsWith(t.name(), kOptimizerPrefix)) plan.has_optimizer_state = true;
+  }
+  FullyShardedModel* sharded = FullyShardedOf(model);
+  std::set<std::string> params;
+  std::vector<std::string> param_names;
+  const auto named = model.named_parameters(/*recurse=*/true);
+  for (const auto& item : named) param_names.push_back(item.key());
+  const int64_t saved_layers = DecoderLayerCount(saved_params);
+  const int64_t model_layers = DecoderLayerCount(param_names);
+  for (const auto& item : named) {
+    const std::string& name = item.key();
+    params.insert(name);
+    const ShardInfo* info = sharded ? sharded->Find(item.value()) : nullptr;
+    const std::vector<int64_t> global = info ? info->global_shape : item.value().sizes().vec();
+    auto it = by_name.find(kModelPrefix + name);
+    if (it == by_name.end()) {
+      plan.problems.AddMissing(name, global, ConfigFieldHint(name, saved_layers));
+      continue;
+    }
+    if (ShapeOf(*it->second) != global) {
+      plan.problems.AddShapeMismatch(name, ShapeOf(*it->second), global);
+      continue;
+    }
+    const int64_t begin = info ? info->row_begin : 0;
+    const int64_t rows = info ? info->local_rows : StoredShape(global)[0];
+    ParamPlan p{name, item.value(), {it->second, begin, rows, item.value().sizes().vec()}, {}};
+    const std::string prefix = absl::StrCat(kOptimizerPrefix, name, ".");
+    for (auto s = by_name.lower_bound(prefix);
+         optimizer != nullptr && s != by_name.end() && absl::StartsWith(s->first, prefix); ++s) {
+      const std::vector<int64_t> shape = ShapeOf(*s->second);
+      const std::string state = s->first.substr(prefix.size());
+      if (state.find('.') != std::string::npos) continue;  // another parameter's (name.x.y)
+      // Shaped like the parameter: split like it. Anything else (step): whole.
+      const bool split_like_param = info != nullptr && shape == global;
+      p.state[state] = split_like_param ? Read{s->second, begin, rows, item.value().sizes().vec()}
+                                        : Read{s->second, 0, StoredShape(shape)[0], shape};
+    }
+    plan.params.push_back(std::move(p));
+  }
+  for (const std::string& saved : saved_params) {
+    const std::string name = saved.substr(sizeof(kModelPrefix) - 1);
+    if (params.count(name) == 0) {
+      plan.problems.AddUnexpected(name, ShapeOf(*by_name.at(saved)),
+                                  ConfigFieldHint(name, model_layers));
+    }
+  }
+  if (optimizer == nullptr) return plan;
+  for (const auto& [saved, t] : by_name) {
+    if (!absl::StartsWith(saved, kOptimizerPrefix)) continue;
+    const std::string rest = saved.substr(sizeof(kOptimizerPrefix) - 1);
+    const std::string param = rest.substr(0, rest.rfind('.'));
+    // A parameter the model lacks is reported once, for its weights.
+    if (params.count(param) == 0 && by_name.count(kModelPrefix + param) == 0) {
+      plan.problems.AddUnexpected(saved, ShapeOf(*t), ConfigFieldHint(param, model_layers));
+    }
+  }
+  return plan;
+}
+
+std::vector<const Read*> ReadsOf(const ParamPlan& p) {
+  std::vector<const Read*> reads = {&p.weights};
+  for (const auto& [state, read] : p.state) reads.push_back(&read);
+  return reads;
+}
+
+// Checksums every piece the plan reads rows of and checks those rows are finite.
+absl::Status VerifyPlan(CheckpointFiles& files, const proto::CheckpointManifest& manifest,
+                        const LoadPlan& plan) {
+  if (!HasChecksums(manifest)) {
+    LOG(WARNING) << "checkpoint '" << files.dir() << "' has no checksums (manifest format "
+                 << manifest.format_version() << ", written before they existed): its data "
+                 << "cannot be verified, only checked for non-finite values";
+  }
+  for (const ParamPlan& p : plan.params) {
+    for (const Read* read : ReadsOf(p)) {
+      CT_RETURN_IF_ERROR(files.ForEachSlice(
+          *read->entry, read->begin, read->rows,
+          [&](const proto::TensorPiece& piece, int64_t a, int64_t, const at::Tensor& slice) {
+            CT_RETURN_IF_ERROR(files.VerifyPiece(*read->entry, piece).status);
+            return CheckFinite(
+                absl::StrCat("checkpoint '", files.dir(), "', file '", piece.file(), "'"),
+                TensorDisplayName(read->entry->name()), slice, a);
+          }));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::string Keys(const std::map<std::string, at::Tensor>& state) {
+  std::vector<std::string> keys;
+  for (const auto& [key, value] : state) keys.push_back(key);
+  return keys.empty() ? "nothing" : absl::StrJoin(keys, ", ");
+}
+
+// Restores the optimizer's state for one parameter; the state names must be the ones the
+// optimizer keeps.
+absl::Status ImportState(const std::string& dir, const ParamPlan& p,
+                         const std::map<std::string, at::Tensor>& state,
+                         torch::optim::Optimizer& optimizer, bool strict) {
+  absl::Status imported = ImportOptimizerState(optimizer, p.param, state);
+  if (!imported.ok()) {
+    return absl::Status(imported.code(), absl::StrCat("checkpoint '", dir, "', parameter ", p.name,
+                                                      ": ", imported.message()));
+  }
+  const std::map<std::string, at::Tensor> kept = ExportOptimizerState(optimizer, p.param);
+  if (Keys(kept) == Keys(state)) return absl::OkStatus();
+  const std::string problem = absl::StrCat(
+      "checkpoint '", dir, "': the optimizer state of ", p.name, " was saved as ", Keys(state),
+      ", but the optimizer keeps ", Keys(kept), " (another optimizer type or options?)");
+  if (!strict) {
+    LOG(WARNING) << problem << " (not strict: loading what matches)";
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      problem, "; the parameters are loaded. Use the optimizer the checkpoint was saved with, or ",
+      kLoadStrictEscape));
+}
+
+absl::Status CopyPlan(CheckpointFiles& files, const LoadPlan& plan,
+                      torch::optim::Optimizer* optimizer, bool strict) {
+  torch::NoGradGuard no_grad;
+  int64_t bytes = 0;
+  for (const ParamPlan& p : plan.params) {
+    CT_ASSIGN_OR_RETURN(at::Tensor data,
+                        files.Rows(*p.weights.entry, p.weights.begin, p.weights.rows));
+    CT_RETURN_IF_ERROR(CatchTorch([&] { p.param.detach().copy_(data.view(p.weights.view)); }));
+    bytes += data.numel() * data.element_size();
+    if (optimizer == nullptr || p.state.empty()) continue;
+    std::map<std::string, at::Tensor> state;
+    for (const auto& [name, read] : p.state) {
+      CT_ASSIGN_OR_RETURN(at::Tensor value, files.Rows(*read.entry, read.begin, read.rows));
+      CT_ASSIGN_OR_RETURN(state[name], CatchTorch([&] { return value.view(read.view); }));
+    }
+    CT_RETURN_IF_ERROR(ImportState(files.dir(), p, state, *optimizer, strict));
+  }
+  VLOG(1) << "loaded " << bytes << " bytes of parameters from " << files.dir();
+  return absl::OkStatus();
+}
+
+// The plan for `dir`, with its problems resolved (strict: an error; else warnings when `warn`).
+absl::StatusOr<LoadPlan> ResolvedPlan(const std::string& dir,
+                                      const proto::CheckpointManifest& manifest,
+                                      TrainableModel& model, torch::optim::Optimizer* optimizer,
+                                      const LoadModelStateOptions& options, bool warn) {
+  LoadPlan plan = PlanLoad(dir, manifest, model, optimizer);
+  if (options.strict || warn) {
+    CT_RETURN_IF_ERROR(plan.problems.Resolve(absl::StrCat("checkpoint '", dir, "'"), options.strict,
+                                             kLoadStrictEscape));
+  }
+  if (warn && optimizer != nullptr && !plan.has_optimizer_state) {
+    LOG(WARNING) << "checkpoint '" << dir << "' holds no optimizer state (saved with "
+                 << "save_only_model?): the optimizer starts from nothing";
+  }
+  return plan;
+}
 
 }  // namespace
 
-std::string ShardFileName(int shard, int shards) {
-  return absl::StrFormat("shard-%05d-of-%05d.safetensors", shard, shards);
-}
-
-std::vector<int64_t> StoredShape(std::vector<int64_t> shape) {
-  if (shape.empty()) shape.push_back(1);
-  return shape;
-}
-
-absl::StatusOr<proto::CheckpointManifest> ReadManifest(const std::string& dir) {
-  CT_ASSIGN_OR_RETURN(std::string bytes, ReadFile(dir + "/" + kManifestFileName));
-  proto::CheckpointManifest manifest;
-  if (!manifest.ParseFromString(bytes)) {
-    return absl::DataLossError(absl::StrCat("'", dir, "/", kManifestFileName,
-                                            "' is not a CheckpointManifest (corrupt file?)"));
-  }
-  return manifest;
-}
-
 absl::Status SaveModelState(const std::string& dir, TrainableModel& model,
-                            torch::optim::Optimizer* optimizer, Engine& engine,
+                            torch::optim::Optimizer* optimizer, HostGroup& ranks,
                             const SaveModelStateOptions& options) {
   FullyShardedModel* sharded = FullyShardedOf(model);
-  const int rank = engine.rank();
+  const int rank = ranks.rank();
   const int shards = sharded ? sharded->mesh().shard->size() : 1;
   const int shard = sharded ? sharded->mesh().shard->rank() : 0;
   // One replica writes: rank = replica * shards + shard, so replica 0 is ranks [0, shards).
@@ -147,9 +374,13 @@ absl::Status SaveModelState(const std::string& dir, TrainableModel& model,
   const std::string whole_file = ShardFileName(0, shards);
 
   proto::CheckpointManifest manifest;
-  manifest.set_engine(engine.name());
-  manifest.set_world_size(engine.world_size());
+  manifest.set_engine(options.engine_name);
+  manifest.set_world_size(ranks.world_size());
+  if (const auto* decoder = dynamic_cast<const DecoderLM*>(&model)) {
+    *manifest.mutable_decoder() = decoder->config();
+  }
   std::vector<std::pair<std::string, at::Tensor>> mine;  // this rank's shard-file entries
+  WrittenChecksums written;
   const auto params = model.named_parameters(/*recurse=*/true);
 
   std::unique_ptr<SafetensorsWriter> full_writer;
@@ -171,22 +402,23 @@ absl::Status SaveModelState(const std::string& dir, TrainableModel& model,
     const at::ScalarType dtype = info ? info->dtype : p.scalar_type();
     const Layout split{info, StoredShape(global)};
     if (options.full_model) {
-      AddToManifest(manifest, "model." + name, name, dtype, global, Layout{nullptr, split.shape},
-                    kSafetensorsFileName);
+      AddToManifest(manifest, kModelPrefix + name, name, dtype, global,
+                    Layout{nullptr, split.shape}, kSafetensorsFileName);
       at::Tensor whole = p.detach();
       if (info != nullptr) {
         CT_ASSIGN_OR_RETURN(whole, sharded->GatherFull(p));  // every rank takes part
       }
       if (full_writer) CT_RETURN_IF_ERROR(full_writer->Append(name, whole));
     } else {
-      AddToManifest(manifest, "model." + name, "model." + name, dtype, global, split, whole_file);
+      AddToManifest(manifest, kModelPrefix + name, kModelPrefix + name, dtype, global, split,
+                    whole_file);
       if (writes && (info ? info->local_rows > 0 : true)) {
-        mine.emplace_back("model." + name, p.detach().reshape(StoredShape(p.sizes().vec())));
+        mine.emplace_back(kModelPrefix + name, p.detach().reshape(StoredShape(p.sizes().vec())));
       }
     }
     if (optimizer == nullptr || !options.include_optimizer) continue;
     for (const auto& [state_name, value] : ExportOptimizerState(*optimizer, p)) {
-      const std::string key = absl::StrCat("optimizer.", name, ".", state_name);
+      const std::string key = absl::StrCat(kOptimizerPrefix, name, ".", state_name);
       // Shaped like the parameter: split like it. Anything else (step): whole, from rank 0.
       const bool split_like_param = info != nullptr && value.sizes() == p.sizes();
       const std::vector<int64_t> logical = split_like_param ? global : value.sizes().vec();
@@ -198,73 +430,38 @@ absl::Status SaveModelState(const std::string& dir, TrainableModel& model,
         mine.emplace_back(key, value.detach().reshape(StoredShape(value.sizes().vec())));
     }
   }
-  if (full_writer) CT_RETURN_IF_ERROR(full_writer->Finish());
-  if (writes && !mine.empty()) CT_RETURN_IF_ERROR(WriteSafetensors(dir + "/" + my_file, mine));
-  CT_RETURN_IF_ERROR(engine.Barrier());
-  if (rank == 0) {
-    CT_RETURN_IF_ERROR(
-        WriteFileAtomically(dir + "/" + kManifestFileName, manifest.SerializeAsString()));
+  if (full_writer) {
+    CT_RETURN_IF_ERROR(full_writer->Finish());
+    for (const auto& item : params) {
+      CT_ASSIGN_OR_RETURN(written[kSafetensorsFileName][item.key()],
+                          full_writer->Crc32cOf(item.key()));
+    }
   }
-  return engine.Barrier();
+  if (writes && !mine.empty()) CT_RETURN_IF_ERROR(WriteShardFile(dir, my_file, mine, written));
+  CT_RETURN_IF_ERROR(GatherChecksums(ranks, written, manifest));  // also the barrier
+  if (rank == 0) CT_RETURN_IF_ERROR(WriteManifest(dir, manifest));
+  return ranks.Barrier();
+}
+
+absl::Status VerifyModelState(const std::string& dir, TrainableModel& model,
+                              torch::optim::Optimizer* optimizer,
+                              const LoadModelStateOptions& options) {
+  CT_ASSIGN_OR_RETURN(proto::CheckpointManifest manifest, ReadManifest(dir));
+  CT_ASSIGN_OR_RETURN(LoadPlan plan,
+                      ResolvedPlan(dir, manifest, model, optimizer, options, /*warn=*/false));
+  CheckpointFiles files(dir);
+  return VerifyPlan(files, manifest, plan);
 }
 
 absl::Status LoadModelState(const std::string& dir, TrainableModel& model,
-                            torch::optim::Optimizer* optimizer) {
+                            torch::optim::Optimizer* optimizer,
+                            const LoadModelStateOptions& options) {
   CT_ASSIGN_OR_RETURN(proto::CheckpointManifest manifest, ReadManifest(dir));
-  std::map<std::string, const proto::CheckpointTensor*> by_name;
-  for (const proto::CheckpointTensor& t : manifest.tensors()) by_name[t.name()] = &t;
-  FullyShardedModel* sharded = FullyShardedOf(model);
-  PieceReader reader(dir);
-  torch::NoGradGuard no_grad;
-  int64_t bytes = 0;
-  for (const auto& item : model.named_parameters(/*recurse=*/true)) {
-    const std::string& name = item.key();
-    at::Tensor p = item.value();
-    const ShardInfo* info = sharded ? sharded->Find(p) : nullptr;
-    const std::vector<int64_t> global = info ? info->global_shape : p.sizes().vec();
-    auto it = by_name.find("model." + name);
-    if (it == by_name.end()) {
-      return absl::NotFoundError(absl::StrCat(
-          "checkpoint '", dir, "' has no tensor for parameter ", name,
-          ": it was written for another model (or with save_only_model off and renamed)"));
-    }
-    const proto::CheckpointTensor& t = *it->second;
-    if (std::vector<int64_t>(t.shape().begin(), t.shape().end()) != global) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "checkpoint '", dir, "': ", name, " has shape ",
-          c10::str(c10::IntArrayRef(std::vector<int64_t>(t.shape().begin(), t.shape().end()))),
-          " but the model's is ", c10::str(c10::IntArrayRef(global)),
-          ": load it into the model configuration it was written from"));
-    }
-    const int64_t begin = info ? info->row_begin : 0;
-    const int64_t rows = info ? info->local_rows : StoredShape(global)[0];
-    CT_ASSIGN_OR_RETURN(at::Tensor data, reader.Rows(t, begin, rows));
-    CT_RETURN_IF_ERROR(CatchTorch([&] { p.detach().copy_(data.view(p.sizes())); }));
-    bytes += data.numel() * data.element_size();
-    if (optimizer == nullptr) continue;
-    std::map<std::string, at::Tensor> state;
-    const std::string prefix = absl::StrCat("optimizer.", name, ".");
-    for (auto s = by_name.lower_bound(prefix);
-         s != by_name.end() && absl::StartsWith(s->first, prefix); ++s) {
-      const proto::CheckpointTensor& st = *s->second;
-      const std::vector<int64_t> shape(st.shape().begin(), st.shape().end());
-      const bool split_like_param = info != nullptr && shape == global;
-      CT_ASSIGN_OR_RETURN(at::Tensor value, split_like_param
-                                                ? reader.Rows(st, begin, rows)
-                                                : reader.Rows(st, 0, StoredShape(shape)[0]));
-      state[s->first.substr(prefix.size())] =
-          split_like_param ? value.view(p.sizes()) : value.view(shape);
-    }
-    if (!state.empty()) {
-      absl::Status imported = ImportOptimizerState(*optimizer, p, state);
-      if (!imported.ok()) {
-        return absl::Status(imported.code(), absl::StrCat("checkpoint '", dir, "', parameter ",
-                                                          name, ": ", imported.message()));
-      }
-    }
-  }
-  VLOG(1) << "loaded " << bytes << " bytes of parameters from " << dir;
-  return absl::OkStatus();
+  CT_ASSIGN_OR_RETURN(LoadPlan plan,
+                      ResolvedPlan(dir, manifest, model, optimizer, options, /*warn=*/true));
+  CheckpointFiles files(dir);
+  if (!options.verified) CT_RETURN_IF_ERROR(VerifyPlan(files, manifest, plan));
+  return CopyPlan(files, plan, optimizer, options.strict);
 }
 
 }  // namespace cpptrain

@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -23,10 +24,12 @@
 #include "base/status.h"
 #include "base/torch_status.h"
 #include "checkpoint/files.h"
+#include "checkpoint/internal/checkpoint_files.h"
 #include "checkpoint/internal/json.h"
+#include "checkpoint/model_match.h"
 #include "checkpoint/safetensors.h"
 #include "models/configs.h"
-#include "models/row_init.h"
+#include "module/deferred.h"
 #include "sharding/fully_shard.h"
 
 namespace cpptrain {
@@ -40,8 +43,6 @@ constexpr char kEmbedName[] = "model.embed_tokens.weight";
 constexpr char kLmHeadName[] = "lm_head.weight";
 // Non-persistent in transformers, but some older checkpoints hold them.
 constexpr char kRotaryBufferSuffix[] = "rotary_emb.inv_freq";
-// Problems listed in full in one error; the rest are counted.
-constexpr size_t kMaxListedProblems = 8;
 
 // transformers' defaults for the fields a config.json may leave out.
 struct HfDefaults {
@@ -230,27 +231,6 @@ absl::StatusOr<std::optional<double>> ReadRopeTheta(const std::string& path,
   return theta.has_value() ? theta : top_level;
 }
 
-// What does not match between the checkpoint's tensors and the model's parameters, one line
-// per tensor, reported together.
-struct Problems {
-  std::vector<std::string> lines;
-  void Add(std::string line) { lines.push_back(std::move(line)); }
-
-  absl::Status ToStatus(const std::string& dir) const {
-    if (lines.empty()) return absl::OkStatus();
-    std::vector<std::string> listed(lines.begin(),
-                                    lines.begin() + std::min(lines.size(), kMaxListedProblems));
-    std::string more;
-    if (lines.size() > kMaxListedProblems) {
-      more = absl::StrCat("; and ", lines.size() - kMaxListedProblems, " more");
-    }
-    return absl::InvalidArgumentError(
-        absl::StrCat("Hugging Face model directory '", dir, "' does not match the model (",
-                     lines.size(), lines.size() == 1 ? " problem" : " problems",
-                     "; nothing was loaded): ", absl::StrJoin(listed, "; "), more));
-  }
-};
-
 // What to copy into one parameter: the rows [row_begin, row_end) of the file's tensor, or the
 // whole tensor when `slice` is false.
 struct LoadPlan {
@@ -266,13 +246,24 @@ bool IsFloating(at::ScalarType dtype) {
          dtype == at::kDouble;
 }
 
+// The hint for a tensor one side lacks: " (config field F probably differs)", or "".
+std::string HintText(const std::string& field) {
+  return field.empty() ? "" : absl::StrCat(" (config field ", field, " probably differs)");
+}
+
 // Matches every parameter with its tensor and checks shapes and dtypes, adding what is wrong
-// to `problems`. When nothing is, the plan holds one entry per parameter.
+// to `problems`. The plan holds one entry per parameter that matches; `missing`, the
+// parameters without a tensor.
 std::vector<LoadPlan> PlanLoad(const SafetensorsModelDir& files, TrainableModel& model,
-                               const FullyShardedModel* sharded, Problems& problems) {
+                               const FullyShardedModel* sharded, LoadProblems& problems,
+                               std::vector<LoadPlan>& missing) {
   std::vector<LoadPlan> plans;
   std::set<std::string> used;
   const auto params = model.named_parameters(/*recurse=*/true);
+  std::vector<std::string> param_names;
+  for (const auto& item : params) param_names.push_back(item.key());
+  const int64_t model_layers = DecoderLayerCount(param_names);
+  const int64_t saved_layers = DecoderLayerCount(files.names());
   for (const auto& item : params) {
     const std::string& name = item.key();
     const at::Tensor& param = item.value();
@@ -280,9 +271,13 @@ std::vector<LoadPlan> PlanLoad(const SafetensorsModelDir& files, TrainableModel&
     const std::vector<int64_t> want = shard != nullptr ? shard->global_shape : param.sizes().vec();
     used.insert(name);
     if (!files.Has(name)) {
+      const std::string hint = ConfigFieldHint(name, saved_layers);
       problems.Add(absl::StrCat("tensor '", name, "' (the model's shape ", ShapeString(want),
-                                ") is not in the checkpoint: check that config.json's "
-                                "model_type and sizes describe this checkpoint"));
+                                ") is not in the checkpoint", HintText(hint),
+                                ": check that config.json's model_type and sizes describe this "
+                                "checkpoint"),
+                   hint);
+      missing.push_back({name, param, shard != nullptr, shard ? shard->row_begin : 0, 0});
       continue;
     }
     const SafetensorsTensorInfo info = files.Info(name).value();
@@ -322,11 +317,13 @@ std::vector<LoadPlan> PlanLoad(const SafetensorsModelDir& files, TrainableModel&
     if (used.count(name) > 0 || absl::EndsWith(name, kRotaryBufferSuffix)) continue;
     if (name == kLmHeadName && tied) continue;  // checked by CheckTiedHead
     const SafetensorsTensorInfo info = files.Info(name).value();
+    const std::string hint = ConfigFieldHint(name, model_layers);
     problems.Add(absl::StrCat("tensor '", name, "' (shape ", ShapeString(info.shape), ", in '",
                               files.FileOf(name).value()->path(),
-                              "') matches no parameter of the model: check config.json's "
-                              "num_hidden_layers, attention_bias, tie_word_embeddings and "
-                              "model_type against the checkpoint"));
+                              "') matches no parameter of the model", HintText(hint),
+                              ": check config.json's num_hidden_layers, attention_bias, "
+                              "tie_word_embeddings and model_type against the checkpoint"),
+                 hint);
   }
   return plans;
 }
@@ -335,7 +332,7 @@ std::vector<LoadPlan> PlanLoad(const SafetensorsModelDir& files, TrainableModel&
 // lm_head.weight for a model that ties it must hold the same values, or the head would be
 // silently replaced by the embedding.
 absl::Status CheckTiedHead(const SafetensorsModelDir& files, TrainableModel& model,
-                           Problems& problems) {
+                           LoadProblems& problems) {
   const auto params = model.named_parameters(/*recurse=*/true);
   if (!params.contains(kEmbedName) || params.contains(kLmHeadName) || !files.Has(kLmHeadName) ||
       !files.Has(kEmbedName)) {
@@ -350,10 +347,37 @@ absl::Status CheckTiedHead(const SafetensorsModelDir& files, TrainableModel& mod
   if (!same) {
     problems.Add(absl::StrCat("tensor '", kLmHeadName, "' differs from '", kEmbedName,
                               "', but the model ties them (tie_word_embeddings): set "
-                              "tie_word_embeddings to false in config.json to load both"));
+                              "tie_word_embeddings to false in config.json to load both"),
+                 "tie_word_embeddings");
   }
   return absl::OkStatus();
 }
+
+// The rows of the file's tensor that `plan` copies: a read-only view of the mapping.
+absl::StatusOr<at::Tensor> Source(const SafetensorsModelDir& files, const LoadPlan& plan) {
+  return plan.slice ? files.GetSlice(plan.name, plan.row_begin, plan.row_end)
+                    : files.Get(plan.name);
+}
+
+// Before anything is copied: each tensor to load matches the checksum its file stores for it
+// (files written here carry one; other writers' do not), and the rows to load are finite.
+absl::Status VerifySources(const std::string& dir, const SafetensorsModelDir& files,
+                           const std::vector<LoadPlan>& plans) {
+  for (const LoadPlan& plan : plans) {
+    CT_ASSIGN_OR_RETURN(const SafetensorsFile* file, files.FileOf(plan.name));
+    CT_RETURN_IF_ERROR(file->VerifyCrc32c(plan.name));
+    CT_ASSIGN_OR_RETURN(at::Tensor source, Source(files, plan));
+    CT_RETURN_IF_ERROR(checkpoint_internal::CheckFinite(
+        absl::StrCat("Hugging Face model directory '", dir, "', file '", file->path(), "'"),
+        plan.name, source, plan.row_begin));
+  }
+  return absl::OkStatus();
+}
+
+// The config fields of `dir`/config.json that differ from the model's, when the model is a
+// DecoderLM and the file is there.
+void CompareWithConfigJson(const std::string& dir, const TrainableModel& model,
+                           LoadProblems& problems);
 
 // The shortest decimal text that reads back as exactly `value` (a JSON number for a finite
 // value): "1e-06" rather than "9.9999999999999995e-07".
@@ -486,20 +510,23 @@ absl::StatusOr<proto::DecoderConfig> DecoderConfigFromHfConfig(const std::string
   return config;
 }
 
-absl::Status LoadHfWeights(const std::string& dir, TrainableModel& model) {
+absl::Status LoadHfWeights(const std::string& dir, TrainableModel& model,
+                           const HfLoadOptions& options) {
   CT_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsModelDir> files, SafetensorsModelDir::Open(dir));
   const FullyShardedModel* sharded = FullyShardedOf(model);
-  Problems problems;
-  std::vector<LoadPlan> plans = PlanLoad(*files, model, sharded, problems);
+  LoadProblems problems;
+  CompareWithConfigJson(dir, model, problems);
+  std::vector<LoadPlan> missing;
+  std::vector<LoadPlan> plans = PlanLoad(*files, model, sharded, problems, missing);
   CT_RETURN_IF_ERROR(CheckTiedHead(*files, model, problems));
-  CT_RETURN_IF_ERROR(problems.ToStatus(dir));
+  CT_RETURN_IF_ERROR(problems.Resolve(absl::StrCat("Hugging Face model directory '", dir, "'"),
+                                      options.strict, "pass HfLoadOptions.strict = false"));
+  CT_RETURN_IF_ERROR(VerifySources(dir, *files, plans));
 
   at::NoGradGuard no_grad;
   int64_t bytes = 0;
   for (LoadPlan& plan : plans) {
-    CT_ASSIGN_OR_RETURN(at::Tensor source,
-                        plan.slice ? files->GetSlice(plan.name, plan.row_begin, plan.row_end)
-                                   : files->Get(plan.name));
+    CT_ASSIGN_OR_RETURN(at::Tensor source, Source(*files, plan));
     // `source` views the read-only mapping: copy_ reads it (converting the dtype) and never
     // writes to it. A deferred parameter gets its memory here.
     absl::Status copied = CatchTorch([&] {
@@ -513,19 +540,45 @@ absl::Status LoadHfWeights(const std::string& dir, TrainableModel& model) {
     }
     bytes += source.numel() * static_cast<int64_t>(source.element_size());
   }
+  // Not strict: parameters the directory lacks keep their initial values (drawn now when the
+  // model was built deferred).
+  for (LoadPlan& plan : missing) {
+    if (!IsDeferred(plan.param)) continue;
+    CT_RETURN_IF_ERROR(CatchTorch([&] { plan.param.set_data(at::empty_like(plan.param)); }));
+    CT_RETURN_IF_ERROR(model.InitializeRows(plan.name, plan.row_begin, plan.param.detach()));
+  }
   LOG(INFO) << "loaded " << plans.size() << " tensors, " << bytes << " bytes ("
             << static_cast<double>(bytes) / (1 << 20) << " MiB) from " << dir
             << (sharded != nullptr ? ", this rank's rows only" : "");
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::shared_ptr<DecoderLM>> LoadHfDecoder(const std::string& dir) {
+namespace {
+
+void CompareWithConfigJson(const std::string& dir, const TrainableModel& model,
+                           LoadProblems& problems) {
+  const auto* decoder = dynamic_cast<const DecoderLM*>(&model);
+  const std::string path = absl::StrCat(dir, "/config.json");
+  if (decoder == nullptr || ::access(path.c_str(), F_OK) != 0) return;
+  absl::StatusOr<proto::DecoderConfig> saved = DecoderConfigFromHfConfig(path);
+  if (!saved.ok()) {
+    problems.Add(absl::StrCat("its config.json does not describe a decoder this model can be: ",
+                              saved.status().message()));
+    return;
+  }
+  problems.AddConfigDifferences(DecoderConfigDifferences(*saved, decoder->config(), "config.json"));
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<DecoderLM>> LoadHfDecoder(const std::string& dir,
+                                                         const HfLoadOptions& options) {
   CT_ASSIGN_OR_RETURN(proto::DecoderConfig config,
                       DecoderConfigFromHfConfig(absl::StrCat(dir, "/config.json")));
   // Deferred: each tensor is allocated once, as it is read, and never initialized first.
   CT_ASSIGN_OR_RETURN(std::shared_ptr<DecoderLM> model,
                       BuildDecoder(config, {DecoderInit::Mode::kDeferred, 0}));
-  CT_RETURN_IF_ERROR(LoadHfWeights(dir, *model));
+  CT_RETURN_IF_ERROR(LoadHfWeights(dir, *model, options));
   return model;
 }
 

@@ -26,7 +26,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "models/decoder.h"
-#include "models/model.h"
+#include "module/trainable_model.h"
 #include "proto/model.pb.h"
 
 namespace cpptrain {
@@ -61,23 +61,35 @@ std::string HfConfigJson(const proto::DecoderConfig& config);
 // ValidateDecoderConfig first.
 absl::Status WriteHfConfig(const proto::DecoderConfig& config, const std::string& path);
 
+struct HfLoadOptions {
+  // true, like load_state_dict(strict=True): every mismatch below is one error listing them
+  // all. false: one warning each; what matches loads, the rest keeps its initial values.
+  // Damage (a checksum mismatch, non-finite values) is an error either way.
+  bool strict = true;
+};
+
 // Copies the tensors of the safetensors model directory `dir` into the model's parameters of
 // the same names (DecoderLM uses Hugging Face's names), converting the file's dtype (BF16,
 // F16, F32, F64) to each parameter's. Everything is checked before anything is copied, so an
 // error leaves the model unchanged: a parameter without a tensor, a tensor without a parameter
 // (allowed: lm_head.weight when the model ties it to the embedding, and rotary inv_freq
-// buffers), a shape that differs, a non-floating dtype. Errors name the tensor, both shapes
-// and what to do.
+// buffers), a shape that differs, a non-floating dtype, config.json fields that differ from a
+// DecoderLM's config (rope_theta, rms_norm_eps, head_dim, the sizes, ...), a tensor whose
+// bytes fail the checksum its file stores (files written here carry one), NaN or infinite
+// values in the rows to load. Errors name the tensor (both shapes, both values, the config
+// field that probably differs) and what to do.
 //
 // When FullyShardedOf(model) is set, each parameter is the rank's chunk of rows
 // [row_begin, row_begin + local_rows) of the full tensor (ShardInfo): only those rows are read
 // from the file. Call it between steps (parameters at rest, not gathered); every rank calls it
 // for its own rows, without communication.
-absl::Status LoadHfWeights(const std::string& dir, TrainableModel& model);
+absl::Status LoadHfWeights(const std::string& dir, TrainableModel& model,
+                           const HfLoadOptions& options = {});
 
 // DecoderConfigFromHfConfig(dir/config.json), BuildDecoder, then LoadHfWeights: the model on
 // the CPU, in fp32, with the checkpoint's weights.
-absl::StatusOr<std::shared_ptr<DecoderLM>> LoadHfDecoder(const std::string& dir);
+absl::StatusOr<std::shared_ptr<DecoderLM>> LoadHfDecoder(const std::string& dir,
+                                                         const HfLoadOptions& options = {});
 
 }  // namespace cpptrain
 

@@ -13,6 +13,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <limits>
 #include <map>
 #include <string>
 #include <utility>
@@ -37,8 +39,13 @@ using ::testing::Not;
 using Tensors = std::vector<std::pair<std::string, at::Tensor>>;
 
 std::string WriteText(const std::string& path, const std::string& text) {
-  std::ofstream(path, std::ios::binary) << text;
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << text;
   return path;
+}
+
+std::string ReadBytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
 // transformers' input_ids and fp32 logits, saved beside the model.
@@ -364,6 +371,75 @@ TEST_F(HfMismatchTest, TiedHeadThatDiffersFromTheEmbeddingIsAnError) {
   tensors_.emplace_back("lm_head.weight", Find("model.embed_tokens.weight") + 1);
   EXPECT_THAT(LoadError(), AllOf(HasSubstr("'lm_head.weight' differs from"),
                                  HasSubstr("set tie_word_embeddings to false")));
+}
+
+// Strict loading against config.json, checksums and finite values.
+
+// A config.json beside the weights that describes another model than model_: every field that
+// differs is named with both values, and the q_norm tensors the model lacks point at qk_norm.
+TEST_F(HfMismatchTest, ConfigJsonFieldsThatDifferAreNamedWithBothValues) {
+  proto::DecoderConfig config = model_->config();
+  config.set_rope_theta(500000);
+  config.set_rms_norm_eps(1e-5);
+  ASSERT_TRUE(WriteHfConfig(config, dir_ + "/config.json").ok());
+  EXPECT_THAT(LoadError(),
+              AllOf(HasSubstr("2 problems"),
+                    HasSubstr("rope_theta is 500000 in config.json but 1000000 in the model"),
+                    HasSubstr("rms_norm_eps is 1e-05 in config.json but 1e-06 in the model"),
+                    HasSubstr("HfLoadOptions.strict = false")));
+}
+
+TEST_F(HfMismatchTest, QkNormTensorsWithoutQkNormPointAtTheField) {
+  proto::DecoderConfig without = model_->config();
+  without.set_qk_norm(false);
+  model_ = BuildDecoder(without).value();
+  before_ = Snapshot(*model_);
+  EXPECT_THAT(LoadError(),
+              AllOf(HasSubstr("config fields that differ or probably differ: qk_norm"),
+                    HasSubstr("'model.layers.0.self_attn.q_norm.weight' (shape [8]"),
+                    HasSubstr("matches no parameter of the model (config field qk_norm "
+                              "probably differs)")));
+
+  // Not strict: the q_norm / k_norm tensors are left out, everything else loads.
+  ASSERT_TRUE(WriteSafetensors(dir_ + "/model.safetensors", tensors_).ok());
+  HfLoadOptions loose;
+  loose.strict = false;
+  ASSERT_TRUE(LoadHfWeights(dir_, *model_, loose).ok());
+  for (const auto& item : model_->named_parameters()) {
+    EXPECT_TRUE(item.value().equal(Find(item.key()).to(item.value().scalar_type()))) << item.key();
+  }
+}
+
+TEST_F(HfMismatchTest, BiasesWithoutAttentionBiasPointAtTheField) {
+  for (const std::string proj : {"q_proj", "k_proj", "v_proj"}) {
+    const std::string name = absl::StrCat("model.layers.1.self_attn.", proj, ".weight");
+    tensors_.emplace_back(absl::StrCat("model.layers.1.self_attn.", proj, ".bias"),
+                          at::zeros({Find(name).size(0)}));
+  }
+  EXPECT_THAT(LoadError(),
+              AllOf(HasSubstr("3 problems"), HasSubstr("'model.layers.1.self_attn.v_proj.bias'"),
+                    HasSubstr("(config field attention_bias probably differs)")));
+}
+
+TEST_F(HfMismatchTest, DamagedBytesAndNonFiniteValuesAreRefused) {
+  ASSERT_TRUE(WriteSafetensors(dir_ + "/model.safetensors", tensors_).ok());
+  std::string bytes = ReadBytes(dir_ + "/model.safetensors");
+  bytes[bytes.size() - 7] ^= 0x01;  // the last tensor's bytes
+  WriteText(dir_ + "/model.safetensors", bytes);
+  absl::Status damaged = LoadHfWeights(dir_, *model_);
+  EXPECT_EQ(damaged.code(), absl::StatusCode::kDataLoss) << damaged;
+  EXPECT_THAT(std::string(damaged.message()),
+              AllOf(HasSubstr(dir_ + "/model.safetensors"), HasSubstr("checksum mismatch")));
+  ExpectUnchanged(*model_, before_);
+
+  Find("model.norm.weight")[3] = std::numeric_limits<float>::infinity();
+  ASSERT_TRUE(WriteSafetensors(dir_ + "/model.safetensors", tensors_).ok());
+  absl::Status infinite = LoadHfWeights(dir_, *model_);
+  EXPECT_EQ(infinite.code(), absl::StatusCode::kDataLoss) << infinite;
+  EXPECT_THAT(std::string(infinite.message()),
+              AllOf(HasSubstr("tensor model.norm.weight holds 1 non-finite value (the first, inf, "
+                              "in row 3)")));
+  ExpectUnchanged(*model_, before_);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -15,10 +15,12 @@
 #include <tuple>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/status.h"
 #include "base/torch_status.h"
+#include "checkpoint/crc32c.h"
 #include "checkpoint/files.h"
 #include "checkpoint/internal/json.h"
 
@@ -98,9 +100,16 @@ std::string Render(const JsonValue& value) {
 // ---------------------------------------------------------------------------------------------
 // Writing
 
-SafetensorsWriter::SafetensorsWriter(std::string path, std::string temp_path, int fd,
-                                     std::map<std::string, Slot> slots)
-    : path_(std::move(path)), temp_path_(std::move(temp_path)), fd_(fd), slots_(std::move(slots)) {}
+SafetensorsWriter::SafetensorsWriter(std::string path, std::string temp_path,
+                                     std::map<std::string, Slot> slots,
+                                     std::vector<std::string> layout,
+                                     std::map<std::string, std::string> metadata, bool checksums)
+    : path_(std::move(path)),
+      temp_path_(std::move(temp_path)),
+      slots_(std::move(slots)),
+      layout_(std::move(layout)),
+      metadata_(std::move(metadata)),
+      checksums_(checksums) {}
 
 SafetensorsWriter::~SafetensorsWriter() {
   if (fd_ >= 0) {
@@ -111,7 +120,7 @@ SafetensorsWriter::~SafetensorsWriter() {
 
 absl::StatusOr<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Create(
     const std::string& path, const std::vector<Entry>& entries,
-    const std::map<std::string, std::string>& metadata) {
+    const std::map<std::string, std::string>& metadata, const SafetensorsWriteOptions& options) {
   const std::string where = absl::StrCat("safetensors writer for '", path, "': ");
   std::map<std::string, Slot> slots;
   for (const Entry& entry : entries) {
@@ -138,13 +147,56 @@ absl::StatusOr<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Create(
     }
   }
 
-  // The reference writer's layout: by dtype (kDtypes order), then by name (slots_ is sorted).
-  std::vector<Slot*> layout;
-  for (auto& [name, slot] : slots) layout.push_back(&slot);
-  std::stable_sort(layout.begin(), layout.end(), [](const Slot* a, const Slot* b) {
-    return FindDtype(a->entry.dtype) < FindDtype(b->entry.dtype);
+  // The reference writer's layout: by dtype (kDtypes order), then by name (slots is sorted).
+  std::vector<std::string> layout;
+  for (const auto& [name, slot] : slots) layout.push_back(name);
+  std::stable_sort(layout.begin(), layout.end(), [&](const std::string& a, const std::string& b) {
+    return FindDtype(slots.at(a).entry.dtype) < FindDtype(slots.at(b).entry.dtype);
   });
+  int64_t offset = 0;
+  for (const std::string& name : layout) {
+    Slot& slot = slots.at(name);
+    slot.data_offset = offset;
+    offset += slot.bytes;
+  }
+  if (options.checksums) {
+    for (const auto& [key, value] : metadata) {
+      if (absl::StartsWith(key, kChecksumMetadataPrefix)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, "metadata key \"", key, "\" starts with \"", kChecksumMetadataPrefix,
+            "\", which the writer's checksums use; rename it, or write without checksums"));
+      }
+    }
+  }
 
+  std::unique_ptr<SafetensorsWriter> writer(new SafetensorsWriter(
+      path, TempPathFor(path), std::move(slots), std::move(layout), metadata, options.checksums));
+  // The checksums are not known yet: same-width placeholders, overwritten by Finish.
+  const std::string header = writer->Header(/*final=*/false);
+  if (header.size() > kMaxHeaderBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, "the header would be ", header.size(), " bytes, over the format's limit of ",
+        kMaxHeaderBytes, "; split the tensors into shards"));
+  }
+  writer->data_start_ = 8 + static_cast<int64_t>(header.size());
+  CT_ASSIGN_OR_RETURN(writer->fd_, CreateTemp(writer->temp_path_));
+  // Owns fd and the temporary file from here: an error below removes both.
+  uint64_t length = header.size();
+  char length_bytes[8];
+  std::memcpy(length_bytes, &length, 8);
+  CT_RETURN_IF_ERROR(WriteAt(writer->fd_, length_bytes, 8, 0, path));
+  CT_RETURN_IF_ERROR(
+      WriteAt(writer->fd_, header.data(), static_cast<int64_t>(header.size()), 8, path));
+  return writer;
+}
+
+std::string SafetensorsWriter::Header(bool final) const {
+  std::map<std::string, std::string> metadata = metadata_;
+  if (checksums_) {
+    for (const auto& [name, slot] : slots_) {
+      metadata[kChecksumMetadataPrefix + name] = Crc32cHex(final ? slot.crc32c : 0);
+    }
+  }
   std::string header = "{";
   if (!metadata.empty()) {
     absl::StrAppend(&header, JsonQuote(kMetadataKey), ":{",
@@ -155,36 +207,16 @@ absl::StatusOr<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Create(
                                   }),
                     "}");
   }
-  int64_t offset = 0;
-  for (Slot* slot : layout) {
-    absl::StrAppend(&header, header.size() > 1 ? "," : "", JsonQuote(slot->entry.name),
-                    ":{\"dtype\":\"", FindDtype(slot->entry.dtype)->name, "\",\"shape\":[",
-                    absl::StrJoin(slot->entry.shape, ","), "],\"data_offsets\":[", offset, ",",
-                    offset + slot->bytes, "]}");
-    slot->file_offset = offset;  // made absolute below
-    offset += slot->bytes;
+  for (const std::string& name : layout_) {
+    const Slot& slot = slots_.at(name);
+    absl::StrAppend(&header, header.size() > 1 ? "," : "", JsonQuote(name), ":{\"dtype\":\"",
+                    FindDtype(slot.entry.dtype)->name, "\",\"shape\":[",
+                    absl::StrJoin(slot.entry.shape, ","), "],\"data_offsets\":[", slot.data_offset,
+                    ",", slot.data_offset + slot.bytes, "]}");
   }
   header += "}";
   header.append((8 - header.size() % 8) % 8, ' ');
-  if (header.size() > kMaxHeaderBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        where, "the header would be ", header.size(), " bytes, over the format's limit of ",
-        kMaxHeaderBytes, "; split the tensors into shards"));
-  }
-  const int64_t data_start = 8 + static_cast<int64_t>(header.size());
-  for (Slot* slot : layout) slot->file_offset += data_start;
-
-  const std::string temp_path = TempPathFor(path);
-  CT_ASSIGN_OR_RETURN(int fd, CreateTemp(temp_path));
-  // Owns fd and the temporary file from here: an error below removes both.
-  std::unique_ptr<SafetensorsWriter> writer(
-      new SafetensorsWriter(path, temp_path, fd, std::move(slots)));
-  uint64_t length = header.size();
-  char length_bytes[8];
-  std::memcpy(length_bytes, &length, 8);
-  CT_RETURN_IF_ERROR(WriteAt(fd, length_bytes, 8, 0, path));
-  CT_RETURN_IF_ERROR(WriteAt(fd, header.data(), static_cast<int64_t>(header.size()), 8, path));
-  return writer;
+  return header;
 }
 
 absl::Status SafetensorsWriter::Append(const std::string& name, const at::Tensor& tensor) {
@@ -214,8 +246,9 @@ absl::Status SafetensorsWriter::Append(const std::string& name, const at::Tensor
   }
   CT_ASSIGN_OR_RETURN(at::Tensor bytes,
                       CatchTorch([&] { return tensor.to(at::kCPU).contiguous(); }));
-  CT_RETURN_IF_ERROR(WriteAt(fd_, static_cast<const char*>(bytes.data_ptr()), slot.bytes,
-                             slot.file_offset, path_));
+  const char* data = static_cast<const char*>(bytes.data_ptr());
+  if (checksums_) slot.crc32c = Crc32c(data, static_cast<size_t>(slot.bytes));
+  CT_RETURN_IF_ERROR(WriteAt(fd_, data, slot.bytes, data_start_ + slot.data_offset, path_));
   slot.written = true;
   return absl::OkStatus();
 }
@@ -230,14 +263,34 @@ absl::Status SafetensorsWriter::Finish() {
           where, "tensor '", name, "' was declared but never appended; Append it before Finish"));
     }
   }
+  if (checksums_) {
+    const std::string header = Header(/*final=*/true);
+    if (static_cast<int64_t>(header.size()) != data_start_ - 8) {
+      return absl::InternalError(absl::StrCat(where, "the header with checksums is ", header.size(),
+                                              " bytes, but ", data_start_ - 8,
+                                              " were reserved for it"));
+    }
+    CT_RETURN_IF_ERROR(WriteAt(fd_, header.data(), static_cast<int64_t>(header.size()), 8, path_));
+  }
   const int fd = fd_;
   fd_ = -1;  // CommitTemp closes it, and removes the temporary file if it fails
   return CommitTemp(fd, temp_path_, path_);
 }
 
+absl::StatusOr<uint32_t> SafetensorsWriter::Crc32cOf(const std::string& name) const {
+  auto it = slots_.find(name);
+  if (it == slots_.end() || !it->second.written || !checksums_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "safetensors writer for '", path_, "': no checksum of tensor '", name, "' ",
+        !checksums_ ? "(written without checksums)" : "(not declared, or not appended yet)"));
+  }
+  return it->second.crc32c;
+}
+
 absl::Status WriteSafetensors(const std::string& path,
                               const std::vector<std::pair<std::string, at::Tensor>>& tensors,
-                              const std::map<std::string, std::string>& metadata) {
+                              const std::map<std::string, std::string>& metadata,
+                              const SafetensorsWriteOptions& options) {
   std::vector<SafetensorsWriter::Entry> entries;
   for (const auto& [name, tensor] : tensors) {
     if (!tensor.defined()) {
@@ -246,7 +299,7 @@ absl::Status WriteSafetensors(const std::string& path,
     }
     entries.push_back({name, tensor.scalar_type(), tensor.sizes().vec()});
   }
-  CT_ASSIGN_OR_RETURN(auto writer, SafetensorsWriter::Create(path, entries, metadata));
+  CT_ASSIGN_OR_RETURN(auto writer, SafetensorsWriter::Create(path, entries, metadata, options));
   for (const auto& [name, tensor] : tensors) CT_RETURN_IF_ERROR(writer->Append(name, tensor));
   return writer->Finish();
 }
@@ -347,6 +400,35 @@ absl::Status ParseMetadata(const std::string& where, const JsonValue& value,
           ", expected a string (metadata maps strings to strings)"));
     }
     (*metadata)[value.keys[i]] = value.values[i].string;
+  }
+  return absl::OkStatus();
+}
+
+// Moves the checksum entries of `metadata` ("crc32c.<tensor>": 8 hex digits) into `crc32c`,
+// checking that each names a tensor of the file and holds a checksum.
+absl::Status TakeChecksums(const std::string& where,
+                           const std::map<std::string, SafetensorsTensorInfo>& infos,
+                           std::map<std::string, std::string>& metadata,
+                           std::map<std::string, uint32_t>& crc32c) {
+  for (auto it = metadata.begin(); it != metadata.end();) {
+    if (!absl::StartsWith(it->first, kChecksumMetadataPrefix)) {
+      ++it;
+      continue;
+    }
+    const std::string tensor = it->first.substr(sizeof(kChecksumMetadataPrefix) - 1);
+    if (infos.count(tensor) == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, "\"__metadata__\" key ", JsonQuote(it->first), " is the checksum of tensor '",
+          tensor, "', which the file does not hold: the header is damaged"));
+    }
+    const std::optional<uint32_t> value = ParseCrc32cHex(it->second);
+    if (!value.has_value()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, "\"__metadata__\" key ", JsonQuote(it->first), " is ",
+                       JsonQuote(it->second), ", expected 8 hex digits: the header is damaged"));
+    }
+    crc32c[tensor] = *value;
+    it = metadata.erase(it);
   }
   return absl::OkStatus();
 }
@@ -452,7 +534,32 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
   }
 
   CT_ASSIGN_OR_RETURN(file->names_, NamesByOffset(where, file->infos_, data_size));
+  CT_RETURN_IF_ERROR(TakeChecksums(where, file->infos_, file->metadata_, file->stored_crc32c_));
   return file;
+}
+
+absl::StatusOr<std::optional<uint32_t>> SafetensorsFile::StoredCrc32c(
+    const std::string& name) const {
+  CT_RETURN_IF_ERROR(Find(name).status());
+  auto it = stored_crc32c_.find(name);
+  if (it == stored_crc32c_.end()) return std::nullopt;
+  return it->second;
+}
+
+absl::StatusOr<uint32_t> SafetensorsFile::ComputeCrc32c(const std::string& name) const {
+  CT_ASSIGN_OR_RETURN(const SafetensorsTensorInfo* info, Find(name));
+  return Crc32c(data_ + info->begin, static_cast<size_t>(info->end - info->begin));
+}
+
+absl::Status SafetensorsFile::VerifyCrc32c(const std::string& name) const {
+  CT_ASSIGN_OR_RETURN(std::optional<uint32_t> stored, StoredCrc32c(name));
+  if (!stored.has_value()) return absl::OkStatus();
+  CT_ASSIGN_OR_RETURN(uint32_t computed, ComputeCrc32c(name));
+  if (computed == *stored) return absl::OkStatus();
+  return absl::DataLossError(absl::StrCat("safetensors file '", path_, "': tensor '", name,
+                                          "': checksum mismatch: expected crc32c ",
+                                          Crc32cHex(*stored), ", computed ", Crc32cHex(computed),
+                                          ": the file was damaged after it was written"));
 }
 
 absl::StatusOr<const SafetensorsTensorInfo*> SafetensorsFile::Find(const std::string& name) const {

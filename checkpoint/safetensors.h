@@ -11,6 +11,14 @@
 // Supported dtypes: F64 F32 F16 BF16 I64 I32 I16 I8 U8 BOOL. Writes are atomic: a file is
 // written beside its destination, fsynced, renamed over it, and the directory fsynced, so a
 // crash or an error leaves either the old file or the new one.
+//
+// Checksums: by default the writer stores a CRC-32C of each tensor's bytes (checkpoint/crc32c.h,
+// computed as the bytes stream out) in the header's "__metadata__" as
+// "crc32c.<tensor name>": "<8 hex digits>" (string values, as the format requires, so other
+// readers, Python's safetensors and transformers among them, read the file as before).
+// SafetensorsFile::StoredCrc32c and ComputeCrc32c read and recompute them:
+//   CT_ASSIGN_OR_RETURN(std::optional<uint32_t> stored, file->StoredCrc32c("w"));
+//   CT_ASSIGN_OR_RETURN(uint32_t now, file->ComputeCrc32c("w"));   // reads every byte of "w"
 #ifndef CPPTRAIN_CHECKPOINT_SAFETENSORS_H_
 #define CPPTRAIN_CHECKPOINT_SAFETENSORS_H_
 
@@ -19,6 +27,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -30,6 +39,13 @@ namespace cpptrain {
 
 inline constexpr char kSafetensorsFileName[] = "model.safetensors";
 inline constexpr char kSafetensorsIndexFileName[] = "model.safetensors.index.json";
+// "__metadata__" keys "crc32c.<tensor name>" hold the tensors' checksums.
+inline constexpr char kChecksumMetadataPrefix[] = "crc32c.";
+
+struct SafetensorsWriteOptions {
+  // A CRC-32C per tensor in "__metadata__". Off: exactly the reference writer's bytes.
+  bool checksums = true;
+};
 
 // One tensor of a safetensors file.
 struct SafetensorsTensorInfo {
@@ -45,7 +61,8 @@ struct SafetensorsTensorInfo {
 // A duplicate name is an error, and `path` is then left as it was.
 absl::Status WriteSafetensors(const std::string& path,
                               const std::vector<std::pair<std::string, at::Tensor>>& tensors,
-                              const std::map<std::string, std::string>& metadata = {});
+                              const std::map<std::string, std::string>& metadata = {},
+                              const SafetensorsWriteOptions& options = {});
 
 // Writes a safetensors file holding one tensor in memory at a time (a converter's use): declare
 // every entry first, which fixes the header and each tensor's place, then Append each tensor's
@@ -69,11 +86,13 @@ class SafetensorsWriter {
     std::vector<int64_t> shape;
   };
 
-  // Checks the entries (unique names, supported dtypes, no negative sizes), creates the
-  // temporary file and writes the header.
+  // Checks the entries (unique names, supported dtypes, no negative sizes) and the metadata
+  // (no key starting with kChecksumMetadataPrefix when writing checksums), creates the
+  // temporary file and writes the header (with placeholder checksums, the same width).
   static absl::StatusOr<std::unique_ptr<SafetensorsWriter>> Create(
       const std::string& path, const std::vector<Entry>& entries,
-      const std::map<std::string, std::string>& metadata = {});
+      const std::map<std::string, std::string>& metadata = {},
+      const SafetensorsWriteOptions& options = {});
 
   ~SafetensorsWriter();
   SafetensorsWriter(const SafetensorsWriter&) = delete;
@@ -83,25 +102,37 @@ class SafetensorsWriter {
   // that is not a contiguous CPU tensor is first copied into one.
   absl::Status Append(const std::string& name, const at::Tensor& tensor);
 
-  // Checks that every entry was appended, then fsyncs the file, renames it over `path` and
-  // fsyncs the directory.
+  // Checks that every entry was appended, writes the header again with the checksums, then
+  // fsyncs the file, renames it over `path` and fsyncs the directory.
   absl::Status Finish();
+
+  // The CRC-32C of the bytes appended for `name` (once appended, with checksums on).
+  absl::StatusOr<uint32_t> Crc32cOf(const std::string& name) const;
 
  private:
   struct Slot {
     Entry entry;
-    int64_t file_offset = 0;
+    int64_t data_offset = 0;  // from the first byte after the header
     int64_t bytes = 0;
+    uint32_t crc32c = 0;
     bool written = false;
   };
 
-  SafetensorsWriter(std::string path, std::string temp_path, int fd,
-                    std::map<std::string, Slot> slots);
+  SafetensorsWriter(std::string path, std::string temp_path, std::map<std::string, Slot> slots,
+                    std::vector<std::string> layout, std::map<std::string, std::string> metadata,
+                    bool checksums);
+
+  // The JSON header, padded; `final`: with the appended tensors' checksums, else placeholders.
+  std::string Header(bool final) const;
 
   std::string path_;
   std::string temp_path_;
-  int fd_;
+  int fd_ = -1;
+  int64_t data_start_ = 0;  // 8 + the header's length
   std::map<std::string, Slot> slots_;
+  std::vector<std::string> layout_;  // tensor names in the order of their bytes
+  std::map<std::string, std::string> metadata_;
+  bool checksums_ = true;
 };
 
 // A safetensors file mapped read-only into memory, with its header validated on Open. Every
@@ -110,16 +141,27 @@ class SafetensorsFile {
  public:
   // Maps `path` and checks its header: length within 100,000,000 bytes and the file, strict
   // JSON, every entry with a known dtype, a shape, and data_offsets matching the shape,
-  // entries covering the data exactly (no gap, no overlap), "__metadata__" string to string.
+  // entries covering the data exactly (no gap, no overlap), "__metadata__" string to string,
+  // each checksum entry 8 hex digits for a tensor of the file.
   // Errors name the file, the tensor, the field, the value seen and what was expected.
   static absl::StatusOr<std::unique_ptr<SafetensorsFile>> Open(const std::string& path);
 
   const std::string& path() const { return path_; }
   // Tensor names in the order of their bytes in the file.
   const std::vector<std::string>& names() const { return names_; }
+  // "__metadata__" without the checksum entries (StoredCrc32c has those).
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   bool Has(const std::string& name) const { return infos_.count(name) > 0; }
   absl::StatusOr<SafetensorsTensorInfo> Info(const std::string& name) const;
+
+  // The CRC-32C the writer stored for `name`; nullopt when the file holds none for it (written
+  // by another tool, or without checksums).
+  absl::StatusOr<std::optional<uint32_t>> StoredCrc32c(const std::string& name) const;
+  // The CRC-32C of the tensor's bytes as they are in the file now (reads every one of them).
+  absl::StatusOr<uint32_t> ComputeCrc32c(const std::string& name) const;
+  // DataLoss naming the file, the tensor and both values when the tensor has a stored checksum
+  // its bytes no longer match; OK when they match or nothing is stored.
+  absl::Status VerifyCrc32c(const std::string& name) const;
 
   // A CPU tensor viewing the mapped file, without a copy. It is READ-ONLY: the pages are
   // mapped without write permission, so writing to it (in-place ops, optimizer steps) kills
@@ -152,6 +194,7 @@ class SafetensorsFile {
   std::vector<std::string> names_;
   std::map<std::string, SafetensorsTensorInfo> infos_;
   std::map<std::string, std::string> metadata_;
+  std::map<std::string, uint32_t> stored_crc32c_;
 };
 
 // Writes `dir`/model.safetensors.index.json atomically, as Hugging Face does:

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "checkpoint/crc32c.h"
 #include "checkpoint/test_dirs.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -26,7 +27,14 @@ namespace {
 using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::Not;
 using Tensors = std::vector<std::pair<std::string, at::Tensor>>;
+
+SafetensorsWriteOptions NoChecksums() {
+  SafetensorsWriteOptions options;
+  options.checksums = false;
+  return options;
+}
 
 std::vector<std::string> ListDir(const std::string& dir) {
   std::vector<std::string> names;
@@ -204,13 +212,107 @@ TEST(SafetensorsTest, ReadsFileWrittenByPython) {
 
 TEST(SafetensorsTest, WritesTheSameBytesAsPython) {
   const std::string path = FreshTestDir() + "/golden.safetensors";
-  ASSERT_TRUE(WriteSafetensors(path, GoldenTensors(), {{"format", "pt"}}).ok());
+  ASSERT_TRUE(WriteSafetensors(path, GoldenTensors(), {{"format", "pt"}}, NoChecksums()).ok());
   EXPECT_EQ(ReadBytes(path), ReadBytes(TestdataPath("golden.safetensors")));
   // For `tests/golden/gen_safetensors_golden.py --check` (bazel-testlogs/.../outputs.zip).
   if (const char* outputs = std::getenv("TEST_UNDECLARED_OUTPUTS_DIR")) {
     std::filesystem::copy_file(path, absl::StrCat(outputs, "/cpp_golden.safetensors"),
                                std::filesystem::copy_options::overwrite_existing);
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Checksums
+
+// The raw "__metadata__" object of `path`'s header, as text.
+std::string RawHeader(const std::string& path) {
+  const std::string bytes = ReadBytes(path);
+  uint64_t length = 0;
+  std::memcpy(&length, bytes.data(), 8);
+  return bytes.substr(8, length);
+}
+
+TEST(SafetensorsChecksumTest, WritesOneCrc32cPerTensorAsAStringOfMetadata) {
+  const std::string path = FreshTestDir() + "/crc.safetensors";
+  const at::Tensor w = at::arange(12, at::kFloat).reshape({3, 4});
+  const at::Tensor b = at::arange(5, at::kBFloat16);
+  ASSERT_TRUE(WriteSafetensors(path, {{"w", w}, {"b", b}}, {{"format", "pt"}}).ok());
+  auto file = OpenOrDie(path);
+  ASSERT_NE(file, nullptr);
+  // Hidden from metadata(), which holds what the writer was given.
+  EXPECT_EQ(file->metadata(), (std::map<std::string, std::string>{{"format", "pt"}}));
+  const uint32_t w_crc = Crc32c(w.data_ptr(), w.numel() * 4);
+  EXPECT_EQ(file->StoredCrc32c("w").value(), w_crc);
+  EXPECT_EQ(file->ComputeCrc32c("w").value(), w_crc);
+  EXPECT_EQ(file->StoredCrc32c("b").value(), file->ComputeCrc32c("b").value());
+  // In the header as string values (what the format allows), keyed by the tensor name.
+  EXPECT_THAT(RawHeader(path), HasSubstr(absl::StrCat("\"crc32c.w\":\"", Crc32cHex(w_crc), "\"")));
+  EXPECT_THAT(RawHeader(path), HasSubstr("\"format\":\"pt\""));
+  EXPECT_EQ(RawHeader(path).size() % 8, 0u);
+}
+
+TEST(SafetensorsChecksumTest, StreamingWriterChecksumsWhatItAppends) {
+  const std::string path = FreshTestDir() + "/stream.safetensors";
+  const at::Tensor a = at::arange(6, at::kDouble).reshape({2, 3}).t();  // not contiguous
+  auto writer =
+      SafetensorsWriter::Create(path, {{"a", at::kDouble, {3, 2}}, {"e", at::kFloat, {0}}});
+  ASSERT_TRUE(writer.ok()) << writer.status();
+  EXPECT_FALSE((*writer)->Crc32cOf("a").ok());  // not appended yet
+  ASSERT_TRUE((*writer)->Append("a", a).ok());
+  ASSERT_TRUE((*writer)->Append("e", at::zeros({0})).ok());
+  const at::Tensor contiguous = a.contiguous();
+  EXPECT_EQ((*writer)->Crc32cOf("a").value(), Crc32c(contiguous.data_ptr(), 6 * 8));
+  EXPECT_EQ((*writer)->Crc32cOf("e").value(), 0u);  // no bytes
+  ASSERT_TRUE((*writer)->Finish().ok());
+  auto file = OpenOrDie(path);
+  ASSERT_NE(file, nullptr);
+  EXPECT_EQ(file->StoredCrc32c("a").value(), Crc32c(contiguous.data_ptr(), 6 * 8));
+  ExpectSameTensor(file->Get("a").value(), a, "a");
+}
+
+TEST(SafetensorsChecksumTest, ChangedBytesNoLongerMatchTheStoredChecksum) {
+  const std::string path = FreshTestDir() + "/flip.safetensors";
+  ASSERT_TRUE(WriteSafetensors(path, {{"w", at::ones({64})}}).ok());
+  std::string bytes = ReadBytes(path);
+  bytes[bytes.size() - 10] ^= 0x40;
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+  auto file = OpenOrDie(path);
+  ASSERT_NE(file, nullptr);
+  EXPECT_NE(file->ComputeCrc32c("w").value(), file->StoredCrc32c("w").value().value());
+  const absl::Status verified = file->VerifyCrc32c("w");
+  EXPECT_EQ(verified.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(verified.message()),
+              AllOf(HasSubstr(path), HasSubstr("tensor 'w': checksum mismatch: expected crc32c "),
+                    HasSubstr(Crc32cHex(file->StoredCrc32c("w").value().value()))));
+}
+
+TEST(SafetensorsChecksumTest, FilesWithoutChecksumsHaveNone) {
+  const std::string path = FreshTestDir() + "/plain.safetensors";
+  ASSERT_TRUE(WriteSafetensors(path, {{"w", at::ones({2})}}, {}, NoChecksums()).ok());
+  auto file = OpenOrDie(path);
+  ASSERT_NE(file, nullptr);
+  EXPECT_FALSE(file->StoredCrc32c("w").value().has_value());
+  EXPECT_THAT(RawHeader(path), Not(HasSubstr("crc32c")));
+  auto golden = OpenOrDie(TestdataPath("golden.safetensors"));  // written by Python
+  ASSERT_NE(golden, nullptr);
+  EXPECT_FALSE(golden->StoredCrc32c("f32").value().has_value());
+  EXPECT_EQ(golden->StoredCrc32c("nope").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(SafetensorsChecksumTest, DamagedOrReservedChecksumEntriesAreErrors) {
+  EXPECT_THAT(HeaderError(R"({"__metadata__":{"crc32c.w":"12345g78"},)"
+                          R"("w":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}})",
+                          1),
+              HasSubstr(R"("crc32c.w" is "12345g78", expected 8 hex digits)"));
+  EXPECT_THAT(HeaderError(R"({"__metadata__":{"crc32c.v":"00000000"},)"
+                          R"("w":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}})",
+                          1),
+              HasSubstr("the checksum of tensor 'v', which the file does not hold"));
+  EXPECT_THAT(SafetensorsWriter::Create(FreshTestDir() + "/x.safetensors", {{"w", at::kFloat, {1}}},
+                                        {{"crc32c.w", "mine"}})
+                  .status()
+                  .message(),
+              HasSubstr("metadata key \"crc32c.w\" starts with \"crc32c.\""));
 }
 
 // ---------------------------------------------------------------------------------------------

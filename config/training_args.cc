@@ -1,5 +1,10 @@
 #include "config/training_args.h"
 
+#include <unistd.h>
+
+#include <cstring>
+#include <ctime>
+
 #include <cmath>
 #include <utility>
 
@@ -173,6 +178,27 @@ std::string ResolvedMetricForBestModel(const TrainingArguments& args) {
           ? args.metric_for_best_model()
           : "loss";
   return absl::StartsWith(metric, "eval_") ? metric : absl::StrCat("eval_", metric);
+}
+
+bool ReportsTo(const TrainingArguments& args, const std::string& integration) {
+  for (const std::string& entry : args.report_to()) {
+    if (entry == integration || entry == "all") return true;
+  }
+  return false;
+}
+
+std::string ResolvedLoggingDir(const TrainingArguments& args) {
+  if (args.has_logging_dir() && !args.logging_dir().empty()) return args.logging_dir();
+  char host[256] = {};
+  if (gethostname(host, sizeof(host) - 1) != 0) std::strcpy(host, "host");
+  char when[64] = {};
+  const std::time_t now = std::time(nullptr);
+  std::tm local = {};
+  localtime_r(&now, &local);
+  std::strftime(when, sizeof(when), "%b%d_%H-%M-%S", &local);
+  std::string dir = args.output_dir();
+  if (!dir.empty() && dir.back() != '/') dir += '/';
+  return absl::StrCat(dir, "runs/", when, "_", host);
 }
 
 bool ResolvedGreaterIsBetter(const TrainingArguments& args) {

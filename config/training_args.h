@@ -57,6 +57,13 @@ double ResolvedEvalSteps(const proto::TrainingArguments& args);
 // unset) with an "eval_" prefix added when missing. "accuracy" -> "eval_accuracy".
 std::string ResolvedMetricForBestModel(const proto::TrainingArguments& args);
 
+// Whether report_to asks for `integration` ("tensorboard"), directly or through "all".
+bool ReportsTo(const proto::TrainingArguments& args, const std::string& integration);
+
+// logging_dir, or when unset output_dir/runs/<Mon DD_HH-MM-SS>_<host> (Hugging Face's
+// default, the time being now).
+std::string ResolvedLoggingDir(const proto::TrainingArguments& args);
+
 // greater_is_better, or when unset: false for a metric whose name ends in "loss", else true.
 bool ResolvedGreaterIsBetter(const proto::TrainingArguments& args);
 

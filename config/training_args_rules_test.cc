@@ -231,6 +231,16 @@ TEST(LoopRulesTest, PersistentWorkersNeedWorkers) {
                     HasSubstr("dataloader_num_workers=0")));
 }
 
+TEST(LoopRulesTest, ReportToNamesOnlyWhatIsBuilt) {
+  EXPECT_THAT(OneProblem("report_to: \"wandb\""),
+              AllOf(HasSubstr("report_to=\"wandb\" is not built"), HasSubstr("tensorboard")));
+  EXPECT_THAT(OneProblem("report_to: [\"none\", \"tensorboard\"]"),
+              HasSubstr("\"none\" with other integrations"));
+  ExpectValid("report_to: \"tensorboard\"");
+  ExpectValid("report_to: [\"all\"]");
+  ExpectValid("report_to: \"none\"");
+}
+
 TEST(LoopRulesTest, UseCpuConflictsWithACudaLocalDevice) {
   EXPECT_THAT(OneProblem("use_cpu: true local { device: \"cuda:0\" }"),
               AllOf(HasSubstr("use_cpu=true"), HasSubstr("local.device=\"cuda:0\"")));

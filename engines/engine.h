@@ -28,7 +28,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "engines/loss_scaler.h"
-#include "models/model.h"
+#include "module/trainable_model.h"
+#include "sharding/host_group.h"
 
 namespace cpptrain {
 
@@ -45,14 +46,12 @@ class ForwardScope {
   virtual ~ForwardScope() = default;
 };
 
-class Engine {
+class Engine : public HostGroup {
  public:
   virtual ~Engine() = default;
 
   virtual std::string name() const = 0;
   virtual c10::Device device() const = 0;
-  virtual int rank() const = 0;
-  virtual int world_size() const = 0;
 
   // Places (and wraps or shards) the model for inference: no optimizer, no gradients kept.
   // Calling it again, or PrepareForTraining after it, reuses what it did.
@@ -94,14 +93,7 @@ class Engine {
   // The fp16 dynamic loss scaler, for checkpoints; null without one.
   virtual LossScaler* loss_scaler() { return nullptr; }
 
-  // Sums `values` (a CPU float64 tensor) over all ranks; identity on one process.
-  virtual absl::StatusOr<torch::Tensor> AllReduceSum(const torch::Tensor& values) = 0;
-
-  // Gathers every rank's `values` (CPU tensors of equal shape) along dim 0, in rank order.
-  virtual absl::StatusOr<torch::Tensor> AllGather(const torch::Tensor& values) = 0;
-
-  // Returns once every rank has called it (an AllReduceSum of nothing).
-  absl::Status Barrier() { return AllReduceSum(torch::zeros({1}, torch::kFloat64)).status(); }
+  // rank(), world_size(), AllReduceSum, AllGather and Barrier: sharding/host_group.h.
 };
 
 }  // namespace cpptrain

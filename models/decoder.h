@@ -34,7 +34,7 @@
 #include <torch/nn/modules/linear.h>
 
 #include "models/decoder_layer.h"
-#include "models/model.h"
+#include "module/trainable_model.h"
 #include "models/row_init.h"
 #include "proto/model.pb.h"
 

@@ -14,7 +14,7 @@
 #include <torch/nn/modules/linear.h>
 
 #include "proto/model.pb.h"
-#include "sharding/unit.h"
+#include "module/unit.h"
 
 namespace cpptrain {
 

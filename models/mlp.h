@@ -20,7 +20,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "models/model.h"
+#include "module/trainable_model.h"
 #include "proto/model.pb.h"
 
 namespace cpptrain {

@@ -8,19 +8,17 @@
 //
 //   FillRows({InitKind::kNormal, 0.02}, seed, /*index=*/3, /*row_begin=*/512, rows);
 //
-// Deferred parameters keep their shape and dtype but hold no memory (their storage is
-// empty): a model built that way (DecoderInit::Mode::kDeferred) costs nothing until FullyShard
-// gives each rank its chunks and fills them with FillRows, or LoadHfWeights allocates each
-// tensor as it reads it. Anything else must refuse such a model (FirstDeferredParameter):
-// reading a deferred tensor reads no memory.
+// A model built deferred (DecoderInit::Mode::kDeferred, module/deferred.h) costs nothing until
+// FullyShard gives each rank its chunks and fills them with FillRows, or LoadHfWeights
+// allocates each tensor as it reads it.
 #ifndef CPPTRAIN_MODELS_ROW_INIT_H_
 #define CPPTRAIN_MODELS_ROW_INIT_H_
 
 #include <ATen/core/Tensor.h>
-#include <torch/nn/module.h>
 
 #include <cstdint>
-#include <string>
+
+#include "module/deferred.h"
 
 namespace cpptrain {
 
@@ -37,15 +35,6 @@ inline constexpr int64_t kRowInitBlock = 64;
 // is any floating dtype, on the CPU; 1-D parameters have one element per row).
 void FillRows(const RowInit& init, uint64_t seed, int64_t index, int64_t row_begin,
               at::Tensor rows);
-
-// Releases the memory of every parameter of `module` (recursively), keeping the tensors.
-void DeferParameters(torch::nn::Module& module);
-
-// A parameter with elements and no memory behind them.
-bool IsDeferred(const at::Tensor& param);
-
-// The name of `module`'s first deferred parameter, or "" when there is none.
-std::string FirstDeferredParameter(const torch::nn::Module& module);
 
 }  // namespace cpptrain
 

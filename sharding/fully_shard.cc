@@ -13,7 +13,7 @@
 #include "base/logging.h"
 #include "base/status.h"
 #include "base/torch_status.h"
-#include "models/row_init.h"
+#include "module/deferred.h"
 #include "sharding/shard_rows.h"
 
 namespace cpptrain {

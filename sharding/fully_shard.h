@@ -48,7 +48,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "models/model.h"
+#include "module/trainable_model.h"
 #include "sharding/communicator.h"
 
 namespace cpptrain {

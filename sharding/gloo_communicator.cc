@@ -51,7 +51,10 @@ absl::Status CollectiveError(absl::string_view op, int rank, int size, const std
   std::string hint;
   if (ContainsIgnoreCase(message, "timed out") || ContainsIgnoreCase(message, "timeout")) {
     code = absl::StatusCode::kDeadlineExceeded;
-    hint = " (a peer died, hangs, or did not issue the same collective)";
+    // Gloo does not say which peer's data it waited for.
+    hint =
+        " (no peer answered within the timeout: a peer died or hangs, its host is unreachable, "
+        "or it did not issue the same collective)";
   } else if (ContainsIgnoreCase(message, "connection") ||
              ContainsIgnoreCase(message, "broken pipe") || ContainsIgnoreCase(message, "closed")) {
     code = absl::StatusCode::kUnavailable;

@@ -9,7 +9,7 @@
 #   - every .cc/.cpp/.cu/.h/.hpp/.cuh named in srcs/hdrs/textual_hdrs of a cc_library, cc_binary
 #     or cc_test, and every .proto in srcs of a proto_library, in ROOT/**/BUILD.bazel (and BUILD)
 #   - with every such path written in ROOT/CMakeLists.txt (comments ignored; paths there are
-#     relative to the repository root, e.g. trainer/data/batch.h).
+#     relative to the repository root, e.g. module/batch.h).
 # Exit status: 0 when both name the same files, 1 when not (the offenders are listed), 2 on a
 # usage error or when a BUILD file uses glob() for sources (list them explicitly instead).
 #

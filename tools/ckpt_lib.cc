@@ -19,8 +19,10 @@
 #include "base/status.h"
 #include "base/torch_status.h"
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/crc32c.h"
 #include "checkpoint/files.h"
 #include "checkpoint/safetensors.h"
+#include "checkpoint/verify.h"
 #include "proto/checkpoint.pb.h"
 
 namespace cpptrain {
@@ -132,6 +134,14 @@ class ModelSource {
           "'", dir, "' holds no model tensors",
           kind == DirKind::kCheckpoint ? " (no manifest entry named model.<parameter>)" : "",
           ": pass a directory with a saved model"));
+    }
+    // A conversion must not give damaged bytes fresh checksums.
+    CT_ASSIGN_OR_RETURN(CheckpointVerification report,
+                        VerifyCheckpoint(dir, kind == DirKind::kCheckpoint ? kModelPrefix : ""));
+    if (!report.problems.empty()) {
+      return absl::DataLossError(absl::StrCat(
+          "cannot convert '", dir, "': ", report.problems.size(), " problem(s), the first: ",
+          report.problems.front().message(), " (ckpt verify ", dir, " lists them all)"));
     }
     return source;
   }
@@ -346,14 +356,60 @@ std::string PresentOrAbsent(const std::string& path) {
   return size.ok() ? absl::StrCat("present (", *size, " bytes)") : "absent";
 }
 
+// The checksum and verification cells of one tensor's pieces: its CRC-32C (the manifest's, else
+// the header's) or the count of pieces, and "ok", "no checksum" or "FAILED".
+std::pair<std::string, std::string> ChecksumCells(
+    const std::vector<const PieceVerification*>& pieces) {
+  bool failed = false, unchecked = false;
+  for (const PieceVerification* p : pieces) {
+    failed |= !p->status.ok();
+    unchecked |= !p->manifest_crc32c && !p->header_crc32c;
+  }
+  std::string crc = absl::StrCat(pieces.size(), " pieces");
+  if (pieces.size() == 1) {
+    const PieceVerification& p = *pieces[0];
+    const std::optional<uint32_t> stored = p.manifest_crc32c ? p.manifest_crc32c : p.header_crc32c;
+    crc = stored ? Crc32cHex(*stored) : "none";
+  }
+  return {crc, failed ? "FAILED" : unchecked ? "no checksum" : "ok"};
+}
+
+// The summary line of a verification and each problem.
+void PrintVerification(const CheckpointVerification& report, std::ostream& out) {
+  const double mb = report.checksummed_bytes / 1e6;
+  out << absl::StrFormat("verification: %d pieces, %d bytes checksummed in %.3f s (%.0f MB/s)",
+                         report.pieces.size(), report.checksummed_bytes, report.seconds,
+                         report.seconds > 0 ? mb / report.seconds : 0.0);
+  if (report.unchecksummed_pieces > 0) {
+    out << ", " << report.unchecksummed_pieces << " without a checksum (written before checksums, "
+        << "or by another tool)";
+  }
+  if (report.problems.empty()) {
+    out << ": every checksum matches, every value is finite\n";
+    return;
+  }
+  out << ": " << report.problems.size() << " problem(s)\n";
+  for (const absl::Status& problem : report.problems) out << "  - " << problem.message() << "\n";
+}
+
+std::map<std::string, std::vector<const PieceVerification*>> PiecesByTensor(
+    const CheckpointVerification& report) {
+  std::map<std::string, std::vector<const PieceVerification*>> by_tensor;
+  for (const PieceVerification& p : report.pieces) by_tensor[p.tensor].push_back(&p);
+  return by_tensor;
+}
+
 absl::Status InspectManifest(const std::string& dir, std::ostream& out) {
   CT_ASSIGN_OR_RETURN(proto::CheckpointManifest manifest, ReadManifest(dir));
+  CT_ASSIGN_OR_RETURN(CheckpointVerification report, VerifyCheckpoint(dir));
+  const auto by_tensor = PiecesByTensor(report);
   out << "checkpoint " << dir << "\n";
   out << "engine: " << (manifest.has_engine() ? manifest.engine() : "(not recorded)")
       << ", world size: " << manifest.world_size()
       << ", format version: " << manifest.format_version() << "\n";
 
-  std::vector<std::vector<std::string>> table = {{"tensor", "dtype", "shape", "pieces", "files"}};
+  std::vector<std::vector<std::string>> table = {
+      {"tensor", "dtype", "shape", "pieces", "files", "crc32c", "verified"}};
   int64_t model_tensors = 0, optimizer_tensors = 0, model_bytes = 0, optimizer_bytes = 0;
   int64_t unknown_dtype = 0;
   std::set<std::string> data_files;
@@ -362,8 +418,12 @@ absl::Status InspectManifest(const std::string& dir, std::ostream& out) {
     for (const proto::TensorPiece& piece : t.pieces()) files.insert(piece.file());
     data_files.insert(files.begin(), files.end());
     const std::vector<int64_t> shape(t.shape().begin(), t.shape().end());
+    auto pieces = by_tensor.find(t.name());
+    const auto [crc, verified] = pieces == by_tensor.end()
+                                     ? std::pair<std::string, std::string>{"none", "FAILED"}
+                                     : ChecksumCells(pieces->second);
     table.push_back({t.name(), t.dtype(), ShapeString(shape), absl::StrCat(t.pieces_size()),
-                     absl::StrCat(files.size())});
+                     absl::StrCat(files.size()), crc, verified});
     const bool is_model = absl::StartsWith(t.name(), kModelPrefix);
     (is_model ? model_tensors : optimizer_tensors) += 1;
     std::optional<at::ScalarType> dtype = FindDtype(t.dtype());
@@ -405,27 +465,36 @@ absl::Status InspectManifest(const std::string& dir, std::ostream& out) {
   }
   out << "files:\n";
   PrintTable(files, out);
+  PrintVerification(report, out);
   return absl::OkStatus();
 }
 
 absl::Status InspectModelDir(const std::string& dir, std::ostream& out) {
   CT_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsModelDir> model, SafetensorsModelDir::Open(dir));
+  CT_ASSIGN_OR_RETURN(CheckpointVerification report, VerifyCheckpoint(dir));
+  const auto by_tensor = PiecesByTensor(report);
   const bool indexed = Exists(Join(dir, kSafetensorsIndexFileName));
   out << "model directory " << dir << " ("
       << (indexed ? kSafetensorsIndexFileName : kSafetensorsFileName) << "; no "
       << kManifestFileName << ")\n";
-  std::vector<std::vector<std::string>> table = {{"tensor", "dtype", "shape", "file"}};
+  std::vector<std::vector<std::string>> table = {
+      {"tensor", "dtype", "shape", "file", "crc32c", "verified"}};
   int64_t bytes = 0;
   for (const std::string& name : model->names()) {
     CT_ASSIGN_OR_RETURN(SafetensorsTensorInfo info, model->Info(name));
     CT_ASSIGN_OR_RETURN(const SafetensorsFile* file, model->FileOf(name));
+    auto pieces = by_tensor.find(name);
+    const auto [crc, verified] = pieces == by_tensor.end()
+                                     ? std::pair<std::string, std::string>{"none", "FAILED"}
+                                     : ChecksumCells(pieces->second);
     table.push_back({name, c10::toString(info.dtype), ShapeString(info.shape),
-                     fs::path(file->path()).filename().string()});
+                     fs::path(file->path()).filename().string(), crc, verified});
     bytes += info.end - info.begin;
   }
   out << "tensors:\n";
   PrintTable(table, out);
   out << "totals: " << table.size() - 1 << " tensors, " << bytes << " bytes\n";
+  PrintVerification(report, out);
   return absl::OkStatus();
 }
 
@@ -434,6 +503,20 @@ absl::Status InspectModelDir(const std::string& dir, std::ostream& out) {
 absl::Status InspectCheckpoint(const std::string& dir, std::ostream& out) {
   CT_ASSIGN_OR_RETURN(DirKind kind, Classify(dir));
   return kind == DirKind::kCheckpoint ? InspectManifest(dir, out) : InspectModelDir(dir, out);
+}
+
+absl::Status VerifyDirectory(const std::string& dir, std::ostream& out) {
+  CT_ASSIGN_OR_RETURN(DirKind kind, Classify(dir));
+  CT_ASSIGN_OR_RETURN(CheckpointVerification report, VerifyCheckpoint(dir));
+  out << (kind == DirKind::kCheckpoint
+              ? absl::StrCat("checkpoint ", dir, " (manifest format ", report.format_version, ")")
+              : absl::StrCat("model directory ", dir))
+      << "\n";
+  PrintVerification(report, out);
+  if (report.problems.empty()) return absl::OkStatus();
+  return absl::DataLossError(
+      absl::StrCat("'", dir, "' fails verification: ", report.problems.size(),
+                   " problem(s), the first: ", report.problems.front().message()));
 }
 
 absl::StatusOr<ConvertResult> ConvertToFull(const std::string& dir, const std::string& out_dir) {
@@ -473,6 +556,7 @@ absl::StatusOr<ConvertResult> ConvertToSharded(const std::string& dir, const std
     const SourceTensor* tensor;
     std::string key;
     RowRange range;
+    proto::TensorPiece* piece;  // its manifest entry, which gets the checksum
   };
   std::vector<std::vector<Slot>> by_rank(ranks);
   for (const SourceTensor& t : source->tensors()) {
@@ -489,7 +573,7 @@ absl::StatusOr<ConvertResult> ConvertToSharded(const std::string& dir, const std
       piece->set_key(entry->name());
       piece->set_row_begin(range.begin);
       piece->set_rows(range.rows());
-      by_rank[r].push_back({&t, entry->name(), range});
+      by_rank[r].push_back({&t, entry->name(), range, piece});
     }
   }
 
@@ -511,13 +595,17 @@ absl::StatusOr<ConvertResult> ConvertToSharded(const std::string& dir, const std
       CT_RETURN_IF_ERROR(writer->Append(slot.key, rows));
     }
     CT_RETURN_IF_ERROR(writer->Finish());
+    for (const Slot& slot : by_rank[r]) {
+      CT_ASSIGN_OR_RETURN(uint32_t crc, writer->Crc32cOf(slot.key));
+      slot.piece->set_crc32c(crc);
+    }
     CT_ASSIGN_OR_RETURN(int64_t size, FileSize(path));
     result.bytes += size;
     result.files.push_back(path);
   }
   // Last, so that a manifest exists only beside complete shard files.
   const std::string manifest_path = Join(out_dir, kManifestFileName);
-  CT_RETURN_IF_ERROR(WriteFileAtomically(manifest_path, manifest.SerializeAsString()));
+  CT_RETURN_IF_ERROR(WriteManifest(out_dir, manifest));
   CT_ASSIGN_OR_RETURN(int64_t size, FileSize(manifest_path));
   result.bytes += size;
   result.files.push_back(manifest_path);

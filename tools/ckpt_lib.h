@@ -24,11 +24,18 @@
 namespace cpptrain {
 
 // Writes a human-readable summary of `dir` to `out`. A checkpoint directory (one with
-// manifest.pb): engine, world size, one line per tensor (name, dtype, shape, pieces, files),
-// totals, and which of model.safetensors, trainer_state.textproto, rng_state_*.safetensors and
-// the data files the manifest names exist. A Hugging Face model directory (model.safetensors or
-// model.safetensors.index.json): one line per tensor and totals.
+// manifest.pb): engine, world size, one line per tensor (name, dtype, shape, pieces, files,
+// CRC-32C, whether it verifies), totals, and which of model.safetensors,
+// trainer_state.textproto, rng_state_*.safetensors and the data files the manifest names
+// exist. A Hugging Face model directory (model.safetensors or model.safetensors.index.json):
+// one line per tensor (with its stored CRC-32C, if any, and whether it verifies) and totals.
+// Both end with the verification (checkpoint/verify.h: every byte read) and its problems; a
+// failed verification is printed, not returned (VerifyDirectory returns it).
 absl::Status InspectCheckpoint(const std::string& dir, std::ostream& out);
+
+// ckpt verify: reads every byte of `dir` (VerifyCheckpoint), writes the summary and every
+// problem to `out`, and returns DataLoss naming the first problem when there is any.
+absl::Status VerifyDirectory(const std::string& dir, std::ostream& out);
 
 // What a conversion wrote.
 struct ConvertResult {
@@ -44,12 +51,16 @@ struct ConvertResult {
 // not be `dir` nor already hold a model or checkpoint file.
 absl::StatusOr<ConvertResult> ConvertToFull(const std::string& dir, const std::string& out_dir);
 
+// Both conversions verify the model tensors they read first (VerifyCheckpoint) and refuse a
+// damaged input, so damaged bytes never get fresh checksums.
+//
 // Writes the model tensors of `dir` (as ConvertToFull reads them) in the sharded form for
 // `ranks` shard ranks: `out_dir`/shard-0000r-of-0000N.safetensors holds, under
 // "model.<name>", rows ShardRowRange(rows, ranks, r) of each tensor (empty ranges are left
 // out of the file and the manifest; a file with nothing to hold is not written); a 0-d tensor
 // is stored whole as shape [1] in shard 0. `out_dir`/manifest.pb, written last, lists every
-// tensor with its full shape and pieces, so LoadModelState reads it on any world size.
+// tensor with its full shape and pieces (and their checksums, format 2), so LoadModelState
+// reads it on any world size.
 absl::StatusOr<ConvertResult> ConvertToSharded(const std::string& dir, const std::string& out_dir,
                                                int ranks);
 

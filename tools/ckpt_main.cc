@@ -3,6 +3,7 @@
 // manifest.pb) without holding more than one tensor in memory.
 //
 //   bazel-bin/tools/ckpt inspect /ckpt/checkpoint-100
+//   bazel-bin/tools/ckpt verify /ckpt/checkpoint-100       # exit 1 naming what is damaged
 //   bazel-bin/tools/ckpt to-full /ckpt/checkpoint-100 /hf/my-model
 //   bazel-bin/tools/ckpt to-sharded /hf/my-model /ckpt/my-model-8 --ranks=8
 #include <cstdint>
@@ -27,7 +28,8 @@ namespace {
 
 constexpr char kUsage[] =
     "inspects and converts model checkpoints.\n"
-    "  ckpt inspect DIR                        the manifest or tensors of DIR\n"
+    "  ckpt inspect DIR                        the manifest or tensors of DIR, with checksums\n"
+    "  ckpt verify DIR                         reads every byte of DIR; exit 1 if damaged\n"
     "  ckpt to-full DIR OUT_DIR                OUT_DIR/model.safetensors (Hugging Face names)\n"
     "  ckpt to-sharded DIR OUT_DIR --ranks=N   OUT_DIR/shard-*-of-N.safetensors + manifest.pb\n"
     "DIR is a checkpoint directory (manifest.pb) or a Hugging Face model directory\n"
@@ -65,6 +67,10 @@ absl::Status Run(const std::vector<std::string>& args, int ranks) {
     CT_RETURN_IF_ERROR(CheckArgs(args, 1, "inspect DIR"));
     return InspectCheckpoint(args[1], std::cout);
   }
+  if (command == "verify") {
+    CT_RETURN_IF_ERROR(CheckArgs(args, 1, "verify DIR"));
+    return VerifyDirectory(args[1], std::cout);
+  }
   if (command == "to-full") {
     CT_RETURN_IF_ERROR(CheckArgs(args, 2, "to-full DIR OUT_DIR"));
     CT_ASSIGN_OR_RETURN(ConvertResult result, ConvertToFull(args[1], args[2]));
@@ -84,8 +90,9 @@ absl::Status Run(const std::vector<std::string>& args, int ranks) {
               << "\n";
     return absl::OkStatus();
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "unknown command '", command, "': use inspect, to-full or to-sharded; usage: ", kUsage));
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown command '", command,
+                   "': use inspect, verify, to-full or to-sharded; usage: ", kUsage));
 }
 
 }  // namespace

@@ -1,10 +1,11 @@
-#include "tools/ckpt_lib.h"
-
+#include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <cstdlib>
-#include <iterator>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <set>
@@ -13,19 +14,17 @@
 #include <utility>
 #include <vector>
 
-#include <gtest/gtest.h>
-
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/crc32c.h"
 #include "checkpoint/files.h"
 #include "checkpoint/safetensors.h"
-#include "engines/local/local_engine.h"
-#include "engines/mixed_precision.h"
 #include "models/configs.h"
 #include "models/decoder.h"
+#include "sharding/host_group.h"
 #include "proto/checkpoint.pb.h"
-#include "proto/engines.pb.h"
+#include "tools/ckpt_lib.h"
 
 namespace cpptrain {
 namespace {
@@ -60,17 +59,13 @@ std::shared_ptr<DecoderLM> TinyModel(uint64_t seed) {
   return *model;
 }
 
-// Writes `model` with SaveModelState from a LocalEngine on the CPU, without an optimizer.
+// Writes `model` with SaveModelState from one process, without an optimizer.
 void SaveFull(const std::string& dir, DecoderLM& model, bool full_model = true) {
   fs::create_directories(dir);
-  proto::LocalEngineConfig config;
-  config.set_device("cpu");
-  absl::StatusOr<std::unique_ptr<LocalEngine>> engine =
-      LocalEngine::Create(config, MixedPrecision::kNone);
-  ASSERT_TRUE(engine.ok()) << engine.status();
+  SingleProcessGroup alone;
   SaveModelStateOptions options;
   options.full_model = full_model;
-  ASSERT_TRUE(SaveModelState(dir, model, /*optimizer=*/nullptr, **engine, options).ok());
+  ASSERT_TRUE(SaveModelState(dir, model, /*optimizer=*/nullptr, alone, options).ok());
 }
 
 std::map<std::string, torch::Tensor> Parameters(DecoderLM& model) {
@@ -360,6 +355,126 @@ TEST(CkptTest, ManifestWithAMissingShardIsAClearError) {
   const absl::Status status = ConvertToFull(sharded, TestDir("out")).status();
   EXPECT_FALSE(status.ok());
   EXPECT_NE(status.message().find(ShardName(1, 3)), std::string::npos) << status;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Checksums: inspect shows them, verify checks every byte, conversions keep them
+
+std::string ReadBytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// Flips one bit of tensor `key`'s data in the safetensors file `path`.
+void DamageTensor(const std::string& path, const std::string& key) {
+  int64_t begin = 0;
+  {
+    absl::StatusOr<std::unique_ptr<SafetensorsFile>> file = SafetensorsFile::Open(path);
+    ASSERT_TRUE(file.ok()) << file.status();
+    begin = (*file)->Info(key)->begin;
+  }
+  std::string bytes = ReadBytes(path);
+  uint64_t header = 0;
+  std::memcpy(&header, bytes.data(), 8);
+  bytes[8 + header + begin] ^= 0x04;
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+}
+
+constexpr char kNorm[] = "model.norm.weight";
+
+TEST(CkptChecksumTest, InspectShowsEachChecksumAndThatItVerifies) {
+  std::shared_ptr<DecoderLM> model = TinyModel(1);
+  const std::string full = TestDir("full");
+  SaveFull(full, *model);
+  absl::StatusOr<proto::CheckpointManifest> manifest = ReadManifest(full);
+  ASSERT_TRUE(manifest.ok()) << manifest.status();
+  uint32_t norm_crc = 0;
+  for (const auto& t : manifest->tensors()) {
+    if (t.name() == std::string("model.") + kNorm) norm_crc = t.pieces(0).crc32c();
+  }
+  std::ostringstream text;
+  ASSERT_TRUE(InspectCheckpoint(full, text).ok());
+  EXPECT_NE(LineWith(text.str(), "tensor ").find("crc32c"), std::string::npos) << text.str();
+  const std::string row = LineWith(text.str(), std::string("model.") + kNorm);
+  EXPECT_NE(row.find(Crc32cHex(norm_crc)), std::string::npos) << text.str();
+  EXPECT_NE(row.find(" ok"), std::string::npos) << text.str();
+  EXPECT_NE(text.str().find("every checksum matches, every value is finite"), std::string::npos)
+      << text.str();
+
+  std::ostringstream verified;
+  EXPECT_TRUE(VerifyDirectory(full, verified).ok()) << verified.str();
+  EXPECT_NE(verified.str().find("manifest format 2"), std::string::npos) << verified.str();
+}
+
+TEST(CkptChecksumTest, VerifyNamesTheDamagedFileAndTensor) {
+  std::shared_ptr<DecoderLM> model = TinyModel(1);
+  const std::string full = TestDir("full");
+  SaveFull(full, *model);
+  DamageTensor((fs::path(full) / kSafetensorsFileName).string(), kNorm);
+
+  std::ostringstream text;
+  const absl::Status status = VerifyDirectory(full, text);
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+  EXPECT_NE(status.message().find(absl::StrCat("file 'model.safetensors', tensor '", kNorm, "'")),
+            std::string::npos)
+      << status;
+  EXPECT_NE(status.message().find("checksum mismatch: expected crc32c"), std::string::npos)
+      << status;
+  EXPECT_NE(text.str().find("1 problem(s)"), std::string::npos) << text.str();
+
+  // inspect shows it, and still succeeds (it describes; verify judges).
+  std::ostringstream inspected;
+  ASSERT_TRUE(InspectCheckpoint(full, inspected).ok());
+  EXPECT_NE(LineWith(inspected.str(), std::string("model.") + kNorm).find("FAILED"),
+            std::string::npos)
+      << inspected.str();
+
+  // A conversion refuses to give the damaged bytes fresh checksums.
+  const std::string out = TestDir("out");
+  const absl::Status converted = ConvertToFull(full, out).status();
+  EXPECT_EQ(converted.code(), absl::StatusCode::kDataLoss) << converted;
+  EXPECT_NE(converted.message().find("ckpt verify"), std::string::npos) << converted;
+  EXPECT_FALSE(fs::exists(fs::path(out) / kSafetensorsFileName));
+}
+
+TEST(CkptChecksumTest, ToShardedWritesChecksumsThatLoadingVerifies) {
+  std::shared_ptr<DecoderLM> model = TinyModel(1);
+  const std::string full = TestDir("full");
+  const std::string sharded = TestDir("sharded");
+  SaveFull(full, *model);
+  ASSERT_TRUE(ConvertToSharded(full, sharded, 3).ok());
+  absl::StatusOr<proto::CheckpointManifest> manifest = ReadManifest(sharded);
+  ASSERT_TRUE(manifest.ok()) << manifest.status();
+  EXPECT_EQ(manifest->format_version(), 2);
+  for (const auto& t : manifest->tensors()) {
+    for (const auto& piece : t.pieces()) EXPECT_TRUE(piece.has_crc32c()) << t.name();
+  }
+  std::ostringstream text;
+  EXPECT_TRUE(VerifyDirectory(sharded, text).ok()) << text.str();
+
+  DamageTensor((fs::path(sharded) / ShardName(1, 3)).string(), "model.model.embed_tokens.weight");
+  std::shared_ptr<DecoderLM> fresh = TinyModel(2);
+  const absl::Status loaded = LoadModelState(sharded, *fresh, /*optimizer=*/nullptr);
+  EXPECT_EQ(loaded.code(), absl::StatusCode::kDataLoss) << loaded;
+  EXPECT_NE(loaded.message().find(ShardName(1, 3)), std::string::npos) << loaded;
+}
+
+TEST(CkptChecksumTest, ModelDirectoriesWithAndWithoutChecksums) {
+  const std::string hf = TestDir("hf");
+  fs::create_directories(hf);
+  const std::string path = (fs::path(hf) / kSafetensorsFileName).string();
+  ASSERT_TRUE(WriteSafetensors(path, {{"w", torch::arange(8, torch::kFloat)}}).ok());
+  std::ostringstream text;
+  EXPECT_TRUE(VerifyDirectory(hf, text).ok()) << text.str();
+  DamageTensor(path, "w");
+  EXPECT_EQ(VerifyDirectory(hf, text).code(), absl::StatusCode::kDataLoss);
+
+  SafetensorsWriteOptions plain;  // as transformers writes them: no checksums
+  plain.checksums = false;
+  ASSERT_TRUE(WriteSafetensors(path, {{"w", torch::arange(8, torch::kFloat)}}, {}, plain).ok());
+  std::ostringstream unchecked;
+  EXPECT_TRUE(VerifyDirectory(hf, unchecked).ok()) << unchecked.str();
+  EXPECT_NE(unchecked.str().find("1 without a checksum"), std::string::npos) << unchecked.str();
 }
 
 }  // namespace

@@ -9,6 +9,7 @@ PACKAGES=(
   libabsl-dev libprotobuf-dev protobuf-compiler
   libgoogle-glog-dev libgflags-dev libgtest-dev libgmock-dev
   cmake
+  iproute2  # ip netns, veth: tests/distributed/multinode_test.sh
 )
 
 missing=()
@@ -25,3 +26,4 @@ if ((${#missing[@]})); then
   $SUDO apt-get update -q
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
+

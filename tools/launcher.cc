@@ -42,6 +42,8 @@ constexpr size_t kMaxLine = 64 << 10;
 // How long SIGKILLed process groups may take to disappear (killed members are gone once
 // reaped: by the launcher when it is their subreaper, by init otherwise).
 constexpr std::chrono::milliseconds kGroupExitLimit(5000);
+// Stop requests closer than this to the first are the same signal delivered twice.
+constexpr std::chrono::milliseconds kRepeatWindow(1000);
 
 constexpr LauncherFlag kFlags[] = {
     {"nproc_per_node", true}, {"nnodes", true},      {"node_rank", true},
@@ -562,6 +564,20 @@ absl::Status Launcher::SpawnRank(Rank& rank, const std::vector<std::string>& env
   return absl::OkStatus();
 }
 
+// One signal often arrives twice: a scheduler signals every process of the job, or
+// `kill -TERM -PGID` the whole group, and the launcher forwards it too. Only a request at least
+// kRepeatWindow after the first counts as the second one that sends SIGKILL.
+void Launcher::CountStopRequest(int signal) {
+  const auto now = std::chrono::steady_clock::now();
+  if (stop_signal_ == 0) {
+    stop_signal_ = signal;
+    first_stop_ = now;
+    ++stop_requests_;
+  } else if (now - first_stop_ >= kRepeatWindow) {
+    ++stop_requests_;
+  }
+}
+
 void Launcher::Pump(int timeout_ms) {
   std::vector<pollfd> fds = {{stop_read_fd_, POLLIN, 0}};
   std::vector<std::pair<Rank*, Stream*>> owners = {{nullptr, nullptr}};
@@ -577,10 +593,7 @@ void Launcher::Pump(int timeout_ms) {
     unsigned char signals[64];
     ssize_t n;
     while ((n = read(stop_read_fd_, signals, sizeof(signals))) > 0) {
-      for (ssize_t i = 0; i < n; ++i) {
-        ++stop_requests_;
-        if (stop_signal_ == 0) stop_signal_ = signals[i];
-      }
+      for (ssize_t i = 0; i < n; ++i) CountStopRequest(signals[i]);
     }
   }
   for (size_t i = 1; i < fds.size(); ++i) {

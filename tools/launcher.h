@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <memory>
+#include <chrono>
 #include <string>
 #include <utility>
 #include <vector>
@@ -159,6 +160,8 @@ class Launcher {
   // rank's process exited), then SIGKILLs the groups and reaps every rank.
   // Sends `signal` to every rank's process group, waits up to `timeout` (infinite: until they
   // exit or a second stop request) and SIGKILLs what is left.
+  // Records a stop signal read from the handler's pipe (duplicates within 1 s are one).
+  void CountStopRequest(int signal);
   void StopRanks(int signal, absl::Duration timeout);
   // Waits (a bounded time) until every rank's process group is empty, reaping the members a
   // subreaper launcher adopted.
@@ -181,7 +184,8 @@ class Launcher {
   const int stop_write_fd_;
   std::vector<Rank> ranks_;
   int stop_signal_ = 0;    // the first stop request's signal; 0 before one arrived
-  int stop_requests_ = 0;  // requests read from the stop pipe so far
+  int stop_requests_ = 0;  // requests read from the stop pipe so far, duplicates not counted
+  std::chrono::steady_clock::time_point first_stop_;
 };
 
 }  // namespace cpptrain

@@ -587,6 +587,51 @@ TEST_F(LauncherTest, RequestStopForwardsTheSignalAndExits128PlusIt) {
   ExpectAllGone({0, 1});
 }
 
+// Ranks that save for 3 s on SIGTERM (longer than the 2 s grace period) and then exit 143;
+// the stop is requested twice within a millisecond, as when a scheduler signals the launcher
+// and its process group: one request, no SIGKILL, and the launcher waits for the saves.
+TEST_F(LauncherTest, AForwardedStopWaitsForTheRanksAndADuplicateIsNotASecondRequest) {
+  const std::string script = absl::StrCat(
+      "trap 'sleep 3; echo saved > \"", dir_, "/saved.$RANK\"; exit 143' TERM; echo ready; ",
+      "while :; do sleep 0.1; done");
+  absl::StatusOr<LaunchOptions> options = ResolveLaunchOptions(Options(2, Sh(script)));
+  ASSERT_TRUE(options.ok()) << options.status();
+  int out[2];
+  ASSERT_EQ(pipe2(out, O_CLOEXEC), 0);
+  const std::string err_path = Path("launcher.err");
+  options->stdout_fd = out[1];
+  options->stderr_fd = open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  absl::StatusOr<std::unique_ptr<Launcher>> launcher = Launcher::Create(*options);
+  ASSERT_TRUE(launcher.ok()) << launcher.status();
+  Launcher* raw = launcher->get();
+  std::string output;
+  std::thread reader([&] {
+    bool stopped = false;
+    char buffer[4096];
+    ssize_t n;
+    while ((n = read(out[0], buffer, sizeof(buffer))) > 0) {
+      output.append(buffer, static_cast<size_t>(n));
+      if (!stopped && absl::StrContains(output, "[rank 0] ready") &&
+          absl::StrContains(output, "[rank 1] ready")) {
+        raw->RequestStop(SIGTERM);
+        raw->RequestStop(SIGTERM);
+        stopped = true;
+      }
+    }
+  });
+  absl::StatusOr<LaunchResult> result = raw->Run();
+  close(out[1]);
+  reader.join();
+  close(out[0]);
+  close(options->stderr_fd);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->exit_code, 143);
+  const std::string err = ReadFile(err_path);
+  EXPECT_THAT(err, ::testing::Not(HasSubstr("SIGKILL now"))) << err;
+  EXPECT_EQ(ReadFile(Path("saved.0")), "saved\n");
+  EXPECT_EQ(ReadFile(Path("saved.1")), "saved\n");
+}
+
 // ---------------------------------------------------------------------------------------
 // The //tools:launch binary.
 

@@ -1,7 +1,9 @@
 // Preemption: while a StopSignals is alive, the first SIGTERM or SIGINT only records that a
 // stop was asked for (the Trainer then finishes the step, saves a checkpoint and returns), and
-// a second one of either ends the process at once, as if no handler were installed. The
-// handlers that were there before come back when it is destroyed.
+// a second one of either, a second or more later, ends the process at once, as if no handler
+// were installed (copies arriving within a second are one signal delivered twice: by a
+// scheduler to every process and by the launcher forwarding it). The handlers that were there
+// before come back when it is destroyed.
 //
 //   StopSignals signals;                     // Trainer::Train() holds one
 //   ...

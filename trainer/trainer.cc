@@ -23,6 +23,7 @@
 #include "trainer/metrics_log.h"
 #include "trainer/optimizer.h"
 #include "trainer/stop_signals.h"
+#include "trainer/tensorboard.h"
 
 namespace cpptrain {
 namespace {
@@ -45,6 +46,9 @@ Trainer::Trainer(proto::TrainingArguments args, std::shared_ptr<TrainableModel> 
   callbacks_.Add(std::make_shared<ProgressCallback>());
   callbacks_.Add(std::make_shared<MetricsLogCallback>(
       (std::filesystem::path(args_.output_dir()) / "metrics.jsonl").string()));
+  if (ReportsTo(args_, "tensorboard")) {
+    callbacks_.Add(std::make_shared<TensorBoardCallback>(ResolvedLoggingDir(args_)));
+  }
 }
 
 Trainer::~Trainer() = default;

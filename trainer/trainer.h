@@ -23,10 +23,11 @@
 
 #include "absl/status/statusor.h"
 #include "engines/engine.h"
-#include "models/model.h"
+#include "module/trainable_model.h"
+#include "proto/checkpoint.pb.h"
 #include "proto/training_args.pb.h"
 #include "trainer/callbacks.h"
-#include "trainer/data/batch.h"
+#include "module/batch.h"
 #include "trainer/data/dataset.h"
 #include "trainer/scheduler.h"
 
@@ -142,7 +143,17 @@ class Trainer {
   // trainer_checkpoint.cc
   absl::Status SaveCheckpoint();
   void RotateCheckpoints();
+  // "latest" (or "true"): the newest finished checkpoint that verifies, falling back past
+  // damaged ones; otherwise the path given, which must verify.
   absl::Status ResumeFromCheckpoint(const std::string& requested);
+  // Collective: every rank verifies what it will load (VerifyResumableOnThisRank) and all
+  // agree. DataLoss when any rank found the checkpoint damaged.
+  absl::StatusOr<proto::TrainerCheckpointState> VerifyResumable(const std::string& dir);
+  // trainer_state.textproto (checksum, parse), the model and optimizer state this rank reads
+  // (VerifyModelState, strict by load_strict) and this rank's rng_state file.
+  absl::StatusOr<proto::TrainerCheckpointState> VerifyResumableOnThisRank(const std::string& dir);
+  absl::Status RestoreCheckpoint(const std::string& dir,
+                                 const proto::TrainerCheckpointState& saved);
   absl::Status LoadBestModel();
 
   proto::TrainingArguments args_;
@@ -174,7 +185,8 @@ class Trainer {
   std::vector<torch::Tensor> initial_parameters_;
 };
 
-// The finished checkpoint-<step> directory of `output_dir` with the highest step.
+// The finished checkpoint-<step> directory of `output_dir` with the highest step (without
+// verifying it: resume_from_checkpoint "latest" also skips damaged ones).
 absl::StatusOr<std::string> LatestCheckpoint(const std::string& output_dir);
 
 }  // namespace cpptrain

@@ -12,6 +12,7 @@
 #include <fstream>
 #include <system_error>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -85,6 +86,26 @@ std::vector<std::pair<int64_t, fs::path>> Checkpoints(const std::string& dir) {
   return out;
 }
 
+// What a save that did not complete leaves in `dir`: .tmp-checkpoint-* directories, and
+// checkpoint-* directories without trainer_state.textproto.
+std::vector<std::string> UnfinishedCheckpoints(const std::string& dir) {
+  std::vector<std::string> out;
+  std::error_code error;
+  for (const auto& entry : fs::directory_iterator(dir, error)) {
+    const std::string name = entry.path().filename().string();
+    if (absl::StartsWith(name, ".tmp-checkpoint-") ||
+        (CheckpointStep(entry.path()) >= 0 && !fs::exists(entry.path() / kTrainerStateFileName))) {
+      out.push_back(name);
+    }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::string RngStatePath(const std::string& dir, int rank) {
+  return absl::StrCat(dir, "/rng_state_", rank, ".safetensors");
+}
+
 }  // namespace
 
 absl::StatusOr<std::string> LatestCheckpoint(const std::string& output_dir) {
@@ -126,6 +147,7 @@ absl::Status Trainer::SaveCheckpoint() {
       FullyShardedOf(*model_) == nullptr ||
       (args_.has_fsdp() && args_.fsdp().state_dict_type() == proto::FsdpConfig::FULL_STATE_DICT);
   options.include_optimizer = !args_.save_only_model();
+  options.engine_name = engine_->name();
   CT_RETURN_IF_ERROR(
       SaveModelState(temp_dir.string(), *model_, engine_->optimizer(), *engine_, options));
   if (!args_.save_only_model()) {
@@ -175,6 +197,7 @@ absl::Status Trainer::SaveCheckpoint() {
       saved.set_plateau_cooldown_left(p.cooldown_left);
     }
     saved.set_world_size(engine_->world_size());
+    saved.set_rng_state_saved(!args_.save_only_model());
     std::string args_text, state_text;
     google::protobuf::TextFormat::PrintToString(args_, &args_text);
     google::protobuf::TextFormat::PrintToString(saved, &state_text);
@@ -188,8 +211,8 @@ absl::Status Trainer::SaveCheckpoint() {
     CT_RETURN_IF_ERROR(WriteFileAtomically((temp_dir / "trainer_state.json").string(),
                                            TrainerStateJson(state_, best_model_checkpoint_)));
     // Last: its presence marks a finished checkpoint.
-    CT_RETURN_IF_ERROR(
-        WriteFileAtomically((temp_dir / kTrainerStateFileName).string(), state_text));
+    CT_RETURN_IF_ERROR(WriteFileAtomically((temp_dir / kTrainerStateFileName).string(),
+                                           WithChecksumLine(state_text)));
     CT_RETURN_IF_ERROR(FsyncDirectory(temp_dir.string()));
     // A checkpoint of the same step (a rerun) is replaced only once the new one is complete.
     const fs::path old = out / absl::StrCat(".old-", name);
@@ -231,26 +254,109 @@ void Trainer::RotateCheckpoints() {
 }
 
 absl::Status Trainer::ResumeFromCheckpoint(const std::string& requested) {
-  std::string dir = requested;
-  if (requested == "latest" || requested == "true") {
-    CT_ASSIGN_OR_RETURN(dir, LatestCheckpoint(args_.output_dir()));
+  if (requested != "latest" && requested != "true") {
+    if (!fs::exists(fs::path(requested) / kTrainerStateFileName)) {
+      return absl::NotFoundError(absl::StrCat(
+          "resume_from_checkpoint is '", requested, "' but it is not a finished checkpoint (no ",
+          kTrainerStateFileName, "): give a checkpoint-<step> directory, or \"latest\""));
+    }
+    CT_ASSIGN_OR_RETURN(proto::TrainerCheckpointState saved, VerifyResumable(requested));
+    return RestoreCheckpoint(requested, saved);
   }
-  if (!fs::exists(fs::path(dir) / kTrainerStateFileName)) {
-    return absl::NotFoundError(absl::StrCat("resume_from_checkpoint is '", requested, "' but '",
-                                            dir,
-                                            "' is not a finished "
-                                            "checkpoint (no ",
-                                            kTrainerStateFileName,
-                                            "): give a checkpoint-<step> directory, or "
-                                            "\"latest\""));
+  const std::string& out = args_.output_dir();
+  for (const std::string& name : UnfinishedCheckpoints(out)) {
+    CT_LOG_RANK0(WARNING) << "resume_from_checkpoint: latest skips '" << name << "' in " << out
+                          << ": an unfinished save (the next save removes it)";
   }
-  CT_RETURN_IF_ERROR(LoadModelState(dir, *model_, engine_->optimizer()));
-  CT_ASSIGN_OR_RETURN(std::string text, ReadFile(dir + "/" + kTrainerStateFileName));
+  auto all = Checkpoints(out);
+  if (all.empty()) {
+    CT_LOG_RANK0(WARNING) << "resume_from_checkpoint: latest, but '" << out
+                          << "' holds no finished checkpoint-<step>: training starts from step 0";
+    return absl::OkStatus();
+  }
+  std::vector<std::string> damaged;
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    const std::string dir = it->second.string();
+    absl::StatusOr<proto::TrainerCheckpointState> saved = VerifyResumable(dir);
+    if (saved.ok()) {
+      if (!damaged.empty()) {
+        CT_LOG_RANK0(WARNING) << "resume_from_checkpoint: latest falls back to " << dir;
+      }
+      return RestoreCheckpoint(dir, *saved);
+    }
+    // A checkpoint that does not match the job would not match it in an older step either.
+    if (saved.status().code() != absl::StatusCode::kDataLoss) return saved.status();
+    CT_LOG_RANK0(WARNING) << "resume_from_checkpoint: latest skips " << dir
+                          << ", which fails verification: " << saved.status().message();
+    damaged.push_back(std::string(saved.status().message()));
+  }
+  return absl::DataLossError(
+      absl::StrCat("resume_from_checkpoint: latest, but none of the ", all.size(),
+                   " finished checkpoints in '", out, "' is intact: ", absl::StrJoin(damaged, "; "),
+                   ". Resume from a copy, or start again without resume_from_checkpoint"));
+}
+
+absl::StatusOr<proto::TrainerCheckpointState> Trainer::VerifyResumable(const std::string& dir) {
+  absl::StatusOr<proto::TrainerCheckpointState> saved = VerifyResumableOnThisRank(dir);
+  // Every rank checked what it will read; all decide alike.
+  const bool damaged = !saved.ok() && saved.status().code() == absl::StatusCode::kDataLoss;
+  const bool other = !saved.ok() && !damaged;
+  CT_ASSIGN_OR_RETURN(at::Tensor failed,
+                      engine_->AllReduceSum(torch::tensor({damaged ? 1.0 : 0.0, other ? 1.0 : 0.0},
+                                                          torch::kFloat64)));
+  failed = failed.to(torch::kCPU);
+  const double damaged_ranks = failed[0].item<double>(), other_ranks = failed[1].item<double>();
+  if (damaged_ranks + other_ranks == 0) return saved;
+  if (!saved.ok() && (other || other_ranks == 0)) return saved.status();
+  const std::string seen = absl::StrCat("checkpoint '", dir, "': ", damaged_ranks + other_ranks,
+                                        " other rank(s) found it unusable (see their logs)");
+  return other_ranks > 0 ? absl::FailedPreconditionError(seen) : absl::DataLossError(seen);
+}
+
+absl::StatusOr<proto::TrainerCheckpointState> Trainer::VerifyResumableOnThisRank(
+    const std::string& dir) {
+  CT_ASSIGN_OR_RETURN(proto::CheckpointManifest manifest, ReadManifest(dir));
+  const std::string state_path = dir + "/" + kTrainerStateFileName;
+  CT_ASSIGN_OR_RETURN(std::string text, ReadChecksummedText(state_path, HasChecksums(manifest)));
   proto::TrainerCheckpointState saved;
   if (!google::protobuf::TextFormat::ParseFromString(text, &saved)) {
-    return absl::DataLossError(absl::StrCat("'", dir, "/", kTrainerStateFileName,
-                                            "' does not parse as TrainerCheckpointState"));
+    return absl::DataLossError(absl::StrCat("'", state_path,
+                                            "' is corrupted (could not be parsed "
+                                            "as TrainerCheckpointState); use another checkpoint"));
   }
+  LoadModelStateOptions options;
+  options.strict = args_.load_strict();
+  CT_RETURN_IF_ERROR(VerifyModelState(dir, *model_, engine_->optimizer(), options));
+  if (saved.world_size() != engine_->world_size()) return saved;  // the RNG is not restored
+  const std::string rng_path = RngStatePath(dir, engine_->rank());
+  if (!fs::exists(rng_path)) {
+    if (!saved.rng_state_saved()) return saved;  // save_only_model, or an older checkpoint
+    const std::string missing = absl::StrCat(
+        "checkpoint '", dir, "': '", fs::path(rng_path).filename().string(),
+        "' is missing, so this rank's random state (dropout, sampling) cannot be restored and the "
+        "resumed run would not continue the interrupted one");
+    if (args_.load_strict()) {
+      return absl::DataLossError(absl::StrCat(
+          missing, "; use another checkpoint, or set load_strict: false to resume without it"));
+    }
+    LOG(WARNING) << missing << " (load_strict is false: resuming without it)";
+    return saved;
+  }
+  absl::StatusOr<std::unique_ptr<SafetensorsFile>> rng = SafetensorsFile::Open(rng_path);
+  if (!rng.ok()) {
+    return absl::DataLossError(absl::StrCat("checkpoint '", dir, "': '", rng_path,
+                                            "' is damaged: ", rng.status().message()));
+  }
+  CT_RETURN_IF_ERROR((*rng)->VerifyCrc32c("cpu"));
+  return saved;
+}
+
+absl::Status Trainer::RestoreCheckpoint(const std::string& dir,
+                                        const proto::TrainerCheckpointState& saved) {
+  LoadModelStateOptions options;
+  options.strict = args_.load_strict();
+  options.verified = true;  // VerifyResumable read every piece this rank loads
+  CT_RETURN_IF_ERROR(LoadModelState(dir, *model_, engine_->optimizer(), options));
   state_.global_step = saved.global_step();
   state_.epoch = saved.epoch();
   state_.num_input_tokens_seen = saved.num_input_tokens_seen();
@@ -270,8 +376,12 @@ absl::Status Trainer::ResumeFromCheckpoint(const std::string& requested) {
     plateau_->Restore({saved.plateau_lr(), saved.plateau_best(), saved.plateau_bad_evaluations(),
                        saved.plateau_cooldown_left()});
   }
-  const std::string rng_path = absl::StrCat(dir, "/rng_state_", engine_->rank(), ".safetensors");
-  if (saved.world_size() == engine_->world_size() && fs::exists(rng_path)) {
+  const std::string rng_path = RngStatePath(dir, engine_->rank());
+  if (saved.world_size() != engine_->world_size()) {
+    CT_LOG_RANK0(WARNING) << "checkpoint '" << dir << "' was saved by " << saved.world_size()
+                          << " processes, resumed on " << engine_->world_size()
+                          << ": the random state is not restored (the data order is)";
+  } else if (fs::exists(rng_path)) {
     CT_ASSIGN_OR_RETURN(auto file, SafetensorsFile::Open(rng_path));
     CT_ASSIGN_OR_RETURN(at::Tensor rng, file->GetCopy("cpu"));
     at::Generator gen = at::detail::getDefaultCPUGenerator();
@@ -290,7 +400,9 @@ absl::Status Trainer::LoadBestModel() {
   }
   CT_LOG_RANK0(INFO) << "loading the best model from " << best_model_checkpoint_ << " ("
                      << ResolvedMetricForBestModel(args_) << " " << *state_.best_metric << ")";
-  return LoadModelState(best_model_checkpoint_, *model_, nullptr);
+  LoadModelStateOptions options;
+  options.strict = args_.load_strict();
+  return LoadModelState(best_model_checkpoint_, *model_, nullptr, options);
 }
 
 }  // namespace cpptrain

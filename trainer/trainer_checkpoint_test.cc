@@ -6,14 +6,18 @@
 #include <torch/torch.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <limits>
 #include <string>
 #include <vector>
 
+#include "checkpoint/checkpoint.h"
 #include "checkpoint/hf_model.h"
 #include "checkpoint/safetensors.h"
+#include "gmock/gmock.h"
 #include "models/configs.h"
 #include "models/decoder.h"
 #include "trainer/testing/trainer_testing.h"
@@ -196,6 +200,199 @@ TEST(TrainerCheckpointTest, SaveOnlyModelWritesNoOptimizerState) {
   EXPECT_TRUE(fs::exists(dir + "/checkpoint-3/model.safetensors"));
   EXPECT_FALSE(fs::exists(dir + "/checkpoint-3/shard-00000-of-00001.safetensors"));
   EXPECT_FALSE(fs::exists(dir + "/checkpoint-3/rng_state_0.safetensors"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Damaged checkpoints and strict loading
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+std::string ReadBytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+void WriteBytes(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+}
+
+// Overwrites the first 4 data bytes of tensor `key` in `path` with a float NaN, keeping the
+// header (and so the stored checksum) as it was: what a careless edit or a bad disk does.
+void WriteNanInto(const std::string& path, const std::string& key) {
+  int64_t begin = 0;
+  {
+    auto file = SafetensorsFile::Open(path);
+    ASSERT_TRUE(file.ok()) << file.status();
+    begin = (*file)->Info(key)->begin;
+  }
+  std::string bytes = ReadBytes(path);
+  uint64_t header = 0;
+  std::memcpy(&header, bytes.data(), 8);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::memcpy(&bytes[8 + header + begin], &nan, 4);
+  WriteBytes(path, bytes);
+}
+
+constexpr char kWeight[] = "model.layers.0.mlp.up_proj.weight";
+
+// checkpoint-3 and checkpoint-6 of an uninterrupted 6-step run in `dir`; returns its losses.
+std::vector<double> TrainSixSteps(const std::string& dir) {
+  Trainer trainer(Args(dir, 6), TinyDecoder(1), VariableLengthTokens(24, 4));
+  auto out = trainer.Train();
+  EXPECT_TRUE(out.ok()) << out.status();
+  EXPECT_TRUE(fs::exists(dir + "/checkpoint-6/" + kTrainerStateFileName));
+  return StepLosses(trainer);
+}
+
+absl::StatusOr<TrainOutput> Resume(const std::string& dir, const std::string& from, int steps,
+                                   std::string* log = nullptr, bool strict = true,
+                                   std::shared_ptr<DecoderLM> model = nullptr) {
+  proto::TrainingArguments args = Args(dir, steps);
+  args.set_resume_from_checkpoint(from);
+  args.set_load_strict(strict);
+  Trainer trainer(args, model ? model : TinyDecoder(2), VariableLengthTokens(24, 4));
+  if (log != nullptr) ::testing::internal::CaptureStderr();
+  auto out = trainer.Train();
+  if (log != nullptr) *log = ::testing::internal::GetCapturedStderr();
+  if (out.ok()) EXPECT_GE(StepLosses(trainer).size(), static_cast<size_t>(steps));
+  return out;
+}
+
+TEST(TrainerCheckpointIntegrityTest, LatestFallsBackPastADamagedCheckpointWithAWarning) {
+  const std::string dir = TestTempDir("latest_damaged");
+  TrainSixSteps(dir);
+  WriteNanInto(dir + "/checkpoint-6/model.safetensors", kWeight);
+
+  std::string log;
+  auto out = Resume(dir, "latest", 6, &log);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(out->global_step, 6);
+  EXPECT_THAT(log, AllOf(HasSubstr("latest skips " + dir +
+                                   "/checkpoint-6, which fails "
+                                   "verification"),
+                         HasSubstr(std::string("file 'model.safetensors', tensor '") + kWeight),
+                         HasSubstr("checksum mismatch"),
+                         HasSubstr("latest falls back to " + dir + "/checkpoint-3")));
+}
+
+TEST(TrainerCheckpointIntegrityTest, ResumedFromTheFallbackEqualsTheUninterruptedRun) {
+  const std::string dir = TestTempDir("fallback_equal");
+  auto data = VariableLengthTokens(24, 4);
+  auto whole = TinyDecoder(1);
+  Trainer uninterrupted(Args(dir, 6), whole, data);
+  ASSERT_TRUE(uninterrupted.Train().ok());
+  const std::string bytes = ReadBytes(dir + "/checkpoint-6/manifest.pb");
+  WriteBytes(dir + "/checkpoint-6/manifest.pb", bytes.substr(0, bytes.size() / 2));
+
+  const std::string resumed_dir = TestTempDir("fallback_equal_resumed");
+  fs::create_directories(resumed_dir);
+  fs::copy(dir + "/checkpoint-3", resumed_dir + "/checkpoint-3", fs::copy_options::recursive);
+  fs::copy(dir + "/checkpoint-6", resumed_dir + "/checkpoint-6", fs::copy_options::recursive);
+  proto::TrainingArguments args = Args(resumed_dir, 6);
+  args.set_resume_from_checkpoint("latest");
+  auto model = TinyDecoder(2);
+  Trainer resumed(args, model, data);
+  auto out = resumed.Train();
+  ASSERT_TRUE(out.ok()) << out.status();
+  const auto a = Parameters(*whole), b = Parameters(*model);
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(a[i].equal(b[i])) << "parameter " << i;
+  EXPECT_EQ(StepLosses(resumed), StepLosses(uninterrupted));
+}
+
+TEST(TrainerCheckpointIntegrityTest, ExplicitDamagedPathIsAnErrorWithoutFallback) {
+  const std::string dir = TestTempDir("explicit_damaged");
+  TrainSixSteps(dir);
+  WriteNanInto(dir + "/checkpoint-6/" + ShardFileName(0, 1),
+               std::string("optimizer.") + kWeight + ".exp_avg");
+  auto out = Resume(dir, dir + "/checkpoint-6", 8);
+  ASSERT_FALSE(out.ok());
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kDataLoss) << out.status();
+  EXPECT_THAT(std::string(out.status().message()),
+              AllOf(HasSubstr(dir + "/checkpoint-6"), HasSubstr(ShardFileName(0, 1)),
+                    HasSubstr(std::string("optimizer.") + kWeight + ".exp_avg"),
+                    HasSubstr("checksum mismatch: expected crc32c ")));
+}
+
+TEST(TrainerCheckpointIntegrityTest, UnfinishedFirstSaveIsSkippedAndTrainingStartsOver) {
+  // What a kill during the first save leaves: only .tmp-checkpoint-3, without its state file.
+  const std::string first = TestTempDir("first_save_source");
+  TrainSixSteps(first);
+  const std::string dir = TestTempDir("first_save_killed");
+  fs::create_directories(dir);
+  fs::copy(first + "/checkpoint-3", dir + "/.tmp-checkpoint-3", fs::copy_options::recursive);
+  fs::remove(dir + "/.tmp-checkpoint-3/" + kTrainerStateFileName);
+
+  std::string log;
+  auto out = Resume(dir, "latest", 6, &log);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(out->global_step, 6);
+  EXPECT_THAT(log, AllOf(HasSubstr("latest skips '.tmp-checkpoint-3'"),
+                         HasSubstr("holds no finished checkpoint-<step>: training starts from "
+                                   "step 0")));
+  EXPECT_FALSE(fs::exists(dir + "/.tmp-checkpoint-3"));  // the first save cleared it
+  EXPECT_TRUE(fs::exists(dir + "/checkpoint-6/" + kTrainerStateFileName));
+}
+
+TEST(TrainerCheckpointIntegrityTest, MissingRngStateIsAnErrorUnlessNotStrict) {
+  const std::string dir = TestTempDir("missing_rng");
+  TrainSixSteps(dir);
+  fs::remove(dir + "/checkpoint-6/rng_state_0.safetensors");
+  auto out = Resume(dir, dir + "/checkpoint-6", 8);
+  ASSERT_FALSE(out.ok());
+  EXPECT_THAT(std::string(out.status().message()),
+              AllOf(HasSubstr("'rng_state_0.safetensors' is missing"),
+                    HasSubstr("set load_strict: false to resume without it")));
+  std::string log;
+  out = Resume(dir, dir + "/checkpoint-6", 8, &log, /*strict=*/false);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_THAT(log, HasSubstr("load_strict is false: resuming without it"));
+}
+
+TEST(TrainerCheckpointIntegrityTest, DamagedTrainerStateSaysSo) {
+  const std::string dir = TestTempDir("damaged_state");
+  TrainSixSteps(dir);
+  const std::string path = dir + "/checkpoint-6/" + kTrainerStateFileName;
+  std::string text = ReadBytes(path);
+  text[text.find("global_step: 6") + 13] = '9';
+  WriteBytes(path, text);
+  auto out = Resume(dir, dir + "/checkpoint-6", 8);
+  ASSERT_FALSE(out.ok());
+  EXPECT_THAT(std::string(out.status().message()),
+              HasSubstr("trainer_state.textproto' is corrupted (checksum mismatch"));
+}
+
+TEST(TrainerCheckpointIntegrityTest, StrictResumeRefusesAnotherModelConfig) {
+  const std::string dir = TestTempDir("strict_resume");
+  TrainSixSteps(dir);  // the tiny decoder has qk_norm
+  proto::DecoderConfig without = NamedDecoderConfig("tiny").value();
+  without.set_qk_norm(false);
+  torch::manual_seed(2);
+  auto out = Resume(dir, dir + "/checkpoint-6", 8, nullptr, true, BuildDecoder(without).value());
+  ASSERT_FALSE(out.ok());
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(out.status().message()),
+              AllOf(HasSubstr("qk_norm is true in the checkpoint but false in the model"),
+                    HasSubstr("unexpected tensor 'model.layers.0.self_attn.q_norm.weight'")));
+
+  // "latest" does not fall back past a mismatch: every older checkpoint has the same model.
+  out = Resume(dir, "latest", 8, nullptr, true, BuildDecoder(without).value());
+  ASSERT_FALSE(out.ok());
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kInvalidArgument);
+
+  proto::DecoderConfig theta = NamedDecoderConfig("tiny").value();
+  theta.set_rope_theta(1e6);
+  out = Resume(dir, dir + "/checkpoint-6", 8, nullptr, true, BuildDecoder(theta).value());
+  ASSERT_FALSE(out.ok());
+  EXPECT_THAT(std::string(out.status().message()),
+              HasSubstr("rope_theta is 10000 in the checkpoint but 1000000 in the model"));
+
+  std::string log;
+  out =
+      Resume(dir, dir + "/checkpoint-6", 8, &log, /*strict=*/false, BuildDecoder(without).value());
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_THAT(log, HasSubstr("unexpected tensor 'model.layers.1.self_attn.k_norm.weight'"));
 }
 
 }  // namespace

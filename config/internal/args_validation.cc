@@ -69,6 +69,20 @@ void CheckSaveOnEvalSteps(const TrainingArguments& args, Problems* problems) {
   }
 }
 
+// Hugging Face's report_to names many integrations; the ones built here, and "none" alone.
+void CheckReportTo(const TrainingArguments& args, Problems* problems) {
+  for (const std::string& entry : args.report_to()) {
+    if (entry != "tensorboard" && entry != "all" && entry != "none") {
+      problems->push_back(absl::StrCat(
+          "report_to=\"", entry, "\" is not built here: use \"tensorboard\" (or \"all\", the same), "
+          "\"none\", or read metrics.jsonl in output_dir"));
+    }
+    if (entry == "none" && args.report_to_size() > 1) {
+      problems->push_back("report_to lists \"none\" with other integrations; give one or the other");
+    }
+  }
+}
+
 void CheckBestModel(const TrainingArguments& args, Problems* problems) {
   const TrainingArguments::Strategy save = args.save_strategy();
   const TrainingArguments::Strategy eval = args.eval_strategy();
@@ -262,6 +276,7 @@ void CheckSteps(const TrainingArguments& args, Problems* problems) {
         "eval_strategy=NO never evaluates; set eval_strategy to STEPS or EPOCH");
   }
   CheckBestModel(args, problems);
+  CheckReportTo(args, problems);
 }
 
 void CheckLoop(const TrainingArguments& args, Problems* problems) {

@@ -10,7 +10,7 @@
 #include "base/status.h"
 #include "engines/testing/engine_testing.h"
 #include "models/mlp.h"
-#include "models/testing/tied_blocks.h"
+#include "module/testing/tied_blocks.h"
 #include "sharding/gloo_communicator.h"
 #include "sharding/testing/multi_rank.h"
 

@@ -13,7 +13,7 @@
 #include "base/torch_compat.h"
 #include "base/torch_status.h"
 #include "engines/grad_utils.h"
-#include "models/row_init.h"
+#include "module/deferred.h"
 
 namespace cpptrain {
 namespace {

@@ -6,7 +6,7 @@
 #include <torch/torch.h>
 
 #include "engines/testing/engine_testing.h"
-#include "models/testing/tied_blocks.h"
+#include "module/testing/tied_blocks.h"
 
 namespace cpptrain {
 namespace {

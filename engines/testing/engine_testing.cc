@@ -5,7 +5,7 @@
 #include <cmath>
 #include <memory>
 
-#include "models/testing/tied_blocks.h"
+#include "module/testing/tied_blocks.h"
 
 namespace cpptrain {
 namespace testing {

@@ -1,5 +1,5 @@
 // Shared pieces of the engine tests: a plain SGD optimizer factory, and what one SGD step of
-// the tied-weights test model (models/testing/tied_blocks.h) must give, computed on one
+// the tied-weights test model (module/testing/tied_blocks.h) must give, computed on one
 // unsharded model with plain autograd.
 //
 //   SgdReference want = TiedBlocksSgdStep({batch0, batch1}, /*lr=*/0.5, /*max_norm=*/0);
@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "engines/engine.h"
-#include "trainer/data/batch.h"
+#include "module/batch.h"
 
 namespace cpptrain {
 namespace testing {

@@ -1,8 +1,9 @@
 // One leg of the resharding test (checkpoint_test.sh): trains the tiny decoder with AdamW on a
 // fixed global batch of 12 sequences per step (per-device batch 12 / world), with the engine
 // given by --engine, saving a checkpoint every 2 steps, optionally resuming from --resume.
-// Rank 0 prints "LOSS <step> <loss>" for every step this run trained, which the script
-// compares across legs run on different engines and world sizes.
+// Rank 0 prints "LOSS <step> <loss>" (to full double precision) for every step this run
+// trained, which the scripts compare across legs run on different engines, world sizes and
+// nodes (checkpoint_test.sh, multinode_test.sh).
 #include <torch/torch.h>
 
 #include <csignal>
@@ -24,21 +25,26 @@ ABSL_FLAG(std::string, resume, "", "resume_from_checkpoint");
 ABSL_FLAG(int, max_steps, 10, "optimizer steps in all");
 ABSL_FLAG(bool, use_cpu, false, "train on the CPU even where CUDA is available");
 ABSL_FLAG(int, sigterm_at_step, 0, "the last rank raises SIGTERM on itself after this step");
+ABSL_FLAG(int, kill_at_step, 0,
+          "the last rank raises SIGKILL on itself after this step, on the launcher's first "
+          "attempt only (TORCHELASTIC_RESTART_COUNT 0), so a restart runs to the end");
+ABSL_FLAG(int, ddp_timeout_s, 1800, "TrainingArguments.ddp_timeout: collectives, rendezvous");
 
 namespace cpptrain {
 namespace {
 
-// Raises SIGTERM on this process at the end of step `step` (0: never), as a scheduler's
-// preemption would deliver it.
+// Raises `signal` on this process at the end of step `step` (0: never): SIGTERM as a
+// scheduler's preemption would deliver it, SIGKILL as a crash or the OOM killer would.
 class RaiseAtStep : public TrainerCallback {
  public:
-  explicit RaiseAtStep(int64_t step) : step_(step) {}
+  RaiseAtStep(int64_t step, int signal) : step_(step), signal_(signal) {}
   void OnStepEnd(const CallbackContext& c) override {
-    if (step_ > 0 && c.state.global_step == step_) std::raise(SIGTERM);
+    if (step_ > 0 && c.state.global_step == step_) std::raise(signal_);
   }
 
  private:
   int64_t step_;
+  int signal_;
 };
 
 void PrintLosses(const Trainer& trainer, int64_t resumed, int rank);
@@ -67,6 +73,7 @@ int Run() {
   args.set_disable_tqdm(true);
   args.set_resume_from_checkpoint(absl::GetFlag(FLAGS_resume));
   args.set_use_cpu(absl::GetFlag(FLAGS_use_cpu));
+  args.set_ddp_timeout(absl::GetFlag(FLAGS_ddp_timeout_s));
   const std::string engine = absl::GetFlag(FLAGS_engine);
   if (engine == "ddp") {
     args.mutable_ddp();
@@ -91,8 +98,14 @@ int Run() {
     resumed = std::stoll(resume.substr(dash + 1));
   }
   Trainer trainer(args, model, testing::VariableLengthTokens(120, 3));
+  const bool last_rank = env->rank == env->world_size - 1;
   if (const int step = absl::GetFlag(FLAGS_sigterm_at_step); step > 0) {
-    trainer.AddCallback(std::make_shared<RaiseAtStep>(env->rank == env->world_size - 1 ? step : 0));
+    trainer.AddCallback(std::make_shared<RaiseAtStep>(last_rank ? step : 0, SIGTERM));
+  }
+  if (const int step = absl::GetFlag(FLAGS_kill_at_step); step > 0) {
+    const bool first_attempt = env->restart_count == 0;
+    trainer.AddCallback(
+        std::make_shared<RaiseAtStep>(last_rank && first_attempt ? step : 0, SIGKILL));
   }
   auto out = trainer.Train();
   if (!out.ok() && trainer.stopped_by_signal() != 0) {
@@ -113,7 +126,7 @@ void PrintLosses(const Trainer& trainer, int64_t resumed, int rank) {
   if (rank == 0) {
     for (const Metrics& m : trainer.state().log_history) {
       if (m.count("loss") && m.at("step") > resumed) {
-        std::cout << "LOSS " << static_cast<int64_t>(m.at("step")) << " " << std::setprecision(10)
+        std::cout << "LOSS " << static_cast<int64_t>(m.at("step")) << " " << std::setprecision(17)
                   << m.at("loss") << std::endl;
       }
     }

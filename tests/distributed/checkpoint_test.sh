@@ -6,8 +6,10 @@
 # resumed step's loss must equal the uninterrupted 4-rank run's. Then a run killed in the
 # middle of a save: the unfinished checkpoint is never picked, and resuming from the previous
 # one continues exactly. Then preemption: SIGTERM on one rank, and SIGTERM to the launcher,
-# each saving a checkpoint and exiting 143, and a resume from it continuing exactly. Legs with
-# more processes than GPUs run on the CPU.
+# each saving a checkpoint and exiting 143, and a resume from it continuing exactly. Then
+# restarts: a rank SIGKILLed mid-run, the launcher's --max_restarts, a resume from the newest
+# checkpoint, and a final model equal to an uninterrupted run's bit for bit (on the CPU). Legs
+# with more processes than GPUs run on the CPU.
 set -uo pipefail
 launch="$1"
 program="$2"
@@ -77,8 +79,10 @@ leg sigterm_resumed 2 --engine=ddp --output_dir="$TEST_TMPDIR/sigterm" --resume=
 checked="$checked sigterm_resumed"
 
 # Preemption through the launcher: SIGTERM to the launcher once training is under way; it
-# forwards it, the ranks save and exit, and it exits 143.
-timeout 300 "$launch" --nproc_per_node=2 --master_port=0 "$program" --engine=ddp \
+# forwards it, the ranks save and exit, and it exits 143. --foreground: otherwise timeout
+# passes the SIGTERM on twice (to the launcher and to its process group), and the launcher
+# takes the second one as "SIGKILL now": no checkpoint, in 2 of 5 runs here.
+timeout --foreground 300 "$launch" --nproc_per_node=2 --master_port=0 "$program" --engine=ddp \
   --output_dir="$TEST_TMPDIR/forwarded" --max_steps=100000 $(placement 2) \
   > "$TEST_TMPDIR/forwarded.log" 2>&1 &
 launcher_pid=$!
@@ -99,6 +103,56 @@ if [[ $code -ne 143 || -z "$stopped" || ! -f "$saved" ]]; then
   echo "FAIL: a SIGTERM to the launcher should save a checkpoint and exit 143"; fail=1
 fi
 record 2 $(( code == 143 ? 0 : 1 ))
+
+# Restarts, on the CPU (where bitwise is the claim): the last rank is SIGKILLed after step 5 on
+# the first attempt only (--kill_at_step looks at TORCHELASTIC_RESTART_COUNT); the launcher
+# restarts both ranks (--max_restarts=1), which resume from the newest checkpoint the way a
+# user's job script does: --resume=latest once output_dir holds a checkpoint. The final
+# checkpoint's tensors (parameters, optimizer state, RNG) equal an uninterrupted run's bit for
+# bit, and so does every loss the restarted attempt trained.
+wrapper="$TEST_TMPDIR/resume_if_saved.sh"
+cat > "$wrapper" <<'EOF'
+#!/usr/bin/env bash
+# OUTPUT_DIR PROGRAM ARGS...: resumes from output_dir's newest checkpoint when it has one.
+dir=$1
+shift
+resume=()
+compgen -G "$dir/checkpoint-*" > /dev/null && resume=(--resume=latest)
+exec "$@" --output_dir="$dir" "${resume[@]}"
+EOF
+chmod +x "$wrapper"
+for engine in ddp fsdp; do
+  ok=0
+  ref="$TEST_TMPDIR/uninterrupted_$engine"
+  out="$TEST_TMPDIR/restarted_$engine"
+  timeout 300 "$launch" --nproc_per_node=2 --master_port=0 "$program" --engine=$engine --use_cpu \
+    --output_dir="$ref" > "$ref.log" 2>&1 || { tail -20 "$ref.log"; ok=1; }
+  timeout 300 "$launch" --nproc_per_node=2 --master_port=0 --max_restarts=1 "$wrapper" "$out" \
+    "$program" --engine=$engine --use_cpu --kill_at_step=5 > "$out.log" 2>&1
+  code=$?
+  echo "== restarted_$engine: 2 processes on the CPU, rank 1 SIGKILLed after step 5," \
+    "--max_restarts=1: exit $code"
+  grep -E "^launch:" "$out.log" | head -4
+  if [[ $code -ne 0 ]]; then tail -20 "$out.log"; ok=1; fi
+  grep -q "launch: rank 1 was killed by signal SIGKILL" "$out.log" &&
+    grep -q "launch: restarting all 2 ranks (restart 1 of 1)" "$out.log" ||
+    { echo "FAIL: the launcher should report rank 1's SIGKILL and restart once"; ok=1; }
+  want=$(grep -o "LOSS .*" "$ref.log" | awk '$2 > 4')
+  got=$(grep -o "LOSS .*" "$out.log")
+  if [[ -z "$want" || "$got" != "$want" ]]; then
+    echo "FAIL: the restart should train steps 5-10 from checkpoint-4 with the uninterrupted" \
+      "run's losses, to the last digit:"; diff <(echo "$want") <(echo "$got"); ok=1
+  fi
+  tensors=0
+  for file in "$ref/checkpoint-10"/*.safetensors; do
+    tensors=$((tensors + 1))
+    cmp "$file" "$out/checkpoint-10/${file##*/}" || ok=1
+  done
+  (( tensors > 0 )) || ok=1
+  (( ok )) || echo "restarted_$engine: steps 5-10 resumed from checkpoint-4; losses and the" \
+    "$tensors tensor files of checkpoint-10 equal the uninterrupted run's bit for bit"
+  record 2 $ok cpu
+done
 
 for name in $checked; do
   if ! awk -v name="$name" '

@@ -1,7 +1,8 @@
 # Sourced by the multi-process test scripts, after setting `launch` and `program`:
 #
 #   variant NAME PROCESSES FLAGS...   runs the program under the launcher
-#   record PROCESSES OK               counts a run a script checked its own way (OK: 0 passed)
+#   record PROCESSES OK [cpu]         counts a run a script checked its own way (OK: 0 passed;
+#                                     cpu: it ran on the CPU whatever GPUs the host has)
 #   skip NAME REASON                  records a variant that cannot run here
 #   variants_done                     prints the closing line; returns non-zero on a failure
 #
@@ -29,8 +30,12 @@ placement() {  # processes -> "" (CUDA) or --use_cpu
   if (( gpus >= $1 )); then echo ""; else echo "--use_cpu"; fi
 }
 
-record() {  # processes, 0 when it passed
-  if [[ -z "$(placement "$1")" ]]; then ran_cuda=$((ran_cuda + 1)); else ran_cpu=$((ran_cpu + 1)); fi
+record() {  # processes, 0 when it passed, [cpu]
+  if [[ "${3:-}" != cpu && -z "$(placement "$1")" ]]; then
+    ran_cuda=$((ran_cuda + 1))
+  else
+    ran_cpu=$((ran_cpu + 1))
+  fi
   [[ "$2" == 0 ]] || failed=$((failed + 1))
 }
 

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "trainer/data/batch.h"
+#include "module/batch.h"
 #include "trainer/data/dataset.h"
 
 namespace cpptrain {

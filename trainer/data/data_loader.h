@@ -28,7 +28,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "trainer/data/batch.h"
+#include "module/batch.h"
 #include "trainer/data/collator.h"
 #include "trainer/data/dataset.h"
 #include "trainer/data/sampler.h"

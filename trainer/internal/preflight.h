@@ -10,7 +10,7 @@
 #include <string>
 
 #include "absl/status/status.h"
-#include "models/model.h"
+#include "module/trainable_model.h"
 
 namespace cpptrain {
 namespace trainer_internal {

@@ -4,8 +4,8 @@
 //
 //   auto model = std::make_shared<testing::TiedBlocks>(/*seed=*/1);
 //   torch::Tensor loss = model->LossSum(model->Forward(batch), batch);   // batch: [B, 4] floats
-#ifndef CPPTRAIN_MODELS_TESTING_TIED_BLOCKS_H_
-#define CPPTRAIN_MODELS_TESTING_TIED_BLOCKS_H_
+#ifndef CPPTRAIN_MODULE_TESTING_TIED_BLOCKS_H_
+#define CPPTRAIN_MODULE_TESTING_TIED_BLOCKS_H_
 
 #include <torch/torch.h>
 
@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "models/model.h"
+#include "module/trainable_model.h"
 
 namespace cpptrain {
 namespace testing {
@@ -76,4 +76,4 @@ class TiedBlocks : public TrainableModel {
 }  // namespace testing
 }  // namespace cpptrain
 
-#endif  // CPPTRAIN_MODELS_TESTING_TIED_BLOCKS_H_
+#endif  // CPPTRAIN_MODULE_TESTING_TIED_BLOCKS_H_

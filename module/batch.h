@@ -2,8 +2,8 @@
 //
 //   Batch b = collator.Collate(examples);
 //   Batch on_device = b.To(torch::Device("cuda:0"), /*non_blocking=*/true);
-#ifndef CPPTRAIN_TRAINER_DATA_BATCH_H_
-#define CPPTRAIN_TRAINER_DATA_BATCH_H_
+#ifndef CPPTRAIN_MODULE_BATCH_H_
+#define CPPTRAIN_MODULE_BATCH_H_
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
@@ -46,4 +46,4 @@ struct Batch {
 
 }  // namespace cpptrain
 
-#endif  // CPPTRAIN_TRAINER_DATA_BATCH_H_
+#endif  // CPPTRAIN_MODULE_BATCH_H_

@@ -4,8 +4,8 @@
 //
 //   torch::Tensor logits = model->Forward(batch);
 //   torch::Tensor loss = model->LossSum(logits, batch) / num_targets_in_step;
-#ifndef CPPTRAIN_MODELS_MODEL_H_
-#define CPPTRAIN_MODELS_MODEL_H_
+#ifndef CPPTRAIN_MODULE_TRAINABLE_MODEL_H_
+#define CPPTRAIN_MODULE_TRAINABLE_MODEL_H_
 
 #include <cstdint>
 #include <string>
@@ -13,8 +13,8 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "sharding/unit.h"
-#include "trainer/data/batch.h"
+#include "module/batch.h"
+#include "module/unit.h"
 
 namespace cpptrain {
 
@@ -40,7 +40,7 @@ class TrainableModel : public Unit {
 
   // Fills rows [row_begin, row_begin + rows.size(0)) of parameter `name` (as named_parameters()
   // names it) with its initial values, the same whatever the split; `rows` is on the CPU.
-  // FullyShard calls it for deferred parameters (models/row_init.h).
+  // FullyShard calls it for deferred parameters (module/deferred.h).
   virtual absl::Status InitializeRows(const std::string& name, int64_t row_begin,
                                       torch::Tensor rows) {
     (void)row_begin;
@@ -53,4 +53,4 @@ class TrainableModel : public Unit {
 
 }  // namespace cpptrain
 
-#endif  // CPPTRAIN_MODELS_MODEL_H_
+#endif  // CPPTRAIN_MODULE_TRAINABLE_MODEL_H_

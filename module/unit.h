@@ -10,8 +10,8 @@
 //     }
 //   };
 //   layer->set_hook(&fsdp_hook);   // the engine gathers parameters around each forward
-#ifndef CPPTRAIN_SHARDING_UNIT_H_
-#define CPPTRAIN_SHARDING_UNIT_H_
+#ifndef CPPTRAIN_MODULE_UNIT_H_
+#define CPPTRAIN_MODULE_UNIT_H_
 
 #include <functional>
 #include <memory>
@@ -74,4 +74,4 @@ class Unit : public torch::nn::Module {
 
 }  // namespace cpptrain
 
-#endif  // CPPTRAIN_SHARDING_UNIT_H_
+#endif  // CPPTRAIN_MODULE_UNIT_H_

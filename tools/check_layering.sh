@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Checks the one-way arrows between rooms (docs/ARCHITECTURE.md, "Rooms and arrows") by the
+# includes of each room's files:
+#   module/     includes only module/ (and system headers)
+#   sharding/   includes no models/, engines/, checkpoint/, trainer/ header
+#   checkpoint/ includes no engines/ or trainer/ header
+#   models/     includes no sharding/, engines/, checkpoint/, trainer/ header
+#   engines/    includes no checkpoint/ or trainer/ header
+# Usage: tools/check_layering.sh [ROOT]. Exit 0 when every arrow holds, 1 listing the
+# offending lines otherwise.
+set -euo pipefail
+root="${1:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}"
+cd "$root"
+status=0
+forbid() {  # room, pattern of forbidden include paths
+  local room=$1 pattern=$2 hits
+  hits=$(grep -rnE "^#include \"($pattern)/" --include='*.h' --include='*.cc' "$room" || true)
+  if [[ -n "$hits" ]]; then
+    echo "check_layering: $room/ must not include ($pattern)/:"
+    echo "$hits"
+    status=1
+  fi
+}
+forbid module 'base|config|proto|sharding|engines|models|checkpoint|trainer|tools|tests'
+forbid sharding 'models|engines|checkpoint|trainer|tools'
+forbid checkpoint 'engines|trainer|tools'
+forbid models 'sharding|engines|checkpoint|trainer|tools'
+forbid engines 'checkpoint|trainer|tools'
+[[ $status -eq 0 ]] && echo "check_layering: OK: every room includes only the rooms below it"
+exit $status

@@ -1,0 +1,44 @@
+"""Reads a run's TensorBoard event files with TensorBoard's own loader and checks them against
+the run's metrics.jsonl: every logged value under Hugging Face's tag, at its step.
+
+  python tools/tensorboard_check.py LOGGING_DIR OUTPUT_DIR/metrics.jsonl
+"""
+import json
+import math
+import sys
+
+from tensorboard.backend.event_processing import event_accumulator
+
+
+def tag(key):
+    if key.startswith("eval_"):
+        return "eval/" + key[len("eval_"):]
+    if key.startswith("test_"):
+        return "test/" + key[len("test_"):]
+    return "train/" + key
+
+
+def main(logging_dir, metrics_path):
+    events = event_accumulator.EventAccumulator(logging_dir, size_guidance={"scalars": 0})
+    events.Reload()
+    scalars = {t: {e.step: e.value for e in events.Scalars(t)} for t in events.Tags()["scalars"]}
+    expected = 0
+    for line in open(metrics_path):
+        record = json.loads(line)
+        step = int(record["step"])
+        for key, value in record.items():
+            if key == "step" or not isinstance(value, (int, float)):
+                continue
+            name = tag(key)
+            got = scalars.get(name, {}).get(step)
+            if got is None or not math.isclose(got, value, rel_tol=1e-6, abs_tol=1e-6):
+                sys.exit(f"FAIL: {name} at step {step}: TensorBoard has {got}, metrics.jsonl {value}")
+            expected += 1
+    for needed in ("train/loss", "train/learning_rate", "train/grad_norm", "eval/loss"):
+        if needed not in scalars:
+            sys.exit(f"FAIL: no {needed} in {sorted(scalars)}")
+    print(f"PASS: {expected} values under {len(scalars)} tags match metrics.jsonl: {sorted(scalars)}")
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

@@ -16,9 +16,9 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/normalization.h>
 
-#include "models/model.h"
-#include "sharding/unit.h"
-#include "trainer/data/batch.h"
+#include "module/trainable_model.h"
+#include "module/unit.h"
+#include "module/batch.h"
 
 namespace example {
 

@@ -12,9 +12,9 @@
 #include <memory>
 #include <utility>
 
-#include "models/model.h"
+#include "module/trainable_model.h"
 #include "proto/training_args.pb.h"
-#include "trainer/data/batch.h"
+#include "module/batch.h"
 #include "trainer/data/dataset.h"
 #include "trainer/trainer.h"
 

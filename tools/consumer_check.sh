@@ -4,17 +4,24 @@
 #          local_repository + cpptrain_dependencies(), no .bazelrc), then runs the classifier;
 #   cmake  the cpptrain libraries only (--target cpptrain), cmake --install into a temporary
 #          prefix, examples/CMakeLists.txt against it (find_package), then runs the classifier;
-#   subdir examples/CMakeLists.txt configured with add_subdirectory(cpptrain) and one library
-#          built there (a full build would compile every library a second time).
-# Run by tools/test after `bazel test //...`. Prints one line per step with its time, and a
-# closing "consumers: ..." line; exits 1 when a step failed.
+#   subdir examples/CMakeLists.txt configured with add_subdirectory(cpptrain) (cpptrain built
+#          inside the example's build tree), then runs the classifier.
+# Before the Bazel build, checks that //:cpptrain reaches every library of the project that is
+# not test-only, a tool or manual (NCCL). Each run must show that the model trained: the
+# logged training loss fell, the final eval loss is below chance (ln 4) and the eval accuracy
+# is at least 0.8 (the classifier itself also exits 1 below 0.8).
+# Run by tools/test after `bazel test //...`. Prints one line per step with its time, one
+# "consumer result:" line per run, and a closing "consumers: ..." line; exits 1 when a step
+# failed.
 #
 #   tools/consumer_check.sh [bazel] [cmake] [subdir]      (default: all three)
 #
 # Caches, kept between runs like Bazel's: the disk cache ~/.cache/cpptrain-bazel-disk (shared
-# with the project's .bazelrc) and the CMake build directories (the libraries, the install
-# prefix, emptied before each install, and the two example builds) under
-# ~/.cache/cpptrain-consumer/<hash of the checkout path> (CPPTRAIN_CONSUMER_CACHE overrides).
+# with the project's .bazelrc; CPPTRAIN_BAZEL_DISK_CACHE overrides) and the CMake build
+# directories (the libraries, the install prefix, emptied before each install, and the two
+# example builds) under ~/.cache/cpptrain-consumer/<hash of the checkout path>
+# (CPPTRAIN_CONSUMER_CACHE overrides). With both pointing at empty directories (and
+# `bazel clean --expunge` in examples/) a run is cold, as on a fresh CI machine.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -42,14 +49,58 @@ step() {
 }
 
 bazel_flags=(
-  --disk_cache="$HOME/.cache/cpptrain-bazel-disk" --jobs=2
+  --disk_cache="${CPPTRAIN_BAZEL_DISK_CACHE:-$HOME/.cache/cpptrain-bazel-disk}" --jobs=2
   --spawn_strategy=processwrapper-sandbox,local --symlink_prefix=/
 )
 
+# check_trained <name>: the run's output ($scratch/<name>.log) shows a model that learned.
+# Appends one line to $scratch/results; prints it too when the check fails.
+check_trained() {
+  local name=$1 out
+  out=$(awk -v name="$name" '
+    /^\[step / && !/ eval / {
+      for (i = 1; i < NF; ++i) if ($i == "loss") { if (first == "") first = $(i + 1); last = $(i + 1) }
+    }
+    /^final:/ { final = 1; eval_loss = $(NF - 3) + 0; accuracy = $NF + 0 }
+    END {
+      if (!final || first == "") { print name ": FAILED: no final line or no logged loss"; exit 1 }
+      problem = ""
+      if (!(last + 0 < first + 0)) problem = "the training loss did not fall"
+      else if (!(eval_loss < log(4))) problem = "the eval loss is not below chance (ln 4)"
+      else if (!(accuracy >= 0.8)) problem = "the eval accuracy is below 0.8"
+      printf "%s: logged loss %s -> %s, eval loss %.4f, eval accuracy %.4f%s\n", name, first,
+             last, eval_loss, accuracy, problem == "" ? "" : "; FAILED: " problem
+      exit problem != ""
+    }' "$scratch/$name.log")
+  local status=$?
+  echo "$out" >>"$scratch/results"
+  if ((status != 0)); then echo "consumer $out"; fi
+  return $status
+}
+
+# The libraries of the project no longer reached from //:cpptrain (empty when it is complete).
+umbrella_misses() {
+  bazel query --noshow_progress 'kind("cc_library|cc_proto_library", //...)
+    except attr(testonly, 1, //...) except //tools/... except //third_party/...
+    except attr(tags, manual, //...) except deps(//:cpptrain)' 2>/dev/null
+}
+
+check_umbrella() {
+  local misses
+  misses=$(umbrella_misses) || { echo "bazel query failed"; return 1; }
+  if [[ -n "$misses" ]]; then
+    echo "//:cpptrain (BUILD.bazel) does not reach these libraries; add them to its deps:"
+    echo "$misses"
+    return 1
+  fi
+}
+
 run_bazel() {
-  step bazel_build bash -c "cd examples && bazel build ${bazel_flags[*]} //:classifier" &&
+  step bazel_umbrella check_umbrella &&
+    step bazel_build bash -c "cd examples && bazel build ${bazel_flags[*]} //:classifier" &&
     step bazel_run bash -c "cd examples && bazel run ${bazel_flags[*]} //:classifier -- \
-      '$scratch/bazel_run'"
+      '$scratch/bazel_run'" &&
+    check_trained bazel_run
   local status=$?
   # The example workspace has its own Bazel server; do not leave it running.
   (cd examples && bazel shutdown >/dev/null 2>&1)
@@ -68,14 +119,17 @@ run_cmake() {
       cmake -S examples -B '$example' -DCMAKE_BUILD_TYPE=Release \
         -DCMAKE_PREFIX_PATH='$prefix' &&
       cmake --build '$example' -j2" &&
-    step cmake_run "$example/classifier" "$scratch/cmake_run"
+    step cmake_run "$example/classifier" "$scratch/cmake_run" &&
+    check_trained cmake_run
 }
 
 run_subdir() {
-  step subdir bash -c "
+  step subdir_build bash -c "
     cmake -S examples -B '$cache/subdir' -DCMAKE_BUILD_TYPE=Release \
       -DCPPTRAIN_CHECKOUT='$root' &&
-    cmake --build '$cache/subdir' --target config_training_args -j2"
+    cmake --build '$cache/subdir' -j2" &&
+    step subdir_run "$cache/subdir/classifier" "$scratch/subdir_run" &&
+    check_trained subdir_run
 }
 
 for s in "${steps[@]}"; do
@@ -87,7 +141,6 @@ for s in "${steps[@]}"; do
   esac
   if (($? == 0)); then summary+=("$s ok"); else summary+=("$s FAILED"); failed=1; fi
 done
-grep -h "^final:" "$scratch"/bazel_run.log "$scratch"/cmake_run.log 2>/dev/null |
-  sed 's/^/consumer result: /'
+if [[ -f "$scratch/results" ]]; then sed 's/^/consumer result: /' "$scratch/results"; fi
 echo "consumers: $(IFS=,; echo "${summary[*]}" | sed 's/,/, /g')"
 exit "$failed"

@@ -1,8 +1,8 @@
 #include "blob_classifier.h"
 
-#include <utility>
-
 #include <ATen/ATen.h>
+
+#include <utility>
 
 namespace example {
 
@@ -21,12 +21,12 @@ torch::Tensor ResidualBlock::Forward(torch::Tensor x) {
 BlobClassifier::BlobClassifier(const Options& options) : TrainableModel("BlobClassifier") {
   input_ = register_module("input", torch::nn::Linear(options.num_features, options.width));
   for (int64_t i = 0; i < options.num_blocks; ++i) {
-    blocks_.push_back(register_module("blocks_" + std::to_string(i),
-                                      std::make_shared<ResidualBlock>(options.width,
-                                                                      2 * options.width)));
+    blocks_.push_back(
+        register_module("blocks_" + std::to_string(i),
+                        std::make_shared<ResidualBlock>(options.width, 2 * options.width)));
   }
-  final_norm_ = register_module(
-      "final_norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({options.width})));
+  final_norm_ = register_module("final_norm",
+                                torch::nn::LayerNorm(torch::nn::LayerNormOptions({options.width})));
   head_ = register_module("head", torch::nn::Linear(options.width, options.num_classes));
 }
 

@@ -8,17 +8,17 @@
 #ifndef CPPTRAIN_EXAMPLES_BLOB_CLASSIFIER_H_
 #define CPPTRAIN_EXAMPLES_BLOB_CLASSIFIER_H_
 
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/normalization.h>
+
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include <torch/nn/modules/linear.h>
-#include <torch/nn/modules/normalization.h>
-
+#include "module/batch.h"
 #include "module/trainable_model.h"
 #include "module/unit.h"
-#include "module/batch.h"
 
 namespace example {
 
@@ -48,8 +48,7 @@ class BlobClassifier : public cpptrain::TrainableModel {
   torch::Tensor Forward(const cpptrain::Batch& batch) override;
   // Plain cross-entropy, summed over the counted labels (evaluation reports it as eval_loss;
   // training uses the Trainer's ComputeLoss, which the example overrides).
-  torch::Tensor LossSum(const torch::Tensor& logits,
-                        const cpptrain::Batch& batch) const override;
+  torch::Tensor LossSum(const torch::Tensor& logits, const cpptrain::Batch& batch) const override;
   int64_t CountLossTargets(const cpptrain::Batch& batch) const override;
   std::vector<std::string> LayerUnitClasses() const override { return {"ResidualBlock"}; }
 

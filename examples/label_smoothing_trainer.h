@@ -12,9 +12,9 @@
 #include <memory>
 #include <utility>
 
+#include "module/batch.h"
 #include "module/trainable_model.h"
 #include "proto/training_args.pb.h"
-#include "module/batch.h"
 #include "trainer/data/dataset.h"
 #include "trainer/trainer.h"
 

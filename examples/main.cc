@@ -5,14 +5,14 @@
 //   classifier [output_dir] [field=value ...]   e.g. classifier /tmp/run num_train_epochs=2
 //
 // Exits 0 when the final evaluation accuracy reaches 0.8 (guessing gives 0.25), else 1.
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+
 #include <cstdint>
 #include <iostream>
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <ATen/ATen.h>
-#include <ATen/CPUGeneratorImpl.h>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -55,8 +55,8 @@ constexpr char kArgs[] = R"pb(
 )pb";
 
 // `n` points per class around kNumClasses random centers; the same data for the same seed.
-absl::StatusOr<std::shared_ptr<cpptrain::InMemoryDataset>> GaussianBlobs(
-    const at::Tensor& centers, int64_t n, uint64_t seed) {
+absl::StatusOr<std::shared_ptr<cpptrain::InMemoryDataset>> GaussianBlobs(const at::Tensor& centers,
+                                                                         int64_t n, uint64_t seed) {
   at::Generator generator = at::detail::createCPUGenerator(seed);
   std::vector<cpptrain::Example> examples;
   for (int64_t i = 0; i < n * kNumClasses; ++i) {

@@ -47,8 +47,7 @@ void PrintMetricsCallback::OnEvaluate(const cpptrain::CallbackContext& c,
 
 void PrintMetricsCallback::OnTrainEnd(const cpptrain::CallbackContext& c) {
   if (!c.state.is_world_process_zero) return;
-  out_ << "training ended after " << c.state.global_step << " of " << c.state.max_steps
-       << " steps";
+  out_ << "training ended after " << c.state.global_step << " of " << c.state.max_steps << " steps";
   if (c.state.best_metric.has_value()) {
     out_ << "; best " << std::setprecision(4) << *c.state.best_metric << " at step "
          << c.state.best_global_step.value_or(0);

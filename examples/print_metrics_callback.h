@@ -19,8 +19,7 @@ class PrintMetricsCallback : public cpptrain::TrainerCallback {
   explicit PrintMetricsCallback(std::ostream& out) : out_(out) {}
 
   void OnLog(const cpptrain::CallbackContext& c, const cpptrain::Metrics& logs) override;
-  void OnEvaluate(const cpptrain::CallbackContext& c,
-                  const cpptrain::Metrics& metrics) override;
+  void OnEvaluate(const cpptrain::CallbackContext& c, const cpptrain::Metrics& metrics) override;
   void OnTrainEnd(const cpptrain::CallbackContext& c) override;
 
   int evaluations() const { return evaluations_; }

@@ -22,6 +22,7 @@
 # example builds) under ~/.cache/cpptrain-consumer/<hash of the checkout path>
 # (CPPTRAIN_CONSUMER_CACHE overrides). With both pointing at empty directories (and
 # `bazel clean --expunge` in examples/) a run is cold, as on a fresh CI machine.
+# CPPTRAIN_CONSUMER_JOBS (default 2) sets the parallel compiles of every build.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -33,6 +34,8 @@ trap 'rm -rf "$scratch"' EXIT
 cache="${CPPTRAIN_CONSUMER_CACHE:-$HOME/.cache/cpptrain-consumer}/$(printf '%s' "$root" | md5sum | cut -c1-12)"
 summary=()
 failed=0
+# Parallel compiles for Bazel and CMake (2 by default, as the project's .bazelrc).
+jobs="${CPPTRAIN_CONSUMER_JOBS:-2}"
 
 # step <name> <command>...: runs it with its output in $scratch/<name>.log, shown on failure.
 step() {
@@ -49,7 +52,7 @@ step() {
 }
 
 bazel_flags=(
-  --disk_cache="${CPPTRAIN_BAZEL_DISK_CACHE:-$HOME/.cache/cpptrain-bazel-disk}" --jobs=2
+  --disk_cache="${CPPTRAIN_BAZEL_DISK_CACHE:-$HOME/.cache/cpptrain-bazel-disk}" --jobs="$jobs"
   --spawn_strategy=processwrapper-sandbox,local --symlink_prefix=/
 )
 
@@ -113,12 +116,12 @@ run_cmake() {
   step cmake_libraries bash -c "
     cmake -S . -B '$build' -DCMAKE_BUILD_TYPE=Release -DCPPTRAIN_BUILD_TESTS=OFF \
       -DCPPTRAIN_BUILD_TOOLS=OFF -DCPPTRAIN_INSTALL=ON &&
-    cmake --build '$build' --target cpptrain -j2 &&
+    cmake --build '$build' --target cpptrain -j$jobs &&
     rm -rf '$prefix' && cmake --install '$build' --prefix '$prefix'" &&
     step cmake_example bash -c "
       cmake -S examples -B '$example' -DCMAKE_BUILD_TYPE=Release \
         -DCMAKE_PREFIX_PATH='$prefix' &&
-      cmake --build '$example' -j2" &&
+      cmake --build '$example' -j$jobs" &&
     step cmake_run "$example/classifier" "$scratch/cmake_run" &&
     check_trained cmake_run
 }
@@ -127,7 +130,7 @@ run_subdir() {
   step subdir_build bash -c "
     cmake -S examples -B '$cache/subdir' -DCMAKE_BUILD_TYPE=Release \
       -DCPPTRAIN_CHECKOUT='$root' &&
-    cmake --build '$cache/subdir' -j2" &&
+    cmake --build '$cache/subdir' -j$jobs" &&
     step subdir_run "$cache/subdir/classifier" "$scratch/subdir_run" &&
     check_trained subdir_run
 }

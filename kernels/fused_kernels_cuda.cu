@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <tuple>
 
 #include "kernels/launchers.h"
 
@@ -98,13 +99,17 @@ __global__ void RmsNormForwardKernel(int64_t rows, int cols, const TX* x, const 
   }
 }
 
-template <typename TDY, typename TX, typename TW>
+// kPerLane > 0: each lane keeps its columns' dweight sums in registers (cols <= 32 * kPerLane);
+// 0: the sums go through shared-memory atomics (any cols up to kMaxNormCols).
+template <int kPerLane, typename TDY, typename TX, typename TW>
 __global__ void RmsNormBackwardKernel(int64_t rows, int cols, const TDY* dy, const TX* x,
-                                      const TW* weight, const float* rstd, TX* dx, float* dweight) {
+                                      const TW* weight, const float* rstd, TX* dx,
+                                      float* dweight) {
   extern __shared__ float block_dweight[];  // [cols]
   for (int j = threadIdx.x; j < cols; j += blockDim.x) block_dweight[j] = 0.f;
   __syncthreads();
   const int lane = threadIdx.x % kWarp;
+  float acc[kPerLane > 0 ? kPerLane : 1] = {};
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
   for (int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
        row < rows; row += stride) {
@@ -113,17 +118,37 @@ __global__ void RmsNormBackwardKernel(int64_t rows, int cols, const TDY* dy, con
     const TX* xr = x + row * cols;
     // dx_j = r * (g_j - n_j * sum_k(g_k n_k) / cols) with g = dy * weight, n = x * r.
     float dot = 0.f;
-    for (int j = lane; j < cols; j += kWarp) {
-      const float d = Load(dyr, j);
-      const float n = Load(xr, j) * r;
-      dot += d * Load(weight, j) * n;
-      atomicAdd(&block_dweight[j], d * RoundTo<TX>(n));
+    if constexpr (kPerLane > 0) {
+#pragma unroll
+      for (int k = 0; k < kPerLane; ++k) {
+        const int j = lane + k * kWarp;
+        if (j < cols) {
+          const float d = Load(dyr, j);
+          const float n = Load(xr, j) * r;
+          dot += d * Load(weight, j) * n;
+          acc[k] += d * RoundTo<TX>(n);
+        }
+      }
+    } else {
+      for (int j = lane; j < cols; j += kWarp) {
+        const float d = Load(dyr, j);
+        const float n = Load(xr, j) * r;
+        dot += d * Load(weight, j) * n;
+        atomicAdd(&block_dweight[j], d * RoundTo<TX>(n));
+      }
     }
     dot = WarpSum(dot) / cols;
     TX* dxr = dx + row * cols;
     for (int j = lane; j < cols; j += kWarp) {
       const float n = Load(xr, j) * r;
       Store(dxr, j, r * (Load(dyr, j) * Load(weight, j) - n * dot));
+    }
+  }
+  if constexpr (kPerLane > 0) {
+#pragma unroll
+    for (int k = 0; k < kPerLane; ++k) {
+      const int j = lane + k * kWarp;
+      if (j < cols) atomicAdd(&block_dweight[j], acc[k]);
     }
   }
   __syncthreads();
@@ -210,7 +235,8 @@ __global__ void QkNormRopeForwardKernel(int64_t rows, int64_t seq, int64_t heads
   }
 }
 
-template <typename TO, typename TX, typename TW>
+// Each lane keeps its columns' dweight sums in registers (dim <= 32 * kPerLane).
+template <int kPerLane, typename TO, typename TX, typename TW>
 __global__ void QkNormRopeBackwardKernel(int64_t rows, int64_t seq, int64_t heads, int dim,
                                          const TO* dout, const TX* x, const TW* weight,
                                          const float* cos, const float* sin, const float* rstd,
@@ -227,6 +253,7 @@ __global__ void QkNormRopeBackwardKernel(int64_t rows, int64_t seq, int64_t head
     __syncthreads();
   }
   const int half = dim / 2;
+  float acc[kPerLane] = {};
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
   for (int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp; row < rows;
        row += stride) {
@@ -249,10 +276,14 @@ __global__ void QkNormRopeBackwardKernel(int64_t rows, int64_t seq, int64_t head
     }
     const float r = rstd[row];
     float dot = 0.f;
-    for (int j = lane; j < dim; j += kWarp) {
-      const float n = Load(xr, j) * r;
-      dot += dy[j] * Load(weight, j) * n;
-      atomicAdd(&block_dweight[j], dy[j] * RoundTo<TX>(n));
+#pragma unroll
+    for (int k = 0; k < kPerLane; ++k) {
+      const int j = lane + k * kWarp;
+      if (j < dim) {
+        const float n = Load(xr, j) * r;
+        dot += dy[j] * Load(weight, j) * n;
+        acc[k] += dy[j] * RoundTo<TX>(n);
+      }
     }
     dot = WarpSum(dot) / dim;
     for (int j = lane; j < dim; j += kWarp) {
@@ -261,8 +292,99 @@ __global__ void QkNormRopeBackwardKernel(int64_t rows, int64_t seq, int64_t head
     }
   }
   if (weight != nullptr) {
+#pragma unroll
+    for (int k = 0; k < kPerLane; ++k) {
+      const int j = lane + k * kWarp;
+      if (j < dim) atomicAdd(&block_dweight[j], acc[k]);
+    }
     __syncthreads();
     for (int j = threadIdx.x; j < dim; j += blockDim.x) atomicAdd(&dweight[j], block_dweight[j]);
+  }
+}
+
+// ---- residual add ---------------------------------------------------------------------
+
+// out = x + delta with x, out of one type and delta of another (the fp32 residual stream plus
+// a bf16 branch under autocast), four elements per thread where n allows.
+template <typename TX, typename TD>
+__global__ void ResidualAddKernel(int64_t n, const TX* x, const TD* delta, TX* out) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t quads = n / 4;
+  for (int64_t q = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; q < quads;
+       q += stride) {
+    float v[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) v[k] = Load(x, 4 * q + k) + Load(delta, 4 * q + k);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) Store(out, 4 * q + k, v[k]);
+  }
+  for (int64_t i = 4 * quads + static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       i < n; i += stride) {
+    Store(out, i, Load(x, i) + Load(delta, i));
+  }
+}
+
+// ---- cross-entropy over logit rows ----------------------------------------------------
+
+constexpr int kRowBlock = 512;
+
+// Combines two (max, sum of exp(v - max)) pairs.
+__device__ __forceinline__ void Combine(float& m, float& s, float m2, float s2) {
+  if (m2 == -INFINITY) return;
+  if (m == -INFINITY) {
+    m = m2;
+    s = s2;
+    return;
+  }
+  const float top = fmaxf(m, m2);
+  s = s * expf(m - top) + s2 * expf(m2 - top);
+  m = top;
+}
+
+// One block per row: loss[row] = logsumexp(z) - z[target] (0 when ignored, NaN when the target
+// is outside [0, vocab)); with write_grad,
+// z is overwritten by softmax(z) - onehot(target) (zeros when ignored).
+template <typename T>
+__global__ void CrossEntropyRowsKernel(int64_t vocab, T* logits, const int64_t* targets,
+                                       int64_t ignore_index, float* loss, bool write_grad) {
+  __shared__ float shared_m[kRowBlock / kWarp];
+  __shared__ float shared_s[kRowBlock / kWarp];
+  T* z = logits + static_cast<int64_t>(blockIdx.x) * vocab;
+  float m = -INFINITY, s = 0.f;
+  for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) {
+    const float v = Load(z, j);
+    if (v > m) {
+      s = (m == -INFINITY ? 0.f : s * expf(m - v)) + 1.f;
+      m = v;
+    } else {
+      s += expf(v - m);
+    }
+  }
+  for (int offset = kWarp / 2; offset > 0; offset /= 2) {
+    Combine(m, s, __shfl_xor_sync(0xffffffffu, m, offset), __shfl_xor_sync(0xffffffffu, s, offset));
+  }
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  if (lane == 0) {
+    shared_m[warp] = m;
+    shared_s[warp] = s;
+  }
+  __syncthreads();
+  m = shared_m[0];
+  s = shared_s[0];
+  for (int w = 1; w < static_cast<int>(blockDim.x / kWarp); ++w) Combine(m, s, shared_m[w], shared_s[w]);
+  const float lse = m + logf(s);
+  const int64_t target = targets[blockIdx.x];
+  const bool counted = target != ignore_index;
+  // A target outside the vocabulary (eager raises) makes the loss NaN rather than pass unseen.
+  const bool valid = target >= 0 && target < vocab;
+  if (threadIdx.x == 0) {
+    loss[blockIdx.x] = !counted ? 0.f : valid ? lse - Load(z, target) : NAN;
+  }
+  if (!write_grad) return;
+  __syncthreads();  // z[target] is read before it is overwritten
+  for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) {
+    const float p = counted ? expf(Load(z, j) - lse) - (j == target ? 1.f : 0.f) : 0.f;
+    Store(z, j, p);
   }
 }
 
@@ -301,11 +423,22 @@ const char* LaunchRmsNormBackward(int64_t rows, int64_t cols, const void* dy, El
         using TDY = decltype(tdy);
         using TX = decltype(tx);
         using TW = decltype(tw);
-        RmsNormBackwardKernel<TDY, TX, TW>
-            <<<BackwardBlocks(rows), kBlock, cols * sizeof(float), s>>>(
-                rows, static_cast<int>(cols), static_cast<const TDY*>(dy),
-                static_cast<const TX*>(x), static_cast<const TW*>(weight), rstd,
-                static_cast<TX*>(dx), dweight);
+        const dim3 grid(BackwardBlocks(rows));
+        const size_t smem = cols * sizeof(float);
+        const auto args = std::make_tuple(rows, static_cast<int>(cols),
+                                          static_cast<const TDY*>(dy), static_cast<const TX*>(x),
+                                          static_cast<const TW*>(weight), rstd,
+                                          static_cast<TX*>(dx), dweight);
+        auto launch = [&](auto kernel) {
+          std::apply([&](auto... a) { kernel<<<grid, kBlock, smem, s>>>(a...); }, args);
+        };
+        if (cols <= 4 * kWarp) {
+          launch(RmsNormBackwardKernel<4, TDY, TX, TW>);
+        } else if (cols <= 32 * kWarp) {
+          launch(RmsNormBackwardKernel<32, TDY, TX, TW>);
+        } else {
+          launch(RmsNormBackwardKernel<0, TDY, TX, TW>);
+        }
       });
     });
   });
@@ -379,12 +512,41 @@ const char* LaunchQkNormRopeBackward(int64_t batch, int64_t seq, int64_t heads, 
         using TO = decltype(to);
         using TX = decltype(tx);
         using TW = decltype(tw);
-        QkNormRopeBackwardKernel<TO, TX, TW><<<BackwardBlocks(rows), kBlock, smem, s>>>(
+        auto kernel = head_dim <= 4 * kWarp ? QkNormRopeBackwardKernel<4, TO, TX, TW>
+                                            : QkNormRopeBackwardKernel<16, TO, TX, TW>;
+        kernel<<<BackwardBlocks(rows), kBlock, smem, s>>>(
             rows, seq, heads, static_cast<int>(head_dim), static_cast<const TO*>(dout),
             static_cast<const TX*>(x), static_cast<const TW*>(weight), cos, sin, rstd,
             static_cast<TX*>(dx), dweight);
       });
     });
+  });
+  return LastError();
+}
+
+const char* LaunchResidualAdd(int64_t n, const void* x, ElementType x_type, const void* delta,
+                              ElementType delta_type, void* out, void* stream) {
+  if (n == 0) return nullptr;
+  WithType(x_type, [&](auto tx) {
+    WithType(delta_type, [&](auto td) {
+      using TX = decltype(tx);
+      using TD = decltype(td);
+      ResidualAddKernel<TX, TD>
+          <<<ElementwiseBlocks(n / 4 + 1), kBlock, 0, static_cast<cudaStream_t>(stream)>>>(
+              n, static_cast<const TX*>(x), static_cast<const TD*>(delta), static_cast<TX*>(out));
+    });
+  });
+  return LastError();
+}
+
+const char* LaunchCrossEntropyRows(int64_t rows, int64_t vocab, void* logits, ElementType type,
+                                   const int64_t* targets, int64_t ignore_index, float* loss,
+                                   bool write_grad, void* stream) {
+  if (rows == 0) return nullptr;
+  WithType(type, [&](auto t) {
+    using T = decltype(t);
+    CrossEntropyRowsKernel<T><<<rows, kRowBlock, 0, static_cast<cudaStream_t>(stream)>>>(
+        vocab, static_cast<T*>(logits), targets, ignore_index, loss, write_grad);
   });
   return LastError();
 }

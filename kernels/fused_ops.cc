@@ -117,15 +117,34 @@ class SwiGluFunction : public torch::autograd::Function<SwiGluFunction> {
   }
 };
 
+class ResidualAddFunction : public torch::autograd::Function<ResidualAddFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& delta) {
+    const c10::cuda::CUDAGuard guard(x.device());
+    const at::Tensor xc = x.contiguous(), dc = delta.contiguous();
+    at::Tensor out = at::empty_like(xc);
+    Check(LaunchResidualAdd(xc.numel(), xc.data_ptr(), TypeOf(xc.scalar_type()), dc.data_ptr(),
+                            TypeOf(dc.scalar_type()), out.data_ptr(), Stream()),
+          "residual add");
+    ctx->saved_data["delta_dtype"] = static_cast<int64_t>(delta.scalar_type());
+    return out;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto dtype = static_cast<at::ScalarType>(ctx->saved_data["delta_dtype"].toInt());
+    return {grads[0], grads[0].to(dtype)};
+  }
+};
+
 class QkNormRopeFunction : public torch::autograd::Function<QkNormRopeFunction> {
  public:
-  // weight may be undefined (rotary only).
+  // An empty weight means no norm (rotary only).
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
                             double eps, const at::Tensor& cos, const at::Tensor& sin,
                             int64_t out_dtype) {
     const c10::cuda::CUDAGuard guard(x.device());
     const at::Tensor xc = x.contiguous();
-    const at::Tensor w = weight.defined() ? weight.contiguous() : at::Tensor();
+    const at::Tensor w = weight.numel() > 0 ? weight.contiguous() : at::Tensor();
     const at::Tensor c = cos.to(at::kFloat).contiguous(), s = sin.to(at::kFloat).contiguous();
     const int64_t b = x.size(0), t = x.size(1), h = x.size(2), d = x.size(3);
     at::Tensor out = at::empty({b, h, t, d}, x.options().dtype(at::ScalarType(out_dtype)));
@@ -136,13 +155,14 @@ class QkNormRopeFunction : public torch::autograd::Function<QkNormRopeFunction> 
                                   eps, c.data_ptr<float>(), s.data_ptr<float>(), out.data_ptr(),
                                   TypeOf(out.scalar_type()), rstd.data_ptr<float>(), Stream()),
           "QK-norm + rotary forward");
-    ctx->save_for_backward({xc, w, c, s, rstd});
+    ctx->save_for_backward({xc, w.defined() ? w : weight, c, s, rstd});
     return out;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const std::vector<at::Tensor> saved = ctx->get_saved_variables();
-    const at::Tensor &x = saved[0], &w = saved[1], &c = saved[2], &s = saved[3], &rstd = saved[4];
+    const at::Tensor &x = saved[0], &c = saved[2], &s = saved[3], &rstd = saved[4];
+    const at::Tensor w = saved[1].numel() > 0 ? saved[1] : at::Tensor();
     const c10::cuda::CUDAGuard guard(x.device());
     const at::Tensor dout = grads[0].contiguous();
     at::Tensor dx = at::empty_like(x);
@@ -183,6 +203,15 @@ at::Tensor SwiGlu(const at::Tensor& gate, const at::Tensor& up, bool fused) {
   return SwiGluFunction::apply(gate, up);
 }
 
+at::Tensor ResidualAdd(const at::Tensor& x, const at::Tensor& delta, bool fused) {
+  if (!fused || !x.is_cuda() || !Supported(x.scalar_type()) || !Supported(delta.scalar_type()) ||
+      x.sizes() != delta.sizes() || x.device() != delta.device() ||
+      at::result_type(x, delta) != x.scalar_type()) {
+    return x + delta;
+  }
+  return ResidualAddFunction::apply(x, delta);
+}
+
 at::Tensor QkNormRope(const at::Tensor& x, const at::Tensor& weight, double eps,
                       const at::Tensor& cos, const at::Tensor& sin, at::ScalarType out_dtype,
                       bool fused) {
@@ -194,10 +223,34 @@ at::Tensor QkNormRope(const at::Tensor& x, const at::Tensor& weight, double eps,
       cos.size(0) != x.size(1) || cos.size(1) != x.size(3) || cos.device() != x.device()) {
     return QkNormRopeReference(x, weight, eps, cos, sin, out_dtype);
   }
-  return QkNormRopeFunction::apply(x, weight, eps, cos, sin, static_cast<int64_t>(out_dtype));
+  // Autograd functions take defined tensors: no norm is an empty weight.
+  const at::Tensor w = weight.defined() ? weight : at::empty({0}, x.options().dtype(at::kFloat));
+  return QkNormRopeFunction::apply(x, w, eps, cos, sin, static_cast<int64_t>(out_dtype));
+}
+
+at::Tensor CrossEntropyRowsInPlace(at::Tensor& logits, const at::Tensor& targets,
+                                   int64_t ignore_index, bool write_grad) {
+  if (!logits.is_cuda() || logits.dim() != 2 || !logits.is_contiguous() ||
+      !Supported(logits.scalar_type()) || targets.device() != logits.device() ||
+      targets.scalar_type() != at::kLong || targets.numel() != logits.size(0)) {
+    return at::Tensor();
+  }
+  const c10::cuda::CUDAGuard guard(logits.device());
+  const at::Tensor t = targets.contiguous();
+  at::Tensor loss = at::empty({logits.size(0)}, logits.options().dtype(at::kFloat));
+  Check(LaunchCrossEntropyRows(logits.size(0), logits.size(1), logits.data_ptr(),
+                               TypeOf(logits.scalar_type()), t.data_ptr<int64_t>(), ignore_index,
+                               loss.data_ptr<float>(), write_grad, Stream()),
+        "cross-entropy rows");
+  return loss;
 }
 
 #else  // no CUDA kernels in this build
+
+at::Tensor CrossEntropyRowsInPlace(at::Tensor& logits, const at::Tensor& targets,
+                                   int64_t ignore_index, bool write_grad) {
+  return at::Tensor();
+}
 
 bool CudaKernelsBuilt() { return false; }
 
@@ -208,6 +261,10 @@ at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps,
 
 at::Tensor SwiGlu(const at::Tensor& gate, const at::Tensor& up, bool fused) {
   return SwiGluReference(gate, up);
+}
+
+at::Tensor ResidualAdd(const at::Tensor& x, const at::Tensor& delta, bool fused) {
+  return x + delta;
 }
 
 at::Tensor QkNormRope(const at::Tensor& x, const at::Tensor& weight, double eps,

@@ -30,6 +30,10 @@ at::Tensor RmsNormReference(const at::Tensor& x, const at::Tensor& weight, doubl
 at::Tensor SwiGlu(const at::Tensor& gate, const at::Tensor& up, bool fused);
 at::Tensor SwiGluReference(const at::Tensor& gate, const at::Tensor& up);
 
+// x + delta in x's dtype (the residual stream keeps its dtype; delta's gradient comes back in
+// delta's). The reference is eager promotion: x + delta.
+at::Tensor ResidualAdd(const at::Tensor& x, const at::Tensor& delta, bool fused);
+
 // x * cos + rotate_half(x) * sin over the last dim (x: [..., T, D]; cos, sin: [T, D] fp32).
 at::Tensor ApplyRotaryReference(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 
@@ -41,6 +45,14 @@ at::Tensor QkNormRope(const at::Tensor& x, const at::Tensor& weight, double eps,
 at::Tensor QkNormRopeReference(const at::Tensor& x, const at::Tensor& weight, double eps,
                                const at::Tensor& cos, const at::Tensor& sin,
                                at::ScalarType out_dtype);
+
+// Per-row cross-entropy of logits [rows, vocab] (contiguous fp32 or bf16 on CUDA) against
+// targets [rows]: the fp32 [rows] losses (0 where ignored), and with write_grad the logits
+// overwritten by softmax - onehot(target) (zero rows where ignored), in one kernel. Undefined
+// where the kernel does not apply (the CPU, builds without the kernels): the caller then
+// computes it with ATen.
+at::Tensor CrossEntropyRowsInPlace(at::Tensor& logits, const at::Tensor& targets,
+                                   int64_t ignore_index, bool write_grad);
 
 }  // namespace kernels
 }  // namespace cpptrain

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <vector>
@@ -177,6 +178,34 @@ TEST(FusedOpsTest, LinearCrossEntropyMatchesReferenceOnTheGpu) {
     ExpectClose(fused, reference, type == at::kFloat ? 1e-5 : 1e-2,
                 std::string("linear cross-entropy ") + c10::toString(type));
   }
+}
+
+TEST(FusedOpsTest, ResidualAddMatchesReference) {
+  REQUIRE_KERNELS();
+  torch::manual_seed(8);
+  for (const int64_t n : {int64_t{3}, int64_t{1025}, int64_t{8192 * 1024 + 2}}) {
+    for (const at::ScalarType delta_type : {at::kFloat, at::kBFloat16}) {
+      const at::Tensor x = torch::randn({n}, torch::device(kCuda));
+      const at::Tensor d = torch::randn({n}, torch::device(kCuda)).to(delta_type);
+      const at::Tensor g = torch::randn({n}, torch::device(kCuda));
+      auto fused = ValueAndGrads([](const auto& in) { return ResidualAdd(in[0], in[1], true); },
+                                 {x, d}, g);
+      auto reference =
+          ValueAndGrads([](const auto& in) { return in[0] + in[1]; }, {x, d}, g);
+      ExpectClose(fused, reference, 1e-6, "residual add n=" + std::to_string(n));
+      EXPECT_EQ(fused[2].scalar_type(), delta_type);
+    }
+  }
+}
+
+TEST(FusedOpsTest, CrossEntropyRowsMarksTargetsOutsideTheVocabulary) {
+  REQUIRE_KERNELS();
+  at::Tensor logits = torch::randn({3, 10}, torch::device(kCuda));
+  const at::Tensor targets = torch::tensor({1, -100, 10}, torch::device(kCuda).dtype(at::kLong));
+  const at::Tensor loss = CrossEntropyRowsInPlace(logits, targets, -100, false).cpu();
+  EXPECT_TRUE(std::isfinite(loss[0].item<float>()));
+  EXPECT_EQ(loss[1].item<float>(), 0.f);
+  EXPECT_TRUE(std::isnan(loss[2].item<float>())) << "target 10 of a 10-word vocabulary";
 }
 
 // ---- everywhere ----

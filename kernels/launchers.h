@@ -60,6 +60,17 @@ const char* LaunchQkNormRopeBackward(int64_t batch, int64_t seq, int64_t heads, 
                                      ElementType weight_type, const float* cos, const float* sin,
                                      const float* rstd, void* dx, float* dweight, void* stream);
 
+// out = x + delta elementwise over n values (out has x's type).
+const char* LaunchResidualAdd(int64_t n, const void* x, ElementType x_type, const void* delta,
+                              ElementType delta_type, void* out, void* stream);
+
+// Per-row cross-entropy of logits [rows, vocab] against targets [rows] (int64; ignore_index
+// rows count 0): loss [rows] fp32 (written). With write_grad the logits are overwritten by
+// softmax - onehot(target), zero rows where ignored.
+const char* LaunchCrossEntropyRows(int64_t rows, int64_t vocab, void* logits, ElementType type,
+                                   const int64_t* targets, int64_t ignore_index, float* loss,
+                                   bool write_grad, void* stream);
+
 }  // namespace kernels
 }  // namespace cpptrain
 

@@ -2,6 +2,8 @@
 
 #include <torch/autograd.h>
 
+#include "kernels/fused_ops.h"
+
 #include <algorithm>
 #include <vector>
 
@@ -27,7 +29,15 @@ struct ChunkResult {
 // counted rows (zero on ignored ones).
 ChunkResult Chunk(const at::Tensor& h, const at::Tensor& w, const at::Tensor& targets,
                   int64_t ignore_index, bool want_grad) {
-  const at::Tensor logits = at::mm(h, w.t());
+  at::Tensor logits = at::mm(h, w.t());
+  // On CUDA one kernel per row does the statistics and the gradient, in place.
+  const at::Tensor row_losses = CrossEntropyRowsInPlace(logits, targets, ignore_index, want_grad);
+  if (row_losses.defined()) {
+    ChunkResult out;
+    out.loss = row_losses.sum();
+    if (want_grad) out.dlogits = logits;
+    return out;
+  }
   at::Tensor z = logits.to(at::kFloat);
   const at::Tensor counted = targets.ne(ignore_index);
   const at::Tensor safe = at::where(counted, targets, at::zeros_like(targets)).unsqueeze(1);

@@ -131,6 +131,7 @@ DecoderLayer::DecoderLayer(const proto::DecoderConfig& config) : Unit("DecoderLa
 }
 
 void DecoderLayer::set_fused_kernels(bool enabled) {
+  fused_kernels_ = enabled;
   self_attn_->set_fused_kernels(enabled);
   mlp_->set_fused_kernels(enabled);
   input_layernorm_->set_fused_kernels(enabled);
@@ -146,8 +147,10 @@ torch::Tensor DecoderLayer::Forward(torch::Tensor x, const RotaryTables& rope) {
 }
 
 torch::Tensor DecoderLayer::Body(const torch::Tensor& x, const RotaryTables& rope) {
-  const at::Tensor h = x + self_attn_->Forward(input_layernorm_->Forward(x), rope);
-  return h + mlp_->Forward(post_attention_layernorm_->Forward(h));
+  const bool fused = fused_kernels_;
+  const at::Tensor h =
+      kernels::ResidualAdd(x, self_attn_->Forward(input_layernorm_->Forward(x), rope), fused);
+  return kernels::ResidualAdd(h, mlp_->Forward(post_attention_layernorm_->Forward(h)), fused);
 }
 
 }  // namespace cpptrain

@@ -109,6 +109,7 @@ class DecoderLayer : public Unit {
   torch::Tensor Body(const torch::Tensor& x, const RotaryTables& rope);
 
   bool gradient_checkpointing_ = false;
+  bool fused_kernels_ = false;
   std::shared_ptr<Attention> self_attn_;
   std::shared_ptr<SwiGluMlp> mlp_;
   std::shared_ptr<RmsNorm> input_layernorm_;

@@ -6,7 +6,8 @@
 #   NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
 #     tools/gpu_kernels_check.sh
 #   STEPS=15 WARMUP=3 PROFILE=0 tools/gpu_kernels_check.sh   # timings only
-# ENGINES (default "local") and MICRO (default 4) pick the timed runs.
+# ENGINES (default "local") and MICRO (default 4) pick the timed runs; COMPARE (below) the
+# runs beside PyTorch with torch.compile.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 final="${OUT:-/tmp/gpu_out}"
@@ -63,7 +64,7 @@ run_bench() {  # name, flags...
 }
 for engine in ${ENGINES:-local}; do
   for micro in ${MICRO:-4}; do
-    for fused in false true; do
+    for fused in ${FUSED:-false true}; do
       if [[ "${PROFILE:-1}" != 0 ]]; then
         run_bench "profile_${engine}_mb${micro}_fused_${fused}" --engine="$engine" \
           --micro_batch="$micro" --fused_kernels="$fused" --profile_steps=3
@@ -73,5 +74,26 @@ for engine in ${ENGINES:-local}; do
           --micro_batch="$micro" --fused_kernels="$fused"
       done
     done
+  done
+done
+
+# COMPARE: engines to measure beside PyTorch + torch.compile through tools/bench_compare.py
+# (same initial weights and tokens, first and last loss checked, REPEATS_COMPARE runs per side,
+# interleaved, medians; raw lines appended to $OUT/<date>-1x<gpu>.jsonl). MICRO_COMPARE picks
+# the micro-batch (default 4).
+launch=$(find_bin launch)
+gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | awk '{print tolower($NF)}')
+jsonl="$final/$(date -u +%F)-1x${gpu_name}.jsonl"
+for engine in ${COMPARE:-}; do
+  for micro in ${MICRO_COMPARE:-4}; do
+    name="compile_${engine}_mb${micro}"
+    timeout 900 python3 tools/bench_compare.py --launch "$launch" --bench "$bench" --nproc 1 \
+      --engine "$engine" --torch_compile --micro_batch "$micro" \
+      --init_dir /tmp/cpptrain_bench_init_qwen3-0.6b --jsonl "$jsonl" --log_dir "$out/$name" \
+      --runs "${REPEATS_COMPARE:-3}" --steps "${STEPS_COMPARE:-15}" --warmup 3 --timeout 300 \
+      >"$out/$name.log" 2>&1
+    echo "$name exit $?:" | tee -a "$summary"
+    grep -E '^[0-9]+ process|^\| (ours|torch) |^ours / torch|^largest|^bench_compare|^  .* differ' \
+      "$out/$name.log" | tee -a "$summary"
   done
 done

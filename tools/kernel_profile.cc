@@ -56,8 +56,10 @@ std::string KernelProfile::Family(const std::string& name) {
   if (HasAny(n, {"softmax", "nll_loss", "cross_entropy", "logsumexp"})) {
     return "cross-entropy/softmax";
   }
-  if (HasAny(n, {"copy", "cast", "catarray", "cat_"})) return "cast/copy";
+  // "nocast" in ATen's kernel names means no conversion: those are plain elementwise.
+  if (HasAny(n, {"copy_kernel", "catarray", "cat_", "_to_copy"})) return "cast/copy";
   if (HasAny(n, {"reduce", "norm"})) return "norm/reduction";
+  if (HasAny(n, {"functor_add", "add_kernel"})) return "add";
   if (HasAny(n, {"elementwise", "vectorized", "unrolled"})) return "elementwise";
   return "other";
 }

@@ -7,7 +7,8 @@
 //   std::string table = profile.StopAndFormat(N);   // after a device sync
 //
 // Families (by kernel name): matmul (cuBLAS/CUTLASS), attention (flash/cuDNN/efficient SDPA),
-// cross-entropy/softmax, cast/copy, norm/reduction, elementwise, optimizer, fused (this
+// cross-entropy/softmax, cast/copy (conversions, transposes, cat), norm/reduction, add
+// (residual and gradient sums), elementwise, optimizer, fused (this
 // project's kernels, kernels/), memcpy/memset, other. Kernels only exist on CUDA: elsewhere
 // the table says so.
 #ifndef CPPTRAIN_TOOLS_KERNEL_PROFILE_H_

@@ -29,6 +29,10 @@ TEST(KernelProfileTest, FamiliesByKernelName) {
                                   "RmsNormForwardKernel<float, float, __nv_bfloat16>"),
             "fused (kernels/)");
   EXPECT_EQ(KernelProfile::Family("Memcpy HtoD (Pinned -> Device)"), "memcpy/memset");
+  EXPECT_EQ(KernelProfile::Family("void at::native::elementwise_kernel<128, 2, "
+                                  "at::native::gpu_kernel_impl_nocast<at::native::CUDAFunctor_add"
+                                  "<float> >"),
+            "add");
   EXPECT_EQ(KernelProfile::Family("something_else"), "other");
 }
 

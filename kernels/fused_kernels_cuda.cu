@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <initializer_list>
 #include <tuple>
 
 #include "kernels/launchers.h"
@@ -41,6 +42,48 @@ __device__ __forceinline__ float RoundTo<float>(float v) {
 template <>
 __device__ __forceinline__ float RoundTo<__nv_bfloat16>(float v) {
   return __bfloat162float(__float2bfloat16(v));
+}
+
+// 16-byte vectors: kVec<T> values per load or store.
+template <typename T>
+constexpr int kVec = 16 / sizeof(T);
+
+__device__ __forceinline__ void LoadVec(const float* p, float (&v)[4]) {
+  const float4 q = *reinterpret_cast<const float4*>(p);
+  v[0] = q.x;
+  v[1] = q.y;
+  v[2] = q.z;
+  v[3] = q.w;
+}
+__device__ __forceinline__ void LoadVec(const __nv_bfloat16* p, float (&v)[8]) {
+  const uint4 q = *reinterpret_cast<const uint4*>(p);
+  const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&q);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const float2 f = __bfloat1622float2(pairs[k]);
+    v[2 * k] = f.x;
+    v[2 * k + 1] = f.y;
+  }
+}
+__device__ __forceinline__ void StoreVec(float* p, const float (&v)[4]) {
+  *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+}
+__device__ __forceinline__ void StoreVec(__nv_bfloat16* p, const float (&v)[8]) {
+  uint4 q;
+  __nv_bfloat162* pairs = reinterpret_cast<__nv_bfloat162*>(&q);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) pairs[k] = __floats2bfloat162_rn(v[2 * k], v[2 * k + 1]);
+  *reinterpret_cast<uint4*>(p) = q;
+}
+
+// Whether every pointer is 16-byte aligned and n a multiple of the vector width.
+template <typename T>
+bool Vectorizable(int64_t n, std::initializer_list<const void*> pointers) {
+  if (n % kVec<T> != 0) return false;
+  for (const void* p : pointers) {
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+  }
+  return true;
 }
 
 __device__ __forceinline__ float WarpSum(float v) {
@@ -103,8 +146,7 @@ __global__ void RmsNormForwardKernel(int64_t rows, int cols, const TX* x, const 
 // 0: the sums go through shared-memory atomics (any cols up to kMaxNormCols).
 template <int kPerLane, typename TDY, typename TX, typename TW>
 __global__ void RmsNormBackwardKernel(int64_t rows, int cols, const TDY* dy, const TX* x,
-                                      const TW* weight, const float* rstd, TX* dx,
-                                      float* dweight) {
+                                      const TW* weight, const float* rstd, TX* dx, float* dweight) {
   extern __shared__ float block_dweight[];  // [cols]
   for (int j = threadIdx.x; j < cols; j += blockDim.x) block_dweight[j] = 0.f;
   __syncthreads();
@@ -157,25 +199,56 @@ __global__ void RmsNormBackwardKernel(int64_t rows, int cols, const TDY* dy, con
 
 // ---- SwiGLU ----------------------------------------------------------------------------
 
-template <typename T>
+__device__ __forceinline__ float Silu(float g) { return g / (1.f + __expf(-g)); }
+
+// kVector: n is a multiple of kVec<T> and the pointers are aligned (16-byte accesses).
+template <typename T, bool kVector>
 __global__ void SwiGluForwardKernel(int64_t n, const T* gate, const T* up, T* out) {
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const float g = Load(gate, i);
-    Store(out, i, g / (1.f + __expf(-g)) * Load(up, i));
+  constexpr int kWidth = kVector ? kVec<T> : 1;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x * kWidth;
+  for (int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kWidth; i < n;
+       i += stride) {
+    if constexpr (kVector) {
+      float g[kVec<T>], u[kVec<T>], o[kVec<T>];
+      LoadVec(gate + i, g);
+      LoadVec(up + i, u);
+#pragma unroll
+      for (int k = 0; k < kVec<T>; ++k) o[k] = Silu(g[k]) * u[k];
+      StoreVec(out + i, o);
+    } else {
+      Store(out, i, Silu(Load(gate, i)) * Load(up, i));
+    }
   }
 }
 
-template <typename T>
+__device__ __forceinline__ void SwiGluGrad(float g, float u, float d, float& dg, float& du) {
+  const float s = 1.f / (1.f + __expf(-g));
+  du = d * g * s;
+  dg = d * u * s * (1.f + g * (1.f - s));
+}
+
+template <typename T, bool kVector>
 __global__ void SwiGluBackwardKernel(int64_t n, const T* gate, const T* up, const T* dout, T* dgate,
                                      T* dup) {
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const float g = Load(gate, i);
-    const float d = Load(dout, i);
-    const float s = 1.f / (1.f + __expf(-g));
-    Store(dup, i, d * g * s);
-    Store(dgate, i, d * Load(up, i) * s * (1.f + g * (1.f - s)));
+  constexpr int kWidth = kVector ? kVec<T> : 1;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x * kWidth;
+  for (int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kWidth; i < n;
+       i += stride) {
+    if constexpr (kVector) {
+      float g[kVec<T>], u[kVec<T>], d[kVec<T>], dg[kVec<T>], du[kVec<T>];
+      LoadVec(gate + i, g);
+      LoadVec(up + i, u);
+      LoadVec(dout + i, d);
+#pragma unroll
+      for (int k = 0; k < kVec<T>; ++k) SwiGluGrad(g[k], u[k], d[k], dg[k], du[k]);
+      StoreVec(dgate + i, dg);
+      StoreVec(dup + i, du);
+    } else {
+      float dg, du;
+      SwiGluGrad(Load(gate, i), Load(up, i), Load(dout, i), dg, du);
+      Store(dgate, i, dg);
+      Store(dup, i, du);
+    }
   }
 }
 
@@ -318,8 +391,8 @@ __global__ void ResidualAddKernel(int64_t n, const TX* x, const TD* delta, TX* o
 #pragma unroll
     for (int k = 0; k < 4; ++k) Store(out, 4 * q + k, v[k]);
   }
-  for (int64_t i = 4 * quads + static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-       i < n; i += stride) {
+  for (int64_t i = 4 * quads + static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride) {
     Store(out, i, Load(x, i) + Load(delta, i));
   }
 }
@@ -344,21 +417,28 @@ __device__ __forceinline__ void Combine(float& m, float& s, float m2, float s2) 
 // One block per row: loss[row] = logsumexp(z) - z[target] (0 when ignored, NaN when the target
 // is outside [0, vocab)); with write_grad,
 // z is overwritten by softmax(z) - onehot(target) (zeros when ignored).
-template <typename T>
+template <typename T, bool kVector>
 __global__ void CrossEntropyRowsKernel(int64_t vocab, T* logits, const int64_t* targets,
                                        int64_t ignore_index, float* loss, bool write_grad) {
+  constexpr int kWidth = kVector ? kVec<T> : 1;
   __shared__ float shared_m[kRowBlock / kWarp];
   __shared__ float shared_s[kRowBlock / kWarp];
   T* z = logits + static_cast<int64_t>(blockIdx.x) * vocab;
   float m = -INFINITY, s = 0.f;
-  for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) {
-    const float v = Load(z, j);
-    if (v > m) {
-      s = (m == -INFINITY ? 0.f : s * expf(m - v)) + 1.f;
-      m = v;
+  for (int64_t j = threadIdx.x * kWidth; j < vocab; j += blockDim.x * kWidth) {
+    float v[kWidth];
+    if constexpr (kVector) {
+      LoadVec(z + j, v);
     } else {
-      s += expf(v - m);
+      v[0] = Load(z, j);
     }
+    float top = v[0];
+#pragma unroll
+    for (int k = 1; k < kWidth; ++k) top = fmaxf(top, v[k]);
+    float part = 0.f;
+#pragma unroll
+    for (int k = 0; k < kWidth; ++k) part += __expf(v[k] - top);
+    Combine(m, s, top, part);
   }
   for (int offset = kWarp / 2; offset > 0; offset /= 2) {
     Combine(m, s, __shfl_xor_sync(0xffffffffu, m, offset), __shfl_xor_sync(0xffffffffu, s, offset));
@@ -371,7 +451,9 @@ __global__ void CrossEntropyRowsKernel(int64_t vocab, T* logits, const int64_t* 
   __syncthreads();
   m = shared_m[0];
   s = shared_s[0];
-  for (int w = 1; w < static_cast<int>(blockDim.x / kWarp); ++w) Combine(m, s, shared_m[w], shared_s[w]);
+  for (int w = 1; w < static_cast<int>(blockDim.x / kWarp); ++w) {
+    Combine(m, s, shared_m[w], shared_s[w]);
+  }
   const float lse = m + logf(s);
   const int64_t target = targets[blockIdx.x];
   const bool counted = target != ignore_index;
@@ -382,9 +464,22 @@ __global__ void CrossEntropyRowsKernel(int64_t vocab, T* logits, const int64_t* 
   }
   if (!write_grad) return;
   __syncthreads();  // z[target] is read before it is overwritten
-  for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) {
-    const float p = counted ? expf(Load(z, j) - lse) - (j == target ? 1.f : 0.f) : 0.f;
-    Store(z, j, p);
+  for (int64_t j = threadIdx.x * kWidth; j < vocab; j += blockDim.x * kWidth) {
+    float v[kWidth];
+    if constexpr (kVector) {
+      LoadVec(z + j, v);
+    } else {
+      v[0] = Load(z, j);
+    }
+#pragma unroll
+    for (int k = 0; k < kWidth; ++k) {
+      v[k] = counted ? __expf(v[k] - lse) - (j + k == target ? 1.f : 0.f) : 0.f;
+    }
+    if constexpr (kVector) {
+      StoreVec(z + j, v);
+    } else {
+      Store(z, j, v[0]);
+    }
   }
 }
 
@@ -425,10 +520,9 @@ const char* LaunchRmsNormBackward(int64_t rows, int64_t cols, const void* dy, El
         using TW = decltype(tw);
         const dim3 grid(BackwardBlocks(rows));
         const size_t smem = cols * sizeof(float);
-        const auto args = std::make_tuple(rows, static_cast<int>(cols),
-                                          static_cast<const TDY*>(dy), static_cast<const TX*>(x),
-                                          static_cast<const TW*>(weight), rstd,
-                                          static_cast<TX*>(dx), dweight);
+        const auto args = std::make_tuple(rows, static_cast<int>(cols), static_cast<const TDY*>(dy),
+                                          static_cast<const TX*>(x), static_cast<const TW*>(weight),
+                                          rstd, static_cast<TX*>(dx), dweight);
         auto launch = [&](auto kernel) {
           std::apply([&](auto... a) { kernel<<<grid, kBlock, smem, s>>>(a...); }, args);
         };
@@ -450,7 +544,9 @@ const char* LaunchSwiGluForward(int64_t n, const void* gate, const void* up, voi
   if (n == 0) return nullptr;
   WithType(type, [&](auto t) {
     using T = decltype(t);
-    SwiGluForwardKernel<T><<<ElementwiseBlocks(n), kBlock, 0, static_cast<cudaStream_t>(stream)>>>(
+    auto kernel = Vectorizable<T>(n, {gate, up, out}) ? SwiGluForwardKernel<T, true>
+                                                      : SwiGluForwardKernel<T, false>;
+    kernel<<<ElementwiseBlocks(n), kBlock, 0, static_cast<cudaStream_t>(stream)>>>(
         n, static_cast<const T*>(gate), static_cast<const T*>(up), static_cast<T*>(out));
   });
   return LastError();
@@ -461,7 +557,9 @@ const char* LaunchSwiGluBackward(int64_t n, const void* gate, const void* up, co
   if (n == 0) return nullptr;
   WithType(type, [&](auto t) {
     using T = decltype(t);
-    SwiGluBackwardKernel<T><<<ElementwiseBlocks(n), kBlock, 0, static_cast<cudaStream_t>(stream)>>>(
+    auto kernel = Vectorizable<T>(n, {gate, up, dout, dgate, dup}) ? SwiGluBackwardKernel<T, true>
+                                                                   : SwiGluBackwardKernel<T, false>;
+    kernel<<<ElementwiseBlocks(n), kBlock, 0, static_cast<cudaStream_t>(stream)>>>(
         n, static_cast<const T*>(gate), static_cast<const T*>(up), static_cast<const T*>(dout),
         static_cast<T*>(dgate), static_cast<T*>(dup));
   });
@@ -545,7 +643,9 @@ const char* LaunchCrossEntropyRows(int64_t rows, int64_t vocab, void* logits, El
   if (rows == 0) return nullptr;
   WithType(type, [&](auto t) {
     using T = decltype(t);
-    CrossEntropyRowsKernel<T><<<rows, kRowBlock, 0, static_cast<cudaStream_t>(stream)>>>(
+    auto kernel = Vectorizable<T>(vocab, {logits}) ? CrossEntropyRowsKernel<T, true>
+                                                   : CrossEntropyRowsKernel<T, false>;
+    kernel<<<rows, kRowBlock, 0, static_cast<cudaStream_t>(stream)>>>(
         vocab, static_cast<T*>(logits), targets, ignore_index, loss, write_grad);
   });
   return LastError();

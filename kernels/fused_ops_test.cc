@@ -158,25 +158,29 @@ TEST(FusedOpsTest, QkNormRopeMatchesReference) {
 TEST(FusedOpsTest, LinearCrossEntropyMatchesReferenceOnTheGpu) {
   REQUIRE_KERNELS();
   torch::manual_seed(4);
-  const int64_t rows = 1000, hidden = 256, vocab = 50257;
-  at::Tensor targets = torch::randint(vocab, {rows}, torch::device(kCuda).dtype(at::kLong));
-  targets.slice(0, 0, 100).fill_(-100);
-  for (const at::ScalarType type : {at::kFloat, at::kBFloat16}) {
-    const at::Tensor h = torch::randn({rows, hidden}, torch::device(kCuda));
-    const at::Tensor w = 0.05 * torch::randn({vocab, hidden}, torch::device(kCuda));
-    const at::Tensor one = torch::ones({}, torch::device(kCuda));
-    auto fused = ValueAndGrads(
-        [&](const auto& in) {
-          return LinearCrossEntropySum(in[0], in[1], targets, -100, type, /*chunk_rows=*/300);
-        },
-        {h, w}, one);
-    auto reference = ValueAndGrads(
-        [&](const auto& in) {
-          return LinearCrossEntropySumReference(in[0], in[1], targets, -100, type);
-        },
-        {h, w}, one);
-    ExpectClose(fused, reference, type == at::kFloat ? 1e-5 : 1e-2,
-                std::string("linear cross-entropy ") + c10::toString(type));
+  const int64_t rows = 1000, hidden = 256;
+  // 50257: the row kernel's one-value path; 50304: its 16-byte path.
+  for (const int64_t vocab : {int64_t{50257}, int64_t{50304}}) {
+    at::Tensor targets = torch::randint(vocab, {rows}, torch::device(kCuda).dtype(at::kLong));
+    targets.slice(0, 0, 100).fill_(-100);
+    for (const at::ScalarType type : {at::kFloat, at::kBFloat16}) {
+      const at::Tensor h = torch::randn({rows, hidden}, torch::device(kCuda));
+      const at::Tensor w = 0.05 * torch::randn({vocab, hidden}, torch::device(kCuda));
+      const at::Tensor one = torch::ones({}, torch::device(kCuda));
+      auto fused = ValueAndGrads(
+          [&](const auto& in) {
+            return LinearCrossEntropySum(in[0], in[1], targets, -100, type, /*chunk_rows=*/300);
+          },
+          {h, w}, one);
+      auto reference = ValueAndGrads(
+          [&](const auto& in) {
+            return LinearCrossEntropySumReference(in[0], in[1], targets, -100, type);
+          },
+          {h, w}, one);
+      ExpectClose(
+          fused, reference, type == at::kFloat ? 1e-5 : 1e-2,
+          "linear cross-entropy vocab " + std::to_string(vocab) + " " + c10::toString(type));
+    }
   }
 }
 
@@ -188,10 +192,9 @@ TEST(FusedOpsTest, ResidualAddMatchesReference) {
       const at::Tensor x = torch::randn({n}, torch::device(kCuda));
       const at::Tensor d = torch::randn({n}, torch::device(kCuda)).to(delta_type);
       const at::Tensor g = torch::randn({n}, torch::device(kCuda));
-      auto fused = ValueAndGrads([](const auto& in) { return ResidualAdd(in[0], in[1], true); },
-                                 {x, d}, g);
-      auto reference =
-          ValueAndGrads([](const auto& in) { return in[0] + in[1]; }, {x, d}, g);
+      auto fused =
+          ValueAndGrads([](const auto& in) { return ResidualAdd(in[0], in[1], true); }, {x, d}, g);
+      auto reference = ValueAndGrads([](const auto& in) { return in[0] + in[1]; }, {x, d}, g);
       ExpectClose(fused, reference, 1e-6, "residual add n=" + std::to_string(n));
       EXPECT_EQ(fused[2].scalar_type(), delta_type);
     }

@@ -150,11 +150,6 @@ absl::Status CheckUnsupportedFeatures(const ConfigFields& fields) {
       }
     }
   }
-  if (const JsonValue* scaling = fields.Find("rope_scaling"); scaling != nullptr) {
-    return fields.Error("rope_scaling", *scaling,
-                        "RoPE scaling is not implemented (only the default rotary embedding); "
-                        "use a checkpoint whose rope_scaling is null");
-  }
   CT_ASSIGN_OR_RETURN(std::optional<double> partial, fields.Number("partial_rotary_factor"));
   if (partial.has_value() && *partial != 1.0) {
     return fields.Error("partial_rotary_factor", *fields.Find("partial_rotary_factor"),
@@ -168,46 +163,116 @@ absl::Status CheckUnsupportedFeatures(const ConfigFields& fields) {
   return absl::OkStatus();
 }
 
-// rope_theta from "rope_parameters" (transformers 5.x: {"rope_type": "default",
-// "rope_theta": ...}) or the top level (4.x); nullopt when neither sets it.
-absl::StatusOr<std::optional<double>> ReadRopeTheta(const std::string& path,
-                                                    const ConfigFields& fields) {
-  CT_ASSIGN_OR_RETURN(std::optional<double> top_level, fields.Number("rope_theta"));
-  const JsonValue* params = fields.Find("rope_parameters");
-  if (params == nullptr) return top_level;
+// What the rotary embedding reads: rope_theta and, for a scaled type, its parameters.
+struct RopeFields {
+  std::optional<double> theta;
+  std::optional<proto::RopeScaling> scaling;
+};
+
+// One rope object: "rope_parameters" (transformers 5.x: {"rope_type": "llama3", "rope_theta":
+// ..., "factor": ...}) or "rope_scaling" (4.x: the same without rope_theta, "type" in old files).
+absl::Status ReadRopeObject(const std::string& path, const ConfigFields& fields,
+                            absl::string_view key, std::optional<int64_t> max_positions,
+                            RopeFields& out) {
+  const JsonValue* params = fields.Find(key);
+  if (params == nullptr) return absl::OkStatus();
   if (!params->is_object()) {
-    return fields.Error("rope_parameters", *params,
+    return fields.Error(key, *params,
                         "expected an object such as {\"rope_type\": \"default\", "
                         "\"rope_theta\": 10000.0}");
   }
-  const ConfigFields rope(path, *params, "rope_parameters.");
+  const ConfigFields rope(path, *params, absl::StrCat(key, "."));
+  std::string type = "default";
+  proto::RopeScaling scaling;
   for (size_t i = 0; i < params->keys.size(); ++i) {
-    const std::string& key = params->keys[i];
-    if (key == "rope_type" || key == "type") {
-      const JsonValue& type = params->values[i];
-      if (!type.is_string() || type.string != "default") {
-        return rope.Error(key, type,
-                          "RoPE scaling is not implemented: only \"default\" is supported");
-      }
-    } else if (key == "partial_rotary_factor") {
-      CT_ASSIGN_OR_RETURN(std::optional<double> partial, rope.Number(key));
+    const std::string& name = params->keys[i];
+    const JsonValue& value = params->values[i];
+    if (name == "rope_type" || name == "type") {
+      if (!value.is_string()) return rope.Error(name, value, "expected a string");
+      type = value.string;
+    } else if (name == "partial_rotary_factor") {
+      CT_ASSIGN_OR_RETURN(std::optional<double> partial, rope.Number(name));
       if (partial.has_value() && *partial != 1.0) {
-        return rope.Error(key, params->values[i],
-                          "the decoder rotates the whole head: only 1.0 is supported");
+        return rope.Error(name, value, "the decoder rotates the whole head: only 1.0 is supported");
       }
-    } else if (key != "rope_theta") {
-      return rope.Error(key, params->values[i],
-                        "not supported: the decoder implements the default rotary embedding "
-                        "(rope_type \"default\" and rope_theta only)");
+    } else if (name == "rope_theta") {
+      CT_ASSIGN_OR_RETURN(std::optional<double> theta, rope.Number(name));
+      if (theta.has_value() && out.theta.has_value() && *theta != *out.theta) {
+        return rope.Error(name, value,
+                          absl::StrCat("but \"rope_theta\" is ", *out.theta,
+                                       " elsewhere in the file; make the two agree"));
+      }
+      if (theta.has_value()) out.theta = theta;
+    } else if (name == "factor" || name == "low_freq_factor" || name == "high_freq_factor") {
+      CT_ASSIGN_OR_RETURN(std::optional<double> number, rope.Number(name));
+      if (!number.has_value()) continue;
+      if (name == "factor") scaling.set_factor(*number);
+      if (name == "low_freq_factor") scaling.set_low_freq_factor(*number);
+      if (name == "high_freq_factor") scaling.set_high_freq_factor(*number);
+    } else if (name == "original_max_position_embeddings") {
+      CT_ASSIGN_OR_RETURN(std::optional<int64_t> original, rope.Int(name));
+      if (original.has_value()) scaling.set_original_max_position_embeddings(*original);
+    } else {
+      return rope.Error(name, value,
+                        "not supported: the decoder reads rope_type, rope_theta, factor, "
+                        "low_freq_factor, high_freq_factor and original_max_position_embeddings");
     }
   }
-  CT_ASSIGN_OR_RETURN(std::optional<double> theta, rope.Number("rope_theta"));
-  if (theta.has_value() && top_level.has_value() && *theta != *top_level) {
-    return rope.Error("rope_theta", *rope.Find("rope_theta"),
-                      absl::StrCat("but the top-level \"rope_theta\" is ", *top_level,
-                                   "; make the two agree (transformers uses rope_parameters)"));
+  if (type == "default") {
+    if (scaling.ByteSizeLong() > 0) {
+      return fields.Error(key, *params, "scaling fields with rope_type \"default\"; set the type");
+    }
+    return absl::OkStatus();
   }
-  return theta.has_value() ? theta : top_level;
+  // ValidateDecoderConfig refuses the types the decoder does not implement (yarn, longrope, ...).
+  scaling.set_rope_type(type);
+  // transformers' standardize_rope_params: llama3 falls back to max_position_embeddings.
+  if (type == "llama3" && !scaling.has_original_max_position_embeddings() &&
+      max_positions.has_value()) {
+    scaling.set_original_max_position_embeddings(*max_positions);
+  }
+  if (out.scaling.has_value() && out.scaling->SerializeAsString() != scaling.SerializeAsString()) {
+    return fields.Error(key, *params,
+                        "differs from the other rope object (rope_parameters and rope_scaling); "
+                        "make the two agree (transformers 5.x reads rope_parameters)");
+  }
+  out.scaling = scaling;
+  return absl::OkStatus();
+}
+
+// rope_theta at the top level (4.x) or in "rope_parameters" (5.x), and the scaling of either
+// "rope_parameters" or "rope_scaling" (4.x). Where both give a value, the values must agree.
+absl::StatusOr<RopeFields> ReadRope(const std::string& path, const ConfigFields& fields,
+                                    std::optional<int64_t> max_positions) {
+  RopeFields rope;
+  CT_ASSIGN_OR_RETURN(rope.theta, fields.Number("rope_theta"));
+  CT_RETURN_IF_ERROR(ReadRopeObject(path, fields, "rope_parameters", max_positions, rope));
+  CT_RETURN_IF_ERROR(ReadRopeObject(path, fields, "rope_scaling", max_positions, rope));
+  return rope;
+}
+
+// bos_token_id, eos_token_id (an integer or a list of them) and pad_token_id, when set.
+absl::Status ReadTokenIds(const ConfigFields& fields, proto::DecoderConfig& config) {
+  CT_ASSIGN_OR_RETURN(std::optional<int64_t> bos, fields.Int("bos_token_id"));
+  CT_ASSIGN_OR_RETURN(std::optional<int64_t> pad, fields.Int("pad_token_id"));
+  if (bos.has_value()) config.set_bos_token_id(*bos);
+  if (pad.has_value()) config.set_pad_token_id(*pad);
+  const JsonValue* eos = fields.Find("eos_token_id");
+  if (eos == nullptr) return absl::OkStatus();
+  if (eos->is_integer()) {
+    config.add_eos_token_id(eos->integer);
+    return absl::OkStatus();
+  }
+  if (!eos->is_array()) {
+    return fields.Error("eos_token_id", *eos, "expected an integer or a list of integers");
+  }
+  for (const JsonValue& id : eos->values) {
+    if (!id.is_integer()) {
+      return fields.Error("eos_token_id", *eos, "expected an integer or a list of integers");
+    }
+    config.add_eos_token_id(id.integer);
+  }
+  return absl::OkStatus();
 }
 
 // The shortest decimal text that reads back as exactly `value` (a JSON number for a finite
@@ -222,6 +287,48 @@ std::string JsonDouble(double value) {
 
 const char* JsonBool(bool value) { return value ? "true" : "false"; }
 
+// The rope object of transformers 5.x ("rope_parameters", with_theta) or 4.x ("rope_scaling").
+std::string RopeJson(const proto::DecoderConfig& config, bool with_theta) {
+  std::vector<std::string> items;
+  const proto::RopeScaling& s = config.rope_scaling();
+  if (config.has_rope_scaling()) {
+    items.push_back(absl::StrCat(R"("factor": )", JsonDouble(s.factor())));
+    if (s.rope_type() == "llama3") {
+      items.push_back(absl::StrCat(R"("high_freq_factor": )", JsonDouble(s.high_freq_factor())));
+      items.push_back(absl::StrCat(R"("low_freq_factor": )", JsonDouble(s.low_freq_factor())));
+      items.push_back(absl::StrCat(R"("original_max_position_embeddings": )",
+                                   s.original_max_position_embeddings()));
+    }
+  }
+  if (with_theta)
+    items.push_back(absl::StrCat(R"("rope_theta": )", JsonDouble(config.rope_theta())));
+  items.push_back(absl::StrCat(R"("rope_type": ")",
+                               config.has_rope_scaling() ? s.rope_type() : "default", "\""));
+  return absl::StrCat("{", absl::StrJoin(items, ", "), "}");
+}
+
+std::string JsonId(bool has, int64_t id) { return has ? absl::StrCat(id) : "null"; }
+
+// bos_token_id, eos_token_id (one integer, or a list when there are several) and pad_token_id;
+// null when unset.
+std::vector<std::pair<std::string, std::string>> TokenIdFields(const proto::DecoderConfig& c) {
+  std::string eos = "null";
+  if (c.eos_token_id_size() == 1) eos = absl::StrCat(c.eos_token_id(0));
+  if (c.eos_token_id_size() > 1)
+    eos = absl::StrCat("[", absl::StrJoin(c.eos_token_id(), ", "), "]");
+  return {{"bos_token_id", JsonId(c.has_bos_token_id(), c.bos_token_id())},
+          {"eos_token_id", eos},
+          {"pad_token_id", JsonId(c.has_pad_token_id(), c.pad_token_id())}};
+}
+
+std::string JsonObject(std::vector<std::pair<std::string, std::string>> fields) {
+  std::sort(fields.begin(), fields.end());
+  std::vector<std::string> lines;
+  lines.reserve(fields.size());
+  for (const auto& [key, value] : fields) lines.push_back(absl::StrCat("  \"", key, "\": ", value));
+  return absl::StrCat("{\n", absl::StrJoin(lines, ",\n"), "\n}\n");
+}
+
 }  // namespace
 
 std::string HfConfigJson(const proto::DecoderConfig& config) {
@@ -235,21 +342,21 @@ std::string HfConfigJson(const proto::DecoderConfig& config) {
       {"hidden_size", absl::StrCat(config.hidden_size())},
       {"initializer_range", JsonDouble(config.initializer_range())},
       {"intermediate_size", absl::StrCat(config.intermediate_size())},
-      {"max_position_embeddings", absl::StrCat(kHfMaxPositionEmbeddings)},
+      {"max_position_embeddings", absl::StrCat(config.max_position_embeddings())},
       {"model_type", qwen3 ? R"("qwen3")" : R"("llama")"},
       {"num_attention_heads", absl::StrCat(config.num_attention_heads())},
       {"num_hidden_layers", absl::StrCat(config.num_hidden_layers())},
       {"num_key_value_heads", absl::StrCat(config.num_key_value_heads())},
       {"rms_norm_eps", JsonDouble(config.rms_norm_eps())},
-      {"rope_parameters", absl::StrCat(R"({"rope_theta": )", JsonDouble(config.rope_theta()),
-                                       R"(, "rope_type": "default"})")},
-      {"rope_scaling", "null"},
+      {"rope_parameters", RopeJson(config, /*with_theta=*/true)},
+      {"rope_scaling", config.has_rope_scaling() ? RopeJson(config, false) : "null"},
       {"rope_theta", JsonDouble(config.rope_theta())},
       {"tie_word_embeddings", JsonBool(config.tie_word_embeddings())},
       {"torch_dtype", R"("float32")"},
       {"use_cache", "true"},
       {"vocab_size", absl::StrCat(config.vocab_size())},
   };
+  for (auto& field : TokenIdFields(config)) fields.push_back(std::move(field));
   if (!qwen3) fields.emplace_back("mlp_bias", "false");
   if (qwen3) fields.emplace_back("use_sliding_window", "false");
   // Llama's default head_dim is hidden / heads, which an unset head_dim means here; Qwen3's
@@ -260,11 +367,20 @@ std::string HfConfigJson(const proto::DecoderConfig& config) {
                                  : config.hidden_size() / config.num_attention_heads();
     fields.emplace_back("head_dim", absl::StrCat(head_dim));
   }
-  std::sort(fields.begin(), fields.end());
-  std::vector<std::string> lines;
-  lines.reserve(fields.size());
-  for (const auto& [key, value] : fields) lines.push_back(absl::StrCat("  \"", key, "\": ", value));
-  return absl::StrCat("{\n", absl::StrJoin(lines, ",\n"), "\n}\n");
+  return JsonObject(std::move(fields));
+}
+
+std::string HfGenerationConfigJson(const proto::DecoderConfig& config) {
+  std::vector<std::pair<std::string, std::string>> fields = TokenIdFields(config);
+  fields.emplace_back("_from_model_config", "true");
+  fields.emplace_back("do_sample", "false");
+  return JsonObject(std::move(fields));
+}
+
+absl::Status WriteHfModelConfigs(const proto::DecoderConfig& config, const std::string& dir) {
+  CT_RETURN_IF_ERROR(WriteHfConfig(config, absl::StrCat(dir, "/config.json")));
+  return WriteFileAtomically(absl::StrCat(dir, "/generation_config.json"),
+                             HfGenerationConfigJson(config));
 }
 
 absl::Status WriteHfConfig(const proto::DecoderConfig& config, const std::string& path) {
@@ -273,6 +389,20 @@ absl::Status WriteHfConfig(const proto::DecoderConfig& config, const std::string
         absl::StrCat("cannot write the config.json '", path, "': ", valid.message()));
   }
   return WriteFileAtomically(path, HfConfigJson(config));
+}
+
+absl::StatusOr<std::string> HfConfigDtype(const std::string& path) {
+  CT_ASSIGN_OR_RETURN(std::string text, ReadTextFile(path));
+  absl::StatusOr<JsonValue> root = checkpoint_internal::ParseJson(text, JsonGrammar::kFull);
+  if (!root.ok() || !root->is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat("config '", path, "': not a JSON object"));
+  }
+  const ConfigFields fields(path, *root);
+  for (const char* key : {"dtype", "torch_dtype"}) {
+    CT_ASSIGN_OR_RETURN(std::optional<std::string> dtype, fields.String(key));
+    if (dtype.has_value()) return *dtype;
+  }
+  return std::string();
 }
 
 absl::StatusOr<proto::DecoderConfig> DecoderConfigFromHfConfig(const std::string& path) {
@@ -311,7 +441,8 @@ absl::StatusOr<proto::DecoderConfig> DecoderConfigFromHfConfig(const std::string
   CT_ASSIGN_OR_RETURN(int64_t heads, fields.RequiredInt("num_attention_heads"));
   CT_ASSIGN_OR_RETURN(std::optional<int64_t> kv_heads, fields.Int("num_key_value_heads"));
   CT_ASSIGN_OR_RETURN(std::optional<int64_t> head_dim, fields.Int("head_dim"));
-  CT_ASSIGN_OR_RETURN(std::optional<double> rope_theta, ReadRopeTheta(path, fields));
+  CT_ASSIGN_OR_RETURN(std::optional<int64_t> max_positions, fields.Int("max_position_embeddings"));
+  CT_ASSIGN_OR_RETURN(RopeFields rope, ReadRope(path, fields, max_positions));
   CT_ASSIGN_OR_RETURN(std::optional<double> eps, fields.Number("rms_norm_eps"));
   CT_ASSIGN_OR_RETURN(std::optional<bool> tied, fields.Bool("tie_word_embeddings"));
   CT_ASSIGN_OR_RETURN(std::optional<bool> attention_bias, fields.Bool("attention_bias"));
@@ -328,7 +459,10 @@ absl::StatusOr<proto::DecoderConfig> DecoderConfigFromHfConfig(const std::string
   } else if (defaults->head_dim > 0) {
     config.set_head_dim(defaults->head_dim);
   }
-  config.set_rope_theta(rope_theta.value_or(defaults->rope_theta));
+  config.set_rope_theta(rope.theta.value_or(defaults->rope_theta));
+  if (rope.scaling.has_value()) *config.mutable_rope_scaling() = *rope.scaling;
+  if (max_positions.has_value()) config.set_max_position_embeddings(*max_positions);
+  CT_RETURN_IF_ERROR(ReadTokenIds(fields, config));
   config.set_rms_norm_eps(eps.value_or(defaults->rms_norm_eps));
   config.set_tie_word_embeddings(tied.value_or(false));
   config.set_qk_norm(*model_type == "qwen3");

@@ -3,6 +3,8 @@
 #include <ATen/ATen.h>
 #include <torch/nn/init.h>
 
+#include "models/rope_scaling.h"
+
 namespace cpptrain {
 
 DecoderLM::DecoderLM(const proto::DecoderConfig& config, DecoderInit init)
@@ -105,8 +107,8 @@ torch::Tensor DecoderLM::Logits(const torch::Tensor& input_ids) {
               input_ids.scalar_type());
   return Hooked(input_ids, [this](const torch::Tensor& ids) {
     at::Tensor h = embed_tokens_->forward(ids);
-    const RotaryTables rope =
-        ComputeRotary(ids.size(1), head_dim_, config_.rope_theta(), h.device());
+    const RotaryTables rope = ComputeRotary(
+        ids.size(1), RopeInverseFrequencies(config_, head_dim_, ids.size(1), h.device()));
     for (const auto& layer : layers_) h = layer->Forward(std::move(h), rope);
     h = norm_->Forward(h);
     return lm_head_ ? lm_head_->forward(h) : at::linear(h, embed_tokens_->weight);

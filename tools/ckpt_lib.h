@@ -47,8 +47,11 @@ struct ConvertResult {
 // Writes `out_dir`/model.safetensors holding the model tensors of `dir` under their parameter
 // (Hugging Face) names: a checkpoint's "model.<name>" entries, assembled from whatever pieces
 // hold them (full or sharded, any world size), or every tensor of a Hugging Face directory.
-// Optimizer state and every other file are left out. `out_dir` is created if missing; it must
-// not be `dir` nor already hold a model or checkpoint file.
+// Beside it, config.json and generation_config.json (with the token ids), so transformers'
+// from_pretrained loads `out_dir` as it is: written from a checkpoint's decoder config, or the
+// Hugging Face directory's own files copied. Optimizer state and every other file are left out.
+// `out_dir` is created if missing; it must not be `dir` nor already hold a model or checkpoint
+// file.
 absl::StatusOr<ConvertResult> ConvertToFull(const std::string& dir, const std::string& out_dir);
 
 // Both conversions verify the model tensors they read first (VerifyCheckpoint) and refuse a

@@ -19,6 +19,7 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/crc32c.h"
 #include "checkpoint/files.h"
+#include "checkpoint/hf_config.h"
 #include "checkpoint/safetensors.h"
 #include "models/configs.h"
 #include "models/decoder.h"
@@ -195,6 +196,14 @@ TEST(CkptTest, ToFullReadsTheShardFilesOfASave) {
   absl::StatusOr<ConvertResult> result = ConvertToFull(saved, out);
   ASSERT_TRUE(result.ok()) << result.status();
   ExpectFileHoldsParameters((fs::path(out) / kSafetensorsFileName).string(), Parameters(*model));
+  // A Hugging Face model directory: config.json (the model's config, read back equal) and
+  // generation_config.json beside the weights.
+  EXPECT_EQ(result->files.size(), 3u);
+  absl::StatusOr<proto::DecoderConfig> config =
+      DecoderConfigFromHfConfig((fs::path(out) / "config.json").string());
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(HfConfigJson(*config), HfConfigJson(model->config()));
+  EXPECT_TRUE(fs::exists(fs::path(out) / "generation_config.json"));
 }
 
 TEST(CkptTest, HuggingFaceDirWithScalarsAndEmptyChunksRoundTrips) {

@@ -602,6 +602,14 @@ absl::StatusOr<ConvertResult> ConvertToSharded(const std::string& dir, const std
   proto::CheckpointManifest manifest;
   manifest.set_engine("ckpt to-sharded");
   manifest.set_world_size(ranks);
+  // The decoder config travels too, so to-full of the result writes config.json again.
+  if (source->manifest().has_decoder()) {
+    *manifest.mutable_decoder() = source->manifest().decoder();
+  } else if (source->manifest().tensors_size() == 0 && Exists(Join(dir, "config.json"))) {
+    absl::StatusOr<proto::DecoderConfig> config =
+        DecoderConfigFromHfConfig(Join(dir, "config.json"));
+    if (config.ok()) *manifest.mutable_decoder() = *config;
+  }
   struct Slot {
     const SourceTensor* tensor;
     std::string key;

@@ -62,8 +62,9 @@ absl::StatusOr<ConvertResult> ConvertToFull(const std::string& dir, const std::s
 // "model.<name>", rows ShardRowRange(rows, ranks, r) of each tensor (empty ranges are left
 // out of the file and the manifest; a file with nothing to hold is not written); a 0-d tensor
 // is stored whole as shape [1] in shard 0. `out_dir`/manifest.pb, written last, lists every
-// tensor with its full shape and pieces (and their checksums, format 2), so LoadModelState
-// reads it on any world size.
+// tensor with its full shape and pieces (and their checksums, format 2), and the decoder config
+// of `dir` (its manifest's, or its config.json), so LoadModelState reads it on any world size
+// and ConvertToFull of it writes config.json again.
 absl::StatusOr<ConvertResult> ConvertToSharded(const std::string& dir, const std::string& out_dir,
                                                int ranks);
 

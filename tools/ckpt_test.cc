@@ -181,9 +181,12 @@ TEST(CkptTest, ToShardedLoadsAndConvertsBackToFull) {
   absl::StatusOr<ConvertResult> to_full = ConvertToFull(sharded, back);
   ASSERT_TRUE(to_full.ok()) << to_full.status();
   EXPECT_EQ(to_full->tensors, static_cast<int64_t>(original.size()));
-  EXPECT_EQ(to_full->bytes,
-            static_cast<int64_t>(fs::file_size(fs::path(back) / kSafetensorsFileName)));
-  EXPECT_EQ(std::distance(fs::directory_iterator(back), fs::directory_iterator()), 1);
+  // model.safetensors, and the configs from the decoder config the manifests carried along.
+  int64_t bytes = 0;
+  for (const std::string& file : to_full->files) bytes += fs::file_size(file);
+  EXPECT_EQ(to_full->bytes, bytes);
+  EXPECT_EQ(std::distance(fs::directory_iterator(back), fs::directory_iterator()), 3);
+  EXPECT_TRUE(fs::exists(fs::path(back) / "config.json"));
   ExpectFileHoldsParameters((fs::path(back) / kSafetensorsFileName).string(), original);
 }
 

@@ -5,6 +5,7 @@
 
 #include "base/torch_compat.h"
 #include "kernels/linear_cross_entropy.h"
+#include "models/rope_scaling.h"
 
 namespace cpptrain {
 
@@ -104,7 +105,8 @@ torch::Tensor DecoderLM::Forward(const Batch& batch) { return Logits(batch.input
 
 at::Tensor DecoderLM::Hidden(const at::Tensor& ids) {
   at::Tensor h = embed_tokens_->forward(ids);
-  const RotaryTables rope = ComputeRotary(ids.size(1), head_dim_, config_.rope_theta(), h.device());
+  const RotaryTables rope = ComputeRotary(
+      ids.size(1), RopeInverseFrequencies(config_, head_dim_, ids.size(1), h.device()));
   for (const auto& layer : layers_) h = layer->Forward(std::move(h), rope);
   return norm_->Forward(h);
 }

@@ -37,12 +37,16 @@ torch::Tensor RmsNorm::Forward(const torch::Tensor& x) const {
 
 RotaryTables ComputeRotary(int64_t seq_len, int64_t head_dim, double theta,
                            const c10::Device& device) {
-  const auto options = at::TensorOptions().dtype(at::kFloat).device(device);
   // Same fp32 operations as HF's _compute_default_rope_parameters and LlamaRotaryEmbedding.
   const at::Tensor exponents =
-      at::arange(0, head_dim, 2, options.dtype(at::kLong)).to(at::kFloat) / head_dim;
-  const at::Tensor inv_freq = 1.0 / at::pow(theta, exponents);
-  const at::Tensor positions = at::arange(seq_len, options);
+      at::arange(0, head_dim, 2, at::TensorOptions().dtype(at::kLong).device(device))
+          .to(at::kFloat) /
+      head_dim;
+  return ComputeRotary(seq_len, 1.0 / at::pow(theta, exponents));
+}
+
+RotaryTables ComputeRotary(int64_t seq_len, const at::Tensor& inv_freq) {
+  const at::Tensor positions = at::arange(seq_len, inv_freq.options());
   const at::Tensor freqs = at::outer(positions, inv_freq);  // [T, D/2]
   const at::Tensor emb = at::cat({freqs, freqs}, -1);       // [T, D]
   return {emb.cos(), emb.sin()};

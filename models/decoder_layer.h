@@ -48,6 +48,8 @@ struct RotaryTables {
 };
 RotaryTables ComputeRotary(int64_t seq_len, int64_t head_dim, double theta,
                            const c10::Device& device);
+// The same tables for given inverse frequencies [head_dim / 2] (models/rope_scaling.h).
+RotaryTables ComputeRotary(int64_t seq_len, const at::Tensor& inv_freq);
 
 // x * cos + rotate_half(x) * sin for x [B, H, T, D], in x's dtype (HF apply_rotary_pos_emb).
 torch::Tensor ApplyRotary(const torch::Tensor& x, const RotaryTables& rope);

@@ -67,7 +67,7 @@ bazel_sources_of() {
         tok = $0
         if (tok == "(" || tok == "[" || tok == "{") {
           if (tok == "(" && depth == 0) { rule = pending; attr = "" }
-          if (tok == "(" && pending == "glob" && want_attr()) { bad_glob = 1 }
+          if (tok == "(" && pending == "glob" && want_attr() && rule != "filegroup") { bad_glob = 1 }
           depth++; pending = ""; next
         }
         if (tok == ")" || tok == "]" || tok == "}") {

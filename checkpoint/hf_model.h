@@ -25,41 +25,13 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+// DecoderConfigFromHfConfig, HfConfigJson and WriteHfConfig: config.json on its own.
+#include "checkpoint/hf_config.h"
 #include "models/decoder.h"
 #include "module/trainable_model.h"
 #include "proto/model.pb.h"
 
 namespace cpptrain {
-
-// The DecoderConfig of a config.json whose model_type is "llama" or "qwen3" (which adds the
-// per-head q/k norm). Reads the sizes, head_dim, num_key_value_heads, rms_norm_eps,
-// tie_word_embeddings, attention_bias and initializer_range, and rope_theta either at the top
-// level (transformers 4.x) or in "rope_parameters" (5.x). A field that is absent or null takes
-// transformers' default (head_dim: hidden / heads for Llama, 128 for Qwen3;
-// num_key_value_heads: the attention heads). Other fields (dtype, max_position_embeddings, token
-// ids, ...) do not change the decoder and are not read.
-// Errors name the file, the field, the value and what to change: another model_type, RoPE
-// scaling ("rope_scaling" non-null, or a rope_type other than "default"), an activation other
-// than silu, mlp_bias, sliding-window attention, a wrong JSON type, or a config that fails
-// ValidateDecoderConfig.
-absl::StatusOr<proto::DecoderConfig> DecoderConfigFromHfConfig(const std::string& config_json_path);
-
-// The config.json of `config` for transformers (4.x and 5.x): model_type "qwen3" with
-// architectures ["Qwen3ForCausalLM"] when the config has qk_norm, else "llama" with
-// ["LlamaForCausalLM"]; the sizes, rms_norm_eps, tie_word_embeddings, attention_bias,
-// initializer_range, hidden_act "silu", dtype "float32", and rope_theta both at the top level
-// (4.x) and in "rope_parameters" with rope_type "default" (5.x). Floating-point values are
-// written with the fewest digits that read back as the same double, so
-// DecoderConfigFromHfConfig returns an equal config. head_dim is written when set, and for
-// Qwen3 always (transformers' Qwen3 default is 128, not hidden / heads). max_position_embeddings,
-// which the decoder does not have, is kHfMaxPositionEmbeddings: it does not change the logits.
-// `config` must pass ValidateDecoderConfig (a non-finite number would not be JSON).
-inline constexpr int64_t kHfMaxPositionEmbeddings = 4096;
-std::string HfConfigJson(const proto::DecoderConfig& config);
-
-// HfConfigJson(config) written to `path` atomically. Checks the config with
-// ValidateDecoderConfig first.
-absl::Status WriteHfConfig(const proto::DecoderConfig& config, const std::string& path);
 
 struct HfLoadOptions {
   // true, like load_state_dict(strict=True): every mismatch below is one error listing them

@@ -139,6 +139,89 @@ TEST(HfModelTest, LlamaShardedBf16FilesGiveTransformersLogits) {
   ExpectTransformersLogits(dir, **model);
 }
 
+// The scaled rotary embeddings: transformers' logits within 1e-5, and the scaling matters (the
+// same weights with the default embedding give logits further away than that).
+void ExpectScaledRopeLogits(const std::string& name, const std::string& rope_type) {
+  const std::string dir = TestdataPath(name);
+  auto model = LoadHfDecoder(dir);
+  ASSERT_TRUE(model.ok()) << model.status();
+  const proto::DecoderConfig& config = (*model)->config();
+  EXPECT_EQ(config.rope_scaling().rope_type(), rope_type);
+  EXPECT_EQ(config.bos_token_id(), 1);
+  ASSERT_EQ(config.eos_token_id_size(), 1);
+  EXPECT_EQ(config.eos_token_id(0), 2);
+  EXPECT_EQ(config.pad_token_id(), 0);
+  ExpectTransformersLogits(dir, **model);
+
+  proto::DecoderConfig unscaled = config;
+  unscaled.clear_rope_scaling();
+  auto plain = BuildDecoder(unscaled);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  ASSERT_TRUE(LoadHfWeights(dir, **plain, {/*strict=*/false}).ok());
+  const Expected expected = ReadExpected(dir);
+  at::NoGradGuard no_grad;
+  const double diff =
+      ((*plain)->Logits(expected.input_ids) - expected.logits).abs().max().item<double>();
+  EXPECT_GT(diff, 1e-3) << "the scaling changes too little for the test to mean anything";
+}
+
+TEST(HfModelTest, Llama3RopeScalingGivesTransformersLogits) {
+  ExpectScaledRopeLogits("hf_rope_llama3_tiny", "llama3");
+  auto config = DecoderConfigFromHfConfig(TestdataPath("hf_rope_llama3_tiny") + "/config.json");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->rope_scaling().factor(), 8);
+  EXPECT_EQ(config->rope_scaling().low_freq_factor(), 1);
+  EXPECT_EQ(config->rope_scaling().high_freq_factor(), 4);
+  EXPECT_EQ(config->rope_scaling().original_max_position_embeddings(), 64);
+  EXPECT_EQ(config->max_position_embeddings(), 256);
+}
+
+TEST(HfModelTest, LinearRopeScalingGivesTransformersLogits) {
+  ExpectScaledRopeLogits("hf_rope_linear_tiny", "linear");
+}
+
+TEST(HfModelTest, DynamicRopeScalingGivesTransformersLogits) {
+  ExpectScaledRopeLogits("hf_rope_dynamic_tiny", "dynamic");
+  // Within max_position_embeddings (16) dynamic is the default embedding.
+  auto model = LoadHfDecoder(TestdataPath("hf_rope_dynamic_tiny"));
+  ASSERT_TRUE(model.ok()) << model.status();
+  proto::DecoderConfig unscaled = (*model)->config();
+  unscaled.clear_rope_scaling();
+  auto plain = BuildDecoder(unscaled);
+  ASSERT_TRUE(
+      plain.ok() &&
+      LoadHfWeights(TestdataPath("hf_rope_dynamic_tiny"), **plain, {/*strict=*/false}).ok());
+  const at::Tensor ids = at::arange(16, at::kLong).reshape({1, 16});
+  at::NoGradGuard no_grad;
+  EXPECT_TRUE(at::equal((*model)->Logits(ids), (*plain)->Logits(ids)));
+}
+
+TEST(HfConfigTest, ReadsTransformers4RopeScaling) {
+  const std::string path = WriteText(FreshTestDir() + "/config.json", R"({
+    "model_type": "llama", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "rope_theta": 500000.0,
+    "max_position_embeddings": 131072, "eos_token_id": [128001, 128008], "bos_token_id": 128000,
+    "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                     "high_freq_factor": 4.0}})");
+  auto config = DecoderConfigFromHfConfig(path);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->rope_theta(), 500000);
+  EXPECT_EQ(config->rope_scaling().rope_type(), "llama3");
+  // Absent: max_position_embeddings, as transformers' standardize_rope_params sets it.
+  EXPECT_EQ(config->rope_scaling().original_max_position_embeddings(), 131072);
+  EXPECT_EQ(config->eos_token_id_size(), 2);
+  EXPECT_FALSE(config->has_pad_token_id());
+  // Written back (both rope forms) and read again: the same config.
+  const std::string again = FreshTestDir() + "/again.json";
+  ASSERT_TRUE(WriteHfConfig(*config, again).ok());
+  EXPECT_THAT(ReadBytes(again), AllOf(HasSubstr(R"("eos_token_id": [128001, 128008])"),
+                                      HasSubstr(R"("rope_scaling": {"factor": 8)"),
+                                      HasSubstr(R"("pad_token_id": null)")));
+  auto read = DecoderConfigFromHfConfig(again);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->SerializeAsString(), config->SerializeAsString());
+}
+
 TEST(HfModelTest, ConvertsToTheParameterDtype) {
   const std::string dir = TestdataPath("hf_qwen3_tiny");
   auto config = DecoderConfigFromHfConfig(dir + "/config.json");
@@ -197,6 +280,9 @@ TEST(HfConfigTest, ReadsATransformers4Qwen3Config) {
   proto::DecoderConfig want = NamedDecoderConfig("qwen3-0.6b").value();
   want.set_attention_bias(false);
   want.set_initializer_range(0.02);
+  want.set_max_position_embeddings(40960);
+  want.set_bos_token_id(151643);
+  want.add_eos_token_id(151645);
   EXPECT_EQ(config->SerializeAsString(), want.SerializeAsString())
       << config->DebugString() << "\nexpected\n"
       << want.DebugString();
@@ -243,19 +329,26 @@ TEST(HfConfigTest, ErrorsNameTheFieldAndTheValue) {
       AllOf(HasSubstr("\"model_type\" is \"mistral\""), HasSubstr("\"llama\" and \"qwen3\"")));
   EXPECT_THAT(ConfigError(Llama("")), HasSubstr("\"model_type\" is missing"));
   EXPECT_THAT(ConfigError(Llama(
-                  R"("model_type": "llama", "rope_scaling": {"type": "linear", "factor": 2.0})")),
-              AllOf(HasSubstr(R"("rope_scaling" is {"type": "linear", "factor": 2})"),
-                    HasSubstr("RoPE scaling is not implemented")));
+                  R"("model_type": "llama", "rope_scaling": {"type": "yarn", "factor": 2.0})")),
+              AllOf(HasSubstr(R"(rope_type "yarn")"), HasSubstr("is not implemented"),
+                    HasSubstr("supported: linear, dynamic, llama3")));
   EXPECT_THAT(ConfigError(Llama(R"("model_type": "llama",
           "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0})")),
-              AllOf(HasSubstr(R"("rope_parameters.rope_type" is "llama3")"),
-                    HasSubstr("only \"default\"")));
+              AllOf(HasSubstr(R"(rope_type "llama3")"),
+                    HasSubstr("high_freq_factor > low_freq_factor > 0")));
+  EXPECT_THAT(ConfigError(Llama(R"("model_type": "llama",
+          "rope_parameters": {"rope_type": "linear", "rope_theta": 1.0, "factor": 0.5})")),
+              HasSubstr("factor = 0.5; set a finite factor >= 1"));
+  EXPECT_THAT(ConfigError(Llama(R"("model_type": "llama",
+          "rope_parameters": {"rope_type": "linear", "rope_theta": 1.0, "factor": 2.0},
+          "rope_scaling": {"rope_type": "linear", "factor": 3.0})")),
+              HasSubstr("make the two agree"));
   EXPECT_THAT(ConfigError(Llama(R"("model_type": "llama",
                   "rope_parameters": {"rope_theta": 10000.0, "mrope_section": [1, 2]})")),
               HasSubstr(R"("rope_parameters.mrope_section" is [1, 2])"));
   EXPECT_THAT(ConfigError(Llama(R"("model_type": "llama", "rope_theta": 500000.0,
                   "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0})")),
-              HasSubstr("the top-level \"rope_theta\" is 500000"));
+              HasSubstr("\"rope_theta\" is 500000 elsewhere in the file"));
   EXPECT_THAT(ConfigError(Llama(R"("model_type": "llama", "hidden_act": "gelu")")),
               AllOf(HasSubstr("\"hidden_act\" is \"gelu\""), HasSubstr("only \"silu\"")));
   EXPECT_THAT(ConfigError(Llama(R"("model_type": "llama", "mlp_bias": true)")),
@@ -521,7 +614,8 @@ void ExportAndReload(const proto::DecoderConfig& config, const std::string& dir)
                           [](const auto& w) { return w.first == "lm_head.weight"; }),
             config.tie_word_embeddings() ? 0 : 1);
   ASSERT_TRUE(WriteSafetensors(dir + "/model.safetensors", weights, {{"format", "pt"}}).ok());
-  ASSERT_TRUE(WriteHfConfig(config, dir + "/config.json").ok());
+  ASSERT_TRUE(WriteHfModelConfigs(config, dir).ok());
+  EXPECT_TRUE(std::filesystem::exists(dir + "/generation_config.json"));
   const at::Tensor input_ids =
       at::tensor({1, 5, 9, 13, 2, 7, 3, 3, 8, 1, 60, 4}, at::kLong).reshape({2, 6});
   at::NoGradGuard no_grad;
@@ -555,6 +649,27 @@ TEST(HfExportTest, UntiedLlamaModelWithBiasesLoadsBackWithTheSameLogits) {
   config.set_rope_theta(500000);
   config.set_rms_norm_eps(1e-5);
   ExportAndReload(config, ExportDir("_llama"));
+}
+
+TEST(HfExportTest, Llama3RopeModelWithTokenIdsLoadsBackWithTheSameLogits) {
+  proto::DecoderConfig config = NamedDecoderConfig("tiny").value();
+  config.set_qk_norm(false);
+  config.set_tie_word_embeddings(false);
+  config.clear_head_dim();
+  proto::RopeScaling& rope = *config.mutable_rope_scaling();
+  rope.set_rope_type("llama3");
+  rope.set_factor(8);
+  rope.set_low_freq_factor(1);
+  rope.set_high_freq_factor(4);
+  rope.set_original_max_position_embeddings(64);
+  config.set_bos_token_id(1);
+  config.add_eos_token_id(2);
+  config.set_pad_token_id(0);
+  const std::string dir = ExportDir("_llama3");
+  ExportAndReload(config, dir);
+  EXPECT_THAT(ReadBytes(dir + "/generation_config.json"),
+              AllOf(HasSubstr(R"("bos_token_id": 1)"), HasSubstr(R"("eos_token_id": 2)"),
+                    HasSubstr(R"("pad_token_id": 0)")));
 }
 
 TEST_F(HfMismatchTest, MissingDirectory) {

@@ -34,6 +34,22 @@ std::string Number(double value) {
 
 std::string Bool(bool value) { return value ? "true" : "false"; }
 
+// "none", or the type and the fields that change the frequencies.
+std::string Rope(const proto::DecoderConfig& c) {
+  if (!c.has_rope_scaling()) return "none";
+  const proto::RopeScaling& s = c.rope_scaling();
+  std::string text = absl::StrCat(s.rope_type(), " factor ", Number(s.factor()));
+  if (s.rope_type() == "llama3") {
+    absl::StrAppend(&text, " low_freq_factor ", Number(s.low_freq_factor()), " high_freq_factor ",
+                    Number(s.high_freq_factor()), " original_max_position_embeddings ",
+                    s.original_max_position_embeddings());
+  }
+  if (s.rope_type() == "dynamic") {
+    absl::StrAppend(&text, " max_position_embeddings ", c.max_position_embeddings());
+  }
+  return text;
+}
+
 std::string Shape(const std::vector<int64_t>& shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }
@@ -76,6 +92,7 @@ std::vector<std::string> DecoderConfigDifferences(const proto::DecoderConfig& sa
       {"num_key_value_heads", {absl::StrCat(KvHeads(saved)), absl::StrCat(KvHeads(model))}},
       {"head_dim", {absl::StrCat(HeadDim(saved)), absl::StrCat(HeadDim(model))}},
       {"rope_theta", {Number(saved.rope_theta()), Number(model.rope_theta())}},
+      {"rope_scaling", {Rope(saved), Rope(model)}},
       {"rms_norm_eps", {Number(saved.rms_norm_eps()), Number(model.rms_norm_eps())}},
       {"tie_word_embeddings",
        {Bool(saved.tie_word_embeddings()), Bool(model.tie_word_embeddings())}},

@@ -115,6 +115,23 @@ if(CPPTRAIN_ENABLE_CUDA AND (TORCH_CUDA_LIBRARIES OR TARGET torch_cuda))
   endif()
 endif()
 
+# The project's CUDA kernels (kernels/*_cuda.cu) build where LibTorch has CUDA and nvcc is
+# found: CPPTRAIN_HAS_CUDA_KERNELS, for sm_90 unless CMAKE_CUDA_ARCHITECTURES says otherwise.
+set(CPPTRAIN_HAS_CUDA_KERNELS OFF)
+if(CPPTRAIN_HAS_CUDA)
+  include(CheckLanguage)
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+      set(CMAKE_CUDA_ARCHITECTURES 90)
+    endif()
+    enable_language(CUDA)
+    set(CMAKE_CUDA_STANDARD 17)
+    set(CPPTRAIN_HAS_CUDA_KERNELS ON)
+    add_compile_definitions(CPPTRAIN_HAS_CUDA_KERNELS=1)
+  endif()
+endif()
+
 set(CPPTRAIN_HAS_NCCL OFF)
 add_library(system_nccl INTERFACE)
 if(CPPTRAIN_HAS_CUDA AND CPPTRAIN_ENABLE_NCCL)
@@ -219,4 +236,5 @@ if(NOT CMAKE_SOURCE_DIR STREQUAL CMAKE_CURRENT_SOURCE_DIR)
 endif()
 
 message(STATUS "cpptrain: Gloo=${CPPTRAIN_HAS_GLOO} CUDA=${CPPTRAIN_HAS_CUDA} "
+               "CUDA kernels=${CPPTRAIN_HAS_CUDA_KERNELS} "
                "NCCL=${CPPTRAIN_HAS_NCCL}")

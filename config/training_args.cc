@@ -48,7 +48,8 @@ void CheckData(const proto::TrainJob& job, Problems* problems) {
   const proto::DataSpec& data = job.data();
   const bool builtin = data.has_builtin() && !data.builtin().empty();
   const bool train_file = data.has_train_file() && !data.train_file().empty();
-  if (builtin == train_file) {
+  // Without training (args.do_train: false) neither is needed.
+  if (builtin == train_file && (train_file || job.args().do_train())) {
     problems->push_back(
         absl::StrCat("data: give exactly one of data.train_file and data.builtin (saw train_file=",
                      train_file ? "\"" + data.train_file() + "\"" : "<unset>",
@@ -104,11 +105,21 @@ absl::Status ValidateTrainJob(const proto::TrainJob& job) {
   for (const std::string& problem : TrainingArgumentsProblems(job.args())) {
     problems.push_back(absl::StrCat("args: ", problem));
   }
-  if (job.model().model_case() == proto::ModelSpec::MODEL_NOT_SET ||
-      (job.model().has_name() && job.model().name().empty())) {
+  const proto::ModelSpec& model = job.model();
+  if (model.has_pretrained() && model.pretrained().empty()) {
     problems.push_back(
-        "model: no model given; set model.name (a named config such as \"tiny\") or "
-        "model.decoder");
+        "model.pretrained is \"\"; set it to a Hugging Face model directory (config.json and "
+        "safetensors weights)");
+  } else if (model.has_pretrained() && model.has_name()) {
+    problems.push_back(absl::StrCat(
+        "model sets both pretrained \"", model.pretrained(), "\" and name \"", model.name(),
+        "\"; the directory's config.json gives the shape: drop name (on the command line, "
+        "--set='model={pretrained: \"DIR\"}' replaces the whole model)"));
+  } else if (!model.has_pretrained() && (model.model_case() == proto::ModelSpec::MODEL_NOT_SET ||
+                                         (model.has_name() && model.name().empty()))) {
+    problems.push_back(
+        "model: no model given; set model.name (a named config such as \"tiny\"), "
+        "model.decoder, or model.pretrained (a Hugging Face directory)");
   }
   CheckData(job, &problems);
   return ToStatus("train job", problems);

@@ -6,6 +6,7 @@
 #include "absl/strings/str_join.h"
 #include "base/status.h"
 #include "base/torch_status.h"
+#include "models/rope_scaling.h"
 
 namespace cpptrain {
 namespace {
@@ -130,7 +131,7 @@ absl::Status ValidateDecoderConfig(const proto::DecoderConfig& c) {
         "DecoderConfig needs rope_theta > 0, rms_norm_eps > 0 and initializer_range >= 0; got ",
         c.rope_theta(), ", ", c.rms_norm_eps(), ", ", c.initializer_range()));
   }
-  return absl::OkStatus();
+  return ValidateRopeScaling(c);
 }
 
 absl::StatusOr<std::shared_ptr<DecoderLM>> BuildDecoder(const proto::DecoderConfig& config,

@@ -3,6 +3,10 @@
 #include <ATen/ATen.h>
 #include <torch/nn/init.h>
 
+#include "base/torch_compat.h"
+#include "kernels/linear_cross_entropy.h"
+#include "models/rope_scaling.h"
+
 namespace cpptrain {
 
 DecoderLM::DecoderLM(const proto::DecoderConfig& config, DecoderInit init)
@@ -29,9 +33,9 @@ DecoderLM::DecoderLM(const proto::DecoderConfig& config, DecoderInit init)
   Settle(*norm_);
   if (!config.tie_word_embeddings()) {
     lm_head_ = register_module(
-        "lm_head", torch::nn::Linear(torch::nn::LinearOptions(config.hidden_size(),
-                                                              config.vocab_size())
-                                         .bias(false)));
+        "lm_head",
+        torch::nn::Linear(
+            torch::nn::LinearOptions(config.hidden_size(), config.vocab_size()).bias(false)));
     Settle(*lm_head_);
   }
   // The initializer of every parameter, by its name.
@@ -99,17 +103,51 @@ void DecoderLM::InitializeWeights() {
 
 torch::Tensor DecoderLM::Forward(const Batch& batch) { return Logits(batch.inputs); }
 
-torch::Tensor DecoderLM::Logits(const torch::Tensor& input_ids) {
+at::Tensor DecoderLM::Hidden(const at::Tensor& ids) {
+  at::Tensor h = embed_tokens_->forward(ids);
+  const RotaryTables rope = ComputeRotary(
+      ids.size(1), RopeInverseFrequencies(config_, head_dim_, ids.size(1), h.device()));
+  for (const auto& layer : layers_) h = layer->Forward(std::move(h), rope);
+  return norm_->Forward(h);
+}
+
+const at::Tensor& DecoderLM::HeadWeight() const {
+  return lm_head_ ? lm_head_->weight : embed_tokens_->weight;
+}
+
+namespace {
+
+void CheckInputIds(const torch::Tensor& input_ids) {
   TORCH_CHECK(input_ids.dim() == 2 && input_ids.scalar_type() == at::kLong,
               "DecoderLM expects [B, T] int64 token ids, got ", input_ids.sizes(), " ",
               input_ids.scalar_type());
-  return Hooked(input_ids, [this](const torch::Tensor& ids) {
-    at::Tensor h = embed_tokens_->forward(ids);
-    const RotaryTables rope =
-        ComputeRotary(ids.size(1), head_dim_, config_.rope_theta(), h.device());
-    for (const auto& layer : layers_) h = layer->Forward(std::move(h), rope);
-    h = norm_->Forward(h);
-    return lm_head_ ? lm_head_->forward(h) : at::linear(h, embed_tokens_->weight);
+}
+
+}  // namespace
+
+torch::Tensor DecoderLM::Logits(const torch::Tensor& input_ids) {
+  CheckInputIds(input_ids);
+  return Hooked(input_ids,
+                [this](const torch::Tensor& ids) { return at::linear(Hidden(ids), HeadWeight()); });
+}
+
+torch::Tensor DecoderLM::ForwardLossSum(const Batch& batch) {
+  if (!fused_) return TrainableModel::ForwardLossSum(batch);
+  CheckInputIds(batch.inputs);
+  // Position t predicts labels[t + 1]; the last position predicts nothing.
+  const at::Tensor& labels = batch.labels;
+  const at::Tensor targets =
+      at::cat({labels.slice(1, 1), at::full({labels.size(0), 1}, kIgnoreIndex, labels.options())},
+              1)
+          .reshape({-1});
+  return Hooked(batch.inputs, [&](const torch::Tensor& ids) {
+    const at::Tensor h = Hidden(ids);
+    const at::Tensor& w = HeadWeight();
+    const at::DeviceType device = h.device().type();
+    const at::ScalarType dtype =
+        AutocastEnabled(device) ? AutocastDtype(device) : at::result_type(h, w);
+    return kernels::LinearCrossEntropySum(h.reshape({-1, h.size(-1)}), w, targets, kIgnoreIndex,
+                                          dtype);
   });
 }
 
@@ -118,12 +156,18 @@ torch::Tensor DecoderLM::LossSum(const torch::Tensor& logits, const Batch& batch
   const at::Tensor shifted_logits =
       logits.slice(1, 0, t - 1).reshape({-1, logits.size(-1)}).to(at::kFloat);
   const at::Tensor shifted_labels = batch.labels.slice(1, 1).reshape({-1});
-  return at::cross_entropy_loss(shifted_logits, shifted_labels, /*weight=*/{},
-                                at::Reduction::Sum, kIgnoreIndex);
+  return at::cross_entropy_loss(shifted_logits, shifted_labels, /*weight=*/{}, at::Reduction::Sum,
+                                kIgnoreIndex);
 }
 
 int64_t DecoderLM::CountLossTargets(const Batch& batch) const {
   return batch.labels.slice(1, 1).ne(kIgnoreIndex).sum().item<int64_t>();
+}
+
+void DecoderLM::SetFusedKernels(bool enabled) {
+  fused_ = enabled;
+  for (const auto& layer : layers_) layer->set_fused_kernels(enabled);
+  norm_->set_fused_kernels(enabled);
 }
 
 void DecoderLM::SetGradientCheckpointing(bool enabled) {

@@ -68,6 +68,9 @@ class DecoderLM : public TrainableModel {
   // batch.inputs: [B, T] int64 token ids. Returns logits [B, T, vocab].
   torch::Tensor Forward(const Batch& batch) override;
   torch::Tensor Logits(const torch::Tensor& input_ids);
+  // With fused kernels: the final hidden states go through the LM head a chunk of rows at a
+  // time into the loss (kernels/linear_cross_entropy.h), never materializing the logits.
+  torch::Tensor ForwardLossSum(const Batch& batch) override;
 
   // Cross-entropy summed in fp32 over logits[:, :-1] against labels[:, 1:], skipping
   // kIgnoreIndex.
@@ -76,6 +79,9 @@ class DecoderLM : public TrainableModel {
 
   std::vector<std::string> LayerUnitClasses() const override { return {"DecoderLayer"}; }
   void SetGradientCheckpointing(bool enabled) override;
+  // The norms, QK-norm + rotary and SwiGLU as fused CUDA kernels (eager on the CPU), and the
+  // LM head fused with the loss (every device).
+  void SetFusedKernels(bool enabled) override;
   // Row-seeded from the DecoderInit seed (whatever the mode the model was built with).
   absl::Status InitializeRows(const std::string& name, int64_t row_begin,
                               torch::Tensor rows) override;
@@ -85,6 +91,9 @@ class DecoderLM : public TrainableModel {
 
  private:
   void InitializeWeights();
+  // Embedding, layers and the final norm: [B, T, hidden] (call inside the root hook).
+  at::Tensor Hidden(const at::Tensor& input_ids);
+  const at::Tensor& HeadWeight() const;
   // Releases `module`'s parameters when building kDeferred.
   void Settle(torch::nn::Module& module);
 
@@ -93,6 +102,7 @@ class DecoderLM : public TrainableModel {
   // Every parameter's position in named_parameters() and its initializer.
   std::unordered_map<std::string, std::pair<int64_t, RowInit>> row_init_;
   int64_t head_dim_;
+  bool fused_ = false;
   std::shared_ptr<torch::nn::Module> model_;  // "model": embed_tokens, layers, norm
   torch::nn::Embedding embed_tokens_{nullptr};
   torch::nn::ModuleList layer_list_;

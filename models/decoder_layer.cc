@@ -1,3 +1,4 @@
+#include "kernels/fused_ops.h"
 #include "models/decoder_layer.h"
 
 #include <ATen/ATen.h>
@@ -12,6 +13,12 @@ torch::nn::Linear MakeLinear(int64_t in, int64_t out, bool bias) {
   return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias));
 }
 
+// The dtype a fused step writes: autocast's where it is on, else what eager promotion gives.
+at::ScalarType FusedOutputType(const at::Tensor& x, const at::Tensor& weight) {
+  const at::DeviceType device = x.device().type();
+  return AutocastEnabled(device) ? AutocastDtype(device) : at::result_type(x, weight);
+}
+
 }  // namespace
 
 int64_t ResolvedHeadDim(const proto::DecoderConfig& config) {
@@ -24,28 +31,29 @@ RmsNorm::RmsNorm(int64_t size, double eps) : torch::nn::Module("RmsNorm"), eps_(
 }
 
 torch::Tensor RmsNorm::Forward(const torch::Tensor& x) const {
-  const at::Tensor x32 = x.to(at::kFloat);
-  const at::Tensor normed = x32 * at::rsqrt(x32.pow(2).mean(-1, /*keepdim=*/true) + eps_);
-  return weight_ * normed.to(x.scalar_type());
+  if (!fused_) return kernels::RmsNormReference(x, weight_, eps_);
+  return kernels::RmsNorm(x, weight_, eps_, FusedOutputType(x, weight_), /*fused=*/true);
 }
 
 RotaryTables ComputeRotary(int64_t seq_len, int64_t head_dim, double theta,
                            const c10::Device& device) {
-  const auto options = at::TensorOptions().dtype(at::kFloat).device(device);
   // Same fp32 operations as HF's _compute_default_rope_parameters and LlamaRotaryEmbedding.
   const at::Tensor exponents =
-      at::arange(0, head_dim, 2, options.dtype(at::kLong)).to(at::kFloat) / head_dim;
-  const at::Tensor inv_freq = 1.0 / at::pow(theta, exponents);
-  const at::Tensor positions = at::arange(seq_len, options);
+      at::arange(0, head_dim, 2, at::TensorOptions().dtype(at::kLong).device(device))
+          .to(at::kFloat) /
+      head_dim;
+  return ComputeRotary(seq_len, 1.0 / at::pow(theta, exponents));
+}
+
+RotaryTables ComputeRotary(int64_t seq_len, const at::Tensor& inv_freq) {
+  const at::Tensor positions = at::arange(seq_len, inv_freq.options());
   const at::Tensor freqs = at::outer(positions, inv_freq);  // [T, D/2]
   const at::Tensor emb = at::cat({freqs, freqs}, -1);       // [T, D]
   return {emb.cos(), emb.sin()};
 }
 
 torch::Tensor ApplyRotary(const torch::Tensor& x, const RotaryTables& rope) {
-  const int64_t half = x.size(-1) / 2;
-  const at::Tensor rotated = at::cat({-x.slice(-1, half), x.slice(-1, 0, half)}, -1);
-  return x * rope.cos.to(x.scalar_type()) + rotated * rope.sin.to(x.scalar_type());
+  return kernels::ApplyRotaryReference(x, rope.cos, rope.sin);
 }
 
 Attention::Attention(const proto::DecoderConfig& config)
@@ -72,6 +80,17 @@ torch::Tensor Attention::Forward(const torch::Tensor& x, const RotaryTables& rop
   at::Tensor q = q_proj_->forward(x).view({b, t, num_heads_, head_dim_});
   at::Tensor k = k_proj_->forward(x).view({b, t, num_kv_heads_, head_dim_});
   const at::Tensor v = v_proj_->forward(x).view({b, t, num_kv_heads_, head_dim_}).transpose(1, 2);
+  if (fused_) {
+    // Norm, rotary, the [B, H, T, D] layout and the attention dtype in one kernel each.
+    const at::Tensor no_weight;
+    const double eps = q_norm_ ? q_norm_->eps() : 0.0;
+    q = kernels::QkNormRope(q, q_norm_ ? q_norm_->weight() : no_weight, eps, rope.cos, rope.sin,
+                            v.scalar_type(), /*fused=*/true);
+    k = kernels::QkNormRope(k, k_norm_ ? k_norm_->weight() : no_weight, eps, rope.cos, rope.sin,
+                            v.scalar_type(), /*fused=*/true);
+    const at::Tensor out = CausalAttention(q, k, v);  // [B, H, T, D]
+    return o_proj_->forward(out.transpose(1, 2).reshape({b, t, num_heads_ * head_dim_}));
+  }
   if (q_norm_ != nullptr) {
     q = q_norm_->Forward(q);
     k = k_norm_->Forward(k);
@@ -85,6 +104,12 @@ torch::Tensor Attention::Forward(const torch::Tensor& x, const RotaryTables& rop
   return o_proj_->forward(out.transpose(1, 2).reshape({b, t, num_heads_ * head_dim_}));
 }
 
+void Attention::set_fused_kernels(bool enabled) {
+  fused_ = enabled;
+  if (q_norm_) q_norm_->set_fused_kernels(enabled);
+  if (k_norm_) k_norm_->set_fused_kernels(enabled);
+}
+
 SwiGluMlp::SwiGluMlp(const proto::DecoderConfig& config) : torch::nn::Module("SwiGluMlp") {
   const int64_t hidden = config.hidden_size();
   const int64_t inter = config.intermediate_size();
@@ -94,7 +119,7 @@ SwiGluMlp::SwiGluMlp(const proto::DecoderConfig& config) : torch::nn::Module("Sw
 }
 
 torch::Tensor SwiGluMlp::Forward(const torch::Tensor& x) {
-  return down_proj_->forward(at::silu(gate_proj_->forward(x)) * up_proj_->forward(x));
+  return down_proj_->forward(kernels::SwiGlu(gate_proj_->forward(x), up_proj_->forward(x), fused_));
 }
 
 // Registration order follows HF's LlamaDecoderLayer.__init__, so named_parameters() lists
@@ -104,23 +129,32 @@ DecoderLayer::DecoderLayer(const proto::DecoderConfig& config) : Unit("DecoderLa
   mlp_ = register_module("mlp", std::make_shared<SwiGluMlp>(config));
   input_layernorm_ = register_module(
       "input_layernorm", std::make_shared<RmsNorm>(config.hidden_size(), config.rms_norm_eps()));
-  post_attention_layernorm_ = register_module(
-      "post_attention_layernorm",
-      std::make_shared<RmsNorm>(config.hidden_size(), config.rms_norm_eps()));
+  post_attention_layernorm_ =
+      register_module("post_attention_layernorm",
+                      std::make_shared<RmsNorm>(config.hidden_size(), config.rms_norm_eps()));
+}
+
+void DecoderLayer::set_fused_kernels(bool enabled) {
+  fused_kernels_ = enabled;
+  self_attn_->set_fused_kernels(enabled);
+  mlp_->set_fused_kernels(enabled);
+  input_layernorm_->set_fused_kernels(enabled);
+  post_attention_layernorm_->set_fused_kernels(enabled);
 }
 
 torch::Tensor DecoderLayer::Forward(torch::Tensor x, const RotaryTables& rope) {
   return Hooked(std::move(x), [&](const torch::Tensor& h) {
     if (!gradient_checkpointing_) return Body(h, rope);
     // The body is kept until backward: capture the tables by value.
-    return RecomputeInBackward(
-        [this, rope](const torch::Tensor& in) { return Body(in, rope); }, h);
+    return RecomputeInBackward([this, rope](const torch::Tensor& in) { return Body(in, rope); }, h);
   });
 }
 
 torch::Tensor DecoderLayer::Body(const torch::Tensor& x, const RotaryTables& rope) {
-  const at::Tensor h = x + self_attn_->Forward(input_layernorm_->Forward(x), rope);
-  return h + mlp_->Forward(post_attention_layernorm_->Forward(h));
+  const bool fused = fused_kernels_;
+  const at::Tensor h =
+      kernels::ResidualAdd(x, self_attn_->Forward(input_layernorm_->Forward(x), rope), fused);
+  return kernels::ResidualAdd(h, mlp_->Forward(post_attention_layernorm_->Forward(h)), fused);
 }
 
 }  // namespace cpptrain

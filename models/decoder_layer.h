@@ -27,11 +27,16 @@ int64_t ResolvedHeadDim(const proto::DecoderConfig& config);
 class RmsNorm : public torch::nn::Module {
  public:
   RmsNorm(int64_t size, double eps);
+  // Fused (kernels/fused_ops.h, on CUDA), the result is in the autocast dtype where autocast
+  // is on, else in the promoted dtype.
   torch::Tensor Forward(const torch::Tensor& x) const;
   const torch::Tensor& weight() const { return weight_; }
+  double eps() const { return eps_; }
+  void set_fused_kernels(bool enabled) { fused_ = enabled; }
 
  private:
   double eps_;
+  bool fused_ = false;
   torch::Tensor weight_;
 };
 
@@ -43,6 +48,8 @@ struct RotaryTables {
 };
 RotaryTables ComputeRotary(int64_t seq_len, int64_t head_dim, double theta,
                            const c10::Device& device);
+// The same tables for given inverse frequencies [head_dim / 2] (models/rope_scaling.h).
+RotaryTables ComputeRotary(int64_t seq_len, const at::Tensor& inv_freq);
 
 // x * cos + rotate_half(x) * sin for x [B, H, T, D], in x's dtype (HF apply_rotary_pos_emb).
 torch::Tensor ApplyRotary(const torch::Tensor& x, const RotaryTables& rope);
@@ -54,8 +61,10 @@ class Attention : public torch::nn::Module {
   explicit Attention(const proto::DecoderConfig& config);
   // x: [B, T, hidden] -> [B, T, hidden].
   torch::Tensor Forward(const torch::Tensor& x, const RotaryTables& rope);
+  void set_fused_kernels(bool enabled);
 
  private:
+  bool fused_ = false;
   int64_t num_heads_;
   int64_t num_kv_heads_;
   int64_t head_dim_;
@@ -72,8 +81,10 @@ class SwiGluMlp : public torch::nn::Module {
  public:
   explicit SwiGluMlp(const proto::DecoderConfig& config);
   torch::Tensor Forward(const torch::Tensor& x);
+  void set_fused_kernels(bool enabled) { fused_ = enabled; }
 
  private:
+  bool fused_ = false;
   torch::nn::Linear gate_proj_{nullptr};
   torch::nn::Linear up_proj_{nullptr};
   torch::nn::Linear down_proj_{nullptr};
@@ -92,11 +103,15 @@ class DecoderLayer : public Unit {
 
   void set_gradient_checkpointing(bool enabled) { gradient_checkpointing_ = enabled; }
   bool gradient_checkpointing() const { return gradient_checkpointing_; }
+  // The fused CUDA kernels of kernels/fused_ops.h for the norms, QK-norm + rotary and SwiGLU
+  // (each falls back to its eager reference where it does not apply, e.g. on the CPU).
+  void set_fused_kernels(bool enabled);
 
  private:
   torch::Tensor Body(const torch::Tensor& x, const RotaryTables& rope);
 
   bool gradient_checkpointing_ = false;
+  bool fused_kernels_ = false;
   std::shared_ptr<Attention> self_attn_;
   std::shared_ptr<SwiGluMlp> mlp_;
   std::shared_ptr<RmsNorm> input_layernorm_;

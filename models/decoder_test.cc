@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -90,8 +91,7 @@ TEST(DecoderTest, ParameterNamesAndShapesMatchHuggingFace) {
   untied_bias_qk.set_attention_bias(true);
   for (const auto& config : {tied_qk, untied_plain, tied_plain, untied_bias_qk}) {
     auto model = Build(config);
-    EXPECT_EQ(NamesAndShapes(*model), ExpectedNamesAndShapes(config))
-        << config.ShortDebugString();
+    EXPECT_EQ(NamesAndShapes(*model), ExpectedNamesAndShapes(config)) << config.ShortDebugString();
   }
 }
 
@@ -365,10 +365,9 @@ TEST(DecoderTest, UnitHooksRunOncePerUnitInForwardOrder) {
     batch.labels = batch.inputs;
     model->LossSum(model->Forward(batch), batch).backward();
     // Recomputation happens inside the hooked call, so backward adds no hook calls.
-    EXPECT_EQ(hook.calls,
-              (std::vector<std::string>{"DecoderLM:pre", "DecoderLayer0:pre", "DecoderLayer0:post",
-                                        "DecoderLayer1:pre", "DecoderLayer1:post",
-                                        "DecoderLM:post"}))
+    EXPECT_EQ(hook.calls, (std::vector<std::string>{"DecoderLM:pre", "DecoderLayer0:pre",
+                                                    "DecoderLayer0:post", "DecoderLayer1:pre",
+                                                    "DecoderLayer1:post", "DecoderLM:post"}))
         << "checkpointing " << checkpointing;
   }
 }
@@ -420,6 +419,54 @@ TEST(DecoderTest, GradientCheckpointingUnderAutocastMatches) {
   const torch::Tensor checkpointed_grad = run();
   EXPECT_TRUE(torch::allclose(checkpointed_grad, grad, 1e-5, 1e-7))
       << (checkpointed_grad - grad).abs().max().item<double>();
+}
+
+// The fused path (the LM head fused with the loss on every device; on a GPU with the CUDA
+// kernels also the norms, QK-norm + rotary and SwiGLU) against the eager one: the loss and every
+// gradient, fp32 and under bf16 autocast, tied and untied heads, padded labels.
+TEST(DecoderTest, FusedKernelsMatchTheEagerPath) {
+  const c10::Device device =
+      torch::cuda::is_available() ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);
+  for (const bool tied : {true, false}) {
+    for (const bool bf16 : {false, true}) {
+      proto::DecoderConfig config = Tiny();
+      config.set_tie_word_embeddings(tied);
+      config.set_qk_norm(true);
+      auto model = Build(config, /*seed=*/3);
+      model->to(device);
+      Batch batch;
+      batch.inputs = RandomIds(3, 7, config.vocab_size(), 11).to(device);
+      batch.labels = batch.inputs.clone();
+      batch.labels.select(0, 1).slice(0, 4).fill_(kIgnoreIndex);
+      auto run = [&](bool fused) {
+        model->zero_grad();
+        model->SetFusedKernels(fused);
+        torch::Tensor loss;
+        {
+          std::optional<AutocastGuard> autocast;
+          if (bf16) autocast.emplace(device.type(), torch::kBFloat16);
+          loss = model->ForwardLossSum(batch);
+        }
+        loss.backward();
+        std::map<std::string, torch::Tensor> grads;
+        for (const auto& item : model->named_parameters()) {
+          grads[item.key()] = item.value().grad().detach().to(torch::kCPU, torch::kDouble);
+        }
+        return std::make_pair(loss.item<double>(), grads);
+      };
+      const auto [eager_loss, eager_grads] = run(false);
+      const auto [fused_loss, fused_grads] = run(true);
+      const double tolerance = bf16 ? 2e-2 : 1e-5;
+      const std::string what = std::string(tied ? "tied" : "untied") + (bf16 ? " bf16" : " fp32") +
+                               " on " + device.str();
+      EXPECT_NEAR(fused_loss, eager_loss, tolerance * std::abs(eager_loss)) << what;
+      for (const auto& [name, grad] : eager_grads) {
+        const double scale = grad.norm().item<double>();
+        EXPECT_LE((fused_grads.at(name) - grad).norm().item<double>(), tolerance * scale + 1e-12)
+            << what << ": " << name;
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 //
 //   torch::Tensor logits = model->Forward(batch);
 //   torch::Tensor loss = model->LossSum(logits, batch) / num_targets_in_step;
+//   torch::Tensor same = model->ForwardLossSum(batch) / num_targets_in_step;   // no logits kept
 #ifndef CPPTRAIN_MODULE_TRAINABLE_MODEL_H_
 #define CPPTRAIN_MODULE_TRAINABLE_MODEL_H_
 
@@ -28,6 +29,15 @@ class TrainableModel : public Unit {
   // Sum over the counted targets of the per-target loss (fp32 scalar).
   virtual torch::Tensor LossSum(const torch::Tensor& logits, const Batch& batch) const = 0;
 
+  // LossSum of Forward's logits, for callers that need no logits (training, loss-only
+  // evaluation): a model may compute it without them (DecoderLM with fused kernels does).
+  virtual torch::Tensor ForwardLossSum(const Batch& batch) {
+    return LossSum(Forward(batch), batch);
+  }
+
+  // Use the model's fused kernels where it has them (the Trainer sets fused_kernels).
+  virtual void SetFusedKernels(bool enabled) { (void)enabled; }
+
   // How many targets LossSum counts for `batch` (for a causal LM: shifted labels that are
   // not kIgnoreIndex). Reads the labels on the host; call it on host batches.
   virtual int64_t CountLossTargets(const Batch& batch) const = 0;
@@ -45,9 +55,9 @@ class TrainableModel : public Unit {
                                       torch::Tensor rows) {
     (void)row_begin;
     (void)rows;
-    return absl::UnimplementedError(absl::StrCat(
-        unit_class(), " cannot initialize parameter ", name,
-        " row by row: build the model with its parameters allocated (not deferred)"));
+    return absl::UnimplementedError(
+        absl::StrCat(unit_class(), " cannot initialize parameter ", name,
+                     " row by row: build the model with its parameters allocated (not deferred)"));
   }
 };
 

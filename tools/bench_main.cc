@@ -42,6 +42,7 @@
 #include "sharding/noop_communicator.h"
 #include "sharding/rendezvous.h"
 #include "tools/bench_init_dir.h"
+#include "tools/kernel_profile.h"
 #include "tools/repeated_flag.h"
 #include "trainer/trainer.h"
 
@@ -61,6 +62,11 @@ ABSL_FLAG(std::string, init_dir, "",
           "Hugging Face model directory to start from (written there first when it holds none), "
           "and where each rank's token ids go for tools/bench_torch.py");
 ABSL_FLAG(double, learning_rate, 1e-4, "AdamW learning rate (constant)");
+ABSL_FLAG(bool, fused_kernels, true,
+          "the model's fused kernels (TrainingArguments.fused_kernels; false: the eager path)");
+ABSL_FLAG(int64_t, profile_steps, 0,
+          "profile the last N timed steps and print device time per kernel family (CUDA; the "
+          "profiled steps run slower, so the JSON line says profiled)");
 ABSL_FLAG(double, weight_decay, 0.0,
           "AdamW weight decay of the matrices (TrainingArguments' default; bench_torch.py's too)");
 
@@ -103,6 +109,31 @@ class StepTimer : public TrainerCallback {
   c10::Device device_;
   std::chrono::steady_clock::time_point start_;
   double seconds_ = 0;
+};
+
+// Profiles the last `steps` optimizer steps (the device drained at both ends) and prints the
+// table to stderr on rank 0.
+class ProfileWindow : public TrainerCallback {
+ public:
+  ProfileWindow(int64_t steps, c10::Device device, int rank)
+      : steps_(steps), device_(device), rank_(rank) {}
+  void OnStepEnd(const CallbackContext& c) override {
+    if (c.state.global_step == c.state.max_steps - steps_) {
+      SynchronizeDevice(device_);
+      profile_.Start();
+    }
+    if (c.state.global_step == c.state.max_steps) {
+      SynchronizeDevice(device_);
+      const std::string table = profile_.StopAndFormat(steps_);
+      if (rank_ == 0) std::fprintf(stderr, "%s", table.c_str());
+    }
+  }
+
+ private:
+  int64_t steps_;
+  c10::Device device_;
+  int rank_;
+  KernelProfile profile_;
 };
 
 // Keeps, on the device, what the verification needs without a host sync in the timed steps:
@@ -173,6 +204,7 @@ absl::StatusOr<proto::TrainingArguments> BenchArgs(int rank,
   args.set_bf16(absl::GetFlag(FLAGS_bf16));
   args.set_use_cpu(absl::GetFlag(FLAGS_use_cpu));
   args.set_gradient_checkpointing(absl::GetFlag(FLAGS_activation_checkpointing));
+  args.set_fused_kernels(absl::GetFlag(FLAGS_fused_kernels));
   args.set_disable_tqdm(true);
   args.set_dataloader_num_workers(2);
   const std::string engine_name = absl::GetFlag(FLAGS_engine);
@@ -242,6 +274,10 @@ absl::Status Run(const std::vector<std::string>& overrides) {
   BenchTrainer trainer(args, model, data, nullptr, std::move(engine));
   auto timer = std::make_shared<StepTimer>(warmup, device);
   trainer.AddCallback(timer);
+  const int64_t profile_steps = std::min(absl::GetFlag(FLAGS_profile_steps), steps);
+  if (profile_steps > 0) {
+    trainer.AddCallback(std::make_shared<ProfileWindow>(profile_steps, device, env.rank));
+  }
   CT_RETURN_IF_ERROR(trainer.Train().status());
 
   // The slowest rank's time and the largest peak memory count.
@@ -267,7 +303,8 @@ absl::Status Run(const std::vector<std::string>& overrides) {
     std::printf(
         "{\"model\":\"%s\",\"engine\":\"%s\",\"gpus\":%d,\"device\":\"%s\",\"seq_len\":%lld,"
         "\"micro_batch\":%lld,\"grad_accum\":%lld,\"steps\":%lld,\"warmup\":%lld,\"bf16\":%s,"
-        "\"activation_checkpointing\":%s,\"skip_collectives\":%s,\"learning_rate\":%.17g,"
+        "\"activation_checkpointing\":%s,\"fused_kernels\":%s,\"profiled_steps\":%lld,"
+        "\"skip_collectives\":%s,\"learning_rate\":%.17g,"
         "\"weight_decay\":%.17g,\"init_dir\":\"%s\",\"seconds\":%.3f,"
         "\"tokens_per_s\":%.1f,\"tokens_per_s_per_gpu\":%.1f,\"flops_per_token\":%.4g,"
         "\"tflops_per_gpu\":%.1f,\"mfu\":%.4f,\"peak_memory_gib\":%s,\"first_loss\":%s,"
@@ -278,6 +315,7 @@ absl::Status Run(const std::vector<std::string>& overrides) {
         static_cast<long long>(steps), static_cast<long long>(warmup),
         args.bf16() ? "true" : "false",
         absl::GetFlag(FLAGS_activation_checkpointing) ? "true" : "false",
+        args.fused_kernels() ? "true" : "false", static_cast<long long>(profile_steps),
         absl::GetFlag(FLAGS_skip_collectives) ? "true" : "false", args.learning_rate(),
         args.weight_decay(), init_dir.c_str(), seconds, tokens_per_s, tokens_per_s / world,
         flops_per_token, tflops_per_gpu, tflops_per_gpu / absl::GetFlag(FLAGS_peak_tflops),

@@ -7,7 +7,8 @@
 #
 # Compares
 #   - every .cc/.cpp/.cu/.h/.hpp/.cuh named in srcs/hdrs/textual_hdrs of a cc_library, cc_binary
-#     or cc_test, and every .proto in srcs of a proto_library, in ROOT/**/BUILD.bazel (and BUILD)
+#     or cc_test, every .proto in srcs of a proto_library and every .cu/.cuh in srcs of a
+#     filegroup (Bazel has no CUDA rule here; CMake compiles them), in ROOT/**/BUILD.bazel
 #   - with every such path written in ROOT/CMakeLists.txt (comments ignored; paths there are
 #     relative to the repository root, e.g. module/batch.h).
 # Exit status: 0 when both name the same files, 1 when not (the offenders are listed), 2 on a
@@ -66,7 +67,7 @@ bazel_sources_of() {
         tok = $0
         if (tok == "(" || tok == "[" || tok == "{") {
           if (tok == "(" && depth == 0) { rule = pending; attr = "" }
-          if (tok == "(" && pending == "glob" && want_attr()) { bad_glob = 1 }
+          if (tok == "(" && pending == "glob" && want_attr() && rule != "filegroup") { bad_glob = 1 }
           depth++; pending = ""; next
         }
         if (tok == ")" || tok == "]" || tok == "}") {
@@ -84,10 +85,12 @@ bazel_sources_of() {
         if (rule == "cc_library" || rule == "cc_binary" || rule == "cc_test")
           return attr == "srcs" || attr == "hdrs" || attr == "textual_hdrs"
         if (rule == "proto_library") return attr == "srcs"
+        if (rule == "filegroup") return attr == "srcs"   # CUDA sources only (see emit)
         return 0
       }
       function emit(label,   path) {
         if (label ~ /^@/) return                     # another repository
+        if (rule == "filegroup" && label !~ /\.cuh?$/) return
         if (label ~ /^\/\//) {                       # //pkg:file or //pkg/file
           path = substr(label, 3)
           sub(/:/, "/", path); sub(/^\//, "", path)

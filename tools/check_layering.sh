@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Checks the one-way arrows between rooms (docs/ARCHITECTURE.md, "Rooms and arrows") by the
 # includes of each room's files:
+#   kernels/    includes no project header outside kernels/ and base/
 #   module/     includes only module/ (and system headers)
 #   sharding/   includes no models/, engines/, checkpoint/, trainer/ header
 #   checkpoint/ includes no engines/ or trainer/ header
@@ -21,6 +22,7 @@ forbid() {  # room, pattern of forbidden include paths
     status=1
   fi
 }
+forbid kernels 'config|proto|module|sharding|engines|models|checkpoint|trainer|tools|tests'
 forbid module 'base|config|proto|sharding|engines|models|checkpoint|trainer|tools|tests'
 forbid sharding 'models|engines|checkpoint|trainer|tools'
 forbid checkpoint 'engines|trainer|tools'

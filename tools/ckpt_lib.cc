@@ -16,11 +16,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "base/logging.h"
 #include "base/status.h"
 #include "base/torch_status.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/crc32c.h"
 #include "checkpoint/files.h"
+#include "checkpoint/hf_config.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/verify.h"
 #include "proto/checkpoint.pb.h"
@@ -147,6 +149,8 @@ class ModelSource {
   }
 
   const std::vector<SourceTensor>& tensors() const { return tensors_; }
+  // The manifest of a checkpoint; empty for a Hugging Face model directory.
+  const proto::CheckpointManifest& manifest() const { return manifest_; }
 
   // Rows `range` of `t`, shaped like t.stored with dim 0 = range.rows(). When one file holds
   // them all this is a read-only view of the mapped file (no copy); otherwise they are
@@ -519,6 +523,51 @@ absl::Status VerifyDirectory(const std::string& dir, std::ostream& out) {
                    " problem(s), the first: ", report.problems.front().message()));
 }
 
+namespace {
+
+// config.json and generation_config.json beside the weights, so that from_pretrained loads
+// `out_dir`: written from a checkpoint's decoder config (its manifest, or an older checkpoint's
+// config.json); a Hugging Face directory's own files are copied as they are (a missing
+// generation_config.json is written from its config.json). A model that is not a decoder gets
+// neither, with a warning.
+absl::Status WriteModelConfigs(const std::string& dir, const ModelSource& source,
+                               const std::string& out_dir, ConvertResult& result) {
+  const std::string config_json = Join(dir, "config.json");
+  const std::string generation_json = Join(dir, "generation_config.json");
+  const bool checkpoint = source.manifest().tensors_size() > 0;
+  if (checkpoint && source.manifest().has_decoder()) {
+    CT_RETURN_IF_ERROR(WriteHfModelConfigs(source.manifest().decoder(), out_dir));
+  } else if (Exists(config_json) && (checkpoint || !Exists(generation_json))) {
+    CT_ASSIGN_OR_RETURN(proto::DecoderConfig config, DecoderConfigFromHfConfig(config_json));
+    if (checkpoint) {
+      CT_RETURN_IF_ERROR(WriteHfModelConfigs(config, out_dir));
+    } else {
+      CT_ASSIGN_OR_RETURN(std::string text, ReadFile(config_json));
+      CT_RETURN_IF_ERROR(WriteFileAtomically(Join(out_dir, "config.json"), text));
+      CT_RETURN_IF_ERROR(WriteFileAtomically(Join(out_dir, "generation_config.json"),
+                                             HfGenerationConfigJson(config)));
+    }
+  } else if (Exists(config_json)) {
+    for (const std::string& path : {config_json, generation_json}) {
+      CT_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
+      CT_RETURN_IF_ERROR(
+          WriteFileAtomically(Join(out_dir, fs::path(path).filename().string()), text));
+    }
+  } else {
+    LOG(WARNING) << "'" << dir << "' has no decoder config (manifest or config.json): '" << out_dir
+                 << "' gets the weights without config.json";
+    return absl::OkStatus();
+  }
+  for (const char* name : {"config.json", "generation_config.json"}) {
+    result.files.push_back(Join(out_dir, name));
+    CT_ASSIGN_OR_RETURN(int64_t bytes, FileSize(result.files.back()));
+    result.bytes += bytes;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<ConvertResult> ConvertToFull(const std::string& dir, const std::string& out_dir) {
   CT_ASSIGN_OR_RETURN(std::unique_ptr<ModelSource> source, ModelSource::Open(dir));
   CT_RETURN_IF_ERROR(PrepareOutputDir(dir, out_dir));
@@ -537,6 +586,7 @@ absl::StatusOr<ConvertResult> ConvertToFull(const std::string& dir, const std::s
   result.tensors = static_cast<int64_t>(source->tensors().size());
   CT_ASSIGN_OR_RETURN(result.bytes, FileSize(path));
   result.files.push_back(path);
+  CT_RETURN_IF_ERROR(WriteModelConfigs(dir, *source, out_dir, result));
   return result;
 }
 
@@ -552,6 +602,14 @@ absl::StatusOr<ConvertResult> ConvertToSharded(const std::string& dir, const std
   proto::CheckpointManifest manifest;
   manifest.set_engine("ckpt to-sharded");
   manifest.set_world_size(ranks);
+  // The decoder config travels too, so to-full of the result writes config.json again.
+  if (source->manifest().has_decoder()) {
+    *manifest.mutable_decoder() = source->manifest().decoder();
+  } else if (source->manifest().tensors_size() == 0 && Exists(Join(dir, "config.json"))) {
+    absl::StatusOr<proto::DecoderConfig> config =
+        DecoderConfigFromHfConfig(Join(dir, "config.json"));
+    if (config.ok()) *manifest.mutable_decoder() = *config;
+  }
   struct Slot {
     const SourceTensor* tensor;
     std::string key;

@@ -47,8 +47,11 @@ struct ConvertResult {
 // Writes `out_dir`/model.safetensors holding the model tensors of `dir` under their parameter
 // (Hugging Face) names: a checkpoint's "model.<name>" entries, assembled from whatever pieces
 // hold them (full or sharded, any world size), or every tensor of a Hugging Face directory.
-// Optimizer state and every other file are left out. `out_dir` is created if missing; it must
-// not be `dir` nor already hold a model or checkpoint file.
+// Beside it, config.json and generation_config.json (with the token ids), so transformers'
+// from_pretrained loads `out_dir` as it is: written from a checkpoint's decoder config, or the
+// Hugging Face directory's own files copied. Optimizer state and every other file are left out.
+// `out_dir` is created if missing; it must not be `dir` nor already hold a model or checkpoint
+// file.
 absl::StatusOr<ConvertResult> ConvertToFull(const std::string& dir, const std::string& out_dir);
 
 // Both conversions verify the model tensors they read first (VerifyCheckpoint) and refuse a
@@ -59,8 +62,9 @@ absl::StatusOr<ConvertResult> ConvertToFull(const std::string& dir, const std::s
 // "model.<name>", rows ShardRowRange(rows, ranks, r) of each tensor (empty ranges are left
 // out of the file and the manifest; a file with nothing to hold is not written); a 0-d tensor
 // is stored whole as shape [1] in shard 0. `out_dir`/manifest.pb, written last, lists every
-// tensor with its full shape and pieces (and their checksums, format 2), so LoadModelState
-// reads it on any world size.
+// tensor with its full shape and pieces (and their checksums, format 2), and the decoder config
+// of `dir` (its manifest's, or its config.json), so LoadModelState reads it on any world size
+// and ConvertToFull of it writes config.json again.
 absl::StatusOr<ConvertResult> ConvertToSharded(const std::string& dir, const std::string& out_dir,
                                                int ranks);
 

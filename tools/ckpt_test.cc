@@ -19,6 +19,7 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/crc32c.h"
 #include "checkpoint/files.h"
+#include "checkpoint/hf_config.h"
 #include "checkpoint/safetensors.h"
 #include "models/configs.h"
 #include "models/decoder.h"
@@ -180,9 +181,12 @@ TEST(CkptTest, ToShardedLoadsAndConvertsBackToFull) {
   absl::StatusOr<ConvertResult> to_full = ConvertToFull(sharded, back);
   ASSERT_TRUE(to_full.ok()) << to_full.status();
   EXPECT_EQ(to_full->tensors, static_cast<int64_t>(original.size()));
-  EXPECT_EQ(to_full->bytes,
-            static_cast<int64_t>(fs::file_size(fs::path(back) / kSafetensorsFileName)));
-  EXPECT_EQ(std::distance(fs::directory_iterator(back), fs::directory_iterator()), 1);
+  // model.safetensors, and the configs from the decoder config the manifests carried along.
+  int64_t bytes = 0;
+  for (const std::string& file : to_full->files) bytes += fs::file_size(file);
+  EXPECT_EQ(to_full->bytes, bytes);
+  EXPECT_EQ(std::distance(fs::directory_iterator(back), fs::directory_iterator()), 3);
+  EXPECT_TRUE(fs::exists(fs::path(back) / "config.json"));
   ExpectFileHoldsParameters((fs::path(back) / kSafetensorsFileName).string(), original);
 }
 
@@ -195,6 +199,14 @@ TEST(CkptTest, ToFullReadsTheShardFilesOfASave) {
   absl::StatusOr<ConvertResult> result = ConvertToFull(saved, out);
   ASSERT_TRUE(result.ok()) << result.status();
   ExpectFileHoldsParameters((fs::path(out) / kSafetensorsFileName).string(), Parameters(*model));
+  // A Hugging Face model directory: config.json (the model's config, read back equal) and
+  // generation_config.json beside the weights.
+  EXPECT_EQ(result->files.size(), 3u);
+  absl::StatusOr<proto::DecoderConfig> config =
+      DecoderConfigFromHfConfig((fs::path(out) / "config.json").string());
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(HfConfigJson(*config), HfConfigJson(model->config()));
+  EXPECT_TRUE(fs::exists(fs::path(out) / "generation_config.json"));
 }
 
 TEST(CkptTest, HuggingFaceDirWithScalarsAndEmptyChunksRoundTrips) {

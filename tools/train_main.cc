@@ -1,11 +1,19 @@
-// //tools:train: trains a reference model from a TrainJob text config on the CPU or one CUDA
-// device, evaluates it, and writes <output_dir>/metrics.jsonl plus a final summary line.
+// //tools:train: runs a TrainJob text config (proto/job.proto) on the CPU or CUDA devices:
+// trains (args.do_train), evaluates (do_eval) and predicts (do_predict, writing
+// <output_dir>/predictions.jsonl), a model built fresh or loaded from a Hugging Face directory
+// (model.pretrained). Writes <output_dir>/metrics.jsonl and prints a final summary line.
 //
 //   bazel run //tools:train -- --config=tools/demo.textproto --set=args.max_steps=50
+//   tools/train --config=job.textproto --set=model.pretrained=/models/Llama-3.2-1B
+//   tools/train --config=job.textproto --set=args.do_train=false   # evaluate only
+#include <torch/torch.h>
+
 #include <algorithm>
 #include <cstdlib>
+#include <filesystem>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -19,10 +27,13 @@
 #include "base/status.h"
 #include "config/training_args.h"
 #include "models/configs.h"
+#include "tools/arithmetic_metrics.h"
+#include "tools/job_model.h"
+#include "tools/predictions.h"
+#include "tools/repeated_flag.h"
 #include "trainer/data/arithmetic_corpus.h"
 #include "trainer/data/token_file_dataset.h"
 #include "trainer/metrics_log.h"
-#include "tools/repeated_flag.h"
 #include "trainer/trainer.h"
 
 ABSL_FLAG(std::string, config, "", "TrainJob in protobuf text format (proto/job.proto).");
@@ -34,8 +45,24 @@ namespace {
 
 using DatasetPtr = std::shared_ptr<const Dataset>;
 
-absl::StatusOr<std::pair<DatasetPtr, DatasetPtr>> LoadData(const proto::DataSpec& data,
-                                                           int64_t vocab_size, uint64_t seed) {
+struct JobData {
+  DatasetPtr train;
+  DatasetPtr eval;
+  DatasetPtr test;  // do_predict's: data.test_file, else the eval data
+};
+
+absl::StatusOr<DatasetPtr> OpenTokenFile(const proto::DataSpec& data, const std::string& path,
+                                         int64_t vocab_size) {
+  const TokenWidth width =
+      data.token_dtype() == proto::DataSpec::UINT32 ? TokenWidth::kUint32 : TokenWidth::kUint16;
+  CT_ASSIGN_OR_RETURN(auto dataset, TokenFileDataset::Open(path, width, data.seq_len()));
+  CT_RETURN_IF_ERROR(dataset->CheckTokensBelow(vocab_size));
+  return DatasetPtr(dataset);
+}
+
+absl::StatusOr<JobData> LoadData(const proto::DataSpec& data, int64_t vocab_size, uint64_t seed,
+                                 bool need_train) {
+  JobData out;
   if (data.has_builtin()) {
     if (data.builtin() != "arithmetic") {
       return absl::InvalidArgumentError(
@@ -48,70 +75,118 @@ absl::StatusOr<std::pair<DatasetPtr, DatasetPtr>> LoadData(const proto::DataSpec
                        " tokens but the model's vocab_size is ", vocab_size,
                        ": use a model with vocab_size >= ", ArithmeticVocabSize()));
     }
-    CT_ASSIGN_OR_RETURN(auto train, MakeArithmeticDataset(data.builtin_train_samples(),
-                                                           data.seq_len(), seed));
-    CT_ASSIGN_OR_RETURN(auto eval, MakeArithmeticDataset(data.builtin_eval_samples(),
-                                                          data.seq_len(), seed + 1));
-    return std::make_pair(DatasetPtr(train), DatasetPtr(eval));
+    CT_ASSIGN_OR_RETURN(auto train,
+                        MakeArithmeticDataset(data.builtin_train_samples(), data.seq_len(), seed));
+    CT_ASSIGN_OR_RETURN(
+        auto eval, MakeArithmeticDataset(data.builtin_eval_samples(), data.seq_len(), seed + 1));
+    out.train = train;
+    out.eval = eval;
+  } else {
+    if (need_train && !data.has_train_file()) {
+      return absl::InvalidArgumentError(
+          "data has neither train_file nor builtin: set data.train_file to a token file, or "
+          "data.builtin: \"arithmetic\" (or args.do_train: false to only evaluate or predict)");
+    }
+    if (data.has_train_file()) {
+      CT_ASSIGN_OR_RETURN(out.train, OpenTokenFile(data, data.train_file(), vocab_size));
+    }
+    if (data.has_eval_file()) {
+      CT_ASSIGN_OR_RETURN(out.eval, OpenTokenFile(data, data.eval_file(), vocab_size));
+    }
   }
-  if (!data.has_train_file()) {
+  out.test = out.eval;
+  if (data.has_test_file()) {
+    CT_ASSIGN_OR_RETURN(out.test, OpenTokenFile(data, data.test_file(), vocab_size));
+  }
+  return out;
+}
+
+// do_eval and do_predict need data to run on; at least one mode must be on.
+absl::Status CheckRunModes(const proto::TrainingArguments& args, const JobData& data,
+                           bool do_eval) {
+  if (do_eval && data.eval == nullptr) {
     return absl::InvalidArgumentError(
-        "data has neither train_file nor builtin: set data.train_file to a token file, or "
-        "data.builtin: \"arithmetic\"");
+        "args.do_eval is true but there is no eval data: set data.eval_file (or data.builtin)");
   }
-  const TokenWidth width =
-      data.token_dtype() == proto::DataSpec::UINT32 ? TokenWidth::kUint32 : TokenWidth::kUint16;
-  CT_ASSIGN_OR_RETURN(auto train, TokenFileDataset::Open(data.train_file(), width, data.seq_len()));
-  CT_RETURN_IF_ERROR(train->CheckTokensBelow(vocab_size));
-  DatasetPtr eval;
-  if (data.has_eval_file()) {
-    CT_ASSIGN_OR_RETURN(auto e, TokenFileDataset::Open(data.eval_file(), width, data.seq_len()));
-    CT_RETURN_IF_ERROR(e->CheckTokensBelow(vocab_size));
-    eval = e;
+  if (args.do_predict() && data.test == nullptr) {
+    return absl::InvalidArgumentError(
+        "args.do_predict is true but there is no data to predict: set data.test_file or "
+        "data.eval_file");
   }
-  return std::make_pair(DatasetPtr(train), eval);
+  if (!args.do_train() && !do_eval && !args.do_predict()) {
+    return absl::InvalidArgumentError(
+        "args.do_train, do_eval and do_predict are all false: nothing to run; set one of them");
+  }
+  if (args.predict_top_k() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("args.predict_top_k is ", args.predict_top_k(),
+                                                   "; use 0 (none) or a positive count"));
+  }
+  return absl::OkStatus();
 }
 
 // Set when training stopped for SIGTERM/SIGINT after saving a checkpoint: the exit code is then
 // 128 + the signal, as for a process the signal ended.
 int stopped_by_signal = 0;
 
+// The metrics of the evaluation the schedule ran at `step`, if there was one.
+std::optional<Metrics> EvalAtStep(const Trainer& trainer, int64_t step) {
+  const std::vector<Metrics>& history = trainer.state().log_history;
+  auto last_eval = std::find_if(history.rbegin(), history.rend(),
+                                [](const Metrics& m) { return m.count("eval_loss") > 0; });
+  if (last_eval == history.rend() || last_eval->at("step") != step) return std::nullopt;
+  return *last_eval;
+}
+
 absl::Status Run(const std::string& config_path, const std::vector<std::string>& overrides) {
   if (config_path.empty()) {
     return absl::InvalidArgumentError("--config is empty: pass a TrainJob text file");
   }
   CT_ASSIGN_OR_RETURN(proto::TrainJob job, LoadTrainJob(config_path, overrides));
-  for (const std::string& warning : TrainingArgumentsWarnings(job.args())) {
-    LOG(WARNING) << warning;
-  }
-  torch::manual_seed(static_cast<uint64_t>(job.args().seed()));
-  CT_ASSIGN_OR_RETURN(proto::DecoderConfig model_config, ResolveModelSpec(job.model()));
-  CT_ASSIGN_OR_RETURN(std::shared_ptr<DecoderLM> model, BuildDecoder(model_config));
-  CT_ASSIGN_OR_RETURN(auto data, LoadData(job.data(), model_config.vocab_size(),
-                                          static_cast<uint64_t>(ResolvedDataSeed(job.args()))));
+  const proto::TrainingArguments& args = job.args();
+  for (const std::string& warning : TrainingArgumentsWarnings(args)) LOG(WARNING) << warning;
+  torch::manual_seed(static_cast<uint64_t>(args.seed()));
+  CT_ASSIGN_OR_RETURN(JobModel built, BuildJobModel(job));
+  std::shared_ptr<DecoderLM> model = built.model;
+  const proto::DecoderConfig& model_config = model->config();
+  CT_ASSIGN_OR_RETURN(JobData data,
+                      LoadData(job.data(), model_config.vocab_size(),
+                               static_cast<uint64_t>(ResolvedDataSeed(args)), args.do_train()));
+  const bool do_eval = args.has_do_eval() ? args.do_eval() : data.eval != nullptr;
+  CT_RETURN_IF_ERROR(CheckRunModes(args, data, do_eval));
   LOG(INFO) << "model: " << DecoderParameterCount(model_config) << " parameters; data: "
-            << data.first->size() << " train samples"
-            << (data.second ? absl::StrCat(", ", data.second->size(), " eval samples") : "");
+            << (data.train ? absl::StrCat(data.train->size(), " train samples") : "no train data")
+            << (data.eval ? absl::StrCat(", ", data.eval->size(), " eval samples") : "");
 
-  Trainer trainer(job.args(), model, data.first, data.second);
-  absl::StatusOr<TrainOutput> trained = trainer.Train();
-  stopped_by_signal = trainer.stopped_by_signal();
-  CT_ASSIGN_OR_RETURN(TrainOutput out, std::move(trained));
-  Metrics summary = out.metrics;
-  if (data.second != nullptr) {
-    // Reuse the evaluation the schedule ran at the final step, if there was one.
-    const std::vector<Metrics>& history = trainer.state().log_history;
-    auto last_eval = std::find_if(history.rbegin(), history.rend(), [](const Metrics& m) {
-      return m.count("eval_loss") > 0;
-    });
-    if (last_eval != history.rend() && last_eval->at("step") == out.global_step) {
-      summary.insert(last_eval->begin(), last_eval->end());
-    } else {
-      CT_ASSIGN_OR_RETURN(Metrics eval, trainer.Evaluate());
-      summary.insert(eval.begin(), eval.end());
-    }
+  Trainer trainer(args, model, data.train, data.eval, std::move(built.engine));
+  if (model_config.has_pad_token_id()) trainer.set_pad_token_id(model_config.pad_token_id());
+  if (job.data().builtin() == "arithmetic") trainer.set_compute_metrics(ArithmeticExactMatch);
+  Metrics summary;
+  if (args.do_train()) {
+    absl::StatusOr<TrainOutput> trained = trainer.Train();
+    stopped_by_signal = trainer.stopped_by_signal();
+    CT_ASSIGN_OR_RETURN(TrainOutput out, std::move(trained));
+    summary = out.metrics;
+    summary["global_step"] = static_cast<double>(out.global_step);
   }
-  summary["global_step"] = static_cast<double>(out.global_step);
+  if (do_eval) {
+    // Reuse the evaluation the schedule ran at the final step, if there was one.
+    std::optional<Metrics> eval =
+        args.do_train() ? EvalAtStep(trainer, trainer.state().global_step) : std::nullopt;
+    if (!eval.has_value()) {
+      CT_ASSIGN_OR_RETURN(eval, trainer.Evaluate());
+    }
+    summary.insert(eval->begin(), eval->end());
+  }
+  if (args.do_predict()) {
+    CT_ASSIGN_OR_RETURN(PredictionOutput predicted, trainer.Predict(data.test));
+    const std::string path =
+        (std::filesystem::path(args.output_dir()) / "predictions.jsonl").string();
+    if (trainer.engine()->rank() == 0) {
+      CT_RETURN_IF_ERROR(WritePredictions(predicted, args.predict_top_k(), path));
+      LOG(INFO) << "wrote " << predicted.predictions.size(0) << " predictions to " << path;
+    }
+    summary.insert(predicted.metrics.begin(), predicted.metrics.end());
+  }
   if (trainer.engine()->rank() == 0) std::cout << MetricsToJson(summary) << std::endl;
   return absl::OkStatus();
 }

@@ -42,6 +42,7 @@ Trainer::Trainer(proto::TrainingArguments args, std::shared_ptr<TrainableModel> 
       train_dataset_(std::move(train_dataset)),
       eval_dataset_(std::move(eval_dataset)),
       engine_(std::move(engine)) {
+  if (model_ != nullptr) model_->SetFusedKernels(args_.fused_kernels());
   callbacks_.Add(std::make_shared<DefaultFlowCallback>());
   callbacks_.Add(std::make_shared<ProgressCallback>());
   callbacks_.Add(std::make_shared<MetricsLogCallback>(
@@ -103,8 +104,7 @@ absl::StatusOr<std::unique_ptr<DataLoader>> Trainer::MakeLoader(
 
 torch::Tensor Trainer::ComputeLoss(TrainableModel& model, const Batch& batch,
                                    int64_t num_items_in_batch) {
-  torch::Tensor logits = model.Forward(batch);
-  return model.LossSum(logits, batch) / static_cast<double>(num_items_in_batch);
+  return model.ForwardLossSum(batch) / static_cast<double>(num_items_in_batch);
 }
 
 absl::StatusOr<torch::Tensor> Trainer::TrainingStep(const Batch& batch,

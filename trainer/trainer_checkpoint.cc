@@ -206,7 +206,7 @@ absl::Status Trainer::SaveCheckpoint() {
     // With the full model, the directory is also a Hugging Face model directory
     // (from_pretrained reads config.json and model.safetensors).
     if (const auto* decoder = dynamic_cast<const DecoderLM*>(model_.get())) {
-      CT_RETURN_IF_ERROR(WriteHfConfig(decoder->config(), (temp_dir / "config.json").string()));
+      CT_RETURN_IF_ERROR(WriteHfModelConfigs(decoder->config(), temp_dir.string()));
     }
     CT_RETURN_IF_ERROR(WriteFileAtomically((temp_dir / "trainer_state.json").string(),
                                            TrainerStateJson(state_, best_model_checkpoint_)));

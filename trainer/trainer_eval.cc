@@ -91,10 +91,14 @@ struct Trainer::EvalResult {
 PredictionStepOutput Trainer::PredictionStep(const Batch& batch, bool loss_only) {
   PredictionStepOutput out;
   std::unique_ptr<ForwardScope> scope = engine_->EnterForward();
+  out.num_targets = model_->CountLossTargets(batch.To(torch::kCPU, false));
+  if (loss_only) {
+    out.loss_sum = model_->ForwardLossSum(batch).to(torch::kFloat);
+    return out;
+  }
   torch::Tensor logits = model_->Forward(batch);
   out.loss_sum = model_->LossSum(logits, batch).to(torch::kFloat);
-  out.num_targets = model_->CountLossTargets(batch.To(torch::kCPU, false));
-  if (!loss_only) out.logits = logits.detach().to(torch::kFloat);
+  out.logits = logits.detach().to(torch::kFloat);
   return out;
 }
 

@@ -1,0 +1,478 @@
+#include "checkpoint/hf_config.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
+#include "base/logging.h"
+#include "base/status.h"
+#include "checkpoint/files.h"
+#include "checkpoint/internal/json.h"
+#include "models/configs.h"
+
+namespace cpptrain {
+namespace {
+
+using checkpoint_internal::JsonGrammar;
+using checkpoint_internal::JsonToString;
+using checkpoint_internal::JsonValue;
+
+// transformers' defaults for the fields a config.json may leave out.
+struct HfDefaults {
+  int64_t head_dim;  // 0: hidden_size / num_attention_heads
+  double rope_theta;
+  double rms_norm_eps;
+  double initializer_range;
+};
+
+std::optional<HfDefaults> DefaultsFor(absl::string_view model_type) {
+  if (model_type == "llama") return HfDefaults{0, 10000, 1e-6, 0.02};
+  if (model_type == "qwen3") return HfDefaults{128, 10000, 1e-6, 0.02};
+  return std::nullopt;
+}
+
+absl::StatusOr<std::string> ReadTextFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::ErrnoToStatus(
+        errno != 0 ? errno : EIO,
+        absl::StrCat("cannot read '", path,
+                     "'; expected the config.json that save_pretrained writes beside the weights"));
+  }
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// Typed access to the fields of one JSON object of config.json, with errors that name the file
+// and the field. A field that is absent or null reads as nullopt: transformers treats both as
+// "use the default".
+class ConfigFields {
+ public:
+  ConfigFields(std::string path, const JsonValue& object, std::string prefix = "")
+      : path_(std::move(path)), object_(object), prefix_(std::move(prefix)) {}
+
+  const JsonValue* Find(absl::string_view key) const {
+    const JsonValue* value = object_.Find(key);
+    return value == nullptr || value->is_null() ? nullptr : value;
+  }
+
+  absl::StatusOr<std::optional<int64_t>> Int(absl::string_view key) const {
+    const JsonValue* value = Find(key);
+    if (value == nullptr) return std::nullopt;
+    if (!value->is_integer()) return Error(key, *value, "expected an integer");
+    return value->integer;
+  }
+
+  absl::StatusOr<std::optional<double>> Number(absl::string_view key) const {
+    const JsonValue* value = Find(key);
+    if (value == nullptr) return std::nullopt;
+    if (!value->is_number()) return Error(key, *value, "expected a number");
+    return value->AsDouble();
+  }
+
+  absl::StatusOr<std::optional<bool>> Bool(absl::string_view key) const {
+    const JsonValue* value = Find(key);
+    if (value == nullptr) return std::nullopt;
+    if (!value->is_bool()) return Error(key, *value, "expected true or false");
+    return value->boolean;
+  }
+
+  absl::StatusOr<std::optional<std::string>> String(absl::string_view key) const {
+    const JsonValue* value = Find(key);
+    if (value == nullptr) return std::nullopt;
+    if (!value->is_string()) return Error(key, *value, "expected a string");
+    return value->string;
+  }
+
+  // A size transformers has no sensible default for.
+  absl::StatusOr<int64_t> RequiredInt(absl::string_view key) const {
+    CT_ASSIGN_OR_RETURN(std::optional<int64_t> value, Int(key));
+    if (!value.has_value()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(Where(), "\"", prefix_, key,
+                       "\" is missing or null; expected a positive integer (is this a transformers "
+                       "config.json for a causal LM?)"));
+    }
+    return *value;
+  }
+
+  // "config 'PATH': "KEY" is VALUE; PROBLEM".
+  absl::Status Error(absl::string_view key, const JsonValue& value,
+                     absl::string_view problem) const {
+    return absl::InvalidArgumentError(
+        absl::StrCat(Where(), "\"", prefix_, key, "\" is ", JsonToString(value), "; ", problem));
+  }
+
+  std::string Where() const { return absl::StrCat("config '", path_, "': "); }
+
+ private:
+  std::string path_;
+  const JsonValue& object_;
+  std::string prefix_;  // "rope_parameters." for fields of that object
+};
+
+// Fields whose values the decoder does not implement: each must be absent, null or the value
+// that means "off".
+absl::Status CheckUnsupportedFeatures(const ConfigFields& fields) {
+  CT_ASSIGN_OR_RETURN(std::optional<std::string> act, fields.String("hidden_act"));
+  if (act.has_value() && *act != "silu") {
+    return fields.Error("hidden_act", *fields.Find("hidden_act"),
+                        "the decoder's MLP is SwiGLU: only \"silu\" is supported");
+  }
+  CT_ASSIGN_OR_RETURN(std::optional<bool> mlp_bias, fields.Bool("mlp_bias"));
+  if (mlp_bias.value_or(false)) {
+    return fields.Error("mlp_bias", *fields.Find("mlp_bias"),
+                        "the decoder's MLP has no biases: only false is supported");
+  }
+  CT_ASSIGN_OR_RETURN(std::optional<bool> sliding, fields.Bool("use_sliding_window"));
+  if (sliding.value_or(false)) {
+    return fields.Error("use_sliding_window", *fields.Find("use_sliding_window"),
+                        "the decoder attends to the whole causal prefix: only false is supported");
+  }
+  if (const JsonValue* layer_types = fields.Find("layer_types"); layer_types != nullptr) {
+    if (!layer_types->is_array()) {
+      return fields.Error("layer_types", *layer_types, "expected an array of strings");
+    }
+    for (const JsonValue& type : layer_types->values) {
+      if (!type.is_string() || type.string != "full_attention") {
+        return fields.Error("layer_types", *layer_types,
+                            absl::StrCat("found ", JsonToString(type),
+                                         "; the decoder supports only \"full_attention\" layers"));
+      }
+    }
+  }
+  CT_ASSIGN_OR_RETURN(std::optional<double> partial, fields.Number("partial_rotary_factor"));
+  if (partial.has_value() && *partial != 1.0) {
+    return fields.Error("partial_rotary_factor", *fields.Find("partial_rotary_factor"),
+                        "the decoder rotates the whole head: only 1.0 is supported");
+  }
+  CT_ASSIGN_OR_RETURN(std::optional<double> dropout, fields.Number("attention_dropout"));
+  if (dropout.value_or(0.0) != 0.0) {
+    LOG(WARNING) << fields.Where() << "attention_dropout = " << *dropout
+                 << " is ignored: the decoder has no dropout";
+  }
+  return absl::OkStatus();
+}
+
+// What the rotary embedding reads: rope_theta and, for a scaled type, its parameters.
+struct RopeFields {
+  std::optional<double> theta;
+  std::optional<proto::RopeScaling> scaling;
+};
+
+// One rope object: "rope_parameters" (transformers 5.x: {"rope_type": "llama3", "rope_theta":
+// ..., "factor": ...}) or "rope_scaling" (4.x: the same without rope_theta, "type" in old files).
+absl::Status ReadRopeObject(const std::string& path, const ConfigFields& fields,
+                            absl::string_view key, std::optional<int64_t> max_positions,
+                            RopeFields& out) {
+  const JsonValue* params = fields.Find(key);
+  if (params == nullptr) return absl::OkStatus();
+  if (!params->is_object()) {
+    return fields.Error(key, *params,
+                        "expected an object such as {\"rope_type\": \"default\", "
+                        "\"rope_theta\": 10000.0}");
+  }
+  const ConfigFields rope(path, *params, absl::StrCat(key, "."));
+  std::string type = "default";
+  proto::RopeScaling scaling;
+  for (size_t i = 0; i < params->keys.size(); ++i) {
+    const std::string& name = params->keys[i];
+    const JsonValue& value = params->values[i];
+    if (name == "rope_type" || name == "type") {
+      if (!value.is_string()) return rope.Error(name, value, "expected a string");
+      type = value.string;
+    } else if (name == "partial_rotary_factor") {
+      CT_ASSIGN_OR_RETURN(std::optional<double> partial, rope.Number(name));
+      if (partial.has_value() && *partial != 1.0) {
+        return rope.Error(name, value, "the decoder rotates the whole head: only 1.0 is supported");
+      }
+    } else if (name == "rope_theta") {
+      CT_ASSIGN_OR_RETURN(std::optional<double> theta, rope.Number(name));
+      if (theta.has_value() && out.theta.has_value() && *theta != *out.theta) {
+        return rope.Error(name, value,
+                          absl::StrCat("but \"rope_theta\" is ", *out.theta,
+                                       " elsewhere in the file; make the two agree"));
+      }
+      if (theta.has_value()) out.theta = theta;
+    } else if (name == "factor" || name == "low_freq_factor" || name == "high_freq_factor") {
+      CT_ASSIGN_OR_RETURN(std::optional<double> number, rope.Number(name));
+      if (!number.has_value()) continue;
+      if (name == "factor") scaling.set_factor(*number);
+      if (name == "low_freq_factor") scaling.set_low_freq_factor(*number);
+      if (name == "high_freq_factor") scaling.set_high_freq_factor(*number);
+    } else if (name == "original_max_position_embeddings") {
+      CT_ASSIGN_OR_RETURN(std::optional<int64_t> original, rope.Int(name));
+      if (original.has_value()) scaling.set_original_max_position_embeddings(*original);
+    } else {
+      return rope.Error(name, value,
+                        "not supported: the decoder reads rope_type, rope_theta, factor, "
+                        "low_freq_factor, high_freq_factor and original_max_position_embeddings");
+    }
+  }
+  if (type == "default") {
+    if (scaling.ByteSizeLong() > 0) {
+      return fields.Error(key, *params, "scaling fields with rope_type \"default\"; set the type");
+    }
+    return absl::OkStatus();
+  }
+  // ValidateDecoderConfig refuses the types the decoder does not implement (yarn, longrope, ...).
+  scaling.set_rope_type(type);
+  // transformers' standardize_rope_params: llama3 falls back to max_position_embeddings.
+  if (type == "llama3" && !scaling.has_original_max_position_embeddings() &&
+      max_positions.has_value()) {
+    scaling.set_original_max_position_embeddings(*max_positions);
+  }
+  if (out.scaling.has_value() && out.scaling->SerializeAsString() != scaling.SerializeAsString()) {
+    return fields.Error(key, *params,
+                        "differs from the other rope object (rope_parameters and rope_scaling); "
+                        "make the two agree (transformers 5.x reads rope_parameters)");
+  }
+  out.scaling = scaling;
+  return absl::OkStatus();
+}
+
+// rope_theta at the top level (4.x) or in "rope_parameters" (5.x), and the scaling of either
+// "rope_parameters" or "rope_scaling" (4.x). Where both give a value, the values must agree.
+absl::StatusOr<RopeFields> ReadRope(const std::string& path, const ConfigFields& fields,
+                                    std::optional<int64_t> max_positions) {
+  RopeFields rope;
+  CT_ASSIGN_OR_RETURN(rope.theta, fields.Number("rope_theta"));
+  CT_RETURN_IF_ERROR(ReadRopeObject(path, fields, "rope_parameters", max_positions, rope));
+  CT_RETURN_IF_ERROR(ReadRopeObject(path, fields, "rope_scaling", max_positions, rope));
+  return rope;
+}
+
+// bos_token_id, eos_token_id (an integer or a list of them) and pad_token_id, when set.
+absl::Status ReadTokenIds(const ConfigFields& fields, proto::DecoderConfig& config) {
+  CT_ASSIGN_OR_RETURN(std::optional<int64_t> bos, fields.Int("bos_token_id"));
+  CT_ASSIGN_OR_RETURN(std::optional<int64_t> pad, fields.Int("pad_token_id"));
+  if (bos.has_value()) config.set_bos_token_id(*bos);
+  if (pad.has_value()) config.set_pad_token_id(*pad);
+  const JsonValue* eos = fields.Find("eos_token_id");
+  if (eos == nullptr) return absl::OkStatus();
+  if (eos->is_integer()) {
+    config.add_eos_token_id(eos->integer);
+    return absl::OkStatus();
+  }
+  if (!eos->is_array()) {
+    return fields.Error("eos_token_id", *eos, "expected an integer or a list of integers");
+  }
+  for (const JsonValue& id : eos->values) {
+    if (!id.is_integer()) {
+      return fields.Error("eos_token_id", *eos, "expected an integer or a list of integers");
+    }
+    config.add_eos_token_id(id.integer);
+  }
+  return absl::OkStatus();
+}
+
+// The shortest decimal text that reads back as exactly `value` (a JSON number for a finite
+// value): "1e-06" rather than "9.9999999999999995e-07".
+std::string JsonDouble(double value) {
+  for (int digits = 15; digits < 17; ++digits) {
+    std::string text = absl::StrFormat("%.*g", digits, value);
+    if (std::strtod(text.c_str(), nullptr) == value) return text;
+  }
+  return absl::StrFormat("%.17g", value);
+}
+
+const char* JsonBool(bool value) { return value ? "true" : "false"; }
+
+// The rope object of transformers 5.x ("rope_parameters", with_theta) or 4.x ("rope_scaling").
+std::string RopeJson(const proto::DecoderConfig& config, bool with_theta) {
+  std::vector<std::string> items;
+  const proto::RopeScaling& s = config.rope_scaling();
+  if (config.has_rope_scaling()) {
+    items.push_back(absl::StrCat(R"("factor": )", JsonDouble(s.factor())));
+    if (s.rope_type() == "llama3") {
+      items.push_back(absl::StrCat(R"("high_freq_factor": )", JsonDouble(s.high_freq_factor())));
+      items.push_back(absl::StrCat(R"("low_freq_factor": )", JsonDouble(s.low_freq_factor())));
+      items.push_back(absl::StrCat(R"("original_max_position_embeddings": )",
+                                   s.original_max_position_embeddings()));
+    }
+  }
+  if (with_theta)
+    items.push_back(absl::StrCat(R"("rope_theta": )", JsonDouble(config.rope_theta())));
+  items.push_back(absl::StrCat(R"("rope_type": ")",
+                               config.has_rope_scaling() ? s.rope_type() : "default", "\""));
+  return absl::StrCat("{", absl::StrJoin(items, ", "), "}");
+}
+
+std::string JsonId(bool has, int64_t id) { return has ? absl::StrCat(id) : "null"; }
+
+// bos_token_id, eos_token_id (one integer, or a list when there are several) and pad_token_id;
+// null when unset.
+std::vector<std::pair<std::string, std::string>> TokenIdFields(const proto::DecoderConfig& c) {
+  std::string eos = "null";
+  if (c.eos_token_id_size() == 1) eos = absl::StrCat(c.eos_token_id(0));
+  if (c.eos_token_id_size() > 1)
+    eos = absl::StrCat("[", absl::StrJoin(c.eos_token_id(), ", "), "]");
+  return {{"bos_token_id", JsonId(c.has_bos_token_id(), c.bos_token_id())},
+          {"eos_token_id", eos},
+          {"pad_token_id", JsonId(c.has_pad_token_id(), c.pad_token_id())}};
+}
+
+std::string JsonObject(std::vector<std::pair<std::string, std::string>> fields) {
+  std::sort(fields.begin(), fields.end());
+  std::vector<std::string> lines;
+  lines.reserve(fields.size());
+  for (const auto& [key, value] : fields) lines.push_back(absl::StrCat("  \"", key, "\": ", value));
+  return absl::StrCat("{\n", absl::StrJoin(lines, ",\n"), "\n}\n");
+}
+
+}  // namespace
+
+std::string HfConfigJson(const proto::DecoderConfig& config) {
+  const bool qwen3 = config.qk_norm();
+  std::vector<std::pair<std::string, std::string>> fields = {
+      {"architectures", qwen3 ? R"(["Qwen3ForCausalLM"])" : R"(["LlamaForCausalLM"])"},
+      {"attention_bias", JsonBool(config.attention_bias())},
+      {"attention_dropout", "0.0"},
+      {"dtype", R"("float32")"},
+      {"hidden_act", R"("silu")"},
+      {"hidden_size", absl::StrCat(config.hidden_size())},
+      {"initializer_range", JsonDouble(config.initializer_range())},
+      {"intermediate_size", absl::StrCat(config.intermediate_size())},
+      {"max_position_embeddings", absl::StrCat(config.max_position_embeddings())},
+      {"model_type", qwen3 ? R"("qwen3")" : R"("llama")"},
+      {"num_attention_heads", absl::StrCat(config.num_attention_heads())},
+      {"num_hidden_layers", absl::StrCat(config.num_hidden_layers())},
+      {"num_key_value_heads", absl::StrCat(config.num_key_value_heads())},
+      {"rms_norm_eps", JsonDouble(config.rms_norm_eps())},
+      {"rope_parameters", RopeJson(config, /*with_theta=*/true)},
+      {"rope_scaling", config.has_rope_scaling() ? RopeJson(config, false) : "null"},
+      {"rope_theta", JsonDouble(config.rope_theta())},
+      {"tie_word_embeddings", JsonBool(config.tie_word_embeddings())},
+      {"torch_dtype", R"("float32")"},
+      {"use_cache", "true"},
+      {"vocab_size", absl::StrCat(config.vocab_size())},
+  };
+  for (auto& field : TokenIdFields(config)) fields.push_back(std::move(field));
+  if (!qwen3) fields.emplace_back("mlp_bias", "false");
+  if (qwen3) fields.emplace_back("use_sliding_window", "false");
+  // Llama's default head_dim is hidden / heads, which an unset head_dim means here; Qwen3's
+  // default is 128, so it is always written.
+  if (config.has_head_dim() || qwen3) {
+    const int64_t head_dim = config.has_head_dim()
+                                 ? config.head_dim()
+                                 : config.hidden_size() / config.num_attention_heads();
+    fields.emplace_back("head_dim", absl::StrCat(head_dim));
+  }
+  return JsonObject(std::move(fields));
+}
+
+std::string HfGenerationConfigJson(const proto::DecoderConfig& config) {
+  std::vector<std::pair<std::string, std::string>> fields = TokenIdFields(config);
+  fields.emplace_back("_from_model_config", "true");
+  fields.emplace_back("do_sample", "false");
+  return JsonObject(std::move(fields));
+}
+
+absl::Status WriteHfModelConfigs(const proto::DecoderConfig& config, const std::string& dir) {
+  CT_RETURN_IF_ERROR(WriteHfConfig(config, absl::StrCat(dir, "/config.json")));
+  return WriteFileAtomically(absl::StrCat(dir, "/generation_config.json"),
+                             HfGenerationConfigJson(config));
+}
+
+absl::Status WriteHfConfig(const proto::DecoderConfig& config, const std::string& path) {
+  if (absl::Status valid = ValidateDecoderConfig(config); !valid.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot write the config.json '", path, "': ", valid.message()));
+  }
+  return WriteFileAtomically(path, HfConfigJson(config));
+}
+
+absl::StatusOr<std::string> HfConfigDtype(const std::string& path) {
+  CT_ASSIGN_OR_RETURN(std::string text, ReadTextFile(path));
+  absl::StatusOr<JsonValue> root = checkpoint_internal::ParseJson(text, JsonGrammar::kFull);
+  if (!root.ok() || !root->is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat("config '", path, "': not a JSON object"));
+  }
+  const ConfigFields fields(path, *root);
+  for (const char* key : {"dtype", "torch_dtype"}) {
+    CT_ASSIGN_OR_RETURN(std::optional<std::string> dtype, fields.String(key));
+    if (dtype.has_value()) return *dtype;
+  }
+  return std::string();
+}
+
+absl::StatusOr<proto::DecoderConfig> DecoderConfigFromHfConfig(const std::string& path) {
+  CT_ASSIGN_OR_RETURN(std::string text, ReadTextFile(path));
+  absl::StatusOr<JsonValue> root = checkpoint_internal::ParseJson(text, JsonGrammar::kFull);
+  if (!root.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config '", path, "': ", root.status().message()));
+  }
+  if (!root->is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat("config '", path, "': the document is ",
+                                                   JsonToString(*root), "; expected an object"));
+  }
+  const ConfigFields fields(path, *root);
+
+  CT_ASSIGN_OR_RETURN(std::optional<std::string> model_type, fields.String("model_type"));
+  if (!model_type.has_value()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(fields.Where(),
+                     "\"model_type\" is missing or null; expected \"llama\" or \"qwen3\" (is "
+                     "this a transformers config.json?)"));
+  }
+  const std::optional<HfDefaults> defaults = DefaultsFor(*model_type);
+  if (!defaults.has_value()) {
+    return fields.Error("model_type", *fields.Find("model_type"),
+                        "supported model types are \"llama\" and \"qwen3\" (the reference "
+                        "decoder's architectures)");
+  }
+  CT_RETURN_IF_ERROR(CheckUnsupportedFeatures(fields));
+
+  proto::DecoderConfig config;
+  CT_ASSIGN_OR_RETURN(int64_t vocab_size, fields.RequiredInt("vocab_size"));
+  CT_ASSIGN_OR_RETURN(int64_t hidden_size, fields.RequiredInt("hidden_size"));
+  CT_ASSIGN_OR_RETURN(int64_t intermediate_size, fields.RequiredInt("intermediate_size"));
+  CT_ASSIGN_OR_RETURN(int64_t layers, fields.RequiredInt("num_hidden_layers"));
+  CT_ASSIGN_OR_RETURN(int64_t heads, fields.RequiredInt("num_attention_heads"));
+  CT_ASSIGN_OR_RETURN(std::optional<int64_t> kv_heads, fields.Int("num_key_value_heads"));
+  CT_ASSIGN_OR_RETURN(std::optional<int64_t> head_dim, fields.Int("head_dim"));
+  CT_ASSIGN_OR_RETURN(std::optional<int64_t> max_positions, fields.Int("max_position_embeddings"));
+  CT_ASSIGN_OR_RETURN(RopeFields rope, ReadRope(path, fields, max_positions));
+  CT_ASSIGN_OR_RETURN(std::optional<double> eps, fields.Number("rms_norm_eps"));
+  CT_ASSIGN_OR_RETURN(std::optional<bool> tied, fields.Bool("tie_word_embeddings"));
+  CT_ASSIGN_OR_RETURN(std::optional<bool> attention_bias, fields.Bool("attention_bias"));
+  CT_ASSIGN_OR_RETURN(std::optional<double> init_range, fields.Number("initializer_range"));
+
+  config.set_vocab_size(vocab_size);
+  config.set_hidden_size(hidden_size);
+  config.set_intermediate_size(intermediate_size);
+  config.set_num_hidden_layers(layers);
+  config.set_num_attention_heads(heads);
+  config.set_num_key_value_heads(kv_heads.value_or(heads));
+  if (head_dim.has_value()) {
+    config.set_head_dim(*head_dim);
+  } else if (defaults->head_dim > 0) {
+    config.set_head_dim(defaults->head_dim);
+  }
+  config.set_rope_theta(rope.theta.value_or(defaults->rope_theta));
+  if (rope.scaling.has_value()) *config.mutable_rope_scaling() = *rope.scaling;
+  if (max_positions.has_value()) config.set_max_position_embeddings(*max_positions);
+  CT_RETURN_IF_ERROR(ReadTokenIds(fields, config));
+  config.set_rms_norm_eps(eps.value_or(defaults->rms_norm_eps));
+  config.set_tie_word_embeddings(tied.value_or(false));
+  config.set_qk_norm(*model_type == "qwen3");
+  config.set_attention_bias(attention_bias.value_or(false));
+  config.set_initializer_range(init_range.value_or(defaults->initializer_range));
+
+  if (absl::Status valid = ValidateDecoderConfig(config); !valid.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(fields.Where(), valid.message()));
+  }
+  return config;
+}
+
+}  // namespace cpptrain

@@ -1,0 +1,279 @@
+#include "kernels/fused_ops.h"
+
+#include <vector>
+
+#include "kernels/launchers.h"
+
+#if CPPTRAIN_HAS_CUDA_KERNELS
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/autograd.h>
+#endif
+
+namespace cpptrain {
+namespace kernels {
+
+at::Tensor RmsNormReference(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  const at::Tensor x32 = x.to(at::kFloat);
+  const at::Tensor normed = x32 * at::rsqrt(x32.pow(2).mean(-1, /*keepdim=*/true) + eps);
+  return weight * normed.to(x.scalar_type());
+}
+
+at::Tensor SwiGluReference(const at::Tensor& gate, const at::Tensor& up) {
+  return at::silu(gate) * up;
+}
+
+at::Tensor ApplyRotaryReference(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const int64_t half = x.size(-1) / 2;
+  const at::Tensor rotated = at::cat({-x.slice(-1, half), x.slice(-1, 0, half)}, -1);
+  return x * cos.to(x.scalar_type()) + rotated * sin.to(x.scalar_type());
+}
+
+at::Tensor QkNormRopeReference(const at::Tensor& x, const at::Tensor& weight, double eps,
+                               const at::Tensor& cos, const at::Tensor& sin,
+                               at::ScalarType out_dtype) {
+  const at::Tensor normed = weight.defined() ? RmsNormReference(x, weight, eps) : x;
+  return ApplyRotaryReference(normed.transpose(1, 2), cos, sin).to(out_dtype);
+}
+
+#if CPPTRAIN_HAS_CUDA_KERNELS
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+bool Supported(at::ScalarType type) { return type == at::kFloat || type == at::kBFloat16; }
+
+ElementType TypeOf(at::ScalarType type) {
+  return type == at::kFloat ? ElementType::kFloat32 : ElementType::kBfloat16;
+}
+
+void* Stream() { return at::cuda::getCurrentCUDAStream().stream(); }
+
+void Check(const char* error, const char* kernel) {
+  TORCH_CHECK(error == nullptr, kernel, " failed: ", error);
+}
+
+class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+                            double eps, int64_t out_dtype) {
+    const c10::cuda::CUDAGuard guard(x.device());
+    const int64_t cols = x.size(-1);
+    const at::Tensor x2 = x.contiguous().view({-1, cols});
+    const at::Tensor w = weight.contiguous();
+    at::Tensor y = at::empty(x2.sizes(), x.options().dtype(at::ScalarType(out_dtype)));
+    at::Tensor rstd = at::empty({x2.size(0)}, x.options().dtype(at::kFloat));
+    Check(LaunchRmsNormForward(x2.size(0), cols, x2.data_ptr(), TypeOf(x.scalar_type()),
+                               w.data_ptr(), TypeOf(w.scalar_type()), eps, y.data_ptr(),
+                               TypeOf(y.scalar_type()), rstd.data_ptr<float>(), Stream()),
+          "RMSNorm forward");
+    ctx->save_for_backward({x2, w, rstd});
+    ctx->saved_data["shape"] = x.sizes().vec();
+    return y.view(x.sizes());
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const std::vector<at::Tensor> saved = ctx->get_saved_variables();
+    const at::Tensor &x2 = saved[0], &w = saved[1], &rstd = saved[2];
+    const c10::cuda::CUDAGuard guard(x2.device());
+    const at::Tensor dy = grads[0].contiguous();
+    at::Tensor dx = at::empty_like(x2);
+    at::Tensor dw = at::empty({x2.size(1)}, x2.options().dtype(at::kFloat));
+    Check(LaunchRmsNormBackward(x2.size(0), x2.size(1), dy.data_ptr(), TypeOf(dy.scalar_type()),
+                                x2.data_ptr(), TypeOf(x2.scalar_type()), w.data_ptr(),
+                                TypeOf(w.scalar_type()), rstd.data_ptr<float>(), dx.data_ptr(),
+                                dw.data_ptr<float>(), Stream()),
+          "RMSNorm backward");
+    return {dx.view(ctx->saved_data["shape"].toIntVector()), dw.to(w.scalar_type()), at::Tensor(),
+            at::Tensor()};
+  }
+};
+
+class SwiGluFunction : public torch::autograd::Function<SwiGluFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up) {
+    const c10::cuda::CUDAGuard guard(gate.device());
+    const at::Tensor g = gate.contiguous(), u = up.contiguous();
+    at::Tensor out = at::empty_like(g);
+    Check(LaunchSwiGluForward(g.numel(), g.data_ptr(), u.data_ptr(), out.data_ptr(),
+                              TypeOf(g.scalar_type()), Stream()),
+          "SwiGLU forward");
+    ctx->save_for_backward({g, u});
+    return out;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const std::vector<at::Tensor> saved = ctx->get_saved_variables();
+    const at::Tensor &g = saved[0], &u = saved[1];
+    const c10::cuda::CUDAGuard guard(g.device());
+    const at::Tensor dout = grads[0].to(g.scalar_type()).contiguous();
+    at::Tensor dgate = at::empty_like(g), dup = at::empty_like(u);
+    Check(LaunchSwiGluBackward(g.numel(), g.data_ptr(), u.data_ptr(), dout.data_ptr(),
+                               dgate.data_ptr(), dup.data_ptr(), TypeOf(g.scalar_type()), Stream()),
+          "SwiGLU backward");
+    return {dgate, dup};
+  }
+};
+
+class ResidualAddFunction : public torch::autograd::Function<ResidualAddFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& delta) {
+    const c10::cuda::CUDAGuard guard(x.device());
+    const at::Tensor xc = x.contiguous(), dc = delta.contiguous();
+    at::Tensor out = at::empty_like(xc);
+    Check(LaunchResidualAdd(xc.numel(), xc.data_ptr(), TypeOf(xc.scalar_type()), dc.data_ptr(),
+                            TypeOf(dc.scalar_type()), out.data_ptr(), Stream()),
+          "residual add");
+    ctx->saved_data["delta_dtype"] = static_cast<int64_t>(delta.scalar_type());
+    return out;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto dtype = static_cast<at::ScalarType>(ctx->saved_data["delta_dtype"].toInt());
+    return {grads[0], grads[0].to(dtype)};
+  }
+};
+
+class QkNormRopeFunction : public torch::autograd::Function<QkNormRopeFunction> {
+ public:
+  // An empty weight means no norm (rotary only).
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+                            double eps, const at::Tensor& cos, const at::Tensor& sin,
+                            int64_t out_dtype) {
+    const c10::cuda::CUDAGuard guard(x.device());
+    const at::Tensor xc = x.contiguous();
+    const at::Tensor w = weight.numel() > 0 ? weight.contiguous() : at::Tensor();
+    const at::Tensor c = cos.to(at::kFloat).contiguous(), s = sin.to(at::kFloat).contiguous();
+    const int64_t b = x.size(0), t = x.size(1), h = x.size(2), d = x.size(3);
+    at::Tensor out = at::empty({b, h, t, d}, x.options().dtype(at::ScalarType(out_dtype)));
+    at::Tensor rstd = at::empty({w.defined() ? b * t * h : 1}, x.options().dtype(at::kFloat));
+    Check(LaunchQkNormRopeForward(b, t, h, d, xc.data_ptr(), TypeOf(x.scalar_type()),
+                                  w.defined() ? w.data_ptr() : nullptr,
+                                  w.defined() ? TypeOf(w.scalar_type()) : ElementType::kFloat32,
+                                  eps, c.data_ptr<float>(), s.data_ptr<float>(), out.data_ptr(),
+                                  TypeOf(out.scalar_type()), rstd.data_ptr<float>(), Stream()),
+          "QK-norm + rotary forward");
+    ctx->save_for_backward({xc, w.defined() ? w : weight, c, s, rstd});
+    return out;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const std::vector<at::Tensor> saved = ctx->get_saved_variables();
+    const at::Tensor &x = saved[0], &c = saved[2], &s = saved[3], &rstd = saved[4];
+    const at::Tensor w = saved[1].numel() > 0 ? saved[1] : at::Tensor();
+    const c10::cuda::CUDAGuard guard(x.device());
+    const at::Tensor dout = grads[0].contiguous();
+    at::Tensor dx = at::empty_like(x);
+    at::Tensor dw = at::empty({x.size(3)}, x.options().dtype(at::kFloat));
+    Check(LaunchQkNormRopeBackward(x.size(0), x.size(1), x.size(2), x.size(3), dout.data_ptr(),
+                                   TypeOf(dout.scalar_type()), x.data_ptr(),
+                                   TypeOf(x.scalar_type()), w.defined() ? w.data_ptr() : nullptr,
+                                   w.defined() ? TypeOf(w.scalar_type()) : ElementType::kFloat32,
+                                   c.data_ptr<float>(), s.data_ptr<float>(), rstd.data_ptr<float>(),
+                                   dx.data_ptr(), dw.data_ptr<float>(), Stream()),
+          "QK-norm + rotary backward");
+    return {dx,           w.defined() ? dw.to(w.scalar_type()) : at::Tensor(),
+            at::Tensor(), at::Tensor(),
+            at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+bool CudaKernelsBuilt() { return true; }
+
+at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps,
+                   at::ScalarType out_dtype, bool fused) {
+  if (!fused || !x.is_cuda() || !Supported(x.scalar_type()) || !Supported(weight.scalar_type()) ||
+      !Supported(out_dtype) || x.size(-1) > kMaxNormCols || weight.dim() != 1 ||
+      weight.size(0) != x.size(-1) || weight.device() != x.device()) {
+    return RmsNormReference(x, weight, eps);
+  }
+  return RmsNormFunction::apply(x, weight, eps, static_cast<int64_t>(out_dtype));
+}
+
+at::Tensor SwiGlu(const at::Tensor& gate, const at::Tensor& up, bool fused) {
+  if (!fused || !gate.is_cuda() || !Supported(gate.scalar_type()) ||
+      gate.scalar_type() != up.scalar_type() || gate.sizes() != up.sizes() ||
+      gate.device() != up.device()) {
+    return SwiGluReference(gate, up);
+  }
+  return SwiGluFunction::apply(gate, up);
+}
+
+at::Tensor ResidualAdd(const at::Tensor& x, const at::Tensor& delta, bool fused) {
+  if (!fused || !x.is_cuda() || !Supported(x.scalar_type()) || !Supported(delta.scalar_type()) ||
+      x.sizes() != delta.sizes() || x.device() != delta.device() ||
+      at::result_type(x, delta) != x.scalar_type()) {
+    return x + delta;
+  }
+  return ResidualAddFunction::apply(x, delta);
+}
+
+at::Tensor QkNormRope(const at::Tensor& x, const at::Tensor& weight, double eps,
+                      const at::Tensor& cos, const at::Tensor& sin, at::ScalarType out_dtype,
+                      bool fused) {
+  const bool weight_ok =
+      !weight.defined() || (Supported(weight.scalar_type()) && weight.dim() == 1 &&
+                            weight.size(0) == x.size(-1) && weight.device() == x.device());
+  if (!fused || !x.is_cuda() || x.dim() != 4 || !Supported(x.scalar_type()) ||
+      !Supported(out_dtype) || !weight_ok || x.size(3) > kMaxHeadDim || x.size(3) % 2 != 0 ||
+      cos.size(0) != x.size(1) || cos.size(1) != x.size(3) || cos.device() != x.device()) {
+    return QkNormRopeReference(x, weight, eps, cos, sin, out_dtype);
+  }
+  // Autograd functions take defined tensors: no norm is an empty weight.
+  const at::Tensor w = weight.defined() ? weight : at::empty({0}, x.options().dtype(at::kFloat));
+  return QkNormRopeFunction::apply(x, w, eps, cos, sin, static_cast<int64_t>(out_dtype));
+}
+
+at::Tensor CrossEntropyRowsInPlace(at::Tensor& logits, const at::Tensor& targets,
+                                   int64_t ignore_index, bool write_grad) {
+  if (!logits.is_cuda() || logits.dim() != 2 || !logits.is_contiguous() ||
+      !Supported(logits.scalar_type()) || targets.device() != logits.device() ||
+      targets.scalar_type() != at::kLong || targets.numel() != logits.size(0)) {
+    return at::Tensor();
+  }
+  const c10::cuda::CUDAGuard guard(logits.device());
+  const at::Tensor t = targets.contiguous();
+  at::Tensor loss = at::empty({logits.size(0)}, logits.options().dtype(at::kFloat));
+  Check(LaunchCrossEntropyRows(logits.size(0), logits.size(1), logits.data_ptr(),
+                               TypeOf(logits.scalar_type()), t.data_ptr<int64_t>(), ignore_index,
+                               loss.data_ptr<float>(), write_grad, Stream()),
+        "cross-entropy rows");
+  return loss;
+}
+
+#else  // no CUDA kernels in this build
+
+at::Tensor CrossEntropyRowsInPlace(at::Tensor& logits, const at::Tensor& targets,
+                                   int64_t ignore_index, bool write_grad) {
+  return at::Tensor();
+}
+
+bool CudaKernelsBuilt() { return false; }
+
+at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps,
+                   at::ScalarType out_dtype, bool fused) {
+  return RmsNormReference(x, weight, eps);
+}
+
+at::Tensor SwiGlu(const at::Tensor& gate, const at::Tensor& up, bool fused) {
+  return SwiGluReference(gate, up);
+}
+
+at::Tensor ResidualAdd(const at::Tensor& x, const at::Tensor& delta, bool fused) {
+  return x + delta;
+}
+
+at::Tensor QkNormRope(const at::Tensor& x, const at::Tensor& weight, double eps,
+                      const at::Tensor& cos, const at::Tensor& sin, at::ScalarType out_dtype,
+                      bool fused) {
+  return QkNormRopeReference(x, weight, eps, cos, sin, out_dtype);
+}
+
+#endif
+
+}  // namespace kernels
+}  // namespace cpptrain

@@ -1,0 +1,60 @@
+// The decoder's memory-bound steps as fused CUDA kernels with their own backward, each beside
+// the eager LibTorch reference it must match (fp32 within 1e-5, bf16 within 1e-2 relative;
+// kernels/fused_ops_test.cc checks it on the GPU).
+//
+//   at::Tensor y = kernels::RmsNorm(x, weight, eps, at::kBFloat16, /*fused=*/true);
+//   at::Tensor q = kernels::QkNormRope(q_bthd, q_norm_weight, eps, cos, sin, at::kBFloat16, true);
+//   at::Tensor h = kernels::SwiGlu(gate, up, true);
+//
+// With `fused` false, or where a kernel does not apply (the CPU, a build without the CUDA
+// kernels, dtypes other than fp32/bf16, rows longer than the kernels take), each function
+// returns its reference, whose dtype follows LibTorch's promotion (out_dtype is then ignored).
+#ifndef CPPTRAIN_KERNELS_FUSED_OPS_H_
+#define CPPTRAIN_KERNELS_FUSED_OPS_H_
+
+#include <ATen/ATen.h>
+
+namespace cpptrain {
+namespace kernels {
+
+// Whether this build compiled the CUDA kernels (CMake with nvcc on a CUDA LibTorch).
+bool CudaKernelsBuilt();
+
+// weight * (x * rsqrt(mean(x^2, -1) + eps)), the normalized value rounded to x's dtype before
+// the product, as Hugging Face's Llama/Qwen3 RMSNorm does.
+at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps,
+                   at::ScalarType out_dtype, bool fused);
+at::Tensor RmsNormReference(const at::Tensor& x, const at::Tensor& weight, double eps);
+
+// silu(gate) * up.
+at::Tensor SwiGlu(const at::Tensor& gate, const at::Tensor& up, bool fused);
+at::Tensor SwiGluReference(const at::Tensor& gate, const at::Tensor& up);
+
+// x + delta in x's dtype (the residual stream keeps its dtype; delta's gradient comes back in
+// delta's). The reference is eager promotion: x + delta.
+at::Tensor ResidualAdd(const at::Tensor& x, const at::Tensor& delta, bool fused);
+
+// x * cos + rotate_half(x) * sin over the last dim (x: [..., T, D]; cos, sin: [T, D] fp32).
+at::Tensor ApplyRotaryReference(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+
+// Per-head RMSNorm (skipped when `weight` is undefined) and the rotary embedding, from
+// x [B, T, H, D] to [B, H, T, D] in out_dtype: the layout scaled_dot_product_attention reads.
+at::Tensor QkNormRope(const at::Tensor& x, const at::Tensor& weight, double eps,
+                      const at::Tensor& cos, const at::Tensor& sin, at::ScalarType out_dtype,
+                      bool fused);
+at::Tensor QkNormRopeReference(const at::Tensor& x, const at::Tensor& weight, double eps,
+                               const at::Tensor& cos, const at::Tensor& sin,
+                               at::ScalarType out_dtype);
+
+// Per-row cross-entropy of logits [rows, vocab] (contiguous fp32 or bf16 on CUDA) against
+// targets [rows]: the fp32 [rows] losses (0 where ignored), and with write_grad the logits
+// overwritten by softmax - onehot(target) (zero rows where ignored), in one kernel. Undefined
+// where the kernel does not apply (the CPU, builds without the kernels): the caller then
+// computes it with ATen.
+at::Tensor CrossEntropyRowsInPlace(at::Tensor& logits, const at::Tensor& targets,
+                                   int64_t ignore_index, bool write_grad);
+
+}  // namespace kernels
+}  // namespace cpptrain
+
+#endif  // CPPTRAIN_KERNELS_FUSED_OPS_H_

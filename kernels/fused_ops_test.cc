@@ -1,0 +1,295 @@
+// Each fused step against its eager reference: forward values and the gradients of every
+// input under a random upstream gradient, fp32 (relative 1e-5) and bf16 (1e-2), on odd shapes.
+// The CUDA kernels run where this build has them and a GPU is present (the GPU hosts' CTest);
+// elsewhere those tests print SKIPPED, and the CPU tests (the chunked linear cross-entropy,
+// the references the fallbacks return) run everywhere.
+#include "kernels/fused_ops.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "base/torch_compat.h"
+#include "kernels/linear_cross_entropy.h"
+
+namespace cpptrain {
+namespace kernels {
+namespace {
+
+// ||a - b|| / ||b|| in double (0 when both are zero).
+double RelativeError(const at::Tensor& a, const at::Tensor& b) {
+  const at::Tensor a64 = a.detach().to(at::kCPU, at::kDouble);
+  const at::Tensor b64 = b.detach().to(at::kCPU, at::kDouble);
+  const double denominator = b64.norm().item<double>();
+  const double difference = (a64 - b64).norm().item<double>();
+  return denominator == 0 ? difference : difference / denominator;
+}
+
+// Leaves for two runs of the same function: one copy per run.
+std::vector<at::Tensor> Leaves(const std::vector<at::Tensor>& values) {
+  std::vector<at::Tensor> out;
+  for (const at::Tensor& v : values) out.push_back(v.detach().clone().requires_grad_(true));
+  return out;
+}
+
+// Runs `f` on fresh leaves with the upstream gradient `grad_out`; returns the output followed by
+// each input's gradient.
+std::vector<at::Tensor> ValueAndGrads(
+    const std::function<at::Tensor(const std::vector<at::Tensor>&)>& f,
+    const std::vector<at::Tensor>& inputs, const at::Tensor& grad_out) {
+  std::vector<at::Tensor> leaves = Leaves(inputs);
+  at::Tensor out = f(leaves);
+  (out.to(at::kFloat) * grad_out).sum().backward();
+  std::vector<at::Tensor> result = {out.detach()};
+  for (const at::Tensor& leaf : leaves) result.push_back(leaf.grad());
+  return result;
+}
+
+void ExpectClose(const std::vector<at::Tensor>& fused, const std::vector<at::Tensor>& reference,
+                 double tolerance, const std::string& what) {
+  ASSERT_EQ(fused.size(), reference.size());
+  for (size_t i = 0; i < fused.size(); ++i) {
+    ASSERT_TRUE(fused[i].defined()) << what << ": output " << i << " undefined";
+    EXPECT_FALSE(at::isnan(fused[i]).any().item<bool>()) << what << ": output " << i;
+    EXPECT_LT(RelativeError(fused[i], reference[i]), tolerance)
+        << what << ": output " << i << " (0 = value, then each input's gradient)";
+  }
+}
+
+bool KernelsRunHere() { return CudaKernelsBuilt() && torch::cuda::is_available(); }
+
+#define REQUIRE_KERNELS()                                                         \
+  if (!KernelsRunHere()) {                                                        \
+    GTEST_SKIP() << "the CUDA kernels need a CUDA build (CMake with nvcc) and a " \
+                    "GPU; this machine has "                                      \
+                 << (CudaKernelsBuilt() ? "no GPU" : "a build without them");     \
+  }
+
+const c10::Device kCuda(c10::kCUDA, 0);
+
+// ---- the CUDA kernels (GPU hosts) ----
+
+TEST(FusedOpsTest, RmsNormMatchesReference) {
+  REQUIRE_KERNELS();
+  torch::manual_seed(1);
+  for (const auto& [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{
+           {7, 1024}, {4099, 1000}, {33, 128}, {5, 97}, {3, 8192}}) {
+    for (const at::ScalarType type : {at::kFloat, at::kBFloat16}) {
+      const at::Tensor x = torch::randn({rows, cols}, torch::device(kCuda)).to(type);
+      const at::Tensor w = torch::rand({cols}, torch::device(kCuda)) + 0.5;
+      const at::Tensor g = torch::randn({rows, cols}, torch::device(kCuda));
+      const double eps = 1e-6;
+      auto fused = ValueAndGrads(
+          [&](const auto& in) { return RmsNorm(in[0], in[1], eps, type, true); }, {x, w}, g);
+      // The reference in double from the same inputs (the dtype rounding of the normalized
+      // value is the kernel's, so compare against fp32 math for bf16).
+      auto reference = ValueAndGrads(
+          [&](const auto& in) { return RmsNormReference(in[0], in[1], eps); },
+          {x.to(type == at::kFloat ? at::kDouble : at::kFloat), w.to(at::kDouble)}, g);
+      ExpectClose(fused, reference, type == at::kFloat ? 1e-5 : 1e-2,
+                  "RMSNorm " + std::to_string(rows) + "x" + std::to_string(cols) + " " +
+                      c10::toString(type));
+    }
+  }
+}
+
+TEST(FusedOpsTest, SwiGluMatchesReference) {
+  REQUIRE_KERNELS();
+  torch::manual_seed(2);
+  for (const int64_t n : {int64_t{1}, int64_t{1001}, int64_t{257 * 3072}}) {
+    for (const at::ScalarType type : {at::kFloat, at::kBFloat16}) {
+      const at::Tensor gate = (3 * torch::randn({n}, torch::device(kCuda))).to(type);
+      const at::Tensor up = torch::randn({n}, torch::device(kCuda)).to(type);
+      const at::Tensor g = torch::randn({n}, torch::device(kCuda));
+      auto fused =
+          ValueAndGrads([](const auto& in) { return SwiGlu(in[0], in[1], true); }, {gate, up}, g);
+      auto reference = ValueAndGrads([](const auto& in) { return SwiGluReference(in[0], in[1]); },
+                                     {gate.to(at::kDouble), up.to(at::kDouble)}, g);
+      ExpectClose(fused, reference, type == at::kFloat ? 1e-5 : 1e-2,
+                  "SwiGLU n=" + std::to_string(n) + " " + c10::toString(type));
+    }
+  }
+}
+
+TEST(FusedOpsTest, QkNormRopeMatchesReference) {
+  REQUIRE_KERNELS();
+  torch::manual_seed(3);
+  struct Shape {
+    int64_t b, t, h, d;
+  };
+  for (const Shape& s :
+       {Shape{2, 33, 3, 128}, Shape{1, 17, 5, 96}, Shape{3, 9, 2, 64}, Shape{1, 2048, 16, 128}}) {
+    const at::Tensor positions = torch::arange(s.t, torch::device(kCuda).dtype(at::kFloat));
+    const at::Tensor inv_freq =
+        1.0 / torch::pow(10000.0, torch::arange(0, s.d, 2, torch::device(kCuda)).to(at::kFloat) /
+                                      static_cast<double>(s.d));
+    const at::Tensor freqs = torch::outer(positions, inv_freq);
+    const at::Tensor emb = torch::cat({freqs, freqs}, -1);
+    const at::Tensor cos = emb.cos(), sin = emb.sin();
+    for (const bool norm : {true, false}) {
+      for (const at::ScalarType type : {at::kFloat, at::kBFloat16}) {
+        const at::Tensor x = torch::randn({s.b, s.t, s.h, s.d}, torch::device(kCuda)).to(type);
+        const at::Tensor w = norm ? torch::rand({s.d}, torch::device(kCuda)) + 0.5 : at::Tensor();
+        const at::Tensor g = torch::randn({s.b, s.h, s.t, s.d}, torch::device(kCuda));
+        std::vector<at::Tensor> inputs = {x};
+        if (norm) inputs.push_back(w);
+        auto run = [&](bool fused, const std::vector<at::Tensor>& in) {
+          const at::Tensor weight = norm ? in[1] : at::Tensor();
+          return fused ? QkNormRope(in[0], weight, 1e-6, cos, sin, type, true)
+                       : QkNormRopeReference(in[0], weight, 1e-6, cos.to(in[0].scalar_type()),
+                                             sin.to(in[0].scalar_type()), in[0].scalar_type());
+        };
+        auto fused = ValueAndGrads([&](const auto& in) { return run(true, in); }, inputs, g);
+        std::vector<at::Tensor> wide = {x.to(type == at::kFloat ? at::kDouble : at::kFloat)};
+        if (norm) wide.push_back(w.to(at::kDouble));
+        auto reference = ValueAndGrads([&](const auto& in) { return run(false, in); }, wide, g);
+        ExpectClose(fused, reference, type == at::kFloat ? 1e-5 : 1e-2,
+                    "QK-norm + rotary d=" + std::to_string(s.d) + (norm ? " norm " : " no norm ") +
+                        c10::toString(type));
+      }
+    }
+  }
+}
+
+TEST(FusedOpsTest, LinearCrossEntropyMatchesReferenceOnTheGpu) {
+  REQUIRE_KERNELS();
+  torch::manual_seed(4);
+  const int64_t rows = 1000, hidden = 256;
+  // 50257: the row kernel's one-value path; 50304: its 16-byte path.
+  for (const int64_t vocab : {int64_t{50257}, int64_t{50304}}) {
+    at::Tensor targets = torch::randint(vocab, {rows}, torch::device(kCuda).dtype(at::kLong));
+    targets.slice(0, 0, 100).fill_(-100);
+    for (const at::ScalarType type : {at::kFloat, at::kBFloat16}) {
+      const at::Tensor h = torch::randn({rows, hidden}, torch::device(kCuda));
+      const at::Tensor w = 0.05 * torch::randn({vocab, hidden}, torch::device(kCuda));
+      const at::Tensor one = torch::ones({}, torch::device(kCuda));
+      auto fused = ValueAndGrads(
+          [&](const auto& in) {
+            return LinearCrossEntropySum(in[0], in[1], targets, -100, type, /*chunk_rows=*/300);
+          },
+          {h, w}, one);
+      auto reference = ValueAndGrads(
+          [&](const auto& in) {
+            return LinearCrossEntropySumReference(in[0], in[1], targets, -100, type);
+          },
+          {h, w}, one);
+      ExpectClose(
+          fused, reference, type == at::kFloat ? 1e-5 : 1e-2,
+          "linear cross-entropy vocab " + std::to_string(vocab) + " " + c10::toString(type));
+    }
+  }
+}
+
+TEST(FusedOpsTest, ResidualAddMatchesReference) {
+  REQUIRE_KERNELS();
+  torch::manual_seed(8);
+  for (const int64_t n : {int64_t{3}, int64_t{1025}, int64_t{8192 * 1024 + 2}}) {
+    for (const at::ScalarType delta_type : {at::kFloat, at::kBFloat16}) {
+      const at::Tensor x = torch::randn({n}, torch::device(kCuda));
+      const at::Tensor d = torch::randn({n}, torch::device(kCuda)).to(delta_type);
+      const at::Tensor g = torch::randn({n}, torch::device(kCuda));
+      auto fused =
+          ValueAndGrads([](const auto& in) { return ResidualAdd(in[0], in[1], true); }, {x, d}, g);
+      auto reference = ValueAndGrads([](const auto& in) { return in[0] + in[1]; }, {x, d}, g);
+      ExpectClose(fused, reference, 1e-6, "residual add n=" + std::to_string(n));
+      EXPECT_EQ(fused[2].scalar_type(), delta_type);
+    }
+  }
+}
+
+TEST(FusedOpsTest, CrossEntropyRowsMarksTargetsOutsideTheVocabulary) {
+  REQUIRE_KERNELS();
+  at::Tensor logits = torch::randn({3, 10}, torch::device(kCuda));
+  const at::Tensor targets = torch::tensor({1, -100, 10}, torch::device(kCuda).dtype(at::kLong));
+  const at::Tensor loss = CrossEntropyRowsInPlace(logits, targets, -100, false).cpu();
+  EXPECT_TRUE(std::isfinite(loss[0].item<float>()));
+  EXPECT_EQ(loss[1].item<float>(), 0.f);
+  EXPECT_TRUE(std::isnan(loss[2].item<float>())) << "target 10 of a 10-word vocabulary";
+}
+
+// ---- everywhere ----
+
+TEST(FusedOpsTest, LinearCrossEntropyMatchesReferenceFp32) {
+  torch::manual_seed(5);
+  const int64_t rows = 37, hidden = 16, vocab = 1001;
+  at::Tensor targets = torch::randint(vocab, {rows}, at::kLong);
+  targets.slice(0, 3, 9).fill_(-100);
+  const at::Tensor h = torch::randn({rows, hidden});
+  const at::Tensor w = 0.3 * torch::randn({vocab, hidden});
+  const at::Tensor scale = torch::full({}, 0.25);
+  for (const int64_t chunk : {int64_t{0}, int64_t{1}, int64_t{8}, int64_t{37}, int64_t{100}}) {
+    auto fused = ValueAndGrads(
+        [&](const auto& in) {
+          return LinearCrossEntropySum(in[0], in[1], targets, -100, at::kFloat, chunk);
+        },
+        {h, w}, scale);
+    auto reference = ValueAndGrads(
+        [&](const auto& in) {
+          return LinearCrossEntropySumReference(in[0], in[1], targets, -100, at::kDouble);
+        },
+        {h.to(at::kDouble), w.to(at::kDouble)}, scale);
+    ExpectClose(fused, reference, 1e-5, "chunk_rows " + std::to_string(chunk));
+  }
+}
+
+TEST(FusedOpsTest, LinearCrossEntropyUnderBf16MatchesTheEagerHead) {
+  torch::manual_seed(6);
+  const int64_t rows = 29, hidden = 32, vocab = 517;
+  const at::Tensor targets = torch::randint(vocab, {rows}, at::kLong);
+  const at::Tensor h = torch::randn({rows, hidden});
+  const at::Tensor w = 0.2 * torch::randn({vocab, hidden});
+  const at::Tensor one = torch::ones({});
+  AutocastGuard autocast(at::kCPU, at::kBFloat16);
+  auto fused = ValueAndGrads(
+      [&](const auto& in) {
+        return LinearCrossEntropySum(in[0], in[1], targets, -100, at::kBFloat16, 10);
+      },
+      {h, w}, one);
+  auto reference = ValueAndGrads(
+      [&](const auto& in) {
+        return LinearCrossEntropySumReference(in[0], in[1], targets, -100, at::kBFloat16);
+      },
+      {h, w}, one);
+  ExpectClose(fused, reference, 1e-2, "bf16 autocast");
+  EXPECT_EQ(fused[1].scalar_type(), at::kFloat) << "gradients come back in the inputs' dtype";
+}
+
+TEST(FusedOpsTest, LinearCrossEntropyWithoutGradientsAndWithNothingCounted) {
+  const at::Tensor h = torch::randn({6, 4});
+  const at::Tensor w = torch::randn({11, 4});
+  const at::Tensor targets = torch::tensor({1, 2, -100, 4, 5, 10}, at::kLong);
+  at::Tensor no_grad;
+  {
+    torch::NoGradGuard guard;
+    no_grad = LinearCrossEntropySum(h, w, targets, -100, at::kFloat, 4);
+  }
+  const at::Tensor reference = LinearCrossEntropySumReference(h, w, targets, -100, at::kFloat);
+  EXPECT_LT(RelativeError(no_grad, reference), 1e-6);
+
+  auto leaves = Leaves({h, w});
+  const at::Tensor none = torch::full({6}, -100, at::kLong);
+  at::Tensor loss = LinearCrossEntropySum(leaves[0], leaves[1], none, -100, at::kFloat, 4);
+  loss.backward();
+  EXPECT_EQ(loss.item<float>(), 0.f);
+  EXPECT_EQ(leaves[0].grad().abs().max().item<float>(), 0.f);
+  EXPECT_EQ(leaves[1].grad().abs().max().item<float>(), 0.f);
+}
+
+TEST(FusedOpsTest, WithoutKernelsTheFusedEntryPointsReturnTheReferences) {
+  torch::manual_seed(7);
+  const at::Tensor x = torch::randn({2, 5, 3, 8});
+  const at::Tensor w = torch::rand({8}) + 0.5;
+  const at::Tensor emb = torch::randn({5, 8});
+  EXPECT_TRUE(RmsNorm(x, w, 1e-6, at::kBFloat16, true).equal(RmsNormReference(x, w, 1e-6)));
+  EXPECT_TRUE(SwiGlu(x, x * 2, true).equal(SwiGluReference(x, x * 2)));
+  EXPECT_TRUE(QkNormRope(x, w, 1e-6, emb.cos(), emb.sin(), at::kFloat, true)
+                  .equal(QkNormRopeReference(x, w, 1e-6, emb.cos(), emb.sin(), at::kFloat)));
+}
+
+}  // namespace
+}  // namespace kernels
+}  // namespace cpptrain

@@ -1,0 +1,77 @@
+// The CUDA kernels of kernels/fused_kernels_cuda.cu behind plain C++ signatures: raw device
+// pointers, sizes and a cudaStream_t passed as void*, so the files that call them need neither
+// CUDA nor LibTorch headers. Only CUDA builds (CMake with nvcc, CPPTRAIN_HAS_CUDA_KERNELS)
+// define them; kernels/fused_ops.cc is the one caller, and it checks shapes, dtypes and
+// contiguity first. Element types: kFloat32 or kBfloat16 as noted. Each returns null, or the
+// text of the CUDA error the launch raised.
+//
+//   if (const char* error = LaunchRmsNormForward(rows, cols, x, ElementType::kBfloat16, weight,
+//                                                ElementType::kFloat32, eps, y,
+//                                                ElementType::kBfloat16, rstd, stream)) {...}
+#ifndef CPPTRAIN_KERNELS_LAUNCHERS_H_
+#define CPPTRAIN_KERNELS_LAUNCHERS_H_
+
+#include <cstdint>
+
+namespace cpptrain {
+namespace kernels {
+
+enum class ElementType { kFloat32, kBfloat16 };
+
+// The largest row length the norm kernels take (their dweight partial sums live in shared
+// memory); longer rows use the eager reference.
+constexpr int64_t kMaxNormCols = 8192;
+// The largest head_dim of the rotary kernels (a warp stages one head in shared memory).
+constexpr int64_t kMaxHeadDim = 512;
+
+// y[r, :] = weight * x[r, :] * rstd[r], rstd[r] = 1 / sqrt(mean(x[r, :]^2) + eps) (fp32 math).
+// x, y: [rows, cols] row-major; weight: [cols]; rstd: [rows] fp32 (written).
+const char* LaunchRmsNormForward(int64_t rows, int64_t cols, const void* x, ElementType x_type,
+                                 const void* weight, ElementType weight_type, double eps, void* y,
+                                 ElementType y_type, float* rstd, void* stream);
+
+// dx (x's type) and dweight (fp32 [cols], zeroed here, then accumulated) from dy (y's type).
+const char* LaunchRmsNormBackward(int64_t rows, int64_t cols, const void* dy, ElementType dy_type,
+                                  const void* x, ElementType x_type, const void* weight,
+                                  ElementType weight_type, const float* rstd, void* dx,
+                                  float* dweight, void* stream);
+
+// out = silu(gate) * up, elementwise over n values of one type.
+const char* LaunchSwiGluForward(int64_t n, const void* gate, const void* up, void* out,
+                                ElementType type, void* stream);
+// dgate, dup from dout (all of the same type).
+const char* LaunchSwiGluBackward(int64_t n, const void* gate, const void* up, const void* dout,
+                                 void* dgate, void* dup, ElementType type, void* stream);
+
+// Qwen3's per-head RMSNorm (weight [head_dim]; skipped when weight is null) then the rotary
+// embedding, from x [B, T, H, D] (row-major) to out [B, H, T, D] (row-major), the layout
+// scaled_dot_product_attention reads. cos, sin: [T, D] fp32. rstd: [B*T*H] fp32 (written;
+// unused without a weight).
+const char* LaunchQkNormRopeForward(int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
+                                    const void* x, ElementType x_type, const void* weight,
+                                    ElementType weight_type, double eps, const float* cos,
+                                    const float* sin, void* out, ElementType out_type, float* rstd,
+                                    void* stream);
+// dx [B, T, H, D] (x's type) and dweight (fp32 [head_dim], zeroed here; untouched without a
+// weight) from dout [B, H, T, D] (out's type).
+const char* LaunchQkNormRopeBackward(int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
+                                     const void* dout, ElementType dout_type, const void* x,
+                                     ElementType x_type, const void* weight,
+                                     ElementType weight_type, const float* cos, const float* sin,
+                                     const float* rstd, void* dx, float* dweight, void* stream);
+
+// out = x + delta elementwise over n values (out has x's type).
+const char* LaunchResidualAdd(int64_t n, const void* x, ElementType x_type, const void* delta,
+                              ElementType delta_type, void* out, void* stream);
+
+// Per-row cross-entropy of logits [rows, vocab] against targets [rows] (int64; ignore_index
+// rows count 0): loss [rows] fp32 (written). With write_grad the logits are overwritten by
+// softmax - onehot(target), zero rows where ignored.
+const char* LaunchCrossEntropyRows(int64_t rows, int64_t vocab, void* logits, ElementType type,
+                                   const int64_t* targets, int64_t ignore_index, float* loss,
+                                   bool write_grad, void* stream);
+
+}  // namespace kernels
+}  // namespace cpptrain
+
+#endif  // CPPTRAIN_KERNELS_LAUNCHERS_H_

@@ -1,0 +1,135 @@
+#include "kernels/linear_cross_entropy.h"
+
+#include <torch/autograd.h>
+
+#include "kernels/fused_ops.h"
+
+#include <algorithm>
+#include <vector>
+
+namespace cpptrain {
+namespace kernels {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+int64_t ChunkRows(int64_t requested, int64_t rows, int64_t vocab) {
+  if (requested > 0) return requested;
+  return std::max<int64_t>(
+      1, std::min<int64_t>(rows, (int64_t{1} << 27) / std::max<int64_t>(vocab, 1)));
+}
+
+struct ChunkResult {
+  at::Tensor loss;     // fp32 scalar
+  at::Tensor dlogits;  // [n, V] in the compute dtype, undefined without gradients
+};
+
+// One chunk: the summed loss and, when wanted, d(loss)/d(logits) = softmax - onehot on the
+// counted rows (zero on ignored ones).
+ChunkResult Chunk(const at::Tensor& h, const at::Tensor& w, const at::Tensor& targets,
+                  int64_t ignore_index, bool want_grad) {
+  at::Tensor logits = at::mm(h, w.t());
+  // On CUDA one kernel per row does the statistics and the gradient, in place.
+  const at::Tensor row_losses = CrossEntropyRowsInPlace(logits, targets, ignore_index, want_grad);
+  if (row_losses.defined()) {
+    ChunkResult out;
+    out.loss = row_losses.sum();
+    if (want_grad) out.dlogits = logits;
+    return out;
+  }
+  at::Tensor z = logits.to(at::kFloat);
+  const at::Tensor counted = targets.ne(ignore_index);
+  const at::Tensor safe = at::where(counted, targets, at::zeros_like(targets)).unsqueeze(1);
+  const at::Tensor lse = at::logsumexp(z, 1);
+  const at::Tensor picked = z.gather(1, safe).squeeze(1);
+  ChunkResult out;
+  out.loss = at::where(counted, lse - picked, at::zeros_like(lse)).sum();
+  if (!want_grad) return out;
+  if (z.is_same(logits)) z = z.clone();  // fp32 compute: keep the product intact
+  z.sub_(lse.unsqueeze(1)).exp_();
+  const at::Tensor weight = counted.to(at::kFloat).unsqueeze(1);
+  z.scatter_add_(1, safe, -weight);
+  z.mul_(weight);
+  out.dlogits = z.to(h.scalar_type());
+  return out;
+}
+
+class LinearCrossEntropyFunction : public torch::autograd::Function<LinearCrossEntropyFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& hidden,
+                            const at::Tensor& weight, const at::Tensor& targets,
+                            int64_t ignore_index, int64_t compute_dtype, int64_t chunk_rows) {
+    const auto dtype = static_cast<at::ScalarType>(compute_dtype);
+    const at::Tensor h = hidden.to(dtype).contiguous();
+    const at::Tensor w = weight.to(dtype).contiguous();
+    const int64_t rows = h.size(0);
+    const int64_t chunk = ChunkRows(chunk_rows, rows, w.size(0));
+    at::Tensor loss = at::zeros({}, hidden.options().dtype(at::kFloat));
+    at::Tensor dh = at::empty_like(h);
+    at::Tensor dw = at::zeros(w.sizes(), w.options().dtype(at::kFloat));
+    for (int64_t begin = 0; begin < rows; begin += chunk) {
+      const int64_t end = std::min(rows, begin + chunk);
+      const at::Tensor hc = h.slice(0, begin, end);
+      ChunkResult part = Chunk(hc, w, targets.slice(0, begin, end), ignore_index, true);
+      loss.add_(part.loss);
+      at::Tensor dh_rows = dh.slice(0, begin, end);
+      at::mm_out(dh_rows, part.dlogits, w);
+      dw.add_(at::mm(part.dlogits.t(), hc));
+    }
+    ctx->saved_data["dhidden"] = dh.to(hidden.scalar_type());
+    ctx->saved_data["dweight"] =
+        weight.scalar_type() == at::kFloat ? dw : dw.to(weight.scalar_type());
+    return loss;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const at::Tensor scale = grads[0];
+    at::Tensor dh = ctx->saved_data["dhidden"].toTensor();
+    at::Tensor dw = ctx->saved_data["dweight"].toTensor();
+    return {dh.mul_(scale.to(dh.scalar_type())),
+            dw.mul_(scale.to(dw.scalar_type())),
+            at::Tensor(),
+            at::Tensor(),
+            at::Tensor(),
+            at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor LinearCrossEntropySum(const at::Tensor& hidden, const at::Tensor& weight,
+                                 const at::Tensor& targets, int64_t ignore_index,
+                                 at::ScalarType compute_dtype, int64_t chunk_rows) {
+  TORCH_CHECK(hidden.dim() == 2 && weight.dim() == 2 && hidden.size(1) == weight.size(1) &&
+                  targets.dim() == 1 && targets.size(0) == hidden.size(0),
+              "LinearCrossEntropySum: hidden [N, H], weight [V, H] and targets [N] expected, got ",
+              hidden.sizes(), ", ", weight.sizes(), " and ", targets.sizes());
+  const bool want_grad =
+      at::GradMode::is_enabled() && (hidden.requires_grad() || weight.requires_grad());
+  if (want_grad) {
+    return LinearCrossEntropyFunction::apply(hidden, weight, targets, ignore_index,
+                                             static_cast<int64_t>(compute_dtype), chunk_rows);
+  }
+  const at::Tensor h = hidden.to(compute_dtype);
+  const at::Tensor w = weight.to(compute_dtype);
+  const int64_t chunk = ChunkRows(chunk_rows, h.size(0), w.size(0));
+  at::Tensor loss = at::zeros({}, hidden.options().dtype(at::kFloat));
+  for (int64_t begin = 0; begin < h.size(0); begin += chunk) {
+    const int64_t end = std::min(h.size(0), begin + chunk);
+    loss.add_(
+        Chunk(h.slice(0, begin, end), w, targets.slice(0, begin, end), ignore_index, false).loss);
+  }
+  return loss;
+}
+
+at::Tensor LinearCrossEntropySumReference(const at::Tensor& hidden, const at::Tensor& weight,
+                                          const at::Tensor& targets, int64_t ignore_index,
+                                          at::ScalarType compute_dtype) {
+  const at::Tensor logits = at::linear(hidden.to(compute_dtype), weight.to(compute_dtype));
+  return at::cross_entropy_loss(logits.to(at::kFloat), targets, /*weight=*/{}, at::Reduction::Sum,
+                                ignore_index);
+}
+
+}  // namespace kernels
+}  // namespace cpptrain

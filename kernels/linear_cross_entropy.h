@@ -1,0 +1,38 @@
+// Cross-entropy of a linear layer's logits without the logits: the rows of `hidden` go through
+// `weight` a chunk at a time, so the [rows, vocab] logits (and their fp32 copy and gradient)
+// never exist whole. The softmax statistics are fp32; the matrix products run in
+// compute_dtype (bf16 under autocast), as the eager lm_head + cross_entropy would.
+//
+//   // hidden [N, H], weight [V, H], targets [N] int64 (ignore_index skipped)
+//   at::Tensor loss_sum = kernels::LinearCrossEntropySum(hidden, weight, targets, -100,
+//                                                        at::kBFloat16);
+//   (loss_sum / num_items).backward();
+//
+// When grad mode is on and an input requires grad, the gradients to hidden and weight are
+// computed during the forward, chunk by chunk (the dweight sum in fp32), and backward only
+// scales them by the incoming gradient. Works on every device (ATen operations only).
+#ifndef CPPTRAIN_KERNELS_LINEAR_CROSS_ENTROPY_H_
+#define CPPTRAIN_KERNELS_LINEAR_CROSS_ENTROPY_H_
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+
+namespace cpptrain {
+namespace kernels {
+
+// Sum over rows whose target is not ignore_index of logsumexp(z) - z[target], z = hidden_row
+// @ weight^T. chunk_rows 0 picks chunks of about 2^27 logits.
+at::Tensor LinearCrossEntropySum(const at::Tensor& hidden, const at::Tensor& weight,
+                                 const at::Tensor& targets, int64_t ignore_index,
+                                 at::ScalarType compute_dtype, int64_t chunk_rows = 0);
+
+// The eager path it replaces: logits in compute_dtype, fp32 cross-entropy summed.
+at::Tensor LinearCrossEntropySumReference(const at::Tensor& hidden, const at::Tensor& weight,
+                                          const at::Tensor& targets, int64_t ignore_index,
+                                          at::ScalarType compute_dtype);
+
+}  // namespace kernels
+}  // namespace cpptrain
+
+#endif  // CPPTRAIN_KERNELS_LINEAR_CROSS_ENTROPY_H_

@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# The fused-kernel work on one GPU host in one call: builds only what it needs with CMake (as
+# tools/gpu_host_check.sh does), runs the kernel tests against their eager references, then
+# profiles and times the training step with and without fused kernels (tools/bench
+# --profile_steps). Logs go to $OUT (or /tmp/gpu_out); the summary is printed last.
+#   NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
+#     tools/gpu_kernels_check.sh
+#   STEPS=15 WARMUP=3 PROFILE=0 tools/gpu_kernels_check.sh   # timings only
+# ENGINES (default "local") and MICRO (default 4) pick the timed runs; COMPARE (below) the
+# runs beside PyTorch with torch.compile.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+final="${OUT:-/tmp/gpu_out}"
+out=/tmp/cpptrain_kernel_logs
+summary="$out/summary.txt"
+mkdir -p "$out" "$final"
+trap 'cp "$summary" "$final/" 2>/dev/null; tar czf "$final/kernel_logs.tgz" -C "$out" .' EXIT
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+prefix=/tmp/cpptrain_prefix
+mkdir -p "$prefix"
+for f in .debs/*.deb; do dpkg -x "$f" "$prefix"; done
+export LD_LIBRARY_PATH="$prefix/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
+export PATH="/usr/local/cuda/bin:$PATH"
+
+build=/tmp/cpptrain_build
+start=$SECONDS
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_PREFIX_PATH="$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)');$prefix/usr" \
+  -DCMAKE_MODULE_PATH="$prefix/usr/share/glog/cmake" -DCMAKE_POLICY_VERSION_MINIMUM=3.5 \
+  >"$out/build.log" 2>&1 &&
+  cmake --build "$build" -j "$(nproc)" --target tools_bench tools_launch kernels_fused_ops_test \
+    models_decoder_test tools_kernel_profile_test >>"$out/build.log" 2>&1
+code=$?
+grep -E "cpptrain: Gloo|CUDA kernels" "$out/build.log" | tee -a "$summary"
+echo "build exit $code in $((SECONDS - start)) s" | tee -a "$summary"
+if ((code != 0)); then
+  grep -E "error|Error" "$out/build.log" | head -20 | tee -a "$summary"
+  exit 1
+fi
+find_bin() { find "$build" -type f -name "$1" -perm -u+x | head -1; }
+for test in kernels_fused_ops_test models_decoder_test tools_kernel_profile_test; do
+  bin=$(find_bin "$test")
+  timeout 300 "$bin" >"$out/$test.log" 2>&1
+  echo "$test exit $?: $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/$test.log" | tr '\n' ' ')" |
+    tee -a "$summary"
+  grep -E "^\[  FAILED|Failure|error" -A3 "$out/$test.log" | head -30 >>"$summary"
+done
+[[ "${BENCH:-1}" == 0 ]] && exit 0
+
+bench=$(find_bin bench)
+steps=${STEPS:-12} warmup=${WARMUP:-3}
+run_bench() {  # name, flags...
+  local name=$1
+  shift
+  timeout 300 "$bench" --steps="$steps" --warmup="$warmup" "$@" >"$out/$name.log" 2>&1
+  local code=$?
+  local line
+  line=$(grep -h '^{' "$out/$name.log" | tail -1)
+  echo "$name exit $code: $(python3 -c 'import json,sys; d=json.loads(sys.argv[1]); print(d["tokens_per_s"], "tok/s", d["peak_memory_gib"], "GiB", "loss", d["first_loss"], d["last_loss"])' "$line" 2>/dev/null)" |
+    tee -a "$summary"
+  [[ -n "$line" ]] && echo "$line" >>"$final/bench_runs.jsonl"
+  grep '^profile:' "$out/$name.log" >>"$summary"
+  ((code != 0)) && tail -5 "$out/$name.log" >>"$summary"
+}
+for engine in ${ENGINES:-local}; do
+  for micro in ${MICRO:-4}; do
+    for fused in ${FUSED:-false true}; do
+      if [[ "${PROFILE:-1}" != 0 ]]; then
+        run_bench "profile_${engine}_mb${micro}_fused_${fused}" --engine="$engine" \
+          --micro_batch="$micro" --fused_kernels="$fused" --profile_steps=3
+      fi
+      for repeat in $(seq 1 "${REPEATS:-1}"); do
+        run_bench "time_${engine}_mb${micro}_fused_${fused}_$repeat" --engine="$engine" \
+          --micro_batch="$micro" --fused_kernels="$fused"
+      done
+    done
+  done
+done
+
+# COMPARE: engines to measure beside PyTorch + torch.compile through tools/bench_compare.py
+# (same initial weights and tokens, first and last loss checked, REPEATS_COMPARE runs per side,
+# interleaved, medians; raw lines appended to $OUT/<date>-1x<gpu>.jsonl). MICRO_COMPARE picks
+# the micro-batch (default 4).
+launch=$(find_bin launch)
+gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | awk '{print tolower($NF)}')
+jsonl="$final/$(date -u +%F)-1x${gpu_name}.jsonl"
+for engine in ${COMPARE:-}; do
+  for micro in ${MICRO_COMPARE:-4}; do
+    name="compile_${engine}_mb${micro}"
+    timeout 900 python3 tools/bench_compare.py --launch "$launch" --bench "$bench" --nproc 1 \
+      --engine "$engine" --torch_compile --micro_batch "$micro" \
+      --init_dir /tmp/cpptrain_bench_init_qwen3-0.6b --jsonl "$jsonl" --log_dir "$out/$name" \
+      --runs "${REPEATS_COMPARE:-3}" --steps "${STEPS_COMPARE:-15}" --warmup 3 --timeout 300 \
+      >"$out/$name.log" 2>&1
+    echo "$name exit $?:" | tee -a "$summary"
+    grep -E '^[0-9]+ process|^\| (ours|torch) |^ours / torch|^largest|^bench_compare|^  .* differ' \
+      "$out/$name.log" | tee -a "$summary"
+  done
+done

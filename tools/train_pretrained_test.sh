@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# Fine-tuning a Hugging Face directory from the command line: //tools:train with
+# model { pretrained: DIR } on checkpoint/testdata/hf_rope_llama3_tiny (saved by transformers,
+# llama3 RoPE scaling; tests/golden/gen_hf_golden.py) must
+#  1. evaluate at step 0 to transformers' loss on the same samples (expected.json, fp32) within
+#     1e-5, before any training;
+#  2. fine-tune: the loss falls and checkpoint-N is saved;
+#  3. refuse a model.decoder field that disagrees with config.json, naming it and both values;
+#  4. under FSDP2 on two processes (sharded at load: each rank reads its own rows), evaluate at
+#     step 0 to the same loss;
+#  5. `ckpt to-full` of the checkpoint writes config.json and generation_config.json, and
+#     transformers' from_pretrained loads the result as it is, with the final eval_loss
+#     (tools/hf_eval_loss.py; needs torch and transformers in $CPPTRAIN_VENV, else SKIPPED).
+set -euo pipefail
+train="$1"
+ckpt="$2"
+model_dir="$3"
+golden_dir="$4"
+checker="$5"
+launch="$6"
+out="${TEST_TMPDIR}/finetune"
+eval_file="$golden_dir/eval.bin"
+expected=$(sed -nE 's/.*"eval_loss": ([0-9.eE+-]+).*/\1/p' "$golden_dir/expected.json")
+seq_len=$(sed -nE 's/.*"seq_len": ([0-9]+).*/\1/p' "$golden_dir/expected.json")
+job="${TEST_TMPDIR}/job.textproto"
+cat >"$job" <<JOB
+args {
+  output_dir: "$out"
+  per_device_train_batch_size: 4
+  per_device_eval_batch_size: 8
+  max_steps: 20
+  learning_rate: 1e-2
+  logging_steps: 1
+  eval_strategy: STEPS
+  eval_steps: 20
+  eval_on_start: true
+  save_strategy: STEPS
+  save_steps: 20
+  seed: 7
+  local { device: "cpu" }
+}
+model { pretrained: "$model_dir" }
+data { train_file: "$eval_file" eval_file: "$eval_file" seq_len: $seq_len }
+JOB
+
+summary=$("$train" --config="$job" 2>"${TEST_TMPDIR}/train.log") || {
+  cat "${TEST_TMPDIR}/train.log"; exit 1; }
+metrics="$out/metrics.jsonl"
+first_eval=$(grep -m1 '"eval_loss":' "$metrics")
+[[ "$first_eval" == *'"step":0'* ]] || { echo "FAIL: the first evaluation is not at step 0: $first_eval"; exit 1; }
+eval0=$(sed -E 's/.*"eval_loss":([^,}]*).*/\1/' <<<"$first_eval")
+echo "eval_loss at step 0: $eval0; transformers: $expected"
+awk -v a="$eval0" -v b="$expected" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d < 1e-5) }' ||
+  { echo "FAIL: eval_loss at step 0 differs from transformers' by 1e-5 or more"; exit 1; }
+
+first=$(grep -m1 '"loss":' "$metrics" | sed -E 's/.*"loss":([^,}]*).*/\1/')
+last=$(grep '"loss":' "$metrics" | tail -1 | sed -E 's/.*"loss":([^,}]*).*/\1/')
+echo "training loss: first $first, last $last"
+awk -v f="$first" -v l="$last" 'BEGIN { exit !(l < 0.9 * f) }' ||
+  { echo "FAIL: fine-tuning did not lower the loss"; exit 1; }
+[[ -d "$out/checkpoint-20" ]] || { echo "FAIL: no $out/checkpoint-20"; exit 1; }
+
+if "$train" --config="$job" --set=model.decoder.hidden_size=48 --set="args.output_dir=$out-bad" \
+  >/dev/null 2>"${TEST_TMPDIR}/bad.log"; then
+  echo "FAIL: a model.decoder.hidden_size that disagrees with config.json was accepted"; exit 1
+fi
+grep -q "model.decoder.hidden_size is 48 but model.pretrained '$model_dir' has hidden_size 32" \
+  "${TEST_TMPDIR}/bad.log" || { echo "FAIL: unclear error:"; cat "${TEST_TMPDIR}/bad.log"; exit 1; }
+
+sharded=$("$launch" --nproc_per_node=2 --master_port=0 "$train" --config="$job" \
+  '--set=args.fsdp={version: 2}' --set=args.use_cpu=true --set=args.max_steps=2 \
+  --set=args.save_strategy=NO --set="args.output_dir=$out-fsdp" 2>"${TEST_TMPDIR}/fsdp.log") || {
+  cat "${TEST_TMPDIR}/fsdp.log"; exit 1; }
+grep -q "this rank's rows only" "${TEST_TMPDIR}/fsdp.log" ||
+  { echo "FAIL: the FSDP2 ranks did not load their rows only"; exit 1; }
+fsdp_eval0=$(grep -m1 '"eval_loss":' "$out-fsdp/metrics.jsonl" | sed -E 's/.*"eval_loss":([^,}]*).*/\1/')
+echo "FSDP2, 2 ranks: eval_loss at step 0: $fsdp_eval0"
+awk -v a="$fsdp_eval0" -v b="$expected" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d < 1e-5) }' ||
+  { echo "FAIL: FSDP2's eval_loss at step 0 differs from transformers' by 1e-5 or more"; exit 1; }
+
+full="${TEST_TMPDIR}/full"
+"$ckpt" to-full "$out/checkpoint-20" "$full" >/dev/null
+for f in model.safetensors config.json generation_config.json; do
+  [[ -s "$full/$f" ]] || { echo "FAIL: ckpt to-full wrote no $f"; exit 1; }
+done
+grep -q '"rope_type": "llama3"' "$full/config.json" || { echo "FAIL: config.json lost the RoPE scaling"; exit 1; }
+grep -q '"eos_token_id": 2' "$full/generation_config.json" || { echo "FAIL: generation_config.json lacks eos_token_id"; exit 1; }
+final=$(sed -E 's/.*"eval_loss":([^,}]*).*/\1/' <<<"$summary")
+python="${CPPTRAIN_VENV:-/nonexistent}/bin/python"
+if "$python" -c "import torch, transformers" 2>/dev/null; then
+  "$python" "$checker" "$full" "$eval_file" "$seq_len" "$final"
+else
+  echo "SKIPPED: from_pretrained check of ckpt to-full's output (no torch and transformers in CPPTRAIN_VENV='${CPPTRAIN_VENV:-}')"
+fi
+echo PASS

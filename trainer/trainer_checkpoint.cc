@@ -144,7 +144,7 @@ absl::Status Trainer::SaveCheckpoint() {
   SaveModelStateOptions options;
   // FSDP writes its shards as they are unless fsdp.state_dict_type asks for the full model.
   options.full_model =
-      FullyShardedOf(*model_) == nullptr ||
+      model_->sharding() == nullptr ||
       (args_.has_fsdp() && args_.fsdp().state_dict_type() == proto::FsdpConfig::FULL_STATE_DICT);
   options.include_optimizer = !args_.save_only_model();
   options.engine_name = engine_->name();

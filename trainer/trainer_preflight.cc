@@ -66,7 +66,7 @@ int64_t CheckpointBytes(const TrainableModel& model, bool with_optimizer) {
   auto add = [&](int64_t numel, int64_t element_size, bool trainable) {
     bytes += numel * element_size + (with_optimizer && trainable ? 8 * numel : 0);
   };
-  if (const FullyShardedModel* sharded = FullyShardedOf(model)) {
+  if (const auto* sharded = dynamic_cast<const ShardingCore*>(model.sharding())) {
     for (const auto& [param, info] : sharded->Shards()) {
       int64_t numel = 1;
       for (int64_t d : info->global_shape) numel *= d;

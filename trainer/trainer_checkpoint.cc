@@ -22,6 +22,7 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/files.h"
 #include "checkpoint/hf_model.h"
+#include "checkpoint/manifest.h"
 #include "checkpoint/safetensors.h"
 #include "config/training_args.h"
 #include "engines/engine.h"
@@ -317,13 +318,8 @@ absl::StatusOr<proto::TrainerCheckpointState> Trainer::VerifyResumableOnThisRank
     const std::string& dir) {
   CT_ASSIGN_OR_RETURN(proto::CheckpointManifest manifest, ReadManifest(dir));
   const std::string state_path = dir + "/" + kTrainerStateFileName;
-  CT_ASSIGN_OR_RETURN(std::string text, ReadChecksummedText(state_path, HasChecksums(manifest)));
-  proto::TrainerCheckpointState saved;
-  if (!google::protobuf::TextFormat::ParseFromString(text, &saved)) {
-    return absl::DataLossError(absl::StrCat("'", state_path,
-                                            "' is corrupted (could not be parsed "
-                                            "as TrainerCheckpointState); use another checkpoint"));
-  }
+  CT_ASSIGN_OR_RETURN(proto::TrainerCheckpointState saved,
+                      ReadTrainerState(state_path, HasChecksums(manifest)));
   LoadModelStateOptions options;
   options.strict = args_.load_strict();
   CT_RETURN_IF_ERROR(VerifyModelState(dir, *model_, engine_->optimizer(), options));

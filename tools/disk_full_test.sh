@@ -31,9 +31,9 @@ skip() {
 if [[ -z "${CPPTRAIN_DISK_FULL_NS:-}" ]]; then
   [[ $(id -u) -eq 0 ]] || skip "needs root to mount a small file system (uid $(id -u))"
   command -v unshare >/dev/null || skip "no unshare (util-linux)"
+  why=$(unshare --mount --propagation private true 2>&1) || skip "unshare --mount: $why"
   # Into a private mount namespace: the mount is this process tree's alone.
   CPPTRAIN_DISK_FULL_NS=1 exec unshare --mount --propagation private "$0" "$@"
-  skip "unshare --mount failed"
 fi
 
 mnt="$tmp/small"
@@ -82,7 +82,7 @@ for want in "$out/.tmp-checkpoint-10/" "the disk is full" "bytes at offset" "did
 done
 [[ -d "$out/checkpoint-5" ]] || fail "checkpoint-5 is gone"
 [[ ! -e "$out/.tmp-checkpoint-10" && ! -e "$out/checkpoint-10" ]] ||
-  fail "the failed save left $(ls -a "$out" | tr '\n' ' ')"
+  fail "the failed save left $(find "$out" -maxdepth 1 | tr '\n' ' ')"
 
 "$ckpt" verify "$out/checkpoint-5" >"$tmp/verify.log" 2>&1 ||
   fail "ckpt verify checkpoint-5: $(cat "$tmp/verify.log")"

@@ -77,6 +77,7 @@ sources() {
       labels=$(bazel query --keep_going --noshow_progress --noimplicit_deps \
         "kind('source file', deps(set(//checkpoint:files ${FUZZ_DEPS[$t]})))" --output=label 2>"$out/query.log") ||
         [[ $? -eq 3 ]] || die "bazel query of ${FUZZ_DEPS[$t]} failed: $(tail -3 "$out/query.log")"
+      # shellcheck disable=SC2046  # one line: the paths, split at spaces
       echo "${t}_SRCS :=" $(grep '^//' <<<"$labels" | sed -e 's|^//||; s|:|/|; s|^/||' |
         sed -n -e 's|^proto/\(.*\)\.proto$|gen/proto/\1.pb|p' -e 's|\.cc$||p' | sort)
     done

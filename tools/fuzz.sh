@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds and runs the libFuzzer targets of fuzz/ (one per parser of outside input) with clang,
 # AddressSanitizer and UndefinedBehaviorSanitizer. Not a Bazel build: the project's Bazel
-# toolchain is GCC, so fuzz/fuzz.mk compiles the sources each target needs with clang.
+# toolchain is GCC, so fuzz/fuzz.mk compiles with clang (through ccache where installed) the
+# sources `bazel query` lists for the Bazel libraries each target uses (FUZZ_DEPS below).
 #
 #   tools/fuzz.sh build [TARGET...]          build into $FUZZ_OUT (default build/fuzz)
 #   tools/fuzz.sh run TARGET [FLAGS...]      fuzz TARGET on a work corpus seeded from

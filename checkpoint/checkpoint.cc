@@ -369,7 +369,9 @@ absl::Status CopyPlan(CheckpointFiles& files, const LoadPlan& plan,
     std::map<std::string, at::Tensor> state;
     for (const auto& [name, read] : p.state) {
       CT_ASSIGN_OR_RETURN(at::Tensor value, ReadRows(files, read));
-      CT_ASSIGN_OR_RETURN(state[name], CatchTorch([&] { return value.view(read.view); }));
+      // A named copy: clang before 16 cannot capture a structured binding in a lambda.
+      const std::vector<int64_t>& view = read.view;
+      CT_ASSIGN_OR_RETURN(state[name], CatchTorch([&] { return value.view(view); }));
     }
     CT_RETURN_IF_ERROR(ImportState(files.dir(), p, state, *optimizer, strict));
   }

@@ -23,6 +23,7 @@
 #include "checkpoint/optimizer_state.h"
 #include "checkpoint/safetensors.h"
 #include "models/decoder.h"
+#include "sharding/flat_shard.h"
 #include "sharding/fully_shard.h"
 #include "sharding/shard_rows.h"
 
@@ -152,7 +153,26 @@ struct Read {
   int64_t begin = 0;
   int64_t rows = 0;
   std::vector<int64_t> view;
+  // FSDP1: of the rows read, flattened, elements [skip, skip + take) are this rank's piece.
+  int64_t skip = 0;
+  int64_t take = -1;  // -1: all of them
 };
+
+// The rows covering an FSDP1 piece (elements of the flattened tensor) of a tensor stored with
+// `stored` shape, and where the piece starts in them.
+Read PieceRead(const proto::CheckpointTensor* entry, const std::vector<int64_t>& stored,
+               const ShardInfo& piece, std::vector<int64_t> view) {
+  int64_t numel = 1;
+  for (int64_t d : stored) numel *= d;
+  const int64_t row_numel = stored[0] == 0 ? 1 : std::max<int64_t>(1, numel / stored[0]);
+  Read read{entry, 0, 0, std::move(view), 0, piece.local_numel};
+  if (piece.local_numel == 0) return read;
+  read.begin = piece.element_begin / row_numel;
+  const int64_t end = (piece.element_begin + piece.local_numel + row_numel - 1) / row_numel;
+  read.rows = end - read.begin;
+  read.skip = piece.element_begin - read.begin * row_numel;
+  return read;
+}
 
 struct ParamPlan {
   std::string name;
@@ -206,6 +226,7 @@ LoadPlan PlanLoad(const std::string& dir, const proto::CheckpointManifest& manif
     if (absl::StartsWith(t.name(), kOptimizerPrefix)) plan.has_optimizer_state = true;
   }
   FullyShardedModel* sharded = FullyShardedOf(model);
+  FlatShardedModel* flat = FlatShardedOf(model);
   std::set<std::string> params;
   std::vector<std::string> param_names;
   const auto named = model.named_parameters(/*recurse=*/true);
@@ -216,7 +237,10 @@ LoadPlan PlanLoad(const std::string& dir, const proto::CheckpointManifest& manif
     const std::string& name = item.key();
     params.insert(name);
     const ShardInfo* info = sharded ? sharded->Find(item.value()) : nullptr;
-    const std::vector<int64_t> global = info ? info->global_shape : item.value().sizes().vec();
+    const ShardInfo* piece = flat ? flat->FindPiece(item.value()) : nullptr;
+    const std::vector<int64_t> global = info    ? info->global_shape
+                                        : piece ? piece->global_shape
+                                                : item.value().sizes().vec();
     auto it = by_name.find(kModelPrefix + name);
     if (it == by_name.end()) {
       plan.problems.AddMissing(name, global, ConfigFieldHint(name, saved_layers));
@@ -228,7 +252,9 @@ LoadPlan PlanLoad(const std::string& dir, const proto::CheckpointManifest& manif
     }
     const int64_t begin = info ? info->row_begin : 0;
     const int64_t rows = info ? info->local_rows : StoredShape(global)[0];
-    ParamPlan p{name, item.value(), {it->second, begin, rows, item.value().sizes().vec()}, {}};
+    const std::vector<int64_t> local = item.value().sizes().vec();
+    ParamPlan p{name, item.value(), {it->second, begin, rows, local}, {}};
+    if (piece != nullptr) p.weights = PieceRead(it->second, StoredShape(global), *piece, local);
     const std::string prefix = absl::StrCat(kOptimizerPrefix, name, ".");
     for (auto s = by_name.lower_bound(prefix);
          optimizer != nullptr && s != by_name.end() && absl::StartsWith(s->first, prefix); ++s) {
@@ -236,9 +262,10 @@ LoadPlan PlanLoad(const std::string& dir, const proto::CheckpointManifest& manif
       const std::string state = s->first.substr(prefix.size());
       if (state.find('.') != std::string::npos) continue;  // another parameter's (name.x.y)
       // Shaped like the parameter: split like it. Anything else (step): whole.
-      const bool split_like_param = info != nullptr && shape == global;
-      p.state[state] = split_like_param ? Read{s->second, begin, rows, item.value().sizes().vec()}
-                                        : Read{s->second, 0, StoredShape(shape)[0], shape};
+      const bool split_like_param = (info != nullptr || piece != nullptr) && shape == global;
+      p.state[state] = !split_like_param  ? Read{s->second, 0, StoredShape(shape)[0], shape}
+                       : piece != nullptr ? PieceRead(s->second, StoredShape(global), *piece, local)
+                                          : Read{s->second, begin, rows, local};
     }
     plan.params.push_back(std::move(p));
   }
@@ -278,6 +305,7 @@ absl::Status VerifyPlan(CheckpointFiles& files, const proto::CheckpointManifest&
   }
   for (const ParamPlan& p : plan.params) {
     for (const Read* read : ReadsOf(p)) {
+      if (read->take == 0) continue;  // an empty FSDP1 piece reads nothing
       CT_RETURN_IF_ERROR(files.ForEachSlice(
           *read->entry, read->begin, read->rows,
           [&](const proto::TensorPiece& piece, int64_t a, int64_t, const at::Tensor& slice) {
@@ -321,25 +349,72 @@ absl::Status ImportState(const std::string& dir, const ParamPlan& p,
       kLoadStrictEscape));
 }
 
+// The rows `read` names, narrowed to its FSDP1 piece when it has one.
+absl::StatusOr<at::Tensor> ReadRows(CheckpointFiles& files, const Read& read) {
+  if (read.take == 0) return at::empty({0});
+  CT_ASSIGN_OR_RETURN(at::Tensor rows, files.Rows(*read.entry, read.begin, read.rows));
+  if (read.take < 0) return rows;
+  return CatchTorch([&] { return rows.reshape({-1}).narrow(0, read.skip, read.take); });
+}
+
 absl::Status CopyPlan(CheckpointFiles& files, const LoadPlan& plan,
                       torch::optim::Optimizer* optimizer, bool strict) {
   torch::NoGradGuard no_grad;
   int64_t bytes = 0;
   for (const ParamPlan& p : plan.params) {
-    CT_ASSIGN_OR_RETURN(at::Tensor data,
-                        files.Rows(*p.weights.entry, p.weights.begin, p.weights.rows));
+    CT_ASSIGN_OR_RETURN(at::Tensor data, ReadRows(files, p.weights));
     CT_RETURN_IF_ERROR(CatchTorch([&] { p.param.detach().copy_(data.view(p.weights.view)); }));
     bytes += data.numel() * data.element_size();
     if (optimizer == nullptr || p.state.empty()) continue;
     std::map<std::string, at::Tensor> state;
     for (const auto& [name, read] : p.state) {
-      CT_ASSIGN_OR_RETURN(at::Tensor value, files.Rows(*read.entry, read.begin, read.rows));
-      CT_ASSIGN_OR_RETURN(state[name], CatchTorch([&] { return value.view(read.view); }));
+      CT_ASSIGN_OR_RETURN(at::Tensor value, ReadRows(files, read));
+      // A named copy: clang before 16 cannot capture a structured binding in a lambda.
+      const std::vector<int64_t>& view = read.view;
+      CT_ASSIGN_OR_RETURN(state[name], CatchTorch([&] { return value.view(view); }));
     }
     CT_RETURN_IF_ERROR(ImportState(files.dir(), p, state, *optimizer, strict));
   }
   VLOG(1) << "loaded " << bytes << " bytes of parameters from " << files.dir();
   return absl::OkStatus();
+}
+
+// FSDP1 holds each parameter as a 1-d piece of its flattened value; a sharded checkpoint
+// holds rows split over the shard group as FSDP2 splits them (ShardRowRange), so that any
+// engine at any world size reads it. These are the rows this rank writes.
+ShardInfo RowsOfPiece(const ShardInfo& piece) {
+  ShardInfo rows = piece;
+  const int64_t stored_rows = StoredShape(piece.global_shape)[0];
+  const RowRange range = ShardRowRange(stored_rows, piece.shard_size, piece.shard_rank);
+  rows.chunk_rows = ShardChunkRows(stored_rows, piece.shard_size);
+  rows.row_begin = range.begin;
+  rows.local_rows = range.rows();
+  return rows;
+}
+
+// `local` as the rows it is written as: as it is, or for an FSDP1 piece (every rank of the
+// mesh calls it for the same tensors) its rows rebuilt from the pieces: each rank puts its
+// piece into a zeroed full tensor, the shard group sums them, the rank keeps its rows. One
+// full tensor is alive at a time.
+absl::StatusOr<at::Tensor> RowsToWrite(FlatShardedModel* flat, const ShardInfo* piece,
+                                       const ShardInfo& rows, const at::Tensor& local) {
+  if (piece == nullptr) return local.detach().reshape(StoredShape(local.sizes().vec()));
+  int64_t numel = 1;
+  for (int64_t d : piece->global_shape) numel *= d;
+  at::Tensor full;
+  CT_RETURN_IF_ERROR(CatchTorch([&] {
+    full = at::zeros({numel}, local.options().device(flat->device()));
+    full.narrow(0, piece->element_begin, piece->local_numel)
+        .copy_(local.detach().reshape({-1}).to(flat->device()));
+  }));
+  CT_ASSIGN_OR_RETURN(std::unique_ptr<Work> work,
+                      flat->mesh().shard->AllReduce(full, ReduceOp::kSum));
+  CT_RETURN_IF_ERROR(work->Synchronize());
+  return CatchTorch([&] {
+    return full.view(StoredShape(piece->global_shape))
+        .narrow(0, rows.row_begin, rows.local_rows)
+        .to(at::kCPU);
+  });
 }
 
 // The plan for `dir`, with its problems resolved (strict: an error; else warnings when `warn`).
@@ -364,7 +439,9 @@ absl::StatusOr<LoadPlan> ResolvedPlan(const std::string& dir,
 absl::Status SaveModelState(const std::string& dir, TrainableModel& model,
                             torch::optim::Optimizer* optimizer, HostGroup& ranks,
                             const SaveModelStateOptions& options) {
-  FullyShardedModel* sharded = FullyShardedOf(model);
+  FullyShardedModel* per_param = FullyShardedOf(model);
+  FlatShardedModel* flat = FlatShardedOf(model);
+  ShardingCore* sharded = per_param != nullptr ? static_cast<ShardingCore*>(per_param) : flat;
   const int rank = ranks.rank();
   const int shards = sharded ? sharded->mesh().shard->size() : 1;
   const int shard = sharded ? sharded->mesh().shard->rank() : 0;
@@ -387,7 +464,9 @@ absl::Status SaveModelState(const std::string& dir, TrainableModel& model,
   if (options.full_model && rank == 0) {
     std::vector<SafetensorsWriter::Entry> entries;
     for (const auto& item : params) {
-      const ShardInfo* info = sharded ? sharded->Find(item.value()) : nullptr;
+      const ShardInfo* info = per_param ? per_param->Find(item.value())
+                              : flat    ? flat->FindPiece(item.value())
+                                        : nullptr;
       entries.push_back({item.key(), info ? info->dtype : item.value().scalar_type(),
                          info ? info->global_shape : item.value().sizes().vec()});
     }
@@ -397,7 +476,9 @@ absl::Status SaveModelState(const std::string& dir, TrainableModel& model,
   for (const auto& item : params) {
     const std::string& name = item.key();
     const at::Tensor& p = item.value();
-    const ShardInfo* info = sharded ? sharded->Find(p) : nullptr;
+    const ShardInfo* piece = flat ? flat->FindPiece(p) : nullptr;
+    const ShardInfo rows_of_piece = piece ? RowsOfPiece(*piece) : ShardInfo();
+    const ShardInfo* info = per_param ? per_param->Find(p) : piece ? &rows_of_piece : nullptr;
     const std::vector<int64_t> global = info ? info->global_shape : p.sizes().vec();
     const at::ScalarType dtype = info ? info->dtype : p.scalar_type();
     const Layout split{info, StoredShape(global)};
@@ -412,8 +493,9 @@ absl::Status SaveModelState(const std::string& dir, TrainableModel& model,
     } else {
       AddToManifest(manifest, kModelPrefix + name, kModelPrefix + name, dtype, global, split,
                     whole_file);
+      CT_ASSIGN_OR_RETURN(at::Tensor rows, RowsToWrite(flat, piece, rows_of_piece, p));
       if (writes && (info ? info->local_rows > 0 : true)) {
-        mine.emplace_back(kModelPrefix + name, p.detach().reshape(StoredShape(p.sizes().vec())));
+        mine.emplace_back(kModelPrefix + name, rows);
       }
     }
     if (optimizer == nullptr || !options.include_optimizer) continue;
@@ -426,8 +508,11 @@ absl::Status SaveModelState(const std::string& dir, TrainableModel& model,
                     split_like_param ? split : Layout{nullptr, StoredShape(logical)}, whole_file);
       const bool write_it =
           split_like_param ? writes && info->local_rows > 0 : (sharded ? rank == 0 : writes);
-      if (write_it)
-        mine.emplace_back(key, value.detach().reshape(StoredShape(value.sizes().vec())));
+      at::Tensor rows = value.detach().reshape(StoredShape(value.sizes().vec()));
+      if (split_like_param) {
+        CT_ASSIGN_OR_RETURN(rows, RowsToWrite(flat, piece, rows_of_piece, value));
+      }
+      if (write_it) mine.emplace_back(key, rows);
     }
   }
   if (full_writer) {

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <ftw.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -21,16 +22,33 @@ ScopedFd::~ScopedFd() {
   if (fd >= 0) ::close(fd);
 }
 
+namespace {
+
+// A failed pwrite. A full disk (or quota) says how much did not fit and how much is free.
+absl::Status WriteError(int error, int fd, int64_t size, int64_t offset, const std::string& path) {
+  if (error != ENOSPC && error != EDQUOT) {
+    return absl::ErrnoToStatus(error, absl::StrCat("cannot write ", size, " bytes at offset ",
+                                                   offset, " of '", path, "'"));
+  }
+  struct statvfs fs;
+  const std::string free =
+      ::fstatvfs(fd, &fs) == 0
+          ? absl::StrCat(static_cast<int64_t>(fs.f_bavail) * static_cast<int64_t>(fs.f_frsize),
+                         " bytes are free there")
+          : "the free space is unknown";
+  return absl::ErrnoToStatus(
+      error, absl::StrCat("cannot write '", path, "': the disk is full (", size,
+                          " bytes at offset ", offset, " did not fit; ", free, ")"));
+}
+
+}  // namespace
+
 absl::Status WriteAt(int fd, const char* data, int64_t size, int64_t offset,
                      const std::string& path) {
   while (size > 0) {
     const ssize_t n = ::pwrite(fd, data, static_cast<size_t>(size), offset);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      return absl::ErrnoToStatus(n < 0 ? errno : EIO,
-                                 absl::StrCat("cannot write ", size, " bytes at offset ", offset,
-                                              " of '", path, "' (is the disk full?)"));
-    }
+    if (n <= 0) return WriteError(n < 0 ? errno : EIO, fd, size, offset, path);
     data += n;
     size -= n;
     offset += n;

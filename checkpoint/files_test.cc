@@ -1,5 +1,6 @@
 #include "checkpoint/files.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -8,12 +9,15 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace cpptrain {
 namespace {
 
 namespace fs = std::filesystem;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
 
 std::string Scratch(const std::string& name) {
   const char* tmp = std::getenv("TEST_TMPDIR");
@@ -78,6 +82,19 @@ TEST(RemoveTreeTest, ErrorNamesThePath) {
   EXPECT_FALSE(status.ok());
   EXPECT_NE(status.message().find(file + "/child"), absl::string_view::npos) << status;
   ASSERT_TRUE(RemoveTree(file).ok());
+}
+
+// /dev/full fails every write with ENOSPC, as a full disk does.
+TEST(WriteAtTest, FullDiskNamesThePathTheBytesAndTheFreeSpace) {
+  ScopedFd fd{::open("/dev/full", O_WRONLY | O_CLOEXEC)};
+  ASSERT_GE(fd.fd, 0) << "no /dev/full";
+  const std::string data(4096, 'x');
+  const absl::Status status = WriteAt(fd.fd, data.data(), 4096, 8, "/ckpt/model.safetensors");
+  EXPECT_TRUE(absl::IsResourceExhausted(status)) << status;
+  EXPECT_THAT(status.message(),
+              AllOf(HasSubstr("cannot write '/ckpt/model.safetensors': the disk is full"),
+                    HasSubstr("4096 bytes at offset 8 did not fit"), HasSubstr("free there"),
+                    HasSubstr("No space left on device")));
 }
 
 }  // namespace

@@ -1,5 +1,8 @@
 #include "checkpoint/manifest.h"
 
+#include <google/protobuf/io/tokenizer.h>
+#include <google/protobuf/text_format.h>
+
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -16,6 +19,20 @@ namespace {
 constexpr unsigned char kChecksumTag = 0x7d;
 constexpr size_t kChecksumBytes = 5;
 constexpr char kChecksumLine[] = "# crc32c ";
+
+// Keeps the text-format parser's first error instead of logging it.
+class FirstError : public google::protobuf::io::ErrorCollector {
+ public:
+  void AddError(int line, google::protobuf::io::ColumnNumber column,
+                const std::string& message) override {
+    if (error_.empty()) error_ = absl::StrCat(line + 1, ":", column + 1, ": ", message);
+  }
+  void AddWarning(int, google::protobuf::io::ColumnNumber, const std::string&) override {}
+  const std::string& error() const { return error_; }
+
+ private:
+  std::string error_;
+};
 
 std::string Where(const std::string& dir) {
   return absl::StrCat("checkpoint manifest '", dir, "/", kManifestFileName, "' is ");
@@ -77,6 +94,22 @@ absl::StatusOr<std::string> ReadChecksummedText(const std::string& path, bool re
                      Crc32cHex(computed), "); use another checkpoint"));
   }
   return text;
+}
+
+absl::StatusOr<proto::TrainerCheckpointState> ReadTrainerState(const std::string& path,
+                                                               bool required) {
+  CT_ASSIGN_OR_RETURN(std::string text, ReadChecksummedText(path, required));
+  proto::TrainerCheckpointState state;
+  FirstError errors;
+  google::protobuf::TextFormat::Parser parser;
+  parser.RecordErrorsTo(&errors);
+  if (!parser.ParseFromString(text, &state)) {
+    return absl::DataLossError(absl::StrCat("'", path,
+                                            "' is corrupted (could not be parsed as "
+                                            "TrainerCheckpointState: ",
+                                            errors.error(), "); use another checkpoint"));
+  }
+  return state;
 }
 
 absl::StatusOr<proto::CheckpointManifest> ReadManifest(const std::string& dir) {

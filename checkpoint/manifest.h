@@ -57,6 +57,12 @@ std::string WithChecksumLine(const std::string& text);
 // manifest is of format 2, which writes it; older files have none).
 absl::StatusOr<std::string> ReadChecksummedText(const std::string& path, bool required);
 
+// trainer_state.textproto at `path` (ReadChecksummedText, then the text format): DataLoss
+// naming the file when the checksum fails or the text does not parse as a
+// TrainerCheckpointState (with the parser's first error, line:column).
+absl::StatusOr<proto::TrainerCheckpointState> ReadTrainerState(const std::string& path,
+                                                               bool required);
+
 }  // namespace cpptrain
 
 #endif  // CPPTRAIN_CHECKPOINT_MANIFEST_H_

@@ -583,7 +583,8 @@ at::Tensor SafetensorsFile::View(at::ScalarType dtype, const std::vector<int64_t
   const size_t element_size = c10::elementSize(dtype);
   if (copy || reinterpret_cast<uintptr_t>(bytes) % element_size != 0) {
     at::Tensor owned = at::empty(shape, options);
-    std::memcpy(owned.data_ptr(), bytes, owned.numel() * element_size);
+    // An empty tensor's data_ptr() is null, which memcpy must not get even for 0 bytes.
+    if (owned.numel() > 0) std::memcpy(owned.data_ptr(), bytes, owned.numel() * element_size);
     return owned;
   }
   std::shared_ptr<Mapping> keep_alive = mapping_;

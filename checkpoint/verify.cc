@@ -1,6 +1,5 @@
 #include "checkpoint/verify.h"
 
-#include <google/protobuf/text_format.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -120,12 +119,12 @@ void VerifyTrainerFiles(const std::string& dir, const proto::CheckpointManifest&
   const std::string state_path = absl::StrCat(dir, "/", kTrainerStateFileName);
   proto::TrainerCheckpointState state;
   if (Exists(state_path)) {
-    absl::StatusOr<std::string> text = ReadChecksummedText(state_path, HasChecksums(manifest));
-    if (!text.ok()) {
-      report.problems.push_back(text.status());
-    } else if (!google::protobuf::TextFormat::ParseFromString(*text, &state)) {
-      report.problems.push_back(absl::DataLossError(
-          absl::StrCat("'", state_path, "' is corrupted (could not be parsed)")));
+    absl::StatusOr<proto::TrainerCheckpointState> read =
+        ReadTrainerState(state_path, HasChecksums(manifest));
+    if (read.ok()) {
+      state = *std::move(read);
+    } else {
+      report.problems.push_back(read.status());
     }
   }
   std::set<std::string> rng_files;

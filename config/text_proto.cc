@@ -73,6 +73,12 @@ std::string Suggestion(absl::string_view name, const std::vector<std::string>& c
   const std::string* best = nullptr;
   int best_distance = std::max<int>(2, static_cast<int>(name.size()) / 3) + 1;
   for (const std::string& candidate : candidates) {
+    // The distance is at least the difference in length: skip what cannot be closer (and the
+    // quadratic distance of a long typo against every field name).
+    const size_t shorter = std::min(lower.size(), candidate.size());
+    if (static_cast<int>(std::max(lower.size(), candidate.size()) - shorter) >= best_distance) {
+      continue;
+    }
     int distance = EditDistance(lower, absl::AsciiStrToLower(candidate));
     if (distance < best_distance) {
       best_distance = distance;

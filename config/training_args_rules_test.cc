@@ -407,6 +407,29 @@ TEST(FsdpRulesTest, Version2RejectsLocalStateDict) {
               AllOf(HasSubstr("LOCAL_STATE_DICT"), HasSubstr("version=2")));
 }
 
+TEST(FsdpRulesTest, Version1StrategiesAndMesh) {
+  ExpectValid("fsdp { version: 1 sharding_strategy: HYBRID_SHARD dp_replicate_size: 2 }");
+  ExpectValid("fsdp { version: 1 sharding_strategy: HYBRID_SHARD_ZERO2 dp_replicate_size: 2 }");
+  ExpectValid("fsdp { version: 1 sharding_strategy: NO_SHARD backward_prefetch: BACKWARD_POST }");
+  EXPECT_THAT(
+      OneProblem("fsdp { version: 1 sharding_strategy: FULL_SHARD dp_replicate_size: 2 }"),
+      AllOf(HasSubstr("dp_replicate_size=2"), HasSubstr("FULL_SHARD"), HasSubstr("HYBRID_SHARD")));
+  EXPECT_THAT(OneProblem("fsdp { version: 1 sharding_strategy: NO_SHARD dp_shard_size: 2 }"),
+              AllOf(HasSubstr("dp_shard_size=2"), HasSubstr("NO_SHARD")));
+}
+
+TEST(FsdpRulesTest, Version1Keys) {
+  EXPECT_THAT(OneProblem("fsdp { version: 1 use_orig_params: false }"),
+              AllOf(HasSubstr("use_orig_params=false"), HasSubstr("use_orig_params=true")));
+  EXPECT_THAT(OneProblem("fsdp { version: 1 output_dtype: BF16 }"),
+              AllOf(HasSubstr("output_dtype=BF16"), HasSubstr("FSDP2-only")));
+  EXPECT_THAT(OneProblem("fsdp { version: 1 state_dict_type: LOCAL_STATE_DICT }"),
+              AllOf(HasSubstr("LOCAL_STATE_DICT"), HasSubstr("version=1")));
+  EXPECT_THAT(OneProblem("fsdp { version: 2 buffer_dtype: BF16 }"),
+              AllOf(HasSubstr("buffer_dtype=BF16"), HasSubstr("FSDP1-only")));
+  ExpectValid("fsdp { version: 1 buffer_dtype: BF16 param_dtype: BF16 reduce_dtype: FP32 }");
+}
+
 TEST(FsdpRulesTest, ActivationCheckpointingExcludesGradientCheckpointing) {
   EXPECT_THAT(OneProblem("gradient_checkpointing: true fsdp { activation_checkpointing: true }"),
               AllOf(HasSubstr("fsdp.activation_checkpointing=true"),

@@ -9,10 +9,13 @@
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
 #include "engines/ddp/ddp_engine.h"
+#include "engines/fsdp/fsdp1_engine.h"
 #include "engines/fsdp/fsdp2_engine.h"
 #include "engines/local/local_engine.h"
 #include "sharding/device_mesh.h"
+#include "sharding/flat_shard.h"
 #include "sharding/fully_shard.h"
+#include "sharding/noop_communicator.h"
 #include "sharding/rendezvous.h"
 
 namespace cpptrain {
@@ -56,19 +59,19 @@ absl::StatusOr<c10::Device> DataParallelDevice(const DistributedEnv& env, bool u
 
 namespace {
 
-// The FSDP mesh: 1-D over all ranks, or [dp_replicate_size, dp_shard_size] for HSDP.
-absl::StatusOr<ShardMesh> CreateShardMesh(const proto::FsdpConfig& config,
-                                          const DistributedEnv& env, c10::Device device,
-                                          std::chrono::milliseconds timeout) {
+// A mesh of `replicate` x `shard` ranks: 1-D over all ranks when replicate is 1; with shard 1
+// (FSDP1's NO_SHARD) every rank is its own shard group, which a one-rank communicator serves
+// exactly (its all-gather and reduce-scatter copy), and all ranks replicate.
+absl::StatusOr<ShardMesh> CreateMesh(int replicate, int shard, const DistributedEnv& env,
+                                     c10::Device device, std::chrono::milliseconds timeout) {
   CT_ASSIGN_OR_RETURN(auto store, NextEngineStore(env, timeout));
-  const int replicate = config.dp_replicate_size();
-  const int shard =
-      config.dp_shard_size() > 0 ? config.dp_shard_size() : env.world_size / replicate;
-  if (replicate <= 1) {
+  if (replicate <= 1 || shard == 1) {
     CT_ASSIGN_OR_RETURN(
         std::unique_ptr<Communicator> comm,
         CreateCommunicatorForDevice(store, env.rank, env.world_size, device.type(), timeout));
-    return ShardMesh{std::shared_ptr<Communicator>(std::move(comm)), nullptr};
+    std::shared_ptr<Communicator> all(std::move(comm));
+    if (replicate <= 1) return ShardMesh{all, nullptr};
+    return ShardMesh{std::make_shared<NoopCommunicator>(0, 1), all};
   }
   CommunicatorFactory factory = [&](c10::intrusive_ptr<c10d::Store> group_store, int group_rank,
                                     int group_size) {
@@ -80,6 +83,21 @@ absl::StatusOr<ShardMesh> CreateShardMesh(const proto::FsdpConfig& config,
   std::shared_ptr<DeviceMesh> owner(std::move(mesh));
   return ShardMesh{std::shared_ptr<Communicator>(owner, &owner->comm(1)),
                    std::shared_ptr<Communicator>(owner, &owner->comm(0))};
+}
+
+// The FSDP2 mesh: 1-D over all ranks, or [dp_replicate_size, dp_shard_size] for HSDP; FSDP1's
+// follows sharding_strategy (Fsdp1MeshShape).
+absl::StatusOr<ShardMesh> CreateShardMesh(const proto::FsdpConfig& config,
+                                          const DistributedEnv& env, c10::Device device,
+                                          std::chrono::milliseconds timeout) {
+  if (config.version() == 1) {
+    const auto [replicate, shard] = Fsdp1MeshShape(config, env.world_size, env.local_world_size);
+    return CreateMesh(replicate, shard, env, device, timeout);
+  }
+  const int replicate = config.dp_replicate_size();
+  const int shard =
+      config.dp_shard_size() > 0 ? config.dp_shard_size() : env.world_size / replicate;
+  return CreateMesh(replicate, shard, env, device, timeout);
 }
 
 }  // namespace
@@ -96,6 +114,20 @@ absl::StatusOr<std::unique_ptr<Engine>> CreateEngine(const proto::TrainingArgume
                                                      const TrainableModel* model) {
   const MixedPrecision precision = MixedPrecisionFromArgs(args);
   const FullyShardedModel* sharded = model ? FullyShardedOf(*model) : nullptr;
+  if (const FlatShardedModel* flat = model ? FlatShardedOf(*model) : nullptr) {
+    if (args.engine_case() == proto::TrainingArguments::ENGINE_NOT_SET ||
+        (args.has_fsdp() && args.fsdp().version() == 1)) {
+      proto::FsdpConfig config = args.fsdp();
+      config.set_version(1);
+      CT_ASSIGN_OR_RETURN(std::unique_ptr<Fsdp1Engine> engine,
+                          Fsdp1Engine::Create(config, precision, flat->device(), flat->mesh()));
+      return std::unique_ptr<Engine>(std::move(engine));
+    }
+    return absl::InvalidArgumentError(
+        "the model was flat-sharded at load time (FlatShard, FSDP1) but the training arguments "
+        "select another engine: remove the engine (the Trainer adopts the flat parameters) or "
+        "set `fsdp { version: 1 }`");
+  }
   if (sharded != nullptr) {
     if (args.engine_case() == proto::TrainingArguments::ENGINE_NOT_SET ||
         (args.has_fsdp() && args.fsdp().version() == 2)) {
@@ -134,11 +166,16 @@ absl::StatusOr<std::unique_ptr<Engine>> CreateEngine(const proto::TrainingArgume
       return std::unique_ptr<Engine>(std::move(engine));
     }
     case proto::TrainingArguments::kFsdp: {
-      if (args.fsdp().version() != 2) break;
+      if (args.fsdp().version() != 1 && args.fsdp().version() != 2) break;
       CT_ASSIGN_OR_RETURN(DistributedEnv env, DistributedEnvFromEnvironment());
       const std::chrono::milliseconds timeout(int64_t{args.ddp_timeout()} * 1000);
       CT_ASSIGN_OR_RETURN(const c10::Device device, DataParallelDevice(env, args.use_cpu()));
       CT_ASSIGN_OR_RETURN(ShardMesh mesh, CreateShardMesh(args.fsdp(), env, device, timeout));
+      if (args.fsdp().version() == 1) {
+        CT_ASSIGN_OR_RETURN(std::unique_ptr<Fsdp1Engine> engine,
+                            Fsdp1Engine::Create(args.fsdp(), precision, device, std::move(mesh)));
+        return std::unique_ptr<Engine>(std::move(engine));
+      }
       CT_ASSIGN_OR_RETURN(std::unique_ptr<Fsdp2Engine> engine,
                           Fsdp2Engine::Create(args.fsdp(), precision, device, std::move(mesh)));
       return std::unique_ptr<Engine>(std::move(engine));
@@ -147,16 +184,14 @@ absl::StatusOr<std::unique_ptr<Engine>> CreateEngine(const proto::TrainingArgume
       break;
   }
   if (args.has_fsdp()) {
-    return absl::UnimplementedError(absl::StrCat(
+    return absl::InvalidArgumentError(absl::StrCat(
         "fsdp.version=", args.fsdp().version(),
-        " selects FSDP1 (flat parameters), which this "
-        "build does not contain yet: set fsdp.version=2 (per-parameter shards, the same memory "
-        "savings)"));
+        " is unknown: set fsdp.version=1 (flat parameters) or 2 (per-parameter shards)"));
   }
   const std::string& selected = args.GetDescriptor()->FindFieldByNumber(args.engine_case())->name();
   return absl::UnimplementedError(absl::StrCat(
       "the training arguments select the `", selected,
-      "` engine, which this build does not contain yet (`local`, `ddp` and `fsdp` version 2 "
+      "` engine, which this build does not contain yet (`local`, `ddp` and `fsdp` versions 1 and 2 "
       "exist so far): configure `fsdp { version: 2 }`, `ddp {}` or `local {}`"));
 }
 

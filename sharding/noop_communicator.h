@@ -1,7 +1,9 @@
 // A communicator that communicates nothing, for measuring how much communication a training
 // step exposes (bench --skip_collectives): every collective completes at once and leaves the
 // data as it is (all-gather copies the input into this rank's slot). Results are wrong by
-// design; never train with it.
+// design for size > 1; never train with such a one. With size 1 every collective is exactly
+// what a one-rank group computes (all-gather and reduce-scatter copy, the rest leave the data),
+// so FSDP1's NO_SHARD uses NoopCommunicator(0, 1) as each rank's own shard group.
 //
 //   auto comm = std::make_shared<NoopCommunicator>(rank, world);
 #ifndef CPPTRAIN_SHARDING_NOOP_COMMUNICATOR_H_
@@ -23,9 +25,7 @@ class NoopCommunicator : public Communicator {
   int size() const override { return size_; }
   std::string backend() const override { return "none"; }
 
-  absl::StatusOr<std::unique_ptr<Work>> AllReduce(at::Tensor&, ReduceOp) override {
-    return Done();
-  }
+  absl::StatusOr<std::unique_ptr<Work>> AllReduce(at::Tensor&, ReduceOp) override { return Done(); }
   absl::StatusOr<std::unique_ptr<Work>> AllGather(const at::Tensor& input,
                                                   at::Tensor& output) override {
     output.view(-1).narrow(0, rank_ * input.numel(), input.numel()).copy_(input.view(-1));

@@ -38,7 +38,8 @@ def parse_args():
     p.add_argument("--jsonl", default="", help="file every raw JSON line is appended to")
     p.add_argument("--runs", type=int, default=3, help="runs per side, interleaved")
     p.add_argument("--nproc", type=int, default=1, help="processes (GPUs) per run")
-    p.add_argument("--engine", default="ddp", choices=["local", "ddp", "fsdp2"], help="ours")
+    p.add_argument("--engine", default="ddp", choices=["local", "ddp", "fsdp1", "fsdp2"],
+                   help="ours")
     p.add_argument("--torch_engine", default="",
                    help="PyTorch's engine (default: --engine; local means no wrapper)")
     p.add_argument("--torch_impl", default="native", choices=["native", "hf"])

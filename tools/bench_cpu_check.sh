@@ -42,6 +42,7 @@ expect() {  # want (pass|fail), name, compare arguments...
 expect pass local_1 "$work/init" 1 local --runs 3
 expect pass ddp_2 "$work/init" 2 ddp --runs 3
 expect pass fsdp2_2 "$work/init" 2 fsdp2 --runs 3
+expect pass fsdp1_2 "$work/init" 2 fsdp1 --runs 3
 
 # Other weights on PyTorch's side: the same tokens, every matrix perturbed.
 cp -r "$work/init" "$work/other"

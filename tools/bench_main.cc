@@ -10,7 +10,7 @@
 //   flops_per_token   = 6 * matmul parameters (LM head included)
 //                     + 12 * layers * heads * head_dim * seq_len
 //   MFU               = TFLOP/s per GPU / --peak_tflops
-// --skip_collectives (ddp, fsdp2) replaces the communicator with one that moves nothing
+// --skip_collectives (ddp, fsdp1, fsdp2) replaces the communicator with one that moves nothing
 // (wrong results, right timing), so the difference to a normal run is the exposed
 // communication.
 //
@@ -37,6 +37,7 @@
 #include "config/text_proto.h"
 #include "engines/ddp/ddp_engine.h"
 #include "engines/engine_factory.h"
+#include "engines/fsdp/fsdp1_engine.h"
 #include "engines/fsdp/fsdp2_engine.h"
 #include "models/configs.h"
 #include "sharding/noop_communicator.h"
@@ -47,7 +48,7 @@
 #include "trainer/trainer.h"
 
 ABSL_FLAG(std::string, model, "qwen3-0.6b", "named decoder config (models/configs.cc)");
-ABSL_FLAG(std::string, engine, "ddp", "local, ddp or fsdp2");
+ABSL_FLAG(std::string, engine, "ddp", "local, ddp, fsdp1 or fsdp2");
 ABSL_FLAG(int64_t, seq_len, 2048, "tokens per sample");
 ABSL_FLAG(int64_t, micro_batch, 4, "samples per micro-batch per GPU");
 ABSL_FLAG(int64_t, grad_accum, 1, "micro-batches per optimizer step");
@@ -174,6 +175,11 @@ absl::StatusOr<std::unique_ptr<Engine>> MakeEngine(const proto::TrainingArgument
   CT_ASSIGN_OR_RETURN(const c10::Device device,
                       DataParallelDevice(env, absl::GetFlag(FLAGS_use_cpu)));
   auto noop = std::make_shared<NoopCommunicator>(env.rank, env.world_size);
+  if (args.has_fsdp() && args.fsdp().version() == 1) {
+    CT_ASSIGN_OR_RETURN(auto engine, Fsdp1Engine::Create(args.fsdp(), MixedPrecisionFromArgs(args),
+                                                         device, ShardMesh{noop, nullptr}));
+    return std::unique_ptr<Engine>(std::move(engine));
+  }
   if (args.has_fsdp()) {
     // Every rank computes on its own chunk in the other ranks' slots: the same shapes and
     // kernels as a real run, with no bytes moved.
@@ -214,13 +220,18 @@ absl::StatusOr<proto::TrainingArguments> BenchArgs(int rank,
     args.mutable_local();
   } else if (engine_name == "fsdp2") {
     args.mutable_fsdp()->set_version(2);
+  } else if (engine_name == "fsdp1") {
+    // PyTorch FSDP1's settings in tools/bench_torch.py: FULL_SHARD, a flat parameter per layer,
+    // BACKWARD_PRE; with --bf16, bf16 parameters and fp32 reduction.
+    args.mutable_fsdp()->set_version(1);
+    args.mutable_fsdp()->set_sharding_strategy(proto::FsdpConfig::FULL_SHARD);
   } else {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--engine=", engine_name, " is not built yet: use local, ddp or fsdp2"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--engine=", engine_name, " is not built yet: use local, ddp, fsdp1 or fsdp2"));
   }
   if (absl::GetFlag(FLAGS_skip_collectives) && args.has_local()) {
     return absl::InvalidArgumentError(
-        "--skip_collectives measures the exposed communication of --engine=ddp or fsdp2; "
+        "--skip_collectives measures the exposed communication of --engine=ddp, fsdp1 or fsdp2; "
         "--engine=local communicates nothing: drop the flag");
   }
   CT_RETURN_IF_ERROR(ApplyOverrides(overrides, &args));

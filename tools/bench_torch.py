@@ -3,6 +3,7 @@
 
   torchrun --standalone --nproc_per_node 4 tools/bench_torch.py --engine ddp --init_dir DIR
   torchrun --standalone --nproc_per_node 4 tools/bench_torch.py --engine fsdp2 --init_dir DIR
+  torchrun --standalone --nproc_per_node 4 tools/bench_torch.py --engine fsdp1 --init_dir DIR
   torchrun --standalone --nproc_per_node 1 tools/bench_torch.py --device cpu --model tiny \
       --init_dir DIR --seq_len 16 --micro_batch 2
 
@@ -17,7 +18,11 @@ eps and weight decay of TrainingArguments (decay on matrices only, as Hugging Fa
 gradient clipping at 1.0, the loss summed over shifted labels in fp32 and divided by the number
 of targets, computed in a function so the logits are freed before backward. ddp and local: bf16
 autocast with fp32 parameters (--bf16); fsdp2: fully_shard per layer and on the root with
-MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32).
+MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32); fsdp1: FullyShardedDataParallel
+(FULL_SHARD, each decoder layer its own flat parameter, use_orig_params=True, BACKWARD_PRE,
+limit_all_gathers, MixedPrecision(param_dtype=bf16, reduce_dtype=fp32)), as tools/bench
+--engine=fsdp1 configures its FSDP1 (fsdp { version: 1 }), clipping through FSDP's
+clip_grad_norm_ (the norm over every shard) and no_sync() for the non-final micro-batches.
 
 --impl native: the Qwen3/Llama decoder of models/decoder.cc written here in plain PyTorch, its
 modules named as Hugging Face's. --impl hf: transformers' AutoModelForCausalLM from --init_dir.
@@ -249,6 +254,17 @@ def wrap(model, a, device, world):
     if a.engine == "ddp":
         ids = [device.index] if device.type == "cuda" else None
         return nn.parallel.DistributedDataParallel(model, device_ids=ids)
+    if a.engine == "fsdp1":
+        from torch.distributed.fsdp import BackwardPrefetch, MixedPrecision, ShardingStrategy
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+        mp = (MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+              if a.bf16 else None)
+        layer_classes = {type(layer) for layer in decoder_layers(model)}
+        return FSDP(model, sharding_strategy=ShardingStrategy.FULL_SHARD,
+                    auto_wrap_policy=ModuleWrapPolicy(layer_classes), mixed_precision=mp,
+                    backward_prefetch=BackwardPrefetch.BACKWARD_PRE, limit_all_gathers=True,
+                    use_orig_params=True, device_id=device)  # a CPU device: FSDP on Gloo
     if a.engine.startswith("fsdp2"):
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -320,7 +336,7 @@ def micro_batch_loss(forward, model, ids, targets):
 @contextlib.contextmanager
 def gradient_sync(model, engine, enabled):
     """Gradients communicated only on the last micro-batch of a step."""
-    if engine == "ddp" and not enabled:
+    if engine in ("ddp", "fsdp1") and not enabled:
         with model.no_sync():
             yield
         return
@@ -356,7 +372,7 @@ def parse_args():
     p.add_argument("--init_dir", default="", help="directory tools/bench wrote (model and tokens)")
     p.add_argument("--impl", default="native", choices=["native", "hf"])
     p.add_argument("--compile", action="store_true", help="torch.compile before wrapping")
-    p.add_argument("--engine", default="ddp", choices=["ddp", "fsdp2", "fsdp2_noreshard", "local"])
+    p.add_argument("--engine", default="ddp", choices=["ddp", "fsdp1", "fsdp2", "fsdp2_noreshard", "local"])
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--bf16", type=parse_bool, default=None,
                    help="bf16 autocast (ddp, local) or bf16 parameters (fsdp2); default: on CUDA")
@@ -419,7 +435,7 @@ def main():
     # the engines' gradient averaging gives the gradient of the global mean, as tools/bench's sum
     # over ranks of (summed loss / global targets) does.
     targets = a.grad_accum * a.micro_batch * (a.seq_len - 1)
-    autocast = a.bf16 and not a.engine.startswith("fsdp2")
+    autocast = a.bf16 and not a.engine.startswith("fsdp")
     step_losses = {}
     start = None
     for step in range(total):
@@ -435,7 +451,10 @@ def main():
             step_loss = loss.detach() if step_loss is None else step_loss + loss.detach()
         if step in (0, total - 1):
             step_losses[step] = step_loss  # stays on the device until after the run
-        torch.nn.utils.clip_grad_norm_(model.parameters(), a.max_grad_norm)
+        if a.engine == "fsdp1":
+            model.clip_grad_norm_(a.max_grad_norm)  # the norm over every rank's shards
+        else:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), a.max_grad_norm)
         opt.step()
         opt.zero_grad(set_to_none=True)
     synchronize(device)

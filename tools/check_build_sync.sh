@@ -14,6 +14,9 @@
 # Exit status: 0 when both name the same files, 1 when not (the offenders are listed), 2 on a
 # usage error or when a BUILD file uses glob() for sources (list them explicitly instead).
 #
+# fuzz/ (libFuzzer targets, built with clang by tools/fuzz.sh) is in neither build, so it is
+# not compared; the project sources those targets compile come from `bazel query` of BUILD
+# targets, which this check already covers.
 # Skipped: bazel-* output links, hidden directories, directories named testdata (checker
 # fixtures live there) and nested repositories (a directory holding its own WORKSPACE).
 

@@ -141,7 +141,17 @@ class Trainer {
   // Records a new best metric; true when `metrics` improved on it (or set it first).
   bool UpdateBestMetric(const Metrics& metrics);
   // trainer_checkpoint.cc
+  // Writes checkpoint-<step>; on a failure on any rank, every rank returns an error that names
+  // it and the newest earlier checkpoint, and what was written is removed.
   absl::Status SaveCheckpoint();
+  // SaveCheckpoint's parts: the files of every rank into `temp_dir`, then rank 0's (state,
+  // config, the rename to `name`).
+  absl::Status WriteCheckpoint(const std::string& name, const std::string& temp_dir);
+  absl::Status FinishCheckpoint(const std::string& name, const std::string& temp_dir);
+  absl::Status SaveFailed(const absl::Status& error, const std::string& name,
+                          const std::string& temp_dir);
+  // Collective: `local` where it failed, else an error naming the ranks where it failed.
+  absl::Status AllRanksOk(const absl::Status& local);
   void RotateCheckpoints();
   // "latest" (or "true"): the newest finished checkpoint that verifies, falling back past
   // damaged ones; otherwise the path given, which must verify.

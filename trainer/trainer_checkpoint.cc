@@ -22,12 +22,14 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/files.h"
 #include "checkpoint/hf_model.h"
+#include "checkpoint/manifest.h"
 #include "checkpoint/safetensors.h"
 #include "config/training_args.h"
 #include "engines/engine.h"
 #include "models/decoder.h"
 #include "proto/checkpoint.pb.h"
 #include "sharding/fully_shard.h"
+#include "trainer/internal/preflight.h"
 #include "trainer/metrics_log.h"
 #include "trainer/trainer.h"
 
@@ -102,6 +104,15 @@ std::vector<std::string> UnfinishedCheckpoints(const std::string& dir) {
   return out;
 }
 
+absl::Status CreateDirectory(const fs::path& dir) {
+  std::error_code error;
+  fs::create_directories(dir, error);
+  if (!error) return absl::OkStatus();
+  return absl::Status(
+      absl::ErrnoToStatusCode(error.value()),
+      absl::StrCat("cannot create checkpoint directory '", dir.string(), "': ", error.message()));
+}
+
 std::string RngStatePath(const std::string& dir, int rank) {
   return absl::StrCat(dir, "/rng_state_", rank, ".safetensors");
 }
@@ -120,10 +131,63 @@ absl::StatusOr<std::string> LatestCheckpoint(const std::string& output_dir) {
 }
 
 absl::Status Trainer::SaveCheckpoint() {
-  const fs::path out(args_.output_dir());
   const std::string name = absl::StrCat(kPrefix, state_.global_step);
+  const std::string temp_dir =
+      (fs::path(args_.output_dir()) / absl::StrCat(".tmp-", name)).string();
+  const absl::Status written = WriteCheckpoint(name, temp_dir);
+  if (written.ok()) return absl::OkStatus();
+  return SaveFailed(written, name, temp_dir);
+}
+
+absl::Status Trainer::AllRanksOk(const absl::Status& local) {
+  const torch::Tensor mine = torch::tensor({local.ok() ? 0.0 : 1.0}, torch::kFloat64);
+  CT_ASSIGN_OR_RETURN(torch::Tensor all, engine_->AllGather(mine));
+  if (!local.ok()) return local;
+  std::vector<std::string> failed;
+  for (int64_t r = 0; r < all.numel(); ++r) {
+    if (all[r].item<double>() != 0) failed.push_back(absl::StrCat(r));
+  }
+  if (failed.empty()) return absl::OkStatus();
+  return absl::AbortedError(absl::StrCat("rank(s) ", absl::StrJoin(failed, ", "),
+                                         " could not write their part (their logs say why)"));
+}
+
+absl::Status Trainer::SaveFailed(const absl::Status& error, const std::string& name,
+                                 const std::string& temp_dir) {
+  const fs::path out(args_.output_dir());
+  std::string left = "";
+  if (engine_->rank() == 0) {
+    const absl::Status removed = RemoveTree(temp_dir);
+    left = removed.ok() ? absl::StrCat("; the unfinished '", temp_dir, "' was removed")
+                        : absl::StrCat("; the unfinished save is left behind (", removed.message(),
+                                       "), and the next save removes it");
+  }
+  std::string advice;
+  if (absl::IsResourceExhausted(error)) {
+    const int64_t needed = trainer_internal::CheckpointBytes(*model_, !args_.save_only_model());
+    const std::optional<int64_t> free = trainer_internal::FreeBytes(out.string());
+    advice = absl::StrCat(
+        ". One checkpoint takes about ", needed, " bytes, and '", out.string(), "' has ",
+        free ? absl::StrCat(*free, " bytes free") : "an unknown amount free",
+        " now: free space, keep fewer checkpoints (save_total_limit), or choose another "
+        "output_dir");
+  }
+  const auto finished = Checkpoints(out.string());
+  const std::string earlier =
+      finished.empty()
+          ? ". No earlier checkpoint was finished."
+          : absl::StrCat(". Earlier checkpoints are untouched; the newest, '",
+                         finished.back().second.string(),
+                         "', is what resume_from_checkpoint: \"latest\" continues from.");
+  return absl::Status(
+      error.code(), absl::StrCat("cannot save ", name, " (step ", state_.global_step,
+                                 "), so training stops: ", error.message(), left, advice, earlier));
+}
+
+absl::Status Trainer::WriteCheckpoint(const std::string& name, const std::string& temp) {
+  const fs::path out(args_.output_dir());
   const fs::path final_dir = out / name;
-  const fs::path temp_dir = out / absl::StrCat(".tmp-", name);
+  const fs::path temp_dir(temp);
   const bool zero = engine_->rank() == 0;
   std::error_code error;
   if (zero) {
@@ -134,34 +198,30 @@ absl::Status Trainer::SaveCheckpoint() {
         if (!removed.ok()) LOG(WARNING) << "unfinished checkpoint left: " << removed;
       }
     }
-    fs::create_directories(temp_dir, error);
-    if (error) {
-      return absl::InternalError(absl::StrCat("cannot create checkpoint directory '",
-                                              temp_dir.string(), "': ", error.message()));
-    }
   }
-  CT_RETURN_IF_ERROR(engine_->Barrier());
+  CT_RETURN_IF_ERROR(AllRanksOk(zero ? CreateDirectory(temp_dir) : absl::OkStatus()));
   SaveModelStateOptions options;
   // FSDP writes its shards as they are unless fsdp.state_dict_type asks for the full model.
   options.full_model =
-      FullyShardedOf(*model_) == nullptr ||
+      model_->sharding() == nullptr ||
       (args_.has_fsdp() && args_.fsdp().state_dict_type() == proto::FsdpConfig::FULL_STATE_DICT);
   options.include_optimizer = !args_.save_only_model();
   options.engine_name = engine_->name();
-  CT_RETURN_IF_ERROR(
-      SaveModelState(temp_dir.string(), *model_, engine_->optimizer(), *engine_, options));
-  if (!args_.save_only_model()) {
+  absl::Status mine =
+      SaveModelState(temp_dir.string(), *model_, engine_->optimizer(), *engine_, options);
+  if (mine.ok() && !args_.save_only_model()) {
     at::Tensor rng;
     {
       at::Generator gen = at::detail::getDefaultCPUGenerator();
       std::lock_guard<std::mutex> lock(gen.mutex());
       rng = gen.get_state();
     }
-    CT_RETURN_IF_ERROR(WriteSafetensors(
+    mine = WriteSafetensors(
         (temp_dir / absl::StrCat("rng_state_", engine_->rank(), ".safetensors")).string(),
-        {{"cpu", rng}}));
+        {{"cpu", rng}});
   }
-  CT_RETURN_IF_ERROR(engine_->Barrier());
+  // Every rank learns whether the others' files are written: none waits for a failed one.
+  CT_RETURN_IF_ERROR(AllRanksOk(mine));
   // Fault injection for tests: a crash after every rank's files are written, before the
   // checkpoint is complete.
   if (const char* kill = std::getenv("CPPTRAIN_TEST_KILL_IN_SAVE_AT_STEP");
@@ -173,65 +233,72 @@ absl::Status Trainer::SaveCheckpoint() {
   if (state_.best_global_step && *state_.best_global_step == state_.global_step) {
     best_model_checkpoint_ = final_dir.string();
   }
-  if (zero) {
-    proto::TrainerCheckpointState saved;
-    saved.set_global_step(state_.global_step);
-    saved.set_epoch(state_.epoch);
-    saved.set_num_input_tokens_seen(state_.num_input_tokens_seen);
-    if (state_.best_metric) saved.set_best_metric(*state_.best_metric);
-    if (state_.best_global_step) saved.set_best_global_step(*state_.best_global_step);
-    saved.set_best_model_checkpoint(best_model_checkpoint_);
-    for (const Metrics& m : state_.log_history) {
-      auto* record = saved.add_log_history();
-      for (const auto& [k, v] : m) (*record->mutable_values())[k] = v;
-    }
-    if (const LossScaler* scaler = engine_->loss_scaler()) {
-      saved.set_loss_scale(scaler->scale());
-      saved.set_loss_scale_clean_steps(scaler->clean_steps());
-    }
-    if (plateau_) {
-      const ReduceLrOnPlateau::State p = plateau_->state();
-      saved.set_plateau_lr(p.lr);
-      saved.set_plateau_best(p.best);
-      saved.set_plateau_bad_evaluations(p.bad_evaluations);
-      saved.set_plateau_cooldown_left(p.cooldown_left);
-    }
-    saved.set_world_size(engine_->world_size());
-    saved.set_rng_state_saved(!args_.save_only_model());
-    std::string args_text, state_text;
-    google::protobuf::TextFormat::PrintToString(args_, &args_text);
-    google::protobuf::TextFormat::PrintToString(saved, &state_text);
-    CT_RETURN_IF_ERROR(
-        WriteFileAtomically((temp_dir / "training_args.textproto").string(), args_text));
-    // With the full model, the directory is also a Hugging Face model directory
-    // (from_pretrained reads config.json and model.safetensors).
-    if (const auto* decoder = dynamic_cast<const DecoderLM*>(model_.get())) {
-      CT_RETURN_IF_ERROR(WriteHfModelConfigs(decoder->config(), temp_dir.string()));
-    }
-    CT_RETURN_IF_ERROR(WriteFileAtomically((temp_dir / "trainer_state.json").string(),
-                                           TrainerStateJson(state_, best_model_checkpoint_)));
-    // Last: its presence marks a finished checkpoint.
-    CT_RETURN_IF_ERROR(WriteFileAtomically((temp_dir / kTrainerStateFileName).string(),
-                                           WithChecksumLine(state_text)));
-    CT_RETURN_IF_ERROR(FsyncDirectory(temp_dir.string()));
-    // A checkpoint of the same step (a rerun) is replaced only once the new one is complete.
-    const fs::path old = out / absl::StrCat(".old-", name);
-    CT_RETURN_IF_ERROR(RemoveTree(old.string()));
-    if (fs::exists(final_dir)) fs::rename(final_dir, old, error);
-    fs::rename(temp_dir, final_dir, error);
-    if (error) {
-      return absl::InternalError(absl::StrCat("cannot rename '", temp_dir.string(), "' to '",
-                                              final_dir.string(), "': ", error.message()));
-    }
-    // The new checkpoint is in place: a leftover old copy costs disk, not the save.
-    if (const absl::Status removed = RemoveTree(old.string()); !removed.ok()) {
-      LOG(WARNING) << "replaced checkpoint left behind: " << removed;
-    }
-    CT_RETURN_IF_ERROR(FsyncDirectory(out.string()));
-    RotateCheckpoints();
-    CT_LOG_RANK0(INFO) << "saved " << final_dir.string();
+  // Rank 0 completes the checkpoint; the others wait to hear how that went.
+  return AllRanksOk(zero ? FinishCheckpoint(name, temp) : absl::OkStatus());
+}
+
+absl::Status Trainer::FinishCheckpoint(const std::string& name, const std::string& temp) {
+  const fs::path out(args_.output_dir());
+  const fs::path final_dir = out / name;
+  const fs::path temp_dir(temp);
+  std::error_code error;
+  proto::TrainerCheckpointState saved;
+  saved.set_global_step(state_.global_step);
+  saved.set_epoch(state_.epoch);
+  saved.set_num_input_tokens_seen(state_.num_input_tokens_seen);
+  if (state_.best_metric) saved.set_best_metric(*state_.best_metric);
+  if (state_.best_global_step) saved.set_best_global_step(*state_.best_global_step);
+  saved.set_best_model_checkpoint(best_model_checkpoint_);
+  for (const Metrics& m : state_.log_history) {
+    auto* record = saved.add_log_history();
+    for (const auto& [k, v] : m) (*record->mutable_values())[k] = v;
   }
-  return engine_->Barrier();
+  if (const LossScaler* scaler = engine_->loss_scaler()) {
+    saved.set_loss_scale(scaler->scale());
+    saved.set_loss_scale_clean_steps(scaler->clean_steps());
+  }
+  if (plateau_) {
+    const ReduceLrOnPlateau::State p = plateau_->state();
+    saved.set_plateau_lr(p.lr);
+    saved.set_plateau_best(p.best);
+    saved.set_plateau_bad_evaluations(p.bad_evaluations);
+    saved.set_plateau_cooldown_left(p.cooldown_left);
+  }
+  saved.set_world_size(engine_->world_size());
+  saved.set_rng_state_saved(!args_.save_only_model());
+  std::string args_text, state_text;
+  google::protobuf::TextFormat::PrintToString(args_, &args_text);
+  google::protobuf::TextFormat::PrintToString(saved, &state_text);
+  CT_RETURN_IF_ERROR(
+      WriteFileAtomically((temp_dir / "training_args.textproto").string(), args_text));
+  // With the full model, the directory is also a Hugging Face model directory
+  // (from_pretrained reads config.json and model.safetensors).
+  if (const auto* decoder = dynamic_cast<const DecoderLM*>(model_.get())) {
+    CT_RETURN_IF_ERROR(WriteHfModelConfigs(decoder->config(), temp_dir.string()));
+  }
+  CT_RETURN_IF_ERROR(WriteFileAtomically((temp_dir / "trainer_state.json").string(),
+                                         TrainerStateJson(state_, best_model_checkpoint_)));
+  // Last: its presence marks a finished checkpoint.
+  CT_RETURN_IF_ERROR(WriteFileAtomically((temp_dir / kTrainerStateFileName).string(),
+                                         WithChecksumLine(state_text)));
+  CT_RETURN_IF_ERROR(FsyncDirectory(temp_dir.string()));
+  // A checkpoint of the same step (a rerun) is replaced only once the new one is complete.
+  const fs::path old = out / absl::StrCat(".old-", name);
+  CT_RETURN_IF_ERROR(RemoveTree(old.string()));
+  if (fs::exists(final_dir)) fs::rename(final_dir, old, error);
+  fs::rename(temp_dir, final_dir, error);
+  if (error) {
+    return absl::InternalError(absl::StrCat("cannot rename '", temp_dir.string(), "' to '",
+                                            final_dir.string(), "': ", error.message()));
+  }
+  // The new checkpoint is in place: a leftover old copy costs disk, not the save.
+  if (const absl::Status removed = RemoveTree(old.string()); !removed.ok()) {
+    LOG(WARNING) << "replaced checkpoint left behind: " << removed;
+  }
+  CT_RETURN_IF_ERROR(FsyncDirectory(out.string()));
+  RotateCheckpoints();
+  CT_LOG_RANK0(INFO) << "saved " << final_dir.string();
+  return absl::OkStatus();
 }
 
 void Trainer::RotateCheckpoints() {
@@ -317,13 +384,8 @@ absl::StatusOr<proto::TrainerCheckpointState> Trainer::VerifyResumableOnThisRank
     const std::string& dir) {
   CT_ASSIGN_OR_RETURN(proto::CheckpointManifest manifest, ReadManifest(dir));
   const std::string state_path = dir + "/" + kTrainerStateFileName;
-  CT_ASSIGN_OR_RETURN(std::string text, ReadChecksummedText(state_path, HasChecksums(manifest)));
-  proto::TrainerCheckpointState saved;
-  if (!google::protobuf::TextFormat::ParseFromString(text, &saved)) {
-    return absl::DataLossError(absl::StrCat("'", state_path,
-                                            "' is corrupted (could not be parsed "
-                                            "as TrainerCheckpointState); use another checkpoint"));
-  }
+  CT_ASSIGN_OR_RETURN(proto::TrainerCheckpointState saved,
+                      ReadTrainerState(state_path, HasChecksums(manifest)));
   LoadModelStateOptions options;
   options.strict = args_.load_strict();
   CT_RETURN_IF_ERROR(VerifyModelState(dir, *model_, engine_->optimizer(), options));

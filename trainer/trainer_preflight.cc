@@ -66,7 +66,7 @@ int64_t CheckpointBytes(const TrainableModel& model, bool with_optimizer) {
   auto add = [&](int64_t numel, int64_t element_size, bool trainable) {
     bytes += numel * element_size + (with_optimizer && trainable ? 8 * numel : 0);
   };
-  if (const FullyShardedModel* sharded = FullyShardedOf(model)) {
+  if (const auto* sharded = dynamic_cast<const ShardingCore*>(model.sharding())) {
     for (const auto& [param, info] : sharded->Shards()) {
       int64_t numel = 1;
       for (int64_t d : info->global_shape) numel *= d;
@@ -87,10 +87,16 @@ namespace {
 std::string GiB(int64_t bytes) { return absl::StrCat(bytes / (1 << 20) / 1024.0, " GiB"); }
 }  // namespace
 
-absl::Status CheckFreeSpace(const std::string& dir, int64_t needed) {
+std::optional<int64_t> FreeBytes(const std::string& dir) {
   struct statvfs fs;
-  if (::statvfs(dir.c_str(), &fs) != 0) return absl::OkStatus();  // unknown: not a refusal
-  const int64_t available = static_cast<int64_t>(fs.f_bavail) * static_cast<int64_t>(fs.f_frsize);
+  if (::statvfs(dir.c_str(), &fs) != 0) return std::nullopt;
+  return static_cast<int64_t>(fs.f_bavail) * static_cast<int64_t>(fs.f_frsize);
+}
+
+absl::Status CheckFreeSpace(const std::string& dir, int64_t needed) {
+  const std::optional<int64_t> free = FreeBytes(dir);
+  if (!free) return absl::OkStatus();  // unknown: not a refusal
+  const int64_t available = *free;
   if (available >= needed) return absl::OkStatus();
   return absl::ResourceExhaustedError(absl::StrCat(
       "output_dir \"", dir, "\" has ", GiB(available), " free but one checkpoint takes about ",

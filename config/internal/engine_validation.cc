@@ -65,6 +65,58 @@ void CheckFsdpVersion(const FsdpConfig& fsdp, Problems* problems) {
   }
 }
 
+bool IsHybrid(FsdpConfig::ShardingStrategy strategy) {
+  return strategy == FsdpConfig::HYBRID_SHARD || strategy == FsdpConfig::HYBRID_SHARD_ZERO2;
+}
+
+// FSDP1's keys (PyTorch's FullyShardedDataParallel as Accelerate configures it).
+void CheckFsdp1(const FsdpConfig& fsdp, Problems* problems) {
+  if (fsdp.version() != 1) {
+    if (fsdp.has_buffer_dtype()) {
+      problems->push_back(absl::StrCat("fsdp.buffer_dtype=", proto::DType_Name(fsdp.buffer_dtype()),
+                                       " is FSDP1-only but fsdp.version=", fsdp.version(),
+                                       "; unset it (FSDP2 keeps buffers in their own dtype)"));
+    }
+    return;
+  }
+  const std::string strategy = FsdpConfig::ShardingStrategy_Name(fsdp.sharding_strategy());
+  if (!fsdp.use_orig_params()) {
+    problems->push_back(
+        "fsdp.use_orig_params=false is not built: this FSDP1 keeps the original parameters as "
+        "views of the flat parameter (use_orig_params=true), so the optimizer, weight-decay "
+        "groups and frozen parameters see them; set fsdp.use_orig_params=true");
+  }
+  if (fsdp.dp_replicate_size() > 1 && !IsHybrid(fsdp.sharding_strategy())) {
+    problems->push_back(absl::StrCat(
+        "fsdp.dp_replicate_size=", fsdp.dp_replicate_size(),
+        " replicates the model but "
+        "fsdp.sharding_strategy=",
+        strategy,
+        " with fsdp.version=1 does not; use "
+        "HYBRID_SHARD (or _HYBRID_SHARD_ZERO2) to shard inside a replica and replicate across, "
+        "or set dp_replicate_size=1"));
+  }
+  if (fsdp.dp_shard_size() > 0 && !IsHybrid(fsdp.sharding_strategy())) {
+    problems->push_back(absl::StrCat(
+        "fsdp.dp_shard_size=", fsdp.dp_shard_size(),
+        " is for HYBRID_SHARD with fsdp.version=1, "
+        "but fsdp.sharding_strategy=",
+        strategy, " (", strategy == "NO_SHARD" ? "no sharding" : "sharded over all ranks",
+        "); unset dp_shard_size"));
+  }
+  if (fsdp.has_output_dtype()) {
+    problems->push_back(
+        absl::StrCat("fsdp.output_dtype=", proto::DType_Name(fsdp.output_dtype()),
+                     " is FSDP2-only (its "
+                     "MixedPrecisionPolicy) but fsdp.version=1; unset it or use fsdp.version=2"));
+  }
+  if (fsdp.state_dict_type() == FsdpConfig::LOCAL_STATE_DICT) {
+    problems->push_back(
+        "fsdp.state_dict_type=LOCAL_STATE_DICT is not built for fsdp.version=1 (its files only "
+        "load at the same world size); use SHARDED_STATE_DICT or FULL_STATE_DICT");
+  }
+}
+
 void CheckFsdpWrapping(const FsdpConfig& fsdp, Problems* problems) {
   if (fsdp.min_num_params() < 0) {
     problems->push_back(absl::StrCat("fsdp.min_num_params=", fsdp.min_num_params(),
@@ -89,6 +141,7 @@ void CheckFsdpWrapping(const FsdpConfig& fsdp, Problems* problems) {
 void CheckFsdp(const TrainingArguments& args, Problems* problems) {
   const FsdpConfig& fsdp = args.fsdp();
   CheckFsdpVersion(fsdp, problems);
+  CheckFsdp1(fsdp, problems);
   CheckFsdpWrapping(fsdp, problems);
   if (fsdp.offload_params() && fsdp.sharding_strategy() == FsdpConfig::NO_SHARD) {
     problems->push_back(
@@ -163,8 +216,7 @@ void CheckEngine(const TrainingArguments& args, Problems* problems) {
     case TrainingArguments::kLocal:
       CheckLocal(args.local(), problems);
       if (args.use_cpu() && absl::StartsWith(args.local().device(), "cuda")) {
-        problems->push_back(absl::StrCat("use_cpu=true but local.device=\"",
-                                         args.local().device(),
+        problems->push_back(absl::StrCat("use_cpu=true but local.device=\"", args.local().device(),
                                          "\"; drop one of them (use_cpu picks \"cpu\")"));
       }
       break;

@@ -2,7 +2,6 @@
 
 #include <torch/torch.h>
 
-#include <cmath>
 #include <utility>
 #include <vector>
 
@@ -12,8 +11,6 @@
 #include "base/logging.h"
 #include "base/status.h"
 #include "base/torch_status.h"
-#include "engines/grad_utils.h"
-#include "engines/host_collectives.h"
 
 namespace cpptrain {
 namespace {
@@ -29,27 +26,6 @@ at::ScalarType ToScalarType(proto::DType dtype) {
   }
   return at::kFloat;
 }
-
-// Gathers the root around the forward (the model's Forward need not pass through the root's
-// hook), then frees what a backward will not need; autocast inside.
-class FsdpForwardScope : public ForwardScope {
- public:
-  FsdpForwardScope(FullyShardedModel* sharded, std::unique_ptr<ForwardScope> autocast,
-                   absl::Status* error)
-      : sharded_(sharded), autocast_(std::move(autocast)), error_(error) {
-    absl::Status begun = sharded_->BeginForward();
-    TORCH_CHECK(begun.ok(), "FSDP: ", begun.ToString());
-  }
-  ~FsdpForwardScope() override {
-    absl::Status ended = sharded_->EndForward();
-    if (!ended.ok() && error_->ok()) *error_ = ended;
-  }
-
- private:
-  FullyShardedModel* sharded_;
-  std::unique_ptr<ForwardScope> autocast_;
-  absl::Status* error_;
-};
 
 }  // namespace
 
@@ -203,8 +179,8 @@ std::vector<std::string> DisagreementsWithShardedModel(const proto::FsdpConfig* 
                                                        const FullyShardedModel& sharded) {
   std::vector<std::string> out;
   const FullyShardOptions& have = sharded.options();
-  const FullyShardOptions want = FullyShardOptionsFromConfig(
-      config ? *config : proto::FsdpConfig(), precision, sharded.device());
+  const FullyShardOptions want = FullyShardOptionsFromConfig(config ? *config : proto::FsdpConfig(),
+                                                             precision, sharded.device());
   if (config == nullptr) {
     // No fsdp block: the model's sharding rules, but bf16/fp16 must not be half ignored.
     if (precision != MixedPrecision::kNone) CompareDtypes(want, have, /*reduce_too=*/false, &out);
@@ -246,18 +222,15 @@ absl::StatusOr<std::unique_ptr<Fsdp2Engine>> Fsdp2Engine::ForShardedModel(
   }
   proto::FsdpConfig adopted = config ? *config : proto::FsdpConfig();
   adopted.set_version(2);
-  return std::unique_ptr<Fsdp2Engine>(new Fsdp2Engine(adopted, precision, sharded->device(),
-                                                      sharded->mesh(), sharded->options()));
+  return std::unique_ptr<Fsdp2Engine>(
+      new Fsdp2Engine(adopted, precision, sharded->device(), sharded->mesh(), sharded->options()));
 }
 
 Fsdp2Engine::Fsdp2Engine(const proto::FsdpConfig& config, MixedPrecision precision,
                          c10::Device device, ShardMesh mesh, FullyShardOptions options)
-    : LocalEngine(device, precision),
+    : ShardedEngine(device, precision, std::move(mesh)),
       config_(config),
-      mesh_(std::move(mesh)),
-      options_(std::move(options)),
-      rank_((mesh_.replicate ? mesh_.replicate->rank() * mesh_.shard->size() : 0) +
-            mesh_.shard->rank()) {}
+      options_(std::move(options)) {}
 
 absl::Status Fsdp2Engine::PrepareForInference(std::shared_ptr<TrainableModel> model) {
   if (model_ == model) return absl::OkStatus();
@@ -280,10 +253,9 @@ absl::Status Fsdp2Engine::PrepareForInference(std::shared_ptr<TrainableModel> mo
           "and let the engine shard it"));
     }
     if (sharded->device() != device_) {
-      return absl::InvalidArgumentError(absl::StrCat("the model's shards live on ",
-                                                     sharded->device().str(),
-                                                     " but the FSDP engine runs on ", device_.str(),
-                                                     ": shard it with device ", device_.str()));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the model's shards live on ", sharded->device().str(), " but the FSDP engine runs on ",
+          device_.str(), ": shard it with device ", device_.str()));
     }
     CT_LOG_RANK0(INFO) << "FSDP2: adopting the shards of a model sharded at load time ("
                        << sharded->num_groups() << " groups)";
@@ -291,82 +263,9 @@ absl::Status Fsdp2Engine::PrepareForInference(std::shared_ptr<TrainableModel> mo
     CT_ASSIGN_OR_RETURN(sharded, FullyShard(*model, mesh_, options_));
   }
   sharded_ = sharded;
+  set_core(sharded);
   model_ = std::move(model);
   return absl::OkStatus();
-}
-
-std::unique_ptr<ForwardScope> Fsdp2Engine::EnterForward() {
-  TORCH_CHECK(sharded_ != nullptr, "FSDP: EnterForward before PrepareForInference");
-  return std::make_unique<FsdpForwardScope>(sharded_, LocalEngine::EnterForward(), &forward_error_);
-}
-
-absl::Status Fsdp2Engine::Backward(const torch::Tensor& loss) {
-  if (sharded_ == nullptr)
-    return absl::FailedPreconditionError("Backward before PrepareForTraining");
-  absl::Status status = std::move(forward_error_);
-  forward_error_ = absl::OkStatus();
-  if (status.ok()) status = sharded_->BeginBackward();
-  if (status.ok()) status = LocalEngine::Backward(loss);
-  // Always finish: it waits for every collective this rank issued and reports hook errors
-  // (which name the collective) ahead of the autograd exception that carried them.
-  absl::Status finished = sharded_->FinishBackward();
-  if (!finished.ok()) return finished;
-  return status;
-}
-
-void Fsdp2Engine::SetGradientSync(bool enabled) {
-  if (sharded_ != nullptr) sharded_->SetGradientSync(enabled);
-}
-
-absl::StatusOr<double> Fsdp2Engine::ClipGradNorm(double max_norm) {
-  if (optimizer_ == nullptr) {
-    return absl::FailedPreconditionError("ClipGradNorm before PrepareForTraining");
-  }
-  CT_RETURN_IF_ERROR(UnscaleOnce());
-  std::vector<torch::Tensor> grads = Gradients(*optimizer_);
-  // Each rank holds disjoint chunks: the squares add up over the shard group. Replicas hold
-  // the same chunks, so the replicate dimension is not summed.
-  CT_ASSIGN_OR_RETURN(at::Tensor squares, CatchTorch([&] {
-                        at::Tensor norm = GlobalNorm(grads).to(at::kFloat);
-                        return (norm * norm).reshape({1}).to(device_);
-                      }));
-  CT_ASSIGN_OR_RETURN(std::unique_ptr<Work> work, mesh_.shard->AllReduce(squares, ReduceOp::kSum));
-  CT_RETURN_IF_ERROR(work->Synchronize());
-  return CatchTorch([&] {
-    const double norm = std::sqrt(squares.cpu().item<double>());
-    if (max_norm > 0) ClipByNorm(grads, norm, max_norm);
-    return norm;
-  });
-}
-
-absl::StatusOr<bool> Fsdp2Engine::OptimizerStep() {
-  // The optimizer steps chunks: no group may still hold its full parameters.
-  if (sharded_ != nullptr) CT_RETURN_IF_ERROR(sharded_->ReshardAll());
-  return LocalEngine::OptimizerStep();
-}
-
-void Fsdp2Engine::ZeroGrad() {
-  if (sharded_ != nullptr) {
-    sharded_->DiscardGradients();
-    // A failed step may have left groups gathered; their errors were reported already.
-    const absl::Status resharded = sharded_->ReshardAll();
-    if (!resharded.ok()) LOG(WARNING) << "FSDP: resharding after a failed step: " << resharded;
-  }
-  LocalEngine::ZeroGrad();
-}
-
-absl::StatusOr<bool> Fsdp2Engine::AllRanksFinite(bool local_finite) {
-  return AllRanksFiniteOver({mesh_.shard.get(), mesh_.replicate.get()}, device_, local_finite);
-}
-
-absl::StatusOr<torch::Tensor> Fsdp2Engine::AllReduceSum(const torch::Tensor& values) {
-  return AllReduceSumOver({mesh_.shard.get(), mesh_.replicate.get()}, device_, values);
-}
-
-// Rank = replicate coordinate * shard size + shard coordinate: the shard group is the inner
-// dimension.
-absl::StatusOr<torch::Tensor> Fsdp2Engine::AllGather(const torch::Tensor& values) {
-  return AllGatherOver({mesh_.shard.get(), mesh_.replicate.get()}, device_, values);
 }
 
 }  // namespace cpptrain

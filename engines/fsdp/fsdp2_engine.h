@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "engines/local/local_engine.h"
+#include "engines/fsdp/sharded_engine.h"
 #include "proto/engines.pb.h"
 #include "sharding/fully_shard.h"
 
@@ -35,7 +35,7 @@ std::vector<std::string> DisagreementsWithShardedModel(const proto::FsdpConfig* 
                                                        MixedPrecision precision,
                                                        const FullyShardedModel& sharded);
 
-class Fsdp2Engine : public LocalEngine {
+class Fsdp2Engine : public ShardedEngine {
  public:
   static absl::StatusOr<std::unique_ptr<Fsdp2Engine>> Create(const proto::FsdpConfig& config,
                                                              MixedPrecision precision,
@@ -49,20 +49,7 @@ class Fsdp2Engine : public LocalEngine {
       const TrainableModel& model, const proto::FsdpConfig* config, MixedPrecision precision);
 
   std::string name() const override { return "fsdp2"; }
-  int rank() const override { return rank_; }
-  int world_size() const override { return mesh_.world_size(); }
-
   absl::Status PrepareForInference(std::shared_ptr<TrainableModel> model) override;
-  std::unique_ptr<ForwardScope> EnterForward() override;
-  absl::Status Backward(const torch::Tensor& loss) override;
-  void SetGradientSync(bool enabled) override;
-  absl::StatusOr<double> ClipGradNorm(double max_norm) override;
-  absl::StatusOr<bool> OptimizerStep() override;
-  // Clears .grad and what unsynced passes accumulated (nothing carries into the next step).
-  void ZeroGrad() override;
-  absl::StatusOr<torch::Tensor> AllReduceSum(const torch::Tensor& values) override;
-  absl::StatusOr<torch::Tensor> AllGather(const torch::Tensor& values) override;
-  absl::StatusOr<bool> AllRanksFinite(bool local_finite) override;
 
   // Null before PrepareForInference/PrepareForTraining.
   FullyShardedModel* sharded() const { return sharded_; }
@@ -72,11 +59,8 @@ class Fsdp2Engine : public LocalEngine {
               ShardMesh mesh, FullyShardOptions options);
 
   proto::FsdpConfig config_;
-  ShardMesh mesh_;
   FullyShardOptions options_;
-  int rank_;
   FullyShardedModel* sharded_ = nullptr;
-  absl::Status forward_error_;  // from the end of a forward scope, reported by Backward
 };
 
 }  // namespace cpptrain

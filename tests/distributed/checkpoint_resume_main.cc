@@ -7,7 +7,6 @@
 #include <torch/torch.h>
 
 #include <csignal>
-
 #include <iomanip>
 #include <iostream>
 
@@ -19,7 +18,8 @@
 #include "trainer/testing/trainer_testing.h"
 #include "trainer/trainer.h"
 
-ABSL_FLAG(std::string, engine, "local", "local, ddp, fsdp (sharded checkpoints) or fsdp_full");
+ABSL_FLAG(std::string, engine, "local",
+          "local, ddp, fsdp / fsdp1 (sharded checkpoints) or fsdp_full / fsdp1_full");
 ABSL_FLAG(std::string, output_dir, "/tmp/checkpoint_resume", "where checkpoints go");
 ABSL_FLAG(std::string, resume, "", "resume_from_checkpoint");
 ABSL_FLAG(int, max_steps, 10, "optimizer steps in all");
@@ -77,9 +77,10 @@ int Run() {
   const std::string engine = absl::GetFlag(FLAGS_engine);
   if (engine == "ddp") {
     args.mutable_ddp();
-  } else if (engine == "fsdp" || engine == "fsdp_full") {
-    args.mutable_fsdp()->set_version(2);
-    if (engine == "fsdp_full") {
+  } else if (engine == "fsdp" || engine == "fsdp_full" || engine == "fsdp1" ||
+             engine == "fsdp1_full") {
+    args.mutable_fsdp()->set_version(engine == "fsdp1" || engine == "fsdp1_full" ? 1 : 2);
+    if (engine == "fsdp_full" || engine == "fsdp1_full") {
       args.mutable_fsdp()->set_state_dict_type(proto::FsdpConfig::FULL_STATE_DICT);
     }
   } else {

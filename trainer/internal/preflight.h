@@ -7,6 +7,7 @@
 #define CPPTRAIN_TRAINER_INTERNAL_PREFLIGHT_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -22,6 +23,9 @@ absl::Status CheckWritable(const std::string& dir);
 // Bytes of one checkpoint of `model`: every parameter at its full size (also when sharded)
 // and, with_optimizer, AdamW's two fp32 moments of each trainable one.
 int64_t CheckpointBytes(const TrainableModel& model, bool with_optimizer);
+
+// Bytes free for this user on the file system of `dir`; nullopt when it cannot tell.
+std::optional<int64_t> FreeBytes(const std::string& dir);
 
 // ResourceExhausted naming both sizes when the file system of `dir` has less than `needed`
 // bytes free for this user; OK when it cannot tell.

@@ -1,0 +1,54 @@
+// ShardedEngine: what the engines built on the sharding core (sharding/sharding_core.h) do
+// alike once the model is sharded: the forward scope that gathers the root, backward that
+// always finishes (waits for every collective), gradient sync on or off, clipping over the
+// shard group, stepping only resharded parameters, and the host collectives over the mesh.
+// FSDP1 (fsdp1_engine.h) and FSDP2 (fsdp2_engine.h) differ in how they shard: each calls
+// set_core() with the core it built or adopted.
+//
+//   class Fsdp2Engine : public ShardedEngine { ... set_core(FullyShardedOf(*model)); ... };
+#ifndef CPPTRAIN_ENGINES_FSDP_SHARDED_ENGINE_H_
+#define CPPTRAIN_ENGINES_FSDP_SHARDED_ENGINE_H_
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "engines/local/local_engine.h"
+#include "sharding/sharding_core.h"
+
+namespace cpptrain {
+
+class ShardedEngine : public LocalEngine {
+ public:
+  int rank() const override { return rank_; }
+  int world_size() const override { return mesh_.world_size(); }
+
+  std::unique_ptr<ForwardScope> EnterForward() override;
+  absl::Status Backward(const torch::Tensor& loss) override;
+  void SetGradientSync(bool enabled) override;
+  absl::StatusOr<double> ClipGradNorm(double max_norm) override;
+  absl::StatusOr<bool> OptimizerStep() override;
+  // Clears .grad and what unsynced passes accumulated (nothing carries into the next step).
+  void ZeroGrad() override;
+  absl::StatusOr<torch::Tensor> AllReduceSum(const torch::Tensor& values) override;
+  absl::StatusOr<torch::Tensor> AllGather(const torch::Tensor& values) override;
+  absl::StatusOr<bool> AllRanksFinite(bool local_finite) override;
+
+  const ShardMesh& mesh() const { return mesh_; }
+
+ protected:
+  ShardedEngine(c10::Device device, MixedPrecision precision, ShardMesh mesh);
+  // Null before the model is prepared.
+  ShardingCore* core() const { return core_; }
+  void set_core(ShardingCore* core) { core_ = core; }
+
+  ShardMesh mesh_;
+
+ private:
+  int rank_;
+  ShardingCore* core_ = nullptr;
+  absl::Status forward_error_;  // from the end of a forward scope, reported by Backward
+};
+
+}  // namespace cpptrain
+
+#endif  // CPPTRAIN_ENGINES_FSDP_SHARDED_ENGINE_H_

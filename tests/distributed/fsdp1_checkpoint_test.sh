@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# FSDP1 checkpoints (fsdp { version: 1 }, flat parameters) in the checkpoint matrix: each leg
+# resumes from another engine's checkpoint at another world size, AdamW state included, and
+# must continue the uninterrupted 4-rank FSDP1 run's losses (relative 1e-4, as
+# checkpoint_test.sh holds the others):
+#   FSDP1 4 (sharded) -> FSDP2 2 -> FSDP1 3 -> DDP 2 -> FSDP1 2      (pieces <-> rows, both ways)
+#   FSDP1 4 -> one local process;  local -> FSDP1 3
+#   FSDP1 4 -> FSDP1 3 saving FULL_STATE_DICT -> DDP 3
+# The sharded checkpoint FSDP1 writes is the one FSDP2 writes (rows split over the shard
+# group), so every engine reads it; FULL_STATE_DICT writes model.safetensors with Hugging
+# Face names.
+set -uo pipefail
+launch="$1"
+program="$2"
+fail=0
+source "$(dirname "$0")/variants.sh"
+
+leg() {  # name, processes, flags...
+  local name=$1 n=$2
+  shift 2
+  timeout 300 "$launch" --nproc_per_node="$n" --master_port=0 "$program" \
+    --output_dir="$TEST_TMPDIR/$name" $(placement "$n") "$@" > "$TEST_TMPDIR/$name.log" 2>&1
+  local code=$?
+  echo "== leg $name: $n processes on the $([[ -z "$(placement "$n")" ]] && echo CUDA || echo CPU) $*"
+  if [[ $code -ne 0 ]]; then
+    tail -30 "$TEST_TMPDIR/$name.log"; echo "FAIL: leg $name exited $code"
+  fi
+  record "$n" $code
+  grep -o "LOSS .*" "$TEST_TMPDIR/$name.log" > "$TEST_TMPDIR/$name.losses"
+}
+
+leg fsdp1_4 4 --engine=fsdp1
+leg fsdp2_2 2 --engine=fsdp --resume="$TEST_TMPDIR/fsdp1_4/checkpoint-2"
+leg fsdp1_3 3 --engine=fsdp1 --resume="$TEST_TMPDIR/fsdp2_2/checkpoint-4"
+leg ddp2 2 --engine=ddp --resume="$TEST_TMPDIR/fsdp1_3/checkpoint-6"
+leg fsdp1_2 2 --engine=fsdp1 --resume="$TEST_TMPDIR/ddp2/checkpoint-8"
+leg local1 1 --engine=local --resume="$TEST_TMPDIR/fsdp1_4/checkpoint-4"
+leg fsdp1_3b 3 --engine=fsdp1 --resume="$TEST_TMPDIR/local1/checkpoint-6"
+leg fsdp1_full3 3 --engine=fsdp1_full --resume="$TEST_TMPDIR/fsdp1_4/checkpoint-2"
+leg ddp3 3 --engine=ddp --resume="$TEST_TMPDIR/fsdp1_full3/checkpoint-4"
+checked="fsdp2_2 fsdp1_3 ddp2 fsdp1_2 local1 fsdp1_3b fsdp1_full3 ddp3"
+
+for name in $checked; do
+  if ! awk -v name="$name" '
+      NR == FNR { want[$2] = $3; next }
+      { seen++; d = $3 - want[$2]; if (d < 0) d = -d; if (d / want[$2] > worst) worst = d / want[$2];
+        if (!($2 in want) || d > 1e-4 * want[$2]) { print "step " $2 ": " $3 " vs " want[$2]; bad = 1 } }
+      END { if (seen == 0) { print name ": no losses"; bad = 1 }
+            printf "%s: %d resumed steps, max relative loss difference %.2g\n", name, seen, worst;
+            exit bad }' \
+      "$TEST_TMPDIR/fsdp1_4.losses" "$TEST_TMPDIR/$name.losses"; then
+    echo "FAIL: $name does not continue the 4-rank FSDP1 run"; fail=1
+  fi
+done
+[[ -f "$TEST_TMPDIR/fsdp1_full3/checkpoint-4/model.safetensors" ]] ||
+  { echo "FAIL: fsdp.state_dict_type FULL_STATE_DICT should write model.safetensors"; fail=1; }
+[[ -f "$TEST_TMPDIR/fsdp1_4/checkpoint-2/shard-00003-of-00004.safetensors" ]] ||
+  { echo "FAIL: a sharded 4-rank FSDP1 checkpoint should hold 4 shard files"; fail=1; }
+grep -q "fsdp1" "$TEST_TMPDIR/fsdp1_4/checkpoint-2/manifest.pb" ||
+  { echo "FAIL: the manifest should name the engine that wrote it (fsdp1)"; fail=1; }
+
+(( fail )) && failed=$((failed + 1))
+variants_done

@@ -332,7 +332,9 @@ TEST(ConnectStoreTest, AgentStoreMakesEveryRankAClientUnderTheAttemptPrefix) {
     return absl::OkStatus();
   });
   EXPECT_TRUE(s.ok()) << s;
-  EXPECT_TRUE(agent->check({"/worker/attempt_3/key0", "/worker/attempt_3/key1"}));
+  // A client's set can return before the server has applied it (seen under load): wait.
+  EXPECT_NO_THROW(agent->wait({"/worker/attempt_3/key0", "/worker/attempt_3/key1"},
+                              std::chrono::milliseconds(10000)));
 }
 
 TEST(ConnectStoreTest, PortInUseSaysWhatToDo) {

@@ -1,19 +1,20 @@
 #include "trainer/optimizer.h"
 
-#include <regex>
-#include <utility>
-#include <vector>
-
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 #include <torch/torch.h>
+
+#include <regex>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/torch_compat.h"
 #include "base/torch_status.h"
+#include "kernels/cpu_adamw.h"
 
 namespace cpptrain {
 
@@ -46,10 +47,89 @@ OptimizerFactory MakeAdamWFactory(const proto::TrainingArguments& args) {
   };
 }
 
+namespace {
+
+bool DenseContiguousCpu(const torch::Tensor& t, int64_t numel) {
+  return t.device().is_cpu() && t.layout() == torch::kStrided && t.is_contiguous() &&
+         t.numel() == numel;
+}
+
+}  // namespace
+
+bool FusedAdamW::CpuKernelApplies() {
+  for (const auto& group : param_groups()) {
+    if (static_cast<const torch::optim::AdamWOptions&>(group.options()).amsgrad()) return false;
+    for (const torch::Tensor& p : group.params()) {
+      if (!DenseContiguousCpu(p, p.numel()) || p.scalar_type() != torch::kFloat) return false;
+      const torch::Tensor& g = p.grad();
+      if (!g.defined()) continue;
+      if (!DenseContiguousCpu(g, p.numel()) ||
+          (g.scalar_type() != torch::kFloat && g.scalar_type() != torch::kBFloat16)) {
+        return false;
+      }
+      auto* state = static_cast<torch::optim::AdamWParamState*>(FindOptimizerParamState(*this, p));
+      if (state == nullptr) continue;
+      for (const torch::Tensor* t : {&state->exp_avg(), &state->exp_avg_sq()}) {
+        if (!DenseContiguousCpu(*t, p.numel()) || t->scalar_type() != torch::kFloat) return false;
+      }
+    }
+  }
+  return true;
+}
+
+void FusedAdamW::CpuKernelStep() {
+  for (auto& group : param_groups()) {
+    const auto& options = static_cast<const torch::optim::AdamWOptions&>(group.options());
+    kernels::AdamWHyper hyper;
+    hyper.lr = options.lr();
+    hyper.beta1 = std::get<0>(options.betas());
+    hyper.beta2 = std::get<1>(options.betas());
+    hyper.eps = options.eps();
+    hyper.weight_decay = options.weight_decay();
+    for (torch::Tensor& p : group.params()) {
+      const torch::Tensor& g = p.grad();
+      if (!g.defined()) continue;
+      auto* state = static_cast<torch::optim::AdamWParamState*>(FindOptimizerParamState(*this, p));
+      if (state == nullptr) {
+        auto fresh = std::make_unique<torch::optim::AdamWParamState>();
+        fresh->step(0);
+        fresh->exp_avg(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+        fresh->exp_avg_sq(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+        state = fresh.get();
+        SetOptimizerParamState(*this, p, std::move(fresh));
+      }
+      state->step(state->step() + 1);
+      float* exp_avg = state->exp_avg().data_ptr<float>();
+      float* exp_avg_sq = state->exp_avg_sq().data_ptr<float>();
+      if (g.scalar_type() == torch::kBFloat16) {
+        const auto* bits = reinterpret_cast<const uint16_t*>(g.data_ptr<at::BFloat16>());
+        kernels::CpuAdamWStep({p.data_ptr<float>(), bits, exp_avg, exp_avg_sq, p.numel()}, hyper,
+                              state->step());
+      } else {
+        kernels::CpuAdamWStep(
+            {p.data_ptr<float>(), g.data_ptr<float>(), exp_avg, exp_avg_sq, p.numel()}, hyper,
+            state->step());
+      }
+      // As an in-place op would: autograd then refuses a graph that saved the old value.
+      p.unsafeGetTensorImpl()->bump_version();
+    }
+  }
+}
+
 torch::Tensor FusedAdamW::step(LossClosure closure) {
   bool all_cuda = true;
   for (const auto& group : param_groups()) {
     for (const torch::Tensor& p : group.params()) all_cuda = all_cuda && p.is_cuda();
+  }
+  if (!all_cuda && cpu_kernel_ && CpuKernelApplies()) {
+    torch::Tensor loss;
+    if (closure != nullptr) {
+      at::AutoGradMode enable_grad(true);
+      loss = closure();
+    }
+    torch::NoGradGuard no_grad;
+    CpuKernelStep();
+    return loss;
   }
   if (!fused_ || !all_cuda) return torch::optim::AdamW::step(std::move(closure));
   torch::NoGradGuard no_grad;
@@ -101,9 +181,11 @@ absl::Status FusedAdamW::ImportState(const at::Tensor& param,
   return CatchTorch([&] {
     torch::NoGradGuard no_grad;
     State& s = state_[param.unsafeGetTensorImpl()];
-    s.exp_avg = state.at("exp_avg").to(param.device(), param.scalar_type(), false, true)
+    s.exp_avg = state.at("exp_avg")
+                    .to(param.device(), param.scalar_type(), false, true)
                     .view(param.sizes());
-    s.exp_avg_sq = state.at("exp_avg_sq").to(param.device(), param.scalar_type(), false, true)
+    s.exp_avg_sq = state.at("exp_avg_sq")
+                       .to(param.device(), param.scalar_type(), false, true)
                        .view(param.sizes());
     s.step = state.at("step").reshape({}).to(param.device(), torch::kFloat, false, true);
   });

@@ -7,11 +7,11 @@
 #ifndef CPPTRAIN_TRAINER_OPTIMIZER_H_
 #define CPPTRAIN_TRAINER_OPTIMIZER_H_
 
+#include <torch/optim/adamw.h>
+
 #include <map>
 #include <string>
 #include <unordered_map>
-
-#include <torch/optim/adamw.h>
 
 #include "checkpoint/optimizer_state.h"
 #include "engines/engine.h"
@@ -29,11 +29,16 @@ bool ExcludedFromWeightDecay(const std::string& parameter_name);
 OptimizerFactory MakeAdamWFactory(const proto::TrainingArguments& args);
 
 // torch::optim::AdamW whose step runs PyTorch's fused AdamW kernel when every parameter is a
-// CUDA tensor and the kernel exists, and the per-parameter AdamW otherwise (same arithmetic).
+// CUDA tensor and the kernel exists; kernels/cpu_adamw.h (multithreaded, vectorized, bitwise
+// equal to LibTorch's) when every parameter is a dense contiguous fp32 CPU tensor with an fp32
+// or bf16 gradient and amsgrad is off; the per-parameter AdamW otherwise (same arithmetic).
 class FusedAdamW : public torch::optim::AdamW, public CheckpointableOptimizer {
  public:
   using torch::optim::AdamW::AdamW;
   torch::Tensor step(LossClosure closure = nullptr) override;
+
+  // Off: CPU parameters step through torch::optim::AdamW (for comparing the two paths).
+  void UseCpuKernel(bool on) { cpu_kernel_ = on; }
 
   // exp_avg, exp_avg_sq and step, from whichever path (fused or per-parameter) holds them.
   std::map<std::string, at::Tensor> ExportState(const at::Tensor& param) override;
@@ -44,7 +49,14 @@ class FusedAdamW : public torch::optim::AdamW, public CheckpointableOptimizer {
   struct State {
     torch::Tensor exp_avg, exp_avg_sq, step;
   };
+  // Every group's parameters, gradients and state fit kernels/cpu_adamw.h.
+  bool CpuKernelApplies();
+  // One step of every group through the CPU kernel, the state in torch::optim::AdamW's map
+  // (so ExportState/ImportState and AdamW's own serialization see it unchanged).
+  void CpuKernelStep();
+
   bool fused_ = true;  // until a step finds it unavailable
+  bool cpu_kernel_ = true;
   std::unordered_map<const c10::TensorImpl*, State> state_;
 };
 

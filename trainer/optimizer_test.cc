@@ -14,10 +14,9 @@ TEST(OptimizerTest, DecayExclusionsFollowHuggingFaceNames) {
         "encoder.RMSNorm.weight", "norm.weight", "block.norm"}) {
     EXPECT_TRUE(ExcludedFromWeightDecay(name)) << name;
   }
-  for (const char* name :
-       {"model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight",
-        "model.layers.0.mlp.down_proj.weight", "lm_head.weight", "normalizer.weight",
-        "model.layers.0.mlp.gate_proj.weight"}) {
+  for (const char* name : {"model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight",
+                           "model.layers.0.mlp.down_proj.weight", "lm_head.weight",
+                           "normalizer.weight", "model.layers.0.mlp.gate_proj.weight"}) {
     EXPECT_FALSE(ExcludedFromWeightDecay(name)) << name;
   }
 }
@@ -49,6 +48,107 @@ TEST(OptimizerTest, SetLearningRateReachesEveryGroup) {
   for (auto& group : (*optimizer)->param_groups()) {
     EXPECT_DOUBLE_EQ(static_cast<torch::optim::AdamWOptions&>(group.options()).lr(), 0.25);
   }
+}
+
+// Two FusedAdamW over copies of the same parameters (odd sizes, a decay and a no-decay group),
+// one through the CPU kernel and one through torch::optim::AdamW, stepped with the same
+// gradients (fp32, then bf16 for the decay group on the last steps).
+struct TwinOptimizers {
+  std::vector<torch::Tensor> kernel_params, torch_params;
+  std::unique_ptr<FusedAdamW> kernel, reference;
+
+  explicit TwinOptimizers(const std::vector<int64_t>& sizes) {
+    torch::manual_seed(7);
+    for (int64_t n : sizes) {
+      torch::Tensor p = torch::randn({n});
+      kernel_params.push_back(p.clone().requires_grad_());
+      torch_params.push_back(p.clone().requires_grad_());
+    }
+    kernel = Make(kernel_params);
+    reference = Make(torch_params);
+    reference->UseCpuKernel(false);
+  }
+
+  static std::unique_ptr<FusedAdamW> Make(const std::vector<torch::Tensor>& params) {
+    auto options = [](double wd) {
+      return std::make_unique<torch::optim::AdamWOptions>(
+          torch::optim::AdamWOptions(2e-3).betas({0.9, 0.98}).eps(1e-7).weight_decay(wd));
+    };
+    std::vector<torch::optim::OptimizerParamGroup> groups;
+    groups.emplace_back(std::vector<torch::Tensor>{params[0], params[1]}, options(0.1));
+    groups.emplace_back(std::vector<torch::Tensor>{params[2]}, options(0.0));
+    return std::make_unique<FusedAdamW>(groups, *options(0.1));
+  }
+
+  void Step(int64_t step, bool bf16) {
+    for (size_t i = 0; i < kernel_params.size(); ++i) {
+      torch::Tensor g = torch::randn_like(kernel_params[i]) * (1.0 + step);
+      if (bf16 && i == 0) g = g.to(torch::kBFloat16);
+      kernel_params[i].mutable_grad() = g.clone();
+      // torch::optim::AdamW's arithmetic on a bf16 gradient is mixed-dtype; the kernel widens
+      // first, so the reference gets the widened gradient.
+      torch_params[i].mutable_grad() = g.to(torch::kFloat);
+    }
+    kernel->step();
+    reference->step();
+  }
+};
+
+TEST(OptimizerTest, CpuKernelEqualsLibTorchAdamWBitwiseIncludingState) {
+  TwinOptimizers twins({1000003, 7, 1});
+  for (int64_t step = 0; step < 5; ++step) twins.Step(step, /*bf16=*/step >= 3);
+  for (size_t i = 0; i < twins.kernel_params.size(); ++i) {
+    EXPECT_TRUE(torch::equal(twins.kernel_params[i], twins.torch_params[i])) << "param " << i;
+    auto mine = twins.kernel->ExportState(twins.kernel_params[i]);
+    auto theirs = twins.reference->ExportState(twins.torch_params[i]);
+    ASSERT_EQ(mine.size(), 3u);
+    for (const char* key : {"exp_avg", "exp_avg_sq", "step"}) {
+      EXPECT_TRUE(torch::equal(mine.at(key), theirs.at(key))) << key << " of param " << i;
+    }
+  }
+  EXPECT_EQ(twins.kernel->ExportState(twins.kernel_params[2]).at("step").item<double>(), 5.0);
+}
+
+TEST(OptimizerTest, CpuKernelStateRoundTripsThroughImportState) {
+  // A checkpoint written by the kernel path resumes on the LibTorch path and vice versa.
+  TwinOptimizers twins({33, 7, 1});
+  for (int64_t step = 0; step < 2; ++step) twins.Step(step, false);
+  auto resumed_kernel = TwinOptimizers::Make(twins.kernel_params);
+  auto resumed_torch = TwinOptimizers::Make(twins.torch_params);
+  resumed_torch->UseCpuKernel(false);
+  for (size_t i = 0; i < twins.kernel_params.size(); ++i) {
+    ASSERT_TRUE(resumed_kernel
+                    ->ImportState(twins.kernel_params[i],
+                                  twins.reference->ExportState(twins.torch_params[i]))
+                    .ok());
+    ASSERT_TRUE(
+        resumed_torch
+            ->ImportState(twins.torch_params[i], twins.kernel->ExportState(twins.kernel_params[i]))
+            .ok());
+  }
+  twins.kernel = std::move(resumed_kernel);
+  twins.reference = std::move(resumed_torch);
+  for (int64_t step = 2; step < 4; ++step) twins.Step(step, false);
+  for (size_t i = 0; i < twins.kernel_params.size(); ++i) {
+    EXPECT_TRUE(torch::equal(twins.kernel_params[i], twins.torch_params[i])) << "param " << i;
+  }
+}
+
+TEST(OptimizerTest, NonContiguousParameterFallsBackToLibTorch) {
+  torch::Tensor base = torch::randn({4, 6});
+  torch::Tensor strided = base.t().detach().requires_grad_();  // not contiguous
+  torch::Tensor copy = strided.detach().clone().requires_grad_();
+  const torch::Tensor before = copy.detach().clone();
+  FusedAdamW mine({strided}, torch::optim::AdamWOptions(0.01).weight_decay(0.1));
+  torch::optim::AdamW theirs({copy}, torch::optim::AdamWOptions(0.01).weight_decay(0.1));
+  torch::Tensor g = torch::randn({6, 4});
+  strided.mutable_grad() = g.clone();
+  copy.mutable_grad() = g.clone();
+  mine.step();
+  theirs.step();
+  // The kernel on this storage would pair elements with the wrong gradients.
+  EXPECT_TRUE(torch::equal(strided, copy));
+  EXPECT_FALSE(torch::equal(copy, before));  // the step moved it
 }
 
 }  // namespace

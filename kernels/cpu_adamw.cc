@@ -1,0 +1,122 @@
+// Compiled with -ffp-contract=off (BUILD.bazel, CMakeLists.txt): a contraction the compiler
+// chose would differ from ATen's roundings. The two fmas ATen does are written out.
+#include "kernels/cpu_adamw.h"
+
+#include <ATen/Parallel.h>
+
+#include <cmath>
+#include <cstring>
+
+namespace cpptrain {
+namespace kernels {
+namespace {
+
+// Elements per task of the intra-op pool: large enough that a task streams ~1.25 MB.
+constexpr int64_t kGrain = 1 << 16;
+
+// The step's scalars, each rounded to float once as ATen rounds a double Scalar.
+struct Scalars {
+  float decay;  // 1 - lr*wd
+  bool has_decay;
+  float beta1, one_minus_beta1, beta2, one_minus_beta2;
+  float sqrt_bias_correction2;
+  float eps;
+  float neg_step_size;  // -(lr / bias_correction1)
+};
+
+Scalars MakeScalars(const AdamWHyper& h, int64_t step) {
+  const double bias_correction1 = 1 - std::pow(h.beta1, static_cast<double>(step));
+  const double bias_correction2 = 1 - std::pow(h.beta2, static_cast<double>(step));
+  Scalars s;
+  s.has_decay = h.weight_decay != 0;
+  s.decay = static_cast<float>(1 - h.lr * h.weight_decay);
+  s.beta1 = static_cast<float>(h.beta1);
+  s.one_minus_beta1 = static_cast<float>(1 - h.beta1);
+  s.beta2 = static_cast<float>(h.beta2);
+  s.one_minus_beta2 = static_cast<float>(1 - h.beta2);
+  s.sqrt_bias_correction2 = static_cast<float>(std::sqrt(bias_correction2));
+  s.eps = static_cast<float>(h.eps);
+  s.neg_step_size = static_cast<float>(-(h.lr / bias_correction1));
+  return s;
+}
+
+inline float Widen(float g) { return g; }
+inline float Widen(uint16_t bf16_bits) {
+  const uint32_t bits = static_cast<uint32_t>(bf16_bits) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+// The loop body, inlined into each target-specific copy below; `__restrict` lets the compiler
+// vectorize without alias checks (the spans do not overlap: the header's contract). One pass
+// over memory: the decay is applied to the value loaded, as its own rounding.
+template <bool kDecay, typename GradT>
+__attribute__((always_inline)) inline void Update(float* __restrict p, const GradT* __restrict g,
+                                                  float* __restrict m, float* __restrict v,
+                                                  int64_t n, const Scalars& s) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float param = kDecay ? p[i] * s.decay : p[i];
+    const float grad = Widen(g[i]);
+    const float exp_avg = std::fma(grad, s.one_minus_beta1, m[i] * s.beta1);
+    const float exp_avg_sq = std::fma(s.one_minus_beta2 * grad, grad, v[i] * s.beta2);
+    const float denom = std::sqrt(exp_avg_sq) / s.sqrt_bias_correction2 + s.eps;
+    m[i] = exp_avg;
+    v[i] = exp_avg_sq;
+    p[i] = param + (s.neg_step_size * exp_avg) / denom;
+  }
+}
+
+template <typename GradT>
+__attribute__((target("avx2,fma"))) void UpdateAvx2(float* p, const GradT* g, float* m, float* v,
+                                                    int64_t n, const Scalars& s) {
+  if (s.has_decay) {
+    Update<true>(p, g, m, v, n, s);
+  } else {
+    Update<false>(p, g, m, v, n, s);
+  }
+}
+
+template <typename GradT>
+void UpdatePortable(float* p, const GradT* g, float* m, float* v, int64_t n, const Scalars& s) {
+  if (s.has_decay) {
+    Update<true>(p, g, m, v, n, s);
+  } else {
+    Update<false>(p, g, m, v, n, s);
+  }
+}
+
+bool HasAvx2Fma() {
+  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return has;
+}
+
+template <typename GradT>
+void Run(float* param, const GradT* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
+         const AdamWHyper& hyper, int64_t step) {
+  const Scalars s = MakeScalars(hyper, step);
+  const bool avx2 = HasAvx2Fma();
+  at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
+    const int64_t len = end - begin;
+    if (avx2) {
+      UpdateAvx2(param + begin, grad + begin, exp_avg + begin, exp_avg_sq + begin, len, s);
+    } else {
+      UpdatePortable(param + begin, grad + begin, exp_avg + begin, exp_avg_sq + begin, len, s);
+    }
+  });
+}
+
+}  // namespace
+
+void CpuAdamWStep(const AdamWSpans& spans, const AdamWHyper& hyper, int64_t step) {
+  Run(spans.param, spans.grad, spans.exp_avg, spans.exp_avg_sq, spans.n, hyper, step);
+}
+
+void CpuAdamWStep(const AdamWSpansBf16Grad& spans, const AdamWHyper& hyper, int64_t step) {
+  Run(spans.param, spans.grad, spans.exp_avg, spans.exp_avg_sq, spans.n, hyper, step);
+}
+
+bool CpuAdamWVectorized() { return HasAvx2Fma(); }
+
+}  // namespace kernels
+}  // namespace cpptrain

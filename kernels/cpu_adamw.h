@@ -1,0 +1,63 @@
+// AdamW on fp32 host buffers: the optimizer step of ZeRO-Offload (master weights and moments in
+// host memory) and of FusedAdamW's CPU path. Multithreaded over chunks with LibTorch's
+// intra-op pool, vectorized (AVX2/FMA where the CPU has it, chosen at run time).
+//
+//   kernels::AdamWHyper h{.lr = 1e-4, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8,
+//                         .weight_decay = 0.01};
+//   kernels::CpuAdamWStep({param, grad, exp_avg, exp_avg_sq, n}, h, /*step=*/t);
+//
+// Per element it does what torch::optim::AdamW::step does on fp32 CPU tensors (LibTorch 1.13 and
+// 2.x), in the same order and with the same roundings, so results are bitwise equal:
+//   p *= 1 - lr*wd                          (only when wd != 0)
+//   m  = fma(g, 1-b1, m*b1)                 (add_(g, alpha): ATen's vectorized fmadd)
+//   v  = fma((1-b2)*g, g, v*b2)             (addcmul_: contracted by ATen's build)
+//   d  = sqrt(v) / sqrt(1-b2^t) + eps
+//   p += (-(lr / (1-b1^t)) * m) / d         (addcdiv_)
+// Scalars are formed in double and rounded to float once, as ATen does with a Scalar. The file
+// is compiled with -ffp-contract=off so only these two fmas are fused.
+#ifndef CPPTRAIN_KERNELS_CPU_ADAMW_H_
+#define CPPTRAIN_KERNELS_CPU_ADAMW_H_
+
+#include <cstdint>
+
+namespace cpptrain {
+namespace kernels {
+
+struct AdamWHyper {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+};
+
+// One parameter's buffers, n floats each, not overlapping. `grad` is read, the rest updated.
+struct AdamWSpans {
+  float* param;
+  const float* grad;
+  float* exp_avg;
+  float* exp_avg_sq;
+  int64_t n;
+};
+
+// The same with bfloat16 gradients (raw bits, as c10::BFloat16 stores them): each is widened to
+// fp32 exactly, then the fp32 arithmetic above.
+struct AdamWSpansBf16Grad {
+  float* param;
+  const uint16_t* grad;
+  float* exp_avg;
+  float* exp_avg_sq;
+  int64_t n;
+};
+
+// One AdamW step; `step` is the step count after this update (1 on the first call).
+void CpuAdamWStep(const AdamWSpans& spans, const AdamWHyper& hyper, int64_t step);
+void CpuAdamWStep(const AdamWSpansBf16Grad& spans, const AdamWHyper& hyper, int64_t step);
+
+// Whether the vectorized AVX2/FMA body runs on this CPU (else a portable loop, same results).
+bool CpuAdamWVectorized();
+
+}  // namespace kernels
+}  // namespace cpptrain
+
+#endif  // CPPTRAIN_KERNELS_CPU_ADAMW_H_

@@ -12,7 +12,13 @@ them. Checks, each a failure (exit 1) that prints both values:
     of both sides, within --tolerance (relative) of ours' first run;
   - last_loss likewise within --last_loss_tolerance (both sides train on the same tokens);
   - the same tokens_fingerprint (same token ids) and the same device type on every run.
-A run that fails or prints no JSON line is exit 2. Every JSON line goes to --jsonl with the
+A run that fails or prints no JSON line is exit 2.
+
+ZeRO: --engine zero --zero_stage N [--offload_optimizer cpu] [--offload_param cpu] runs ours as
+`tools/bench --engine=zero --set=args.zero.stage=N ...` and DeepSpeed's ZeRO of the same stage
+and offload (bench_torch.py --engine zero, tools/install_deepspeed_wheels.sh's torchrun) by
+default; --torch_engine zero_redundancy (DDP + ZeroRedundancyOptimizer), fsdp2 or fsdp2_offload
+pairs ours with PyTorch's counterparts instead. Every JSON line goes to --jsonl with the
 date, the git commit, the host's GPUs, the side and the run number added.
 
 Python standard library only: it runs where tools/bench_torch.py runs.
@@ -38,8 +44,13 @@ def parse_args():
     p.add_argument("--jsonl", default="", help="file every raw JSON line is appended to")
     p.add_argument("--runs", type=int, default=3, help="runs per side, interleaved")
     p.add_argument("--nproc", type=int, default=1, help="processes (GPUs) per run")
-    p.add_argument("--engine", default="ddp", choices=["local", "ddp", "fsdp1", "fsdp2"],
+    p.add_argument("--engine", default="ddp", choices=["local", "ddp", "fsdp1", "fsdp2", "zero"],
                    help="ours")
+    p.add_argument("--zero_stage", type=int, default=1, choices=[1, 2, 3], help="--engine zero")
+    p.add_argument("--offload_optimizer", default="none", choices=["none", "cpu"],
+                   help="--engine zero: both sides (pinned host memory)")
+    p.add_argument("--offload_param", default="none", choices=["none", "cpu"],
+                   help="--engine zero --zero_stage 3: both sides")
     p.add_argument("--torch_engine", default="",
                    help="PyTorch's engine (default: --engine; local means no wrapper)")
     p.add_argument("--torch_impl", default="native", choices=["native", "hf"])
@@ -60,7 +71,38 @@ def parse_args():
     p.add_argument("--torch_arg", action="append", default=[], help="extra flag for bench_torch.py")
     p.add_argument("--timeout", type=int, default=600, help="seconds per run")
     p.add_argument("--log_dir", default="", help="where each run's output goes")
-    return p.parse_args()
+    a = p.parse_args()
+    if a.engine != "zero" and (a.zero_stage != 1 or a.offload_optimizer != "none" or
+                               a.offload_param != "none"):
+        p.error(f"--zero_stage, --offload_optimizer and --offload_param are for --engine zero, "
+                f"not --engine {a.engine}")
+    if a.torch_engine == "fsdp2_offload" and a.offload_optimizer != "cpu":
+        p.error("--torch_engine fsdp2_offload keeps the optimizer on the host: give "
+                "--offload_optimizer cpu so ours does too")
+    return a
+
+
+def zero_args(a):
+    """The ZeRO flags of each side: ours' --set overrides and bench_torch.py's (DeepSpeed only;
+    PyTorch's counterparts take none)."""
+    ours = [f"--set=args.zero.stage={a.zero_stage}"]
+    theirs = [f"--stage={a.zero_stage}"]
+    if a.offload_optimizer == "cpu":
+        ours += ["--set=args.zero.offload_optimizer_device=CPU",
+                 "--set=args.zero.offload_optimizer_pin_memory=true"]
+        theirs.append("--offload_optimizer=cpu")
+    if a.offload_param == "cpu":
+        ours += ["--set=args.zero.offload_param_device=CPU",
+                 "--set=args.zero.offload_param_pin_memory=true"]
+        theirs.append("--offload_param=cpu")
+    return ours, (theirs if (a.torch_engine or "zero") == "zero" else [])
+
+
+def engine_tag(a):
+    if a.engine != "zero":
+        return a.engine
+    return (f"zero{a.zero_stage}" + ("_oo" if a.offload_optimizer == "cpu" else "") +
+            ("_op" if a.offload_param == "cpu" else ""))
 
 
 def commands(a):
@@ -68,11 +110,12 @@ def commands(a):
              f"--grad_accum={a.grad_accum}", f"--steps={a.steps}", f"--warmup={a.warmup}",
              f"--bf16={a.bf16}", f"--learning_rate={a.learning_rate!r}",
              f"--weight_decay={a.weight_decay!r}", f"--init_dir={a.init_dir}"]
+    ours_zero, theirs_zero = zero_args(a) if a.engine == "zero" else ([], [])
     ours = [a.launch, f"--nproc_per_node={a.nproc}", "--master_port=0", a.bench,
-            f"--engine={a.engine}"] + shape + a.ours_arg
+            f"--engine={a.engine}"] + shape + ours_zero + a.ours_arg
     theirs = [a.torchrun, "--standalone", f"--nproc_per_node={a.nproc}",
               os.path.join(HERE, "bench_torch.py"), f"--engine={a.torch_engine or a.engine}",
-              f"--device={a.device}", f"--impl={a.torch_impl}"] + shape + a.torch_arg
+              f"--device={a.device}", f"--impl={a.torch_impl}"] + shape + theirs_zero + a.torch_arg
     if a.torch_compile:
         theirs.append("--compile")
     return {"ours": ours, "torch": theirs}
@@ -173,20 +216,21 @@ def table(records, a):
     print(f"{a.nproc} process(es), {a.model}, seq {a.seq_len}, micro-batch {a.micro_batch}, "
           f"accum {a.grad_accum}, {a.warmup}+{a.steps} steps, bf16 {a.bf16}; "
           f"median [min, max] of {a.runs} runs")
-    print("| side | engine | tokens/s per GPU | peak GiB | first_loss | last_loss |")
-    print("|---|---|---|---|---|---|")
+    print("| side | engine | tokens/s per GPU | peak GiB | host peak GiB | first_loss | last_loss |")
+    print("|---|---|---|---|---|---|---|")
     medians = {}
     for side in ("ours", "torch"):
         rs = [r for r in records if r["side"] == side]
         med, tps = spread([r["tokens_per_s_per_gpu"] for r in rs], ",.0f")
         _, peak = spread([r["peak_memory_gib"] for r in rs], ".2f")
+        _, host_peak = spread([r.get("host_peak_gib") for r in rs], ".2f")
         medians[side] = med
         engine = rs[0]["engine"] + (" (compiled)" if rs[0].get("compile") else "")
         if rs[0].get("impl") == "hf":
             engine += " (transformers)"
         losses = [f"{x:.9g}" if x is not None else "-"
                   for x in (rs[0]["first_loss"], rs[0]["last_loss"])]
-        print(f"| {side} | {engine} | {tps} | {peak} | {losses[0]} | {losses[1]} |")
+        print(f"| {side} | {engine} | {tps} | {peak} | {host_peak} | {losses[0]} | {losses[1]} |")
     if medians["torch"]:
         print(f"ours / torch (medians of tokens/s per GPU): {medians['ours'] / medians['torch']:.3f}")
     for key in ("first_loss", "last_loss"):
@@ -202,7 +246,7 @@ def main():
     records = []
     for run in range(1, a.runs + 1):
         for side in ("ours", "torch"):
-            result = run_once(f"{side}_{a.engine}_{a.nproc}_run{run}", cmds[side], a)
+            result = run_once(f"{side}_{engine_tag(a)}_{a.nproc}_run{run}", cmds[side], a)
             result.update(common, side=side, run=run, command=" ".join(cmds[side]))
             records.append(result)
             print(f"   first_loss {result['first_loss']!r} last_loss {result['last_loss']!r} "

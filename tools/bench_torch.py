@@ -6,6 +6,10 @@
   torchrun --standalone --nproc_per_node 4 tools/bench_torch.py --engine fsdp1 --init_dir DIR
   torchrun --standalone --nproc_per_node 1 tools/bench_torch.py --device cpu --model tiny \
       --init_dir DIR --seq_len 16 --micro_batch 2
+  torchrun --standalone --nproc_per_node 1 tools/bench_torch.py --engine zero --stage 2 \
+      --offload_optimizer cpu --init_dir DIR       # DeepSpeed (tools/install_deepspeed_wheels.sh)
+  torchrun --standalone --nproc_per_node 4 tools/bench_torch.py --engine zero_redundancy ...
+  torchrun --standalone --nproc_per_node 1 tools/bench_torch.py --engine fsdp2_offload ...
 
 With --init_dir (written by tools/bench first) the model is the one in DIR (config.json and
 model.safetensors, Hugging Face names) and each step trains on the token ids tools/bench's rank
@@ -24,6 +28,21 @@ limit_all_gathers, MixedPrecision(param_dtype=bf16, reduce_dtype=fp32)), as tool
 --engine=fsdp1 configures its FSDP1 (fsdp { version: 1 }), clipping through FSDP's
 clip_grad_norm_ (the norm over every shard) and no_sync() for the non-final micro-batches.
 
+ZeRO counterparts (tools/bench --engine=zero --set=args.zero.stage=N ...):
+  zero: DeepSpeed's engine (deepspeed.initialize), stage --stage, --offload_optimizer cpu and
+    --offload_param cpu (stage 3) with pinned host memory, DeepSpeed's own AdamW from the config
+    (FusedAdam on the GPU, DeepSpeedCPUAdam when offloaded) with the same lr, betas, eps and
+    decay groups, "bf16": {"enabled": true} (bf16 parameters and fp32 master weights),
+    "gradient_clipping" 1.0, overlap_comm, contiguous_gradients and the bucket sizes of
+    ZeroConfig's defaults (proto/engines.proto); --ds_config FILE merges keys over that. The
+    model is built in fp32 on the CPU from --init_dir, and DeepSpeed casts and moves it.
+  zero_redundancy: DistributedDataParallel with torch.distributed.optim.ZeroRedundancyOptimizer
+    around AdamW (fused on CUDA), bf16 autocast as ddp.
+  fsdp2_offload: fsdp2 with fully_shard(offload_policy=CPUOffloadPolicy(pin_memory=True)); the
+    AdamW steps the CPU shards (torch's fused CPU kernel where it has one, 2.4+).
+Every JSON line also carries zero_stage, offload_optimizer, offload_param (null where they do not
+apply) and host_peak_gib (the largest rank's peak resident set, getrusage).
+
 --impl native: the Qwen3/Llama decoder of models/decoder.cc written here in plain PyTorch, its
 modules named as Hugging Face's. --impl hf: transformers' AutoModelForCausalLM from --init_dir.
 --compile: torch.compile of each decoder layer (fsdp2, ddp: so gradients still come out layer by
@@ -37,6 +56,7 @@ import json
 import math
 import os
 import re
+import resource
 import socket
 import sys
 import time
@@ -251,7 +271,7 @@ def wrap(model, a, device, world):
         model = torch.compile(model)
     elif a.compile:
         compile_layers(model)
-    if a.engine == "ddp":
+    if a.engine in ("ddp", "zero_redundancy"):
         ids = [device.index] if device.type == "cuda" else None
         return nn.parallel.DistributedDataParallel(model, device_ids=ids)
     if a.engine == "fsdp1":
@@ -267,14 +287,19 @@ def wrap(model, a, device, world):
                     use_orig_params=True, device_id=device)  # a CPU device: FSDP on Gloo
     if a.engine.startswith("fsdp2"):
         from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
+        from torch.distributed.fsdp import fully_shard
         mesh = init_device_mesh(device.type, (world,))
         mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
               if a.bf16 else MixedPrecisionPolicy())
-        reshard = a.engine == "fsdp2"
+        offload = (CPUOffloadPolicy(pin_memory=device.type == "cuda")
+                   if a.engine == "fsdp2_offload" else OffloadPolicy())
+        reshard = a.engine in ("fsdp2", "fsdp2_offload")
         for layer in decoder_layers(model):
-            fully_shard(layer, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
-        fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
+            fully_shard(layer, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard,
+                        offload_policy=offload)
+        fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=False,
+                    offload_policy=offload)
     return model
 
 
@@ -285,15 +310,80 @@ def excluded_from_weight_decay(name):
             or re.search(r"(^|\.)norm($|\.)|_norm($|\.)", n) is not None)
 
 
-def make_optimizer(model, a, device):
+def decay_groups(model, a):
+    """Hugging Face's two groups: decay on matrices, none on biases and norms."""
     decay, no_decay = [], []
     for name, p in model.named_parameters():
         (no_decay if excluded_from_weight_decay(name) else decay).append(p)
-    groups = [g for g in ({"params": decay, "weight_decay": a.weight_decay},
-                          {"params": no_decay, "weight_decay": 0.0}) if g["params"]]
+    return [g for g in ({"params": decay, "weight_decay": a.weight_decay},
+                        {"params": no_decay, "weight_decay": 0.0}) if g["params"]]
+
+
+def make_optimizer(model, a, device):
+    groups = decay_groups(model, a)
     # Fused on CUDA like tools/bench's FusedAdamW; single-tensor on the CPU like LibTorch's.
+    # fsdp2_offload on CUDA steps CPU shards: torch's fused CPU AdamW.
     kind = {"fused": True} if device.type == "cuda" else {"foreach": False}
+    if a.engine == "zero_redundancy":
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+        return ZeroRedundancyOptimizer(groups, optimizer_class=torch.optim.AdamW,
+                                       lr=a.learning_rate, betas=ADAM_BETAS, eps=ADAM_EPS, **kind)
     return torch.optim.AdamW(groups, lr=a.learning_rate, betas=ADAM_BETAS, eps=ADAM_EPS, **kind)
+
+
+def deepspeed_config(a):
+    """The DeepSpeed JSON config of --engine zero: the same call as tools/bench's ZeroConfig
+    defaults (proto/engines.proto), with --ds_config's keys merged over it."""
+    zero = {"stage": a.stage, "overlap_comm": True, "contiguous_gradients": True,
+            "reduce_bucket_size": 500000000, "allgather_bucket_size": 500000000,
+            "round_robin_gradients": False}
+    if a.stage == 3:
+        zero.update(stage3_prefetch_bucket_size=50000000,
+                    stage3_param_persistence_threshold=100000,
+                    stage3_max_live_parameters=1000000000, stage3_max_reuse_distance=1000000000)
+    if a.offload_optimizer == "cpu":
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    if a.offload_param == "cpu":
+        zero["offload_param"] = {"device": "cpu", "pin_memory": True}
+    config = {
+        "train_micro_batch_size_per_gpu": a.micro_batch,
+        "gradient_accumulation_steps": a.grad_accum,
+        "gradient_clipping": a.max_grad_norm,
+        "bf16": {"enabled": a.bf16},
+        "optimizer": {"type": "AdamW", "params": {
+            "lr": a.learning_rate, "betas": list(ADAM_BETAS), "eps": ADAM_EPS,
+            "weight_decay": a.weight_decay}},
+        "zero_optimization": zero,
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
+    if a.ds_config:
+        with open(a.ds_config) as f:
+            merge_into(config, json.load(f))
+    return config
+
+
+def merge_into(base, extra):
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            merge_into(base[key], value)
+        else:
+            base[key] = value
+
+
+def deepspeed_initialize(model, a, device):
+    """DeepSpeed's engine around `model` (fp32, on the CPU: DeepSpeed casts it to bf16 and
+    moves it, so the GPU never holds the fp32 copy), with DeepSpeed's optimizer."""
+    if device.type == "cuda":
+        # DeepSpeed's builder cannot parse the "9.0a" of torch's default list: name the
+        # device's own architecture for its JIT-built FusedAdam.
+        major, minor = torch.cuda.get_device_capability(device)
+        os.environ.setdefault("TORCH_CUDA_ARCH_LIST", f"{major}.{minor}")
+    import deepspeed
+    engine, optimizer, _, _ = deepspeed.initialize(
+        model=model, model_parameters=decay_groups(model, a), config=deepspeed_config(a),
+        dist_init_required=False)
+    return engine, optimizer
 
 
 def tokens_path(a, world, rank):
@@ -336,7 +426,7 @@ def micro_batch_loss(forward, model, ids, targets):
 @contextlib.contextmanager
 def gradient_sync(model, engine, enabled):
     """Gradients communicated only on the last micro-batch of a step."""
-    if engine in ("ddp", "fsdp1") and not enabled:
+    if engine in ("ddp", "fsdp1", "zero_redundancy") and not enabled:
         with model.no_sync():
             yield
         return
@@ -372,7 +462,15 @@ def parse_args():
     p.add_argument("--init_dir", default="", help="directory tools/bench wrote (model and tokens)")
     p.add_argument("--impl", default="native", choices=["native", "hf"])
     p.add_argument("--compile", action="store_true", help="torch.compile before wrapping")
-    p.add_argument("--engine", default="ddp", choices=["ddp", "fsdp1", "fsdp2", "fsdp2_noreshard", "local"])
+    p.add_argument("--engine", default="ddp",
+                   choices=["ddp", "fsdp1", "fsdp2", "fsdp2_noreshard", "fsdp2_offload", "local",
+                            "zero", "zero_redundancy"])
+    p.add_argument("--stage", type=int, default=1, choices=[1, 2, 3], help="--engine zero")
+    p.add_argument("--offload_optimizer", default="none", choices=["none", "cpu"],
+                   help="--engine zero: optimizer state and fp32 master weights on the host")
+    p.add_argument("--offload_param", default="none", choices=["none", "cpu"],
+                   help="--engine zero --stage 3: parameters on the host")
+    p.add_argument("--ds_config", default="", help="--engine zero: JSON merged over the config")
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--bf16", type=parse_bool, default=None,
                    help="bf16 autocast (ddp, local) or bf16 parameters (fsdp2); default: on CUDA")
@@ -390,6 +488,13 @@ def parse_args():
     a = p.parse_args()
     if a.bf16 is None:
         a.bf16 = a.device == "cuda"
+    if a.engine != "zero" and (a.stage != 1 or a.offload_optimizer != "none" or
+                               a.offload_param != "none" or a.ds_config):
+        p.error(f"--stage, --offload_optimizer, --offload_param and --ds_config are for "
+                f"--engine zero, not --engine {a.engine}")
+    if a.offload_param != "none" and a.stage != 3:
+        p.error(f"--offload_param {a.offload_param} needs --stage 3 (DeepSpeed offloads "
+                f"parameters only when it partitions them), got --stage {a.stage}")
     return a
 
 
@@ -404,7 +509,10 @@ def init_distributed(a):
     if a.device == "cuda":
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
-        dist.init_process_group("nccl", device_id=device)
+        # Offloaded shards are CPU tensors (fsdp2_offload's gradient norm reduces them): Gloo
+        # for those, NCCL for the rest.
+        backend = "cpu:gloo,cuda:nccl" if a.engine == "fsdp2_offload" else "nccl"
+        dist.init_process_group(backend, device_id=device)
     else:
         device = torch.device("cpu")
         dist.init_process_group("gloo")
@@ -416,14 +524,35 @@ def synchronize(device):
         torch.cuda.synchronize(device)
 
 
+def engine_label(a):
+    """torch_<engine>, or deepspeed_zero<stage>[_offload_optimizer][_offload_param]."""
+    if a.engine != "zero":
+        return "torch_" + a.engine
+    label = f"deepspeed_zero{a.stage}"
+    if a.offload_optimizer != "none":
+        label += "_offload_optimizer"
+    if a.offload_param != "none":
+        label += "_offload_param"
+    return label
+
+
+def deepspeed_version():
+    import deepspeed
+    return deepspeed.__version__
+
+
 def main():
     a = parse_args()
     device = init_distributed(a)
     world, rank = dist.get_world_size(), dist.get_rank()
     c = config_from_json(os.path.join(a.init_dir, "config.json")) if a.init_dir else CONFIGS[a.model]
-    model, forward = build_model(a, c, device)
-    model = wrap(model, a, device, world)
-    opt = make_optimizer(model, a, device)
+    if a.engine == "zero":
+        model, forward = build_model(a, c, torch.device("cpu"))
+        model, opt = deepspeed_initialize(model, a, device)
+    else:
+        model, forward = build_model(a, c, device)
+        model = wrap(model, a, device, world)
+        opt = make_optimizer(model, a, device)
     total = a.warmup + a.steps
     if a.init_dir:
         tokens = load_tokens(a, world, rank, device)
@@ -435,7 +564,7 @@ def main():
     # the engines' gradient averaging gives the gradient of the global mean, as tools/bench's sum
     # over ranks of (summed loss / global targets) does.
     targets = a.grad_accum * a.micro_batch * (a.seq_len - 1)
-    autocast = a.bf16 and not a.engine.startswith("fsdp")
+    autocast = a.bf16 and not a.engine.startswith("fsdp") and a.engine != "zero"
     step_losses = {}
     start = None
     for step in range(total):
@@ -444,13 +573,22 @@ def main():
             start = time.perf_counter()
         step_loss = None
         for i in range(a.grad_accum):
-            with gradient_sync(model, a.engine, enabled=i + 1 == a.grad_accum):
-                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
-                    loss = micro_batch_loss(forward, model, tokens[step, i], targets)
-                loss.backward()
+            if a.engine == "zero":
+                # The loss is already divided by the step's targets: no further 1/accum.
+                # DeepSpeed clips, steps and zeroes on the last micro-batch's step().
+                loss = micro_batch_loss(forward, model, tokens[step, i], targets)
+                model.backward(loss, scale_wrt_gas=False)
+                model.step()
+            else:
+                with gradient_sync(model, a.engine, enabled=i + 1 == a.grad_accum):
+                    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
+                        loss = micro_batch_loss(forward, model, tokens[step, i], targets)
+                    loss.backward()
             step_loss = loss.detach() if step_loss is None else step_loss + loss.detach()
         if step in (0, total - 1):
             step_losses[step] = step_loss  # stays on the device until after the run
+        if a.engine == "zero":
+            continue
         if a.engine == "fsdp1":
             model.clip_grad_norm_(a.max_grad_norm)  # the norm over every rank's shards
         else:
@@ -465,6 +603,9 @@ def main():
         peak_t = torch.tensor([torch.cuda.max_memory_allocated(device) / 2**30], device=device)
         dist.all_reduce(peak_t, op=dist.ReduceOp.MAX)
         peak = round(peak_t.item(), 2)
+    host_peak_t = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20],
+                               device=device)  # ru_maxrss is in KiB on Linux
+    dist.all_reduce(host_peak_t, op=dist.ReduceOp.MAX)
     losses = torch.stack([step_losses[0], step_losses[total - 1]]).double()
     dist.all_reduce(losses)
     losses /= world  # mean over ranks of the local means = the global mean
@@ -473,9 +614,10 @@ def main():
     tps = a.steps * a.grad_accum * a.micro_batch * a.seq_len * world / seconds.item()
     fpt = flops_per_token(c, a.seq_len)
     tflops = tps / world * fpt / 1e12
+    zero = a.engine == "zero"
     if rank == 0:
         print(json.dumps({
-            "model": a.model, "engine": "torch_" + a.engine, "impl": a.impl, "compile": a.compile,
+            "model": a.model, "engine": engine_label(a), "impl": a.impl, "compile": a.compile,
             "gpus": world, "device": str(device), "seq_len": a.seq_len,
             "micro_batch": a.micro_batch, "grad_accum": a.grad_accum, "steps": a.steps,
             "warmup": a.warmup, "bf16": a.bf16,
@@ -487,7 +629,13 @@ def main():
             "mfu": round(tflops / a.peak_tflops, 4), "peak_memory_gib": peak,
             "first_loss": finite_or_none(losses[0].item()),
             "last_loss": finite_or_none(losses[1].item()),
-            "tokens_fingerprint": int(fp.item()), "torch": torch.__version__}), flush=True)
+            "tokens_fingerprint": int(fp.item()), "torch": torch.__version__,
+            "zero_stage": a.stage if zero else None,
+            "offload_optimizer": a.offload_optimizer if zero or a.engine == "fsdp2_offload"
+            else None,
+            "offload_param": a.offload_param if zero else None,
+            "host_peak_gib": round(host_peak_t.item(), 2),
+            "deepspeed": deepspeed_version() if zero else None}), flush=True)
     dist.destroy_process_group()
     if device.type == "cpu":
         # torch 2.15's Gloo teardown at interpreter exit sometimes aborts ("terminate called

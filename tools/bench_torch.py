@@ -631,8 +631,8 @@ def main():
             "last_loss": finite_or_none(losses[1].item()),
             "tokens_fingerprint": int(fp.item()), "torch": torch.__version__,
             "zero_stage": a.stage if zero else None,
-            "offload_optimizer": a.offload_optimizer if zero or a.engine == "fsdp2_offload"
-            else None,
+            "offload_optimizer": (a.offload_optimizer if zero else
+                                  "cpu" if a.engine == "fsdp2_offload" else None),
             "offload_param": a.offload_param if zero else None,
             "host_peak_gib": round(host_peak_t.item(), 2),
             "deepspeed": deepspeed_version() if zero else None}), flush=True)

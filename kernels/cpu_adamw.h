@@ -2,8 +2,9 @@
 // host memory) and of FusedAdamW's CPU path. Multithreaded over chunks with LibTorch's
 // intra-op pool, vectorized (AVX2/FMA where the CPU has it, chosen at run time).
 //
-//   kernels::AdamWHyper h{.lr = 1e-4, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8,
-//                         .weight_decay = 0.01};
+//   kernels::AdamWHyper h;  // lr, beta1, beta2, eps, weight_decay
+//   h.lr = 1e-4;
+//   h.weight_decay = 0.01;
 //   kernels::CpuAdamWStep({param, grad, exp_avg, exp_avg_sq, n}, h, /*step=*/t);
 //
 // Per element it does what torch::optim::AdamW::step does on fp32 CPU tensors (LibTorch 1.13 and

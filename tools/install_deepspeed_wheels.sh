@@ -35,7 +35,11 @@ version="$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')" ||
   fail "$python has no torch: DeepSpeed uses the host's torch (install torch there first)"
 
 "$python" -m venv --system-site-packages "$venv"
-"$venv/bin/python" -m pip install --no-index --find-links "$wheels" deepspeed==0.19.8
+# nvidia-ml-py: optional for DeepSpeed (its CUDA accelerator reads device memory through it);
+# a wheel built on a CUDA host would require it.
+packages=(deepspeed==0.19.8)
+ls "$wheels"/nvidia_ml_py-*.whl >/dev/null 2>&1 && packages+=(nvidia-ml-py)
+"$venv/bin/python" -m pip install --no-index --find-links "$wheels" "${packages[@]}"
 
 cat > "$venv/bin/torchrun" <<WRAPPER
 #!/usr/bin/env bash

@@ -80,15 +80,16 @@ done
 # COMPARE: engines to measure beside PyTorch + torch.compile through tools/bench_compare.py
 # (same initial weights and tokens, first and last loss checked, REPEATS_COMPARE runs per side,
 # interleaved, medians; raw lines appended to $OUT/<date>-1x<gpu>.jsonl). MICRO_COMPARE picks
-# the micro-batch (default 4).
+# the micro-batch (default 4); COMPARE_COMPILE=0 compares with eager PyTorch instead.
 launch=$(find_bin launch)
 gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | awk '{print tolower($NF)}')
 jsonl="$final/$(date -u +%F)-1x${gpu_name}.jsonl"
 for engine in ${COMPARE:-}; do
   for micro in ${MICRO_COMPARE:-4}; do
-    name="compile_${engine}_mb${micro}"
+    compile=--torch_compile name="compile_${engine}_mb${micro}"
+    [[ "${COMPARE_COMPILE:-1}" == 0 ]] && compile="" name="eager_${engine}_mb${micro}"
     timeout 900 python3 tools/bench_compare.py --launch "$launch" --bench "$bench" --nproc 1 \
-      --engine "$engine" --torch_compile --micro_batch "$micro" \
+      --engine "$engine" $compile --micro_batch "$micro" \
       --init_dir /tmp/cpptrain_bench_init_qwen3-0.6b --jsonl "$jsonl" --log_dir "$out/$name" \
       --runs "${REPEATS_COMPARE:-3}" --steps "${STEPS_COMPARE:-15}" --warmup 3 --timeout 300 \
       >"$out/$name.log" 2>&1

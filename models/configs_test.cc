@@ -142,6 +142,9 @@ TEST(ConfigsTest, ReferenceModelParameterCounts) {
   const int64_t llama3b = FormulaCount(128256, 3072, 8192, 28, 24, 8, 128, true, false);
   EXPECT_EQ(DecoderParameterCount(NamedDecoderConfig("llama3.2-3b").value()), llama3b);
   EXPECT_EQ(llama3b, 3212749824);  // "3.21B" on the model card
+  const int64_t llama1b = FormulaCount(128256, 2048, 8192, 16, 32, 8, 64, true, false);
+  EXPECT_EQ(DecoderParameterCount(NamedDecoderConfig("llama3.2-1b").value()), llama1b);
+  EXPECT_EQ(llama1b, 1235814400);  // "1.24B" on the model card
 }
 
 TEST(ConfigsTest, FlopsPerToken) {

@@ -6,8 +6,8 @@
 #   NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
 #     tools/gpu_kernels_check.sh
 #   STEPS=15 WARMUP=3 PROFILE=0 tools/gpu_kernels_check.sh   # timings only
-# ENGINES (default "local") and MICRO (default 4) pick the timed runs; COMPARE (below) the
-# runs beside PyTorch with torch.compile.
+# ENGINES (default "local"), MICRO (default 4) and MODEL (default qwen3-0.6b) pick the timed
+# runs; COMPARE (below) the runs beside PyTorch with torch.compile.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 final="${OUT:-/tmp/gpu_out}"
@@ -78,7 +78,8 @@ steps=${STEPS:-12} warmup=${WARMUP:-3}
 run_bench() {  # name, flags...
   local name=$1
   shift
-  timeout 300 "$bench" --steps="$steps" --warmup="$warmup" "$@" >"$out/$name.log" 2>&1
+  timeout 300 "$bench" --steps="$steps" --warmup="$warmup" --model="${MODEL:-qwen3-0.6b}" "$@" \
+    >"$out/$name.log" 2>&1
   local code=$?
   local line
   line=$(grep -h '^{' "$out/$name.log" | tail -1)

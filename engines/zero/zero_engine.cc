@@ -321,7 +321,10 @@ ZeroFootprint ZeroEngine::Footprint() const {
       out.parameter_bytes += static_cast<int64_t>(storage.nbytes());
     }
   }
-  if (grads_ != nullptr) out.gradient_bytes = grads_->LiveBytes();
+  if (grads_ != nullptr) {
+    out.gradient_bytes = grads_->LiveBytes();
+    out.peak_gradient_buffer_bytes = grads_->peak_buffer_bytes();
+  }
   if (host_grad_.defined()) out.gradient_bytes += host_grad_.numel() * host_grad_.element_size();
   if (zero_optimizer_ != nullptr) out.optimizer_bytes = zero_optimizer_->StateBytes();
   if (master_.defined()) out.optimizer_bytes += master_.numel() * master_.element_size();

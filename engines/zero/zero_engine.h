@@ -45,6 +45,9 @@ struct ZeroFootprint {
   int64_t parameter_bytes = 0;  // the model's parameters (unique storages)
   int64_t gradient_bytes = 0;   // gradient buffers alive (buckets, shard, host copy, .grad)
   int64_t optimizer_bytes = 0;  // optimizer state shaped like the pieces, plus host masters
+  // The most bytes of gradient buffers (buckets, the reduced shard, a reduce-scatter's
+  // output) alive at once during the backwards so far.
+  int64_t peak_gradient_buffer_bytes = 0;
 };
 
 class ZeroEngine : public LocalEngine {

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <map>
 #include <string>
 
@@ -175,18 +176,27 @@ TEST_P(ZeroStepTest, OneClippedStepEqualsTheReference) {
 INSTANTIATE_TEST_SUITE_P(Stages, ZeroStepTest,
                          ::testing::Combine(::testing::Values(1, 2, 3), ::testing::Bool()));
 
-// Parameters of sizes 3 ranks do not divide, and a linear loss.
+// Twelve parameters of sizes 3 ranks mostly do not divide (one of them 2-d), and a loss linear
+// in the input.
 class OddModel : public TrainableModel {
  public:
+  static constexpr int kParams = 12;
+  static int64_t Size(int i) { return 401 + 38 * i; }
+
   OddModel() : TrainableModel("OddModel") {
     torch::manual_seed(3);
-    a_ = register_parameter("a", torch::randn({1000}));
-    b_ = register_parameter("b", torch::randn({37, 3}));
-    c_ = register_parameter("c", torch::randn({4097}));
+    for (int i = 0; i < kParams; ++i) {
+      const at::Tensor init = i == 1 ? torch::randn({Size(i) / 3, 3}) : torch::randn({Size(i)});
+      params_.push_back(register_parameter("p" + std::to_string(i), init));
+    }
   }
   torch::Tensor Forward(const Batch& batch) override {
     return Hooked(batch.inputs, [this](const torch::Tensor& x) {
-      return x * (a_.sum() + b_.square().sum() + c_.sin().sum());
+      torch::Tensor total = torch::zeros({});
+      for (size_t i = 0; i < params_.size(); ++i) {
+        total = total + (i % 2 == 0 ? params_[i].sin().sum() : params_[i].square().sum());
+      }
+      return x * total;
     });
   }
   torch::Tensor LossSum(const torch::Tensor& logits, const Batch&) const override {
@@ -195,10 +205,15 @@ class OddModel : public TrainableModel {
   int64_t CountLossTargets(const Batch& batch) const override { return batch.inputs.size(0); }
 
  private:
-  torch::Tensor a_, b_, c_;
+  std::vector<torch::Tensor> params_;
 };
 
-constexpr int64_t kOddP = 1000 + 37 * 3 + 4097;
+int64_t OddModelNumel() {
+  int64_t n = 0;
+  for (int i = 0; i < OddModel::kParams; ++i)
+    n += i == 1 ? OddModel::Size(i) / 3 * 3 : OddModel::Size(i);
+  return n;
+}
 
 Batch OddBatch() {
   Batch batch;
@@ -207,7 +222,8 @@ Batch OddBatch() {
   return batch;
 }
 
-// fp32 everywhere on the CPU, P trainable elements (padded: Pp, rank part Pp/N):
+// fp32 everywhere on the CPU, P trainable elements (padded: Pp, rank part Pp/N), after a
+// backward and a step:
 //   stage 1: parameters 4 Pp, gradients 4 Pp (full fp32 buckets) + 4 Pp/N (reduced shard),
 //            optimizer 8 x owned elements (exp_avg, exp_avg_sq)
 //   stage 2: parameters 4 Pp, gradients 4 Pp/N, optimizer 8 x owned
@@ -219,18 +235,22 @@ class ZeroMemoryTest : public ::testing::TestWithParam<std::tuple<int, bool>> {}
 TEST_P(ZeroMemoryTest, BytesPerRankFollowTheFormulas) {
   const auto [stage, offload] = GetParam();
   constexpr int kWorld = 3;
+  const int64_t kOddP = OddModelNumel();
   absl::Status s = RunRanksAsThreads(kWorld, [&](int rank, auto store) -> absl::Status {
     auto model = std::make_shared<OddModel>();
     CT_ASSIGN_OR_RETURN(std::shared_ptr<Communicator> comm, Comm(rank, kWorld, store));
+    // A 1000-element cap: every parameter its own bucket but the first two, which share one.
     CT_ASSIGN_OR_RETURN(auto engine,
-                        ZeroEngine::Create(Config(stage, offload, 2048), MixedPrecision::kNone,
+                        ZeroEngine::Create(Config(stage, offload, 1000), MixedPrecision::kNone,
                                            c10::Device(c10::kCPU), comm));
     CT_RETURN_IF_ERROR(engine->PrepareForTraining(model, AdamWFactory()));
     CT_RETURN_IF_ERROR(TrainStep(*engine, *model, OddBatch()));
     const ZeroLayout& layout = *engine->layout();
     const int64_t padded = layout.total_numel, part = layout.local_numel;
     EXPECT_GE(padded, kOddP);
-    EXPECT_LT(padded, kOddP + 3 * kWorld * 4);  // one pad per bucket, at most world * 4 - 1
+    // One pad per bucket, at most world * 4 - 1 elements, and per aligned start at most 3.
+    const int64_t buckets = static_cast<int64_t>(layout.buckets.size());
+    EXPECT_LT(padded, kOddP + buckets * kWorld * 4 + 3 * OddModel::kParams);
     int64_t owned = 0;
     for (const ZeroLayout::Param& p : layout.params) owned += p.own_numel;
     const ZeroFootprint after_backward = engine->Footprint();
@@ -241,11 +261,24 @@ TEST_P(ZeroMemoryTest, BytesPerRankFollowTheFormulas) {
     const int64_t grads = (stage == 1 ? 4 * padded : 0) + 4 * part + (offload ? 4 * part : 0);
     EXPECT_EQ(after_backward.gradient_bytes, grads) << "stage " << stage;
     EXPECT_EQ(after_step.optimizer_bytes, 8 * owned + (offload ? 4 * part : 0));
+    // During backward: stage 1 holds every bucket; stage 2 at most the bucket being filled,
+    // the one in flight and its output, never the whole gradient.
+    int64_t largest = 0;
+    for (const ZeroLayout::Bucket& b : layout.buckets) largest = std::max(largest, b.numel);
+    const int64_t peak = after_backward.peak_gradient_buffer_bytes;
+    if (stage == 1) {
+      EXPECT_GE(peak, 4 * padded + 4 * part);
+    } else {
+      EXPECT_LE(peak, 4 * part + 2 * 4 * largest + 4 * largest / kWorld);
+      EXPECT_LT(peak, 4 * padded);
+    }
     EXPECT_LE(owned, part);
     LOG(INFO) << "stage " << stage << (offload ? " offload" : "") << " rank " << rank << ": P "
               << kOddP << " (padded " << padded << ", " << layout.buckets.size()
               << " buckets), bytes: parameters " << after_backward.parameter_bytes << ", gradients "
-              << after_backward.gradient_bytes << ", optimizer " << after_step.optimizer_bytes;
+              << after_backward.gradient_bytes << ", optimizer " << after_step.optimizer_bytes
+              << "; peak gradient buffers during backward " << peak << " (largest bucket "
+              << 4 * largest << ")";
     return absl::OkStatus();
   });
   EXPECT_TRUE(s.ok()) << s;
@@ -280,7 +313,7 @@ TEST(Zero3MemoryTest, EverythingIsPartitioned) {
     EXPECT_EQ(state, 2 * params);
     LOG(INFO) << "stage 3 rank " << rank << ": bytes at rest: parameters " << params
               << " (flat shard " << padded_part << "), gradients " << grads << ", optimizer "
-              << state << "; whole model " << 4 * kOddP;
+              << state << "; whole model " << 4 * OddModelNumel();
     return absl::OkStatus();
   });
   EXPECT_TRUE(s.ok()) << s;

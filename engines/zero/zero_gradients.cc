@@ -3,6 +3,7 @@
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -93,7 +94,17 @@ void ZeroGradients::OnGradient(int index) {
   param.mutable_grad() = at::Tensor();
   ready_[index] = true;
   --pending_[p.bucket];
+  SamplePeakLocked();
   if (launching_) LaunchReadyLocked();
+}
+
+void ZeroGradients::SamplePeakLocked() {
+  int64_t bytes = shard_.numel() * shard_.element_size();
+  for (const at::Tensor& bucket : buckets_) {
+    if (bucket.defined()) bytes += bucket.numel() * bucket.element_size();
+  }
+  if (in_flight_out_.defined()) bytes += in_flight_out_.numel() * in_flight_out_.element_size();
+  peak_buffer_bytes_ = std::max(peak_buffer_bytes_, bytes);
 }
 
 absl::Status ZeroGradients::CompleteLocked() {
@@ -130,6 +141,7 @@ void ZeroGradients::LaunchReadyLocked() {
     }
     work_ = std::move(*work);
     in_flight_ = b;
+    SamplePeakLocked();
   }
 }
 

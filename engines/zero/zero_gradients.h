@@ -59,12 +59,17 @@ class ZeroGradients {
   at::Tensor& shard() { return shard_; }
   // Bytes of gradient buffers alive now: buckets, shard(), and any parameter's .grad.
   int64_t LiveBytes() const;
+  // The most bytes of buckets, shard() and reduce-scatter outputs alive at once since the
+  // last ResetPeak(), sampled after each gradient is bucketed and each bucket is launched.
+  int64_t peak_buffer_bytes() const { return peak_buffer_bytes_; }
+  void ResetPeak() { peak_buffer_bytes_ = 0; }
 
   // For the hook.
   void OnGradient(int index);
 
  private:
   void LaunchReadyLocked();
+  void SamplePeakLocked();
   absl::Status CompleteLocked();  // the reduce-scatter in flight, if any
   at::Tensor& BucketBuffer(int b);
 
@@ -87,6 +92,7 @@ class ZeroGradients {
   at::Tensor in_flight_out_;
   std::unique_ptr<Work> work_;
   absl::Status error_;
+  int64_t peak_buffer_bytes_ = 0;
 };
 
 }  // namespace cpptrain

@@ -313,6 +313,7 @@ std::string ScalarText(const FieldDescriptor* field, absl::string_view value) {
       return absl::StrCat("\"", absl::CEscape(value), "\"");
     case FieldDescriptor::CPPTYPE_ENUM: {
       const EnumDescriptor* type = field->enum_type();
+      if (absl::StartsWith(value, "_")) value.remove_prefix(1);  // Hugging Face's private spelling
       if (type->FindValueByName(std::string(value)) == nullptr) {
         for (int i = 0; i < type->value_count(); ++i) {
           if (absl::EqualsIgnoreCase(type->value(i)->name(), value)) return type->value(i)->name();
@@ -434,14 +435,43 @@ absl::Status ApplyInPlace(absl::string_view assignment, Message* msg) {
   return absl::InvalidArgumentError(why);
 }
 
+// Hugging Face spells some enum values with a leading underscore (`_HYBRID_SHARD_ZERO2`),
+// which protobuf identifiers cannot have: a value that starts with '_' right after a ':'
+// (outside strings and comments) is read without it. Field names never follow a ':'.
+std::string WithoutLeadingUnderscoreValues(absl::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  char quote = 0;
+  bool comment = false, after_colon = false;
+  for (char c : text) {
+    if (comment) {
+      comment = c != '\n';
+    } else if (quote != 0) {
+      if (c == quote && (out.empty() || out.back() != '\\')) quote = 0;
+    } else if (c == '"' || c == '\'') {
+      quote = c;
+    } else if (c == '#') {
+      comment = true;
+    } else if (c == '_' && after_colon) {
+      after_colon = false;
+      continue;
+    }
+    if (quote == 0 && !comment && !absl::ascii_isspace(c)) after_colon = c == ':';
+    out.push_back(c);
+  }
+  return out;
+}
+
 }  // namespace
 
 absl::Status ParseTextProto(absl::string_view text, absl::string_view source_name, Message* msg) {
   CollectingErrors errors;
   TextFormat::Parser parser;
   parser.RecordErrorsTo(&errors);
-  if (parser.ParseFromString(std::string(text), msg)) return absl::OkStatus();
-  return absl::InvalidArgumentError(FormatErrors(errors, text, source_name, msg->GetDescriptor()));
+  const std::string readable = WithoutLeadingUnderscoreValues(text);
+  if (parser.ParseFromString(readable, msg)) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      FormatErrors(errors, readable, source_name, msg->GetDescriptor()));
 }
 
 absl::Status LoadTextProtoFile(const std::string& path, Message* msg) {

@@ -111,6 +111,17 @@ TEST(ParseTextProtoTest, UnknownNestedEnumListsValidValues) {
                            HasSubstr("HYBRID_SHARD_ZERO2")));
 }
 
+TEST(ParseTextProtoTest, AcceptsHuggingFaceLeadingUnderscoreEnumSpelling) {
+  proto::TrainingArguments args;
+  ASSERT_TRUE(ParseTextProto("fsdp { version: 1 sharding_strategy: _HYBRID_SHARD_ZERO2 }\n"
+                             "output_dir: \"a: _b\"  # keeps strings: _c\n",
+                             "run.textproto", &args)
+                  .ok());
+  EXPECT_EQ(args.fsdp().sharding_strategy(), proto::FsdpConfig::HYBRID_SHARD_ZERO2);
+  EXPECT_EQ(args.output_dir(), "a: _b");
+  EXPECT_THAT(ParseError("fsdp { sharding_strategy: _FULL }\n"), HasSubstr("FULL_SHARD"));
+}
+
 TEST(ParseTextProtoTest, MalformedInputNamesLine) {
   const std::string error = ParseError("fsdp {\n  version: 2\n");
   EXPECT_THAT(error, HasSubstr("run.textproto:3:"));
@@ -152,6 +163,12 @@ TEST(ApplyOverrideTest, SetsEnumByNameAndCaseInsensitively) {
   EXPECT_EQ(args.lr_scheduler_type(), proto::TrainingArguments::COSINE);
   ASSERT_TRUE(ApplyOverride("lr_scheduler_type=warmup_stable_decay", &args).ok());
   EXPECT_EQ(args.lr_scheduler_type(), proto::TrainingArguments::WARMUP_STABLE_DECAY);
+}
+
+TEST(ApplyOverrideTest, SetsEnumWithHuggingFaceLeadingUnderscore) {
+  proto::TrainingArguments args;
+  ASSERT_TRUE(ApplyOverride("fsdp.sharding_strategy=_HYBRID_SHARD_ZERO2", &args).ok());
+  EXPECT_EQ(args.fsdp().sharding_strategy(), proto::FsdpConfig::HYBRID_SHARD_ZERO2);
 }
 
 TEST(ApplyOverrideTest, SetsUnquotedAndQuotedString) {

@@ -29,7 +29,6 @@
 #include "absl/strings/match.h"
 #include "absl/strings/string_view.h"
 #include "checkpoint/checkpoint.h"
-#include "checkpoint/crc32c.h"
 #include "checkpoint/files.h"
 #include "checkpoint/manifest.h"
 #include "checkpoint/optimizer_state.h"
@@ -37,6 +36,7 @@
 #include "checkpoint/verify.h"
 #include "engines/local/local_engine.h"
 #include "fuzz/fuzz_util.h"
+#include "fuzz/manifest_bytes.h"
 #include "glog/logging.h"
 #include "models/configs.h"
 #include "models/decoder.h"
@@ -44,9 +44,6 @@
 namespace {
 
 using cpptrain::DecoderLM;
-
-// Field 15 (manifest_crc32c), fixed32: the tag ManifestBytes appends before the checksum.
-constexpr unsigned char kChecksumTag = 0x7d;
 
 // Values exact in float: (i % 17 - 8) / 16 + offset / 64.
 at::Tensor ExactPattern(at::IntArrayRef shape, int offset) {
@@ -116,20 +113,6 @@ Fixture& TheFixture() {
     return f;
   }();
   return *fixture;
-}
-
-// The bytes with their trailing manifest checksum (if any) replaced by one that matches.
-std::string WithFixedChecksum(const uint8_t* data, size_t size) {
-  std::string bytes(reinterpret_cast<const char*>(data), size);
-  if (bytes.size() >= 5 && static_cast<unsigned char>(bytes[bytes.size() - 5]) == kChecksumTag) {
-    bytes.resize(bytes.size() - 5);
-  }
-  const uint32_t crc = cpptrain::Crc32c(bytes);
-  bytes.push_back(static_cast<char>(kChecksumTag));
-  char value[4];
-  std::memcpy(value, &crc, 4);
-  bytes.append(value, 4);
-  return bytes;
 }
 
 bool ParametersAre(const DecoderLM& model, const std::vector<at::Tensor>& values) {
@@ -203,7 +186,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string& dir =
       absl::StrContains(bytes, cpptrain::kSafetensorsFileName) ? f.dirs[0] : f.dirs[1];
   const std::string path = dir + "/" + cpptrain::kManifestFileName;
-  const std::string fixed = WithFixedChecksum(data, size);
+  const std::string fixed = cpptrain::fuzz::WithFixedChecksum(data, size);
   if (fixed != bytes) {
     // As it is: the checksum (or the parse) refuses it, and so must everything else.
     cpptrain::fuzz::WriteFileOrDie(path, data, size);

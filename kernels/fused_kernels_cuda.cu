@@ -526,10 +526,16 @@ const char* LaunchRmsNormBackward(int64_t rows, int64_t cols, const void* dy, El
         auto launch = [&](auto kernel) {
           std::apply([&](auto... a) { kernel<<<grid, kBlock, smem, s>>>(a...); }, args);
         };
+        // The weight gradient stays in registers up to 128 columns per lane (hidden 4096);
+        // wider rows fall back to shared-memory atomics per element, several times slower.
         if (cols <= 4 * kWarp) {
           launch(RmsNormBackwardKernel<4, TDY, TX, TW>);
         } else if (cols <= 32 * kWarp) {
           launch(RmsNormBackwardKernel<32, TDY, TX, TW>);
+        } else if (cols <= 64 * kWarp) {
+          launch(RmsNormBackwardKernel<64, TDY, TX, TW>);
+        } else if (cols <= 128 * kWarp) {
+          launch(RmsNormBackwardKernel<128, TDY, TX, TW>);
         } else {
           launch(RmsNormBackwardKernel<0, TDY, TX, TW>);
         }

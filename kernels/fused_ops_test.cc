@@ -77,7 +77,8 @@ TEST(FusedOpsTest, RmsNormMatchesReference) {
   REQUIRE_KERNELS();
   torch::manual_seed(1);
   for (const auto& [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{
-           {7, 1024}, {4099, 1000}, {33, 128}, {5, 97}, {3, 8192}}) {
+           {7, 1024}, {4099, 1000}, {33, 128}, {5, 97}, {3, 8192}, {65, 2048}, {9, 3072},
+           {17, 4096}}) {
     for (const at::ScalarType type : {at::kFloat, at::kBFloat16}) {
       const at::Tensor x = torch::randn({rows, cols}, torch::device(kCuda)).to(type);
       const at::Tensor w = torch::rand({cols}, torch::device(kCuda)) + 0.5;

@@ -1,6 +1,7 @@
 #include "kernels/linear_cross_entropy.h"
 
 #include <torch/autograd.h>
+#include <torch/version.h>
 
 #include "kernels/fused_ops.h"
 
@@ -18,6 +19,20 @@ int64_t ChunkRows(int64_t requested, int64_t rows, int64_t vocab) {
   if (requested > 0) return requested;
   return std::max<int64_t>(
       1, std::min<int64_t>(rows, (int64_t{1} << 27) / std::max<int64_t>(vocab, 1)));
+}
+
+// dw += dlogits^T h. With 16-bit operands on CUDA (LibTorch 2.8 and later), cuBLAS adds the
+// product into the fp32 accumulator as it writes it (addmm's out_dtype form), so no 16-bit
+// product of the whole weight's size is stored and then added: that add was 1.25 bytes moved
+// per weight element per chunk (7.8 ms a step at Llama-3.2-1B's 128256 x 2048 head).
+void AddWeightGradient(at::Tensor& dw, const at::Tensor& dlogits, const at::Tensor& h) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 8)
+  if (h.is_cuda() && h.scalar_type() != at::kFloat) {
+    at::addmm_out(dw, dw, dlogits.t(), h, at::kFloat);
+    return;
+  }
+#endif
+  dw.add_(at::mm(dlogits.t(), h));
 }
 
 struct ChunkResult {
@@ -75,7 +90,7 @@ class LinearCrossEntropyFunction : public torch::autograd::Function<LinearCrossE
       loss.add_(part.loss);
       at::Tensor dh_rows = dh.slice(0, begin, end);
       at::mm_out(dh_rows, part.dlogits, w);
-      dw.add_(at::mm(part.dlogits.t(), hc));
+      AddWeightGradient(dw, part.dlogits, hc);
     }
     ctx->saved_data["dhidden"] = dh.to(hidden.scalar_type());
     ctx->saved_data["dweight"] =

@@ -39,6 +39,8 @@ const std::vector<std::pair<std::string, Shape>>& NamedShapes() {
   static const auto* shapes = new std::vector<std::pair<std::string, Shape>>{
       {"qwen3-0.6b", {151936, 1024, 3072, 28, 16, 8, 128, 1e6, 1e-6, true, true}},
       {"llama3-8b", {128256, 4096, 14336, 32, 32, 8, 0, 500000, 1e-5, false, false}},
+      {"llama3.2-1b", {128256, 2048, 8192, 16, 32, 8, 64, 500000, 1e-5, true, false}},
+      {"llama3.2-3b", {128256, 3072, 8192, 28, 24, 8, 128, 500000, 1e-5, true, false}},
       {"tiny", {64, 32, 64, 2, 4, 2, 8, 10000, 1e-6, true, true}},
       {"demo", {32, 64, 128, 2, 4, 2, 0, 10000, 1e-6, false, false}},
   };

@@ -61,7 +61,8 @@ TEST(ConfigsTest, UnknownNameListsTheKnownOnes) {
   absl::StatusOr<proto::DecoderConfig> config = NamedDecoderConfig("gpt5");
   ASSERT_FALSE(config.ok());
   EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
-  for (const std::string& name : {"gpt5", "qwen3-0.6b", "llama3-8b", "tiny", "demo"}) {
+  for (const std::string& name :
+       {"gpt5", "qwen3-0.6b", "llama3-8b", "llama3.2-3b", "tiny", "demo"}) {
     EXPECT_NE(config.status().message().find(name), absl::string_view::npos) << config.status();
   }
 }
@@ -138,6 +139,12 @@ TEST(ConfigsTest, ReferenceModelParameterCounts) {
   const int64_t llama = FormulaCount(128256, 4096, 14336, 32, 32, 8, 128, false, false);
   EXPECT_EQ(DecoderParameterCount(NamedDecoderConfig("llama3-8b").value()), llama);
   EXPECT_EQ(llama, 8030261248);  // "8B" on the model card
+  const int64_t llama3b = FormulaCount(128256, 3072, 8192, 28, 24, 8, 128, true, false);
+  EXPECT_EQ(DecoderParameterCount(NamedDecoderConfig("llama3.2-3b").value()), llama3b);
+  EXPECT_EQ(llama3b, 3212749824);  // "3.21B" on the model card
+  const int64_t llama1b = FormulaCount(128256, 2048, 8192, 16, 32, 8, 64, true, false);
+  EXPECT_EQ(DecoderParameterCount(NamedDecoderConfig("llama3.2-1b").value()), llama1b);
+  EXPECT_EQ(llama1b, 1235814400);  // "1.24B" on the model card
 }
 
 TEST(ConfigsTest, FlopsPerToken) {

@@ -6,8 +6,8 @@
 #   NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
 #     tools/gpu_kernels_check.sh
 #   STEPS=15 WARMUP=3 PROFILE=0 tools/gpu_kernels_check.sh   # timings only
-# ENGINES (default "local") and MICRO (default 4) pick the timed runs; COMPARE (below) the
-# runs beside PyTorch with torch.compile.
+# ENGINES (default "local"), MICRO (default 4) and MODEL (default qwen3-0.6b) pick the timed
+# runs; COMPARE (below) the runs beside PyTorch with torch.compile.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 final="${OUT:-/tmp/gpu_out}"
@@ -29,7 +29,7 @@ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_MODULE_PATH="$prefix/usr/share/glog/cmake" -DCMAKE_POLICY_VERSION_MINIMUM=3.5 \
   >"$out/build.log" 2>&1 &&
   cmake --build "$build" -j "$(nproc)" --target tools_bench tools_launch kernels_fused_ops_test \
-    models_decoder_test tools_kernel_profile_test >>"$out/build.log" 2>&1
+    models_decoder_test tools_kernel_profile_test tools_train >>"$out/build.log" 2>&1
 code=$?
 grep -E "cpptrain: Gloo|CUDA kernels" "$out/build.log" | tee -a "$summary"
 echo "build exit $code in $((SECONDS - start)) s" | tee -a "$summary"
@@ -45,6 +45,32 @@ for test in kernels_fused_ops_test models_decoder_test tools_kernel_profile_test
     tee -a "$summary"
   grep -E "^\[  FAILED|Failure|error" -A3 "$out/$test.log" | head -30 >>"$summary"
 done
+
+# PARITY=1: the demo job (tools/demo.textproto, 300 steps) on the GPU in bf16, fused kernels
+# against the eager path; the last logged losses must agree within 1% (the fused-kernel
+# issue's loss-parity check).
+if [[ "${PARITY:-0}" == 1 ]]; then
+  train=$(find_bin train)
+  for fused in true false; do
+    timeout 300 "$train" --config=tools/demo.textproto --set=args.bf16=true \
+      --set=args.fused_kernels=$fused --set=args.output_dir=/tmp/parity_$fused \
+      >"$out/parity_$fused.log" 2>&1
+    echo "parity fused=$fused exit $?" | tee -a "$summary"
+    cp /tmp/parity_$fused/metrics.jsonl "$final/parity_$fused.metrics.jsonl" 2>/dev/null
+  done
+  python3 - "$final" <<'PY' | tee -a "$summary"
+import json, sys
+def last(path, key):
+    rows = [json.loads(l) for l in open(path)]
+    return [r for r in rows if key in r][-1]
+d = sys.argv[1]
+for key in ("loss", "eval_loss"):
+    f, e = last(f"{d}/parity_true.metrics.jsonl", key), last(f"{d}/parity_false.metrics.jsonl", key)
+    rel = abs(f[key] - e[key]) / abs(e[key])
+    print(f"parity {key} at step {f.get('step')}: fused {f[key]:.6f} eager {e[key]:.6f} "
+          f"relative {rel:.2e} {'OK' if rel <= 0.01 else 'FAIL'}")
+PY
+fi
 [[ "${BENCH:-1}" == 0 ]] && exit 0
 
 bench=$(find_bin bench)
@@ -52,7 +78,8 @@ steps=${STEPS:-12} warmup=${WARMUP:-3}
 run_bench() {  # name, flags...
   local name=$1
   shift
-  timeout 300 "$bench" --steps="$steps" --warmup="$warmup" "$@" >"$out/$name.log" 2>&1
+  timeout 300 "$bench" --steps="$steps" --warmup="$warmup" --model="${MODEL:-qwen3-0.6b}" "$@" \
+    >"$out/$name.log" 2>&1
   local code=$?
   local line
   line=$(grep -h '^{' "$out/$name.log" | tail -1)
@@ -80,16 +107,20 @@ done
 # COMPARE: engines to measure beside PyTorch + torch.compile through tools/bench_compare.py
 # (same initial weights and tokens, first and last loss checked, REPEATS_COMPARE runs per side,
 # interleaved, medians; raw lines appended to $OUT/<date>-1x<gpu>.jsonl). MICRO_COMPARE picks
-# the micro-batch (default 4).
+# the micro-batch (default 4); COMPARE_COMPILE=0 compares with eager PyTorch instead;
+# MODEL_COMPARE (default qwen3-0.6b) another named shape of models/configs.cc.
 launch=$(find_bin launch)
 gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | awk '{print tolower($NF)}')
 jsonl="$final/$(date -u +%F)-1x${gpu_name}.jsonl"
 for engine in ${COMPARE:-}; do
   for micro in ${MICRO_COMPARE:-4}; do
-    name="compile_${engine}_mb${micro}"
+    compile=--torch_compile name="compile_${engine}_mb${micro}"
+    [[ "${COMPARE_COMPILE:-1}" == 0 ]] && compile="" name="eager_${engine}_mb${micro}"
+    model=${MODEL_COMPARE:-qwen3-0.6b}
+    [[ "$model" != qwen3-0.6b ]] && name="${name}_$model"
     timeout 900 python3 tools/bench_compare.py --launch "$launch" --bench "$bench" --nproc 1 \
-      --engine "$engine" --torch_compile --micro_batch "$micro" \
-      --init_dir /tmp/cpptrain_bench_init_qwen3-0.6b --jsonl "$jsonl" --log_dir "$out/$name" \
+      --engine "$engine" $compile --micro_batch "$micro" --model "$model" \
+      --init_dir "/tmp/cpptrain_bench_init_$model" --jsonl "$jsonl" --log_dir "$out/$name" \
       --runs "${REPEATS_COMPARE:-3}" --steps "${STEPS_COMPARE:-15}" --warmup 3 --timeout 300 \
       >"$out/$name.log" 2>&1
     echo "$name exit $?:" | tee -a "$summary"

@@ -14,18 +14,12 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "module/checkpointable_optimizer.h"
 
 namespace cpptrain {
 
-// Optimizers that keep state outside torch::optim::Optimizer::state() (say, a fused kernel's
-// own buffers) implement this; the functions below ask it first.
-class CheckpointableOptimizer {
- public:
-  virtual ~CheckpointableOptimizer() = default;
-  virtual std::map<std::string, at::Tensor> ExportState(const at::Tensor& param) = 0;
-  virtual absl::Status ImportState(const at::Tensor& param,
-                                   const std::map<std::string, at::Tensor>& state) = 0;
-};
+// Optimizers that keep state outside torch::optim::Optimizer::state() implement
+// CheckpointableOptimizer (module/checkpointable_optimizer.h); the functions below ask it first.
 
 // Empty when the optimizer holds no state for `param` yet (before its first step).
 std::map<std::string, at::Tensor> ExportOptimizerState(torch::optim::Optimizer& optimizer,

@@ -12,6 +12,8 @@
 #include "engines/fsdp/fsdp1_engine.h"
 #include "engines/fsdp/fsdp2_engine.h"
 #include "engines/local/local_engine.h"
+#include "engines/zero/zero3_engine.h"
+#include "engines/zero/zero_engine.h"
 #include "sharding/device_mesh.h"
 #include "sharding/flat_shard.h"
 #include "sharding/fully_shard.h"
@@ -180,8 +182,29 @@ absl::StatusOr<std::unique_ptr<Engine>> CreateEngine(const proto::TrainingArgume
                           Fsdp2Engine::Create(args.fsdp(), precision, device, std::move(mesh)));
       return std::unique_ptr<Engine>(std::move(engine));
     }
-    case proto::TrainingArguments::kZero:
-      break;
+    case proto::TrainingArguments::kZero: {
+      const proto::ZeroConfig& zero = args.zero();
+      if (zero.stage() < 1 || zero.stage() > 3) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("zero.stage=", zero.stage(), " is unknown: use 1, 2 or 3"));
+      }
+      CT_ASSIGN_OR_RETURN(DistributedEnv env, DistributedEnvFromEnvironment());
+      const std::chrono::milliseconds timeout(int64_t{args.ddp_timeout()} * 1000);
+      CT_ASSIGN_OR_RETURN(const c10::Device device, DataParallelDevice(env, args.use_cpu()));
+      if (zero.stage() == 3) {
+        CT_ASSIGN_OR_RETURN(ShardMesh mesh, CreateMesh(1, env.world_size, env, device, timeout));
+        CT_ASSIGN_OR_RETURN(std::unique_ptr<Zero3Engine> engine,
+                            Zero3Engine::Create(zero, precision, device, std::move(mesh)));
+        return std::unique_ptr<Engine>(std::move(engine));
+      }
+      CT_ASSIGN_OR_RETURN(auto store, NextEngineStore(env, timeout));
+      CT_ASSIGN_OR_RETURN(
+          std::unique_ptr<Communicator> comm,
+          CreateCommunicatorForDevice(store, env.rank, env.world_size, device.type(), timeout));
+      CT_ASSIGN_OR_RETURN(std::unique_ptr<ZeroEngine> engine,
+                          ZeroEngine::Create(zero, precision, device, std::move(comm)));
+      return std::unique_ptr<Engine>(std::move(engine));
+    }
   }
   if (args.has_fsdp()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -191,8 +214,8 @@ absl::StatusOr<std::unique_ptr<Engine>> CreateEngine(const proto::TrainingArgume
   const std::string& selected = args.GetDescriptor()->FindFieldByNumber(args.engine_case())->name();
   return absl::UnimplementedError(absl::StrCat(
       "the training arguments select the `", selected,
-      "` engine, which this build does not contain yet (`local`, `ddp` and `fsdp` versions 1 and 2 "
-      "exist so far): configure `fsdp { version: 2 }`, `ddp {}` or `local {}`"));
+      "` engine, which this build does not contain (`local`, `ddp`, `fsdp` versions 1 and 2 and "
+      "`zero` stages 1 to 3 exist): configure one of those"));
 }
 
 }  // namespace cpptrain

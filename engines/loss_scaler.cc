@@ -2,10 +2,12 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+
 namespace cpptrain {
 
 LossScaler::LossScaler(LossScalerOptions options)
-    : options_(options), scale_(options.initial_scale) {}
+    : options_(options), scale_(options.initial_scale), hysteresis_left_(options.hysteresis) {}
 
 bool LossScaler::UnscaleAndCheck(const std::vector<at::Tensor>& grads) const {
   const double inverse = 1.0 / scale_;
@@ -21,13 +23,17 @@ bool LossScaler::UnscaleAndCheck(const std::vector<at::Tensor>& grads) const {
 
 void LossScaler::Update(bool finite) {
   if (!finite) {
-    scale_ *= options_.backoff_factor;
+    if (--hysteresis_left_ <= 0) {
+      scale_ = std::max(scale_ * options_.backoff_factor, options_.min_scale);
+      hysteresis_left_ = 1;  // once used up, every further overflow backs off (DeepSpeed)
+    }
     clean_steps_ = 0;
     return;
   }
   if (++clean_steps_ >= options_.growth_interval) {
     scale_ *= options_.growth_factor;
     clean_steps_ = 0;
+    hysteresis_left_ = options_.hysteresis;
   }
 }
 

@@ -11,10 +11,10 @@
 #ifndef CPPTRAIN_ENGINES_LOSS_SCALER_H_
 #define CPPTRAIN_ENGINES_LOSS_SCALER_H_
 
+#include <ATen/core/Tensor.h>
+
 #include <cstdint>
 #include <vector>
-
-#include <ATen/core/Tensor.h>
 
 namespace cpptrain {
 
@@ -23,6 +23,11 @@ struct LossScalerOptions {
   double growth_factor = 2.0;
   double backoff_factor = 0.5;
   int64_t growth_interval = 2000;
+  // DeepSpeed's hysteresis: overflows tolerated before the scale backs off (1: at the first).
+  // Reset to this after growth_interval clean steps.
+  int hysteresis = 1;
+  // The scale never backs off below this (DeepSpeed's min_loss_scale).
+  double min_scale = 0;
 };
 
 class LossScaler {
@@ -46,6 +51,7 @@ class LossScaler {
   LossScalerOptions options_;
   double scale_;
   int64_t clean_steps_ = 0;
+  int hysteresis_left_;
 };
 
 }  // namespace cpptrain

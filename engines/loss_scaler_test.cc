@@ -1,9 +1,9 @@
 #include "engines/loss_scaler.h"
 
-#include <limits>
-
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+
+#include <limits>
 
 namespace cpptrain {
 namespace {
@@ -31,6 +31,28 @@ TEST(LossScalerTest, GrowsAfterInterval) {
   scaler.Update(true);
   EXPECT_EQ(scaler.scale(), 16.0);
   EXPECT_EQ(scaler.clean_steps(), 0);
+}
+
+TEST(LossScalerTest, HysteresisDelaysBackoffAndMinScaleBoundsIt) {
+  LossScalerOptions options;
+  options.initial_scale = 8.0;
+  options.growth_interval = 2;
+  options.hysteresis = 2;
+  options.min_scale = 2.0;
+  LossScaler scaler(options);
+  scaler.Update(false);  // the first overflow is tolerated
+  EXPECT_EQ(scaler.scale(), 8.0);
+  scaler.Update(false);
+  EXPECT_EQ(scaler.scale(), 4.0);
+  scaler.Update(false);  // hysteresis used up: every overflow backs off, down to min_scale
+  EXPECT_EQ(scaler.scale(), 2.0);
+  scaler.Update(false);
+  EXPECT_EQ(scaler.scale(), 2.0);
+  scaler.Update(true);
+  scaler.Update(true);  // a clean window grows the scale and restores the hysteresis
+  EXPECT_EQ(scaler.scale(), 4.0);
+  scaler.Update(false);
+  EXPECT_EQ(scaler.scale(), 4.0);
 }
 
 TEST(LossScalerTest, UnscaleDividesAndDetectsNonFinite) {

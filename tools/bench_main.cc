@@ -10,8 +10,12 @@
 //   flops_per_token   = 6 * matmul parameters (LM head included)
 //                     + 12 * layers * heads * head_dim * seq_len
 //   MFU               = TFLOP/s per GPU / --peak_tflops
-// --skip_collectives (ddp, fsdp1, fsdp2) replaces the communicator with one that moves nothing
-// (wrong results, right timing), so the difference to a normal run is the exposed
+// --engine=zero runs ZeRO stage --zero_stage (1, 2 or 3; DeepSpeed's defaults: 500M-element
+// buckets, stage 3 with stage3_param_persistence_threshold 100000, so a layer of a real model
+// is its own group), --zero_offload puts the optimizer on the host; the JSON line names it
+// "zero<stage>" ("zero<stage>_offload").
+// --skip_collectives (ddp, fsdp1, fsdp2, zero) replaces the communicator with one that moves
+// nothing (wrong results, right timing), so the difference to a normal run is the exposed
 // communication.
 //
 // Verification (tools/bench_compare.py runs this and tools/bench_torch.py side by side): with
@@ -39,6 +43,8 @@
 #include "engines/engine_factory.h"
 #include "engines/fsdp/fsdp1_engine.h"
 #include "engines/fsdp/fsdp2_engine.h"
+#include "engines/zero/zero3_engine.h"
+#include "engines/zero/zero_engine.h"
 #include "models/configs.h"
 #include "sharding/noop_communicator.h"
 #include "sharding/rendezvous.h"
@@ -48,7 +54,9 @@
 #include "trainer/trainer.h"
 
 ABSL_FLAG(std::string, model, "qwen3-0.6b", "named decoder config (models/configs.cc)");
-ABSL_FLAG(std::string, engine, "ddp", "local, ddp, fsdp1 or fsdp2");
+ABSL_FLAG(std::string, engine, "ddp", "local, ddp, fsdp1, fsdp2 or zero");
+ABSL_FLAG(int, zero_stage, 2, "--engine=zero: zero.stage (1, 2 or 3)");
+ABSL_FLAG(bool, zero_offload, false, "--engine=zero: zero.offload_optimizer_device=CPU");
 ABSL_FLAG(int64_t, seq_len, 2048, "tokens per sample");
 ABSL_FLAG(int64_t, micro_batch, 4, "samples per micro-batch per GPU");
 ABSL_FLAG(int64_t, grad_accum, 1, "micro-batches per optimizer step");
@@ -175,6 +183,16 @@ absl::StatusOr<std::unique_ptr<Engine>> MakeEngine(const proto::TrainingArgument
   CT_ASSIGN_OR_RETURN(const c10::Device device,
                       DataParallelDevice(env, absl::GetFlag(FLAGS_use_cpu)));
   auto noop = std::make_shared<NoopCommunicator>(env.rank, env.world_size);
+  if (args.has_zero() && args.zero().stage() == 3) {
+    CT_ASSIGN_OR_RETURN(auto engine, Zero3Engine::Create(args.zero(), MixedPrecisionFromArgs(args),
+                                                         device, ShardMesh{noop, nullptr}));
+    return std::unique_ptr<Engine>(std::move(engine));
+  }
+  if (args.has_zero()) {
+    CT_ASSIGN_OR_RETURN(
+        auto engine, ZeroEngine::Create(args.zero(), MixedPrecisionFromArgs(args), device, noop));
+    return std::unique_ptr<Engine>(std::move(engine));
+  }
   if (args.has_fsdp() && args.fsdp().version() == 1) {
     CT_ASSIGN_OR_RETURN(auto engine, Fsdp1Engine::Create(args.fsdp(), MixedPrecisionFromArgs(args),
                                                          device, ShardMesh{noop, nullptr}));
@@ -190,6 +208,14 @@ absl::StatusOr<std::unique_ptr<Engine>> MakeEngine(const proto::TrainingArgument
   CT_ASSIGN_OR_RETURN(auto engine,
                       DdpEngine::Create(args.ddp(), MixedPrecisionFromArgs(args), device, noop));
   return std::unique_ptr<Engine>(std::move(engine));
+}
+
+// The JSON line's engine: the flag, or zero<stage>[_offload].
+std::string EngineLabel(const proto::TrainingArguments& args) {
+  if (!args.has_zero()) return absl::GetFlag(FLAGS_engine);
+  return absl::StrCat(
+      "zero", args.zero().stage(),
+      args.zero().offload_optimizer_device() == proto::ZeroConfig::CPU ? "_offload" : "");
 }
 
 absl::StatusOr<proto::TrainingArguments> BenchArgs(int rank,
@@ -225,13 +251,20 @@ absl::StatusOr<proto::TrainingArguments> BenchArgs(int rank,
     // BACKWARD_PRE; with --bf16, bf16 parameters and fp32 reduction.
     args.mutable_fsdp()->set_version(1);
     args.mutable_fsdp()->set_sharding_strategy(proto::FsdpConfig::FULL_SHARD);
+  } else if (engine_name == "zero") {
+    // DeepSpeed's zero_optimization defaults otherwise (bench_torch.py's DeepSpeed runs too).
+    args.mutable_zero()->set_stage(absl::GetFlag(FLAGS_zero_stage));
+    if (absl::GetFlag(FLAGS_zero_offload)) {
+      args.mutable_zero()->set_offload_optimizer_device(proto::ZeroConfig::CPU);
+    }
   } else {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--engine=", engine_name, " is not built yet: use local, ddp, fsdp1 or fsdp2"));
+        "--engine=", engine_name, " is unknown: use local, ddp, fsdp1, fsdp2 or zero"));
   }
   if (absl::GetFlag(FLAGS_skip_collectives) && args.has_local()) {
     return absl::InvalidArgumentError(
-        "--skip_collectives measures the exposed communication of --engine=ddp, fsdp1 or fsdp2; "
+        "--skip_collectives measures the exposed communication of --engine=ddp, fsdp1, fsdp2 or "
+        "zero; "
         "--engine=local communicates nothing: drop the flag");
   }
   CT_RETURN_IF_ERROR(ApplyOverrides(overrides, &args));
@@ -321,7 +354,7 @@ absl::Status Run(const std::vector<std::string>& overrides) {
         "\"tflops_per_gpu\":%.1f,\"mfu\":%.4f,\"peak_memory_gib\":%s,\"first_loss\":%s,"
         "\"last_loss\":%s,\"tokens_fingerprint\":%.0f,"
         "\"formula\":\"6*matmul_params + 12*layers*heads*head_dim*seq per token\"}\n",
-        model_name.c_str(), absl::GetFlag(FLAGS_engine).c_str(), world, device.str().c_str(),
+        model_name.c_str(), EngineLabel(args).c_str(), world, device.str().c_str(),
         static_cast<long long>(seq), static_cast<long long>(micro), static_cast<long long>(accum),
         static_cast<long long>(steps), static_cast<long long>(warmup),
         args.bf16() ? "true" : "false",

@@ -2,8 +2,8 @@
 # End to end, our side of the bench verification (tools/bench_compare.py compares it with
 # PyTorch's; that needs torch in Python and is run by hand: docs/BENCHMARKS.md): on the tiny
 # model in fp32 on the CPU, tools/bench --init_dir writes the model and token ids once, later
-# runs load them and get the same first and last loss; DDP and FSDP2 on 2 ranks get the same
-# losses as each other; a model of another shape is refused. On the CPU also on a CUDA host
+# runs load them and get the same first and last loss; DDP, FSDP2 and ZeRO 1/2/3 on 2 ranks get
+# the same losses as each other; a model of another shape is refused. On the CPU also on a CUDA host
 # (--use_cpu).
 set -euo pipefail
 launch="$1"
@@ -45,6 +45,14 @@ echo "2 ranks: ddp $(losses "$ddp"); fsdp2 $(losses "$fsdp2")"
 round() { awk '{ printf "%.6g %.6g %s", $1, $2, $3 }' <<<"$1"; }
 [[ "$(round "$(losses "$ddp")")" == "$(round "$(losses "$fsdp2")")" ]] ||
   { echo "FAIL: DDP and FSDP2 trained differently from the same directory"; exit 1; }
+for stage in 1 2 3; do
+  zero=$(bench_json 2 --engine=zero --zero_stage=$stage)
+  echo "2 ranks: zero$stage $(losses "$zero") ($(field engine "$zero"))"
+  [[ "$(field engine "$zero")" == "\"zero$stage\"" ]] ||
+    { echo "FAIL: the JSON line should name zero$stage: $zero"; exit 1; }
+  [[ "$(round "$(losses "$ddp")")" == "$(round "$(losses "$zero")")" ]] ||
+    { echo "FAIL: DDP and ZeRO-$stage trained differently from the same directory"; exit 1; }
+done
 
 if "$launch" --nproc_per_node=1 --master_port=0 "$bench" --model=demo --bf16=false \
   --seq_len=16 --micro_batch=2 --warmup=1 --steps=1 --init_dir="$init" >"$log" 2>&1; then

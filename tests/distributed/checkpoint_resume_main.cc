@@ -19,7 +19,8 @@
 #include "trainer/trainer.h"
 
 ABSL_FLAG(std::string, engine, "local",
-          "local, ddp, fsdp / fsdp1 (sharded checkpoints) or fsdp_full / fsdp1_full");
+          "local, ddp, fsdp / fsdp1 (sharded checkpoints), fsdp_full / fsdp1_full, zero1, zero2, "
+          "zero3 or zero1_offload / zero2_offload / zero3_offload (offload_optimizer CPU)");
 ABSL_FLAG(std::string, output_dir, "/tmp/checkpoint_resume", "where checkpoints go");
 ABSL_FLAG(std::string, resume, "", "resume_from_checkpoint");
 ABSL_FLAG(int, max_steps, 10, "optimizer steps in all");
@@ -82,6 +83,13 @@ int Run() {
     args.mutable_fsdp()->set_version(engine == "fsdp1" || engine == "fsdp1_full" ? 1 : 2);
     if (engine == "fsdp_full" || engine == "fsdp1_full") {
       args.mutable_fsdp()->set_state_dict_type(proto::FsdpConfig::FULL_STATE_DICT);
+    }
+  } else if (engine.rfind("zero", 0) == 0 && engine.size() >= 5) {
+    args.mutable_zero()->set_stage(engine[4] - '0');
+    args.mutable_zero()->set_stage3_param_persistence_threshold(0);  // every layer a group
+    args.mutable_zero()->set_reduce_bucket_size(20000);              // several buckets
+    if (engine.find("_offload") != std::string::npos) {
+      args.mutable_zero()->set_offload_optimizer_device(proto::ZeroConfig::CPU);
     }
   } else {
     args.mutable_local()->set_device("cpu");

@@ -1,0 +1,118 @@
+// ZeRO stages 1 and 2 (DeepSpeed's zero_optimization; Megatron's distributed optimizer):
+// parameters are replicated, the optimizer state is partitioned. Every rank holds the whole
+// model; the trainable parameters become views of one flat buffer cut into buckets
+// (engines/zero/zero_layout.h), and rank r owns the r-th 1/N of every bucket: the optimizer
+// (the Trainer's factory, given the original names so weight-decay groups work) steps only
+// 1-d views of those owned ranges. Per step:
+//   backward   gradients are moved into fp32 buckets by hooks and reduce-scattered into the
+//              owners as buckets complete (engines/zero/zero_gradients.h: stage 1 keeps the
+//              full gradient and accumulates unsynced micro-batches locally; stage 2 keeps
+//              none and reduces every micro-batch);
+//   clip       the global norm over every rank's owned gradients (one all-reduce);
+//   step       the owner updates its ranges, then every bucket is all-gathered back into the
+//              replicated parameters (allgather_bucket_size elements in flight at most).
+// With offload_optimizer_device CPU the owned fp32 master ranges, their gradients and the
+// optimizer state live in host memory (page-locked with offload_optimizer_pin_memory on CUDA);
+// the gradient shard is copied out, the step runs on the host, the updated ranges are copied
+// back before the all-gather. On the CPU that path runs too (host == device, real copies).
+// Without offload the owned ranges *are* the parameters' storage (parameters stay fp32;
+// bf16/fp16 run under autocast, as the local and DDP engines do), so there is no separate
+// master copy.
+//
+//   CT_ASSIGN_OR_RETURN(auto engine, ZeroEngine::Create(config, precision, device, comm));
+//   CT_RETURN_IF_ERROR(engine->PrepareForTraining(model, factory));
+#ifndef CPPTRAIN_ENGINES_ZERO_ZERO_ENGINE_H_
+#define CPPTRAIN_ENGINES_ZERO_ZERO_ENGINE_H_
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engines/local/local_engine.h"
+#include "engines/zero/zero_layout.h"
+#include "proto/engines.pb.h"
+#include "sharding/communicator.h"
+
+namespace cpptrain {
+
+class ZeroGradients;
+class ZeroOptimizer;
+
+// What a rank holds, in bytes (for memory tests and reports).
+struct ZeroFootprint {
+  int64_t parameter_bytes = 0;  // the model's parameters (unique storages)
+  int64_t gradient_bytes = 0;   // gradient buffers alive (buckets, shard, host copy, .grad)
+  int64_t optimizer_bytes = 0;  // optimizer state shaped like the pieces, plus host masters
+  // The most bytes of gradient buffers (buckets, the reduced shard, a reduce-scatter's
+  // output) alive at once during the backwards so far.
+  int64_t peak_gradient_buffer_bytes = 0;
+};
+
+class ZeroEngine : public LocalEngine {
+ public:
+  // Errors: a stage other than 1 or 2 (stage 3 is Zero3Engine), fp16 off CUDA.
+  static absl::StatusOr<std::unique_ptr<ZeroEngine>> Create(const proto::ZeroConfig& config,
+                                                            MixedPrecision precision,
+                                                            c10::Device device,
+                                                            std::shared_ptr<Communicator> comm);
+  ~ZeroEngine() override;
+
+  std::string name() const override { return config_.stage() == 1 ? "zero1" : "zero2"; }
+  int rank() const override { return comm_->rank(); }
+  int world_size() const override { return comm_->size(); }
+
+  absl::Status PrepareForInference(std::shared_ptr<TrainableModel> model) override;
+  absl::Status PrepareForTraining(std::shared_ptr<TrainableModel> model,
+                                  const OptimizerFactory& factory) override;
+  absl::Status Backward(const torch::Tensor& loss) override;
+  void SetGradientSync(bool enabled) override { sync_ = enabled; }
+  absl::StatusOr<double> ClipGradNorm(double max_norm) override;
+  absl::StatusOr<bool> OptimizerStep() override;
+  void ZeroGrad() override;
+  void ResetOptimizer() override;
+  absl::StatusOr<torch::Tensor> AllReduceSum(const torch::Tensor& values) override;
+  absl::StatusOr<torch::Tensor> AllGather(const torch::Tensor& values) override;
+  absl::StatusOr<bool> AllRanksFinite(bool local_finite) override;
+
+  // Null before PrepareForTraining.
+  const ZeroLayout* layout() const { return layout_ ? &*layout_ : nullptr; }
+  ZeroFootprint Footprint() const;
+
+ private:
+  ZeroEngine(const proto::ZeroConfig& config, MixedPrecision precision, c10::Device device,
+             std::shared_ptr<Communicator> comm);
+  absl::Status Flatten();
+  absl::Status BuildOptimizer(const OptimizerFactory& factory);
+  // Rebuilds the host masters from the parameters when someone else wrote them (a checkpoint
+  // load), detected by the parameters' version counters (the all-gather writes none of them).
+  void RefreshMasters();
+  int64_t ParametersVersion() const;
+  absl::Status AllGatherParameters();
+  absl::Status CheckNoStrayGradients() const;
+
+  proto::ZeroConfig config_;
+  std::shared_ptr<Communicator> comm_;
+  bool offload_ = false;
+  bool sync_ = true;
+  std::vector<std::string> names_;  // trainable parameters, each tensor once
+  std::vector<at::Tensor> params_;
+  std::optional<ZeroLayout> layout_;
+  at::Tensor flat_;              // the parameters' storage, [layout total_numel]
+  at::Tensor master_;            // offload: fp32 host [local_numel], else unset
+  at::Tensor host_grad_;         // offload: fp32 host [local_numel]
+  int64_t params_version_ = -1;  // ParametersVersion() when the masters were last right
+  std::unique_ptr<ZeroGradients> grads_;
+  ZeroOptimizer* zero_optimizer_ = nullptr;  // owned by optimizer_
+};
+
+// LossScaler options from DeepSpeed's fp16 keys: loss_scale 0 is dynamic from
+// 2^initial_scale_power (x2 after loss_scale_window clean steps, x0.5 after `hysteresis`
+// overflows, never below min_loss_scale); loss_scale > 0 is that fixed scale (overflowing steps
+// are still skipped).
+LossScalerOptions ZeroLossScalerOptions(const proto::ZeroConfig& config);
+
+}  // namespace cpptrain
+
+#endif  // CPPTRAIN_ENGINES_ZERO_ZERO_ENGINE_H_

@@ -1,0 +1,342 @@
+// ZeroEngine (stages 1 and 2) and Zero3Engine with ranks as threads (Gloo over a HashStore):
+// one SGD step equals the unsharded reference (tied weights stepped once, clipping), with and
+// without offload_optimizer; and what each rank holds after a step (parameters, gradients,
+// optimizer state) against the ZeRO formulas, on a model whose sizes 3 ranks do not divide.
+#include "engines/zero/zero_engine.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <map>
+#include <string>
+
+#include "base/status.h"
+#include "base/torch_status.h"
+#include "engines/grad_utils.h"
+#include "engines/zero/zero3_engine.h"
+#include "engines/zero/zero_layout.h"
+#include "module/checkpointable_optimizer.h"
+#include "module/testing/tied_blocks.h"
+#include "sharding/gloo_communicator.h"
+#include "sharding/testing/multi_rank.h"
+
+namespace cpptrain {
+namespace {
+
+using multi_rank::RunRanksAsThreads;
+using testing::TiedBlocks;
+
+absl::StatusOr<std::shared_ptr<Communicator>> Comm(int rank, int world,
+                                                   c10::intrusive_ptr<c10d::Store> store) {
+  CT_ASSIGN_OR_RETURN(std::unique_ptr<GlooCommunicator> comm,
+                      GlooCommunicator::Create(store, rank, world, std::chrono::seconds(30)));
+  return std::shared_ptr<Communicator>(std::move(comm));
+}
+
+proto::ZeroConfig Config(int stage, bool offload, int64_t bucket = 500000000) {
+  proto::ZeroConfig config;
+  config.set_stage(stage);
+  config.set_reduce_bucket_size(bucket);
+  config.set_allgather_bucket_size(bucket);
+  if (offload) config.set_offload_optimizer_device(proto::ZeroConfig::CPU);
+  return config;
+}
+
+// Two fp32 moments per element, like AdamW's exp_avg and exp_avg_sq (a simple momentum step),
+// kept where the engine can count and checkpoint them (the Trainer's FusedAdamW is one too).
+class TwoMoments : public torch::optim::Optimizer, public CheckpointableOptimizer {
+ public:
+  explicit TwoMoments(std::vector<torch::Tensor> params)
+      : torch::optim::Optimizer({torch::optim::OptimizerParamGroup(std::move(params))},
+                                std::make_unique<torch::optim::SGDOptions>(1e-3)) {}
+  torch::Tensor step(LossClosure) override {
+    torch::NoGradGuard no_grad;
+    for (const at::Tensor& p : param_groups()[0].params()) {
+      if (!p.grad().defined()) continue;
+      auto& [m, v] = moments_[p.unsafeGetTensorImpl()];
+      if (!m.defined()) m = torch::zeros_like(p), v = torch::zeros_like(p);
+      m.mul_(0.9).add_(p.grad());
+      v.add_(p.grad().square());
+      p.sub_(m * 1e-3);
+    }
+    return {};
+  }
+  std::map<std::string, at::Tensor> ExportState(const at::Tensor& param) override {
+    auto it = moments_.find(param.unsafeGetTensorImpl());
+    if (it == moments_.end()) return {};
+    return {{"exp_avg", it->second.first}, {"exp_avg_sq", it->second.second}};
+  }
+  absl::Status ImportState(const at::Tensor&, const std::map<std::string, at::Tensor>&) override {
+    return absl::UnimplementedError("not needed here");
+  }
+
+ private:
+  std::map<const c10::TensorImpl*, std::pair<at::Tensor, at::Tensor>> moments_;
+};
+
+OptimizerFactory AdamWFactory() {
+  return [](const NamedParameters& params)
+             -> absl::StatusOr<std::unique_ptr<torch::optim::Optimizer>> {
+    std::vector<torch::Tensor> tensors;
+    for (const auto& item : params) tensors.push_back(item.second);
+    return std::unique_ptr<torch::optim::Optimizer>(std::make_unique<TwoMoments>(tensors));
+  };
+}
+
+OptimizerFactory SgdFactory(double lr) {
+  return [lr](const NamedParameters& params)
+             -> absl::StatusOr<std::unique_ptr<torch::optim::Optimizer>> {
+    std::vector<torch::Tensor> tensors;
+    for (const auto& item : params) tensors.push_back(item.second);
+    return std::unique_ptr<torch::optim::Optimizer>(
+        std::make_unique<torch::optim::SGD>(tensors, torch::optim::SGDOptions(lr)));
+  };
+}
+
+Batch Rows(const Batch& batch, int64_t begin, int64_t end) {
+  Batch out;
+  out.inputs = batch.inputs.narrow(0, begin, end - begin);
+  out.labels = batch.labels.narrow(0, begin, end - begin);
+  return out;
+}
+
+absl::Status TrainStep(Engine& engine, TrainableModel& model, const Batch& batch) {
+  torch::Tensor loss;
+  CT_RETURN_IF_ERROR(CatchTorch([&] {
+    std::unique_ptr<ForwardScope> scope = engine.EnterForward();
+    loss = model.LossSum(model.Forward(batch), batch);
+  }));
+  return engine.Backward(loss);
+}
+
+// The reference: one SGD step of TiedBlocks on the summed loss of both ranks' batches,
+// clipped to max_norm, the tied weight once.
+struct Reference {
+  std::map<std::string, at::Tensor> params;
+  double norm = 0;
+};
+
+Reference SgdStep(const std::vector<Batch>& batches, double lr, double max_norm) {
+  TiedBlocks model(1);
+  for (const Batch& b : batches) model.LossSum(model.Forward(b), b).backward();
+  std::vector<at::Tensor> grads;
+  for (auto& [name, p] : UniqueTrainableParameters(model)) grads.push_back(p.grad());
+  Reference out;
+  out.norm = GlobalNorm(grads).item<double>();
+  ClipByNorm(grads, out.norm, max_norm);
+  torch::NoGradGuard no_grad;
+  for (auto& [name, p] : UniqueTrainableParameters(model)) p.sub_(p.grad() * lr);
+  for (const auto& item : model.named_parameters()) out.params[item.key()] = item.value().clone();
+  return out;
+}
+
+class ZeroStepTest : public ::testing::TestWithParam<std::tuple<int, bool>> {};
+
+TEST_P(ZeroStepTest, OneClippedStepEqualsTheReference) {
+  const auto [stage, offload] = GetParam();
+  const std::vector<Batch> batches = {TiedBlocks::Inputs(3, 30), TiedBlocks::Inputs(3, 31)};
+  const Reference want = SgdStep(batches, 0.5, 0.3);
+  absl::Status s = RunRanksAsThreads(2, [&](int rank, auto store) -> absl::Status {
+    auto model = std::make_shared<TiedBlocks>(1);
+    CT_ASSIGN_OR_RETURN(std::shared_ptr<Communicator> comm, Comm(rank, 2, store));
+    std::unique_ptr<Engine> engine;
+    if (stage == 3) {
+      CT_ASSIGN_OR_RETURN(engine,
+                          Zero3Engine::Create(Config(3, offload), MixedPrecision::kNone,
+                                              c10::Device(c10::kCPU), ShardMesh{comm, nullptr}));
+    } else {
+      // A 6-element bucket cap: the 16-element weight is a bucket alone, the biases share one.
+      CT_ASSIGN_OR_RETURN(engine,
+                          ZeroEngine::Create(Config(stage, offload, 6), MixedPrecision::kNone,
+                                             c10::Device(c10::kCPU), comm));
+    }
+    CT_RETURN_IF_ERROR(engine->PrepareForTraining(model, SgdFactory(0.5)));
+    // Half of the batch in an unsynchronized micro-batch, then the rest: the same gradient.
+    engine->SetGradientSync(false);
+    CT_RETURN_IF_ERROR(TrainStep(*engine, *model, Rows(batches[rank], 0, 1)));
+    engine->SetGradientSync(true);
+    CT_RETURN_IF_ERROR(TrainStep(*engine, *model, Rows(batches[rank], 1, 3)));
+    CT_ASSIGN_OR_RETURN(double norm, engine->ClipGradNorm(0.3));
+    EXPECT_NEAR(norm, want.norm, 1e-5 * want.norm);
+    CT_ASSIGN_OR_RETURN(bool stepped, engine->OptimizerStep());
+    EXPECT_TRUE(stepped);
+    engine->ZeroGrad();
+    if (stage == 3) return absl::OkStatus();  // shards: checked end to end elsewhere
+    for (const auto& item : model->named_parameters()) {
+      EXPECT_TRUE(torch::allclose(item.value(), want.params.at(item.key()), 1e-5, 1e-6))
+          << "stage " << stage << " rank " << rank << " " << item.key() << ": " << item.value()
+          << " vs " << want.params.at(item.key());
+    }
+    return absl::OkStatus();
+  });
+  EXPECT_TRUE(s.ok()) << s;
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, ZeroStepTest,
+                         ::testing::Combine(::testing::Values(1, 2, 3), ::testing::Bool()));
+
+// Twelve parameters of sizes 3 ranks mostly do not divide (one of them 2-d), and a loss linear
+// in the input.
+class OddModel : public TrainableModel {
+ public:
+  static constexpr int kParams = 12;
+  static int64_t Size(int i) { return 401 + 38 * i; }
+
+  OddModel() : TrainableModel("OddModel") {
+    torch::manual_seed(3);
+    for (int i = 0; i < kParams; ++i) {
+      const at::Tensor init = i == 1 ? torch::randn({Size(i) / 3, 3}) : torch::randn({Size(i)});
+      params_.push_back(register_parameter("p" + std::to_string(i), init));
+    }
+  }
+  torch::Tensor Forward(const Batch& batch) override {
+    return Hooked(batch.inputs, [this](const torch::Tensor& x) {
+      torch::Tensor total = torch::zeros({});
+      for (size_t i = 0; i < params_.size(); ++i) {
+        total = total + (i % 2 == 0 ? params_[i].sin().sum() : params_[i].square().sum());
+      }
+      return x * total;
+    });
+  }
+  torch::Tensor LossSum(const torch::Tensor& logits, const Batch&) const override {
+    return logits.sum();
+  }
+  int64_t CountLossTargets(const Batch& batch) const override { return batch.inputs.size(0); }
+
+ private:
+  std::vector<torch::Tensor> params_;
+};
+
+int64_t OddModelNumel() {
+  int64_t n = 0;
+  for (int i = 0; i < OddModel::kParams; ++i)
+    n += i == 1 ? OddModel::Size(i) / 3 * 3 : OddModel::Size(i);
+  return n;
+}
+
+Batch OddBatch() {
+  Batch batch;
+  batch.inputs = torch::ones({2, 1});
+  batch.labels = torch::zeros({2}, torch::kLong);
+  return batch;
+}
+
+// fp32 everywhere on the CPU, P trainable elements (padded: Pp, rank part Pp/N), after a
+// backward and a step:
+//   stage 1: parameters 4 Pp, gradients 4 Pp (full fp32 buckets) + 4 Pp/N (reduced shard),
+//            optimizer 8 x owned elements (exp_avg, exp_avg_sq)
+//   stage 2: parameters 4 Pp, gradients 4 Pp/N, optimizer 8 x owned
+//   offload: + 4 Pp/N host gradient copy, + 4 Pp/N host fp32 master
+// DeepSpeed's mixed-precision 2P + 2P + 12P/N (stage 1) becomes 4P + (4P + 4P/N) + 8P/N here:
+// parameters stay fp32 (bf16 is autocast), so the owned parameter range is the fp32 master.
+class ZeroMemoryTest : public ::testing::TestWithParam<std::tuple<int, bool>> {};
+
+TEST_P(ZeroMemoryTest, BytesPerRankFollowTheFormulas) {
+  const auto [stage, offload] = GetParam();
+  constexpr int kWorld = 3;
+  const int64_t kOddP = OddModelNumel();
+  absl::Status s = RunRanksAsThreads(kWorld, [&](int rank, auto store) -> absl::Status {
+    auto model = std::make_shared<OddModel>();
+    CT_ASSIGN_OR_RETURN(std::shared_ptr<Communicator> comm, Comm(rank, kWorld, store));
+    // A 1000-element cap: every parameter its own bucket but the first two, which share one.
+    CT_ASSIGN_OR_RETURN(auto engine,
+                        ZeroEngine::Create(Config(stage, offload, 1000), MixedPrecision::kNone,
+                                           c10::Device(c10::kCPU), comm));
+    CT_RETURN_IF_ERROR(engine->PrepareForTraining(model, AdamWFactory()));
+    CT_RETURN_IF_ERROR(TrainStep(*engine, *model, OddBatch()));
+    const ZeroLayout& layout = *engine->layout();
+    const int64_t padded = layout.total_numel, part = layout.local_numel;
+    EXPECT_GE(padded, kOddP);
+    // One pad per bucket, at most world * 4 - 1 elements, and per aligned start at most 3.
+    const int64_t buckets = static_cast<int64_t>(layout.buckets.size());
+    EXPECT_LT(padded, kOddP + buckets * kWorld * 4 + 3 * OddModel::kParams);
+    int64_t owned = 0;
+    for (const ZeroLayout::Param& p : layout.params) owned += p.own_numel;
+    const ZeroFootprint after_backward = engine->Footprint();
+    CT_RETURN_IF_ERROR(engine->ClipGradNorm(1.0).status());
+    CT_RETURN_IF_ERROR(engine->OptimizerStep().status());
+    const ZeroFootprint after_step = engine->Footprint();
+    EXPECT_EQ(after_backward.parameter_bytes, 4 * padded);
+    const int64_t grads = (stage == 1 ? 4 * padded : 0) + 4 * part + (offload ? 4 * part : 0);
+    EXPECT_EQ(after_backward.gradient_bytes, grads) << "stage " << stage;
+    EXPECT_EQ(after_step.optimizer_bytes, 8 * owned + (offload ? 4 * part : 0));
+    // During backward: stage 1 holds every bucket; stage 2 at most the bucket being filled,
+    // the one in flight and its output, never the whole gradient.
+    int64_t largest = 0;
+    for (const ZeroLayout::Bucket& b : layout.buckets) largest = std::max(largest, b.numel);
+    const int64_t peak = after_backward.peak_gradient_buffer_bytes;
+    if (stage == 1) {
+      EXPECT_GE(peak, 4 * padded + 4 * part);
+    } else {
+      EXPECT_LE(peak, 4 * part + 2 * 4 * largest + 4 * largest / kWorld);
+      EXPECT_LT(peak, 4 * padded);
+    }
+    EXPECT_LE(owned, part);
+    LOG(INFO) << "stage " << stage << (offload ? " offload" : "") << " rank " << rank << ": P "
+              << kOddP << " (padded " << padded << ", " << layout.buckets.size()
+              << " buckets), bytes: parameters " << after_backward.parameter_bytes << ", gradients "
+              << after_backward.gradient_bytes << ", optimizer " << after_step.optimizer_bytes
+              << "; peak gradient buffers during backward " << peak << " (largest bucket "
+              << 4 * largest << ")";
+    return absl::OkStatus();
+  });
+  EXPECT_TRUE(s.ok()) << s;
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, ZeroMemoryTest,
+                         ::testing::Combine(::testing::Values(1, 2), ::testing::Bool()));
+
+// Stage 3 at rest: parameters, gradients and AdamW state each 1/N (the flat shards).
+TEST(Zero3MemoryTest, EverythingIsPartitioned) {
+  constexpr int kWorld = 3;
+  absl::Status s = RunRanksAsThreads(kWorld, [&](int rank, auto store) -> absl::Status {
+    auto model = std::make_shared<OddModel>();
+    CT_ASSIGN_OR_RETURN(std::shared_ptr<Communicator> comm, Comm(rank, kWorld, store));
+    CT_ASSIGN_OR_RETURN(auto engine,
+                        Zero3Engine::Create(Config(3, false), MixedPrecision::kNone,
+                                            c10::Device(c10::kCPU), ShardMesh{comm, nullptr}));
+    CT_RETURN_IF_ERROR(engine->PrepareForTraining(model, AdamWFactory()));
+    CT_RETURN_IF_ERROR(TrainStep(*engine, *model, OddBatch()));
+    CT_RETURN_IF_ERROR(engine->OptimizerStep().status());
+    int64_t params = 0, grads = 0, state = 0;
+    auto* adamw = dynamic_cast<TwoMoments*>(engine->optimizer());
+    for (const at::Tensor& p : model->parameters()) {
+      params += p.numel() * 4;
+      if (p.grad().defined()) grads += p.grad().numel() * 4;
+      for (const auto& [name, v] : adamw->ExportState(p)) state += v.numel() * v.element_size();
+    }
+    const int64_t padded_part = engine->flat()->shard_bytes();  // 4 x padded / N
+    EXPECT_LE(params, padded_part);
+    EXPECT_GE(params, padded_part - 4 * kWorld * 4);
+    EXPECT_EQ(grads, params);
+    EXPECT_EQ(state, 2 * params);
+    LOG(INFO) << "stage 3 rank " << rank << ": bytes at rest: parameters " << params
+              << " (flat shard " << padded_part << "), gradients " << grads << ", optimizer "
+              << state << "; whole model " << 4 * OddModelNumel();
+    return absl::OkStatus();
+  });
+  EXPECT_TRUE(s.ok()) << s;
+}
+
+TEST(ZeroEngineTest, CreateNamesTheStage) {
+  EXPECT_FALSE(
+      ZeroEngine::Create(Config(3, false), MixedPrecision::kNone, c10::Device(c10::kCPU), nullptr)
+          .ok());
+  absl::Status s = RunRanksAsThreads(1, [&](int rank, auto store) -> absl::Status {
+    CT_ASSIGN_OR_RETURN(std::shared_ptr<Communicator> c, Comm(rank, 1, store));
+    auto three =
+        ZeroEngine::Create(Config(3, false), MixedPrecision::kNone, c10::Device(c10::kCPU), c);
+    EXPECT_FALSE(three.ok());
+    EXPECT_NE(three.status().message().find("zero.stage is 3"), std::string::npos);
+    auto fp16 =
+        ZeroEngine::Create(Config(2, false), MixedPrecision::kFp16, c10::Device(c10::kCPU), c);
+    EXPECT_FALSE(fp16.ok());
+    EXPECT_NE(fp16.status().message().find("fp16"), std::string::npos);
+    return absl::OkStatus();
+  });
+  EXPECT_TRUE(s.ok()) << s;
+}
+
+}  // namespace
+}  // namespace cpptrain

@@ -1,0 +1,192 @@
+#include "engines/zero/zero_gradients.h"
+
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace cpptrain {
+namespace {
+
+class GradientHook : public torch::autograd::FunctionPostHook {
+ public:
+  GradientHook(ZeroGradients* owner, int index) : owner_(owner), index_(index) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list&) override {
+    owner_->OnGradient(index_);
+    return outputs;
+  }
+
+ private:
+  ZeroGradients* owner_;
+  int index_;
+};
+
+}  // namespace
+
+ZeroGradients::ZeroGradients(const ZeroLayout& layout, std::vector<at::Tensor> params,
+                             Communicator* comm, c10::Device device, bool keep_full)
+    : layout_(layout),
+      params_(std::move(params)),
+      comm_(comm),
+      device_(device),
+      keep_full_(keep_full) {
+  const auto fp32 = torch::TensorOptions().dtype(at::kFloat).device(device_);
+  shard_ = torch::zeros({layout_.local_numel}, fp32);
+  buckets_.resize(layout_.buckets.size());
+  if (keep_full_) {
+    for (size_t b = 0; b < buckets_.size(); ++b) {
+      buckets_[b] = torch::zeros({layout_.buckets[b].numel}, fp32);
+    }
+  }
+  pending_.assign(layout_.buckets.size(), 0);
+  ready_.assign(params_.size(), false);
+}
+
+ZeroGradients::~ZeroGradients() {
+  std::lock_guard<std::mutex> lock(mu_);
+  (void)CompleteLocked();
+}
+
+void ZeroGradients::Install() {
+  if (!accumulators_.empty()) return;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    std::shared_ptr<torch::autograd::Node> acc =
+        torch::autograd::impl::grad_accumulator(params_[i]);
+    acc->add_post_hook(std::make_unique<GradientHook>(this, static_cast<int>(i)));
+    accumulators_.push_back(std::move(acc));
+  }
+}
+
+at::Tensor& ZeroGradients::BucketBuffer(int b) {
+  if (!buckets_[b].defined()) {
+    buckets_[b] = torch::zeros({layout_.buckets[b].numel},
+                               torch::TensorOptions().dtype(at::kFloat).device(device_));
+  }
+  return buckets_[b];
+}
+
+void ZeroGradients::Begin(bool sync) {
+  std::lock_guard<std::mutex> lock(mu_);
+  in_backward_ = true;
+  launching_ = sync || !keep_full_;
+  std::fill(ready_.begin(), ready_.end(), false);
+  for (size_t b = 0; b < pending_.size(); ++b) {
+    pending_[b] = static_cast<int>(layout_.buckets[b].params.size());
+  }
+  next_launch_ = 0;
+}
+
+void ZeroGradients::OnGradient(int index) {
+  std::lock_guard<std::mutex> lock(mu_);
+  at::Tensor& param = params_[index];
+  if (!in_backward_ || ready_[index] || !param.grad().defined()) return;
+  const ZeroLayout::Param& p = layout_.params[index];
+  {
+    torch::NoGradGuard no_grad;
+    BucketBuffer(p.bucket)
+        .narrow(0, p.offset - layout_.buckets[p.bucket].begin, p.numel)
+        .add_(param.grad().reshape({-1}));
+  }
+  param.mutable_grad() = at::Tensor();
+  ready_[index] = true;
+  --pending_[p.bucket];
+  SamplePeakLocked();
+  if (launching_) LaunchReadyLocked();
+}
+
+void ZeroGradients::SamplePeakLocked() {
+  int64_t bytes = shard_.numel() * shard_.element_size();
+  for (const at::Tensor& bucket : buckets_) {
+    if (bucket.defined()) bytes += bucket.numel() * bucket.element_size();
+  }
+  if (in_flight_out_.defined()) bytes += in_flight_out_.numel() * in_flight_out_.element_size();
+  peak_buffer_bytes_ = std::max(peak_buffer_bytes_, bytes);
+}
+
+absl::Status ZeroGradients::CompleteLocked() {
+  if (in_flight_ < 0) return absl::OkStatus();
+  const int b = in_flight_;
+  in_flight_ = -1;
+  absl::Status waited = work_->Wait();
+  work_.reset();
+  if (waited.ok()) {
+    torch::NoGradGuard no_grad;
+    shard_.narrow(0, layout_.buckets[b].local_offset, layout_.buckets[b].shard_numel)
+        .add_(in_flight_out_);
+  }
+  in_flight_out_ = at::Tensor();
+  if (keep_full_) {
+    buckets_[b].zero_();
+  } else {
+    buckets_[b] = at::Tensor();
+  }
+  return waited;
+}
+
+void ZeroGradients::LaunchReadyLocked() {
+  while (next_launch_ < layout_.buckets.size() && pending_[next_launch_] == 0) {
+    const int b = static_cast<int>(next_launch_++);
+    absl::Status done = CompleteLocked();
+    if (!done.ok() && error_.ok()) error_ = done;
+    at::Tensor& input = BucketBuffer(b);
+    in_flight_out_ = torch::empty({layout_.buckets[b].shard_numel}, input.options());
+    auto work = comm_->ReduceScatter(input, in_flight_out_, ReduceOp::kSum);
+    if (!work.ok()) {
+      if (error_.ok()) error_ = work.status();
+      continue;
+    }
+    work_ = std::move(*work);
+    in_flight_ = b;
+    SamplePeakLocked();
+  }
+}
+
+absl::Status ZeroGradients::Finish(bool backward_ok) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (launching_ && backward_ok) {
+    // Parameters that got no gradient contribute zeros.
+    for (size_t b = 0; b < pending_.size(); ++b) pending_[b] = 0;
+    LaunchReadyLocked();
+  }
+  absl::Status done = CompleteLocked();
+  if (!done.ok() && error_.ok()) error_ = done;
+  in_backward_ = false;
+  absl::Status error = std::move(error_);
+  error_ = absl::OkStatus();
+  return error;
+}
+
+void ZeroGradients::Clear() {
+  std::lock_guard<std::mutex> lock(mu_);
+  (void)CompleteLocked();
+  in_backward_ = false;
+  error_ = absl::OkStatus();
+  torch::NoGradGuard no_grad;
+  shard_.zero_();
+  for (at::Tensor& bucket : buckets_) {
+    if (!bucket.defined()) continue;
+    if (keep_full_) {
+      bucket.zero_();
+    } else {
+      bucket = at::Tensor();
+    }
+  }
+  for (at::Tensor& p : params_) p.mutable_grad() = at::Tensor();
+}
+
+int64_t ZeroGradients::LiveBytes() const {
+  int64_t bytes = shard_.numel() * shard_.element_size();
+  for (const at::Tensor& bucket : buckets_) {
+    if (bucket.defined()) bytes += bucket.numel() * bucket.element_size();
+  }
+  for (const at::Tensor& p : params_) {
+    if (p.grad().defined()) bytes += p.grad().numel() * p.grad().element_size();
+  }
+  return bytes;
+}
+
+}  // namespace cpptrain

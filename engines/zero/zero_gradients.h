@@ -1,0 +1,100 @@
+// The gradient side of ZeRO stages 1 and 2: hooks on every trainable parameter's gradient
+// accumulator move its gradient into its bucket (engines/zero/zero_layout.h) in fp32 and drop
+// the parameter's .grad; a complete bucket is reduce-scattered (summed) into this rank's
+// `shard()`, which accumulates over micro-batches until Clear().
+//
+//   stage 1 (keep_full=true): every bucket's fp32 buffer lives for the whole run (the full
+//     gradient, 4P bytes). With synchronization off (non-final micro-batches) gradients only
+//     add up in the buckets; with it on, buckets are reduce-scattered as soon as they are
+//     complete, while the rest of backward runs.
+//   stage 2 (keep_full=false): a bucket's buffer exists from its first gradient until its
+//     reduce-scatter is done, and every micro-batch is reduced (DeepSpeed's ZeRO-2 does the
+//     same): no full gradient is ever kept, and synchronization off changes nothing.
+// Buckets are launched strictly in order on every rank; a bucket's reduce-scatter is
+// completed (Work::Wait, then added into shard()) before the next one is launched, so at most
+// one is in flight. Parameters that got no gradient in a backward count as zeros.
+//
+//   ZeroGradients grads(layout, params, comm, device, /*keep_full=*/false);
+//   grads.Begin(sync);  loss.backward();  CT_RETURN_IF_ERROR(grads.Finish());
+//   ... grads.shard() holds the summed gradient of this rank's owned elements ...
+//   grads.Clear();
+#ifndef CPPTRAIN_ENGINES_ZERO_ZERO_GRADIENTS_H_
+#define CPPTRAIN_ENGINES_ZERO_ZERO_GRADIENTS_H_
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "engines/zero/zero_layout.h"
+#include "sharding/communicator.h"
+
+namespace torch::autograd {
+struct Node;
+}
+
+namespace cpptrain {
+
+class ZeroGradients {
+ public:
+  // `params[i]` is layout.params[i]'s tensor; `comm` (not owned) outlives this.
+  ZeroGradients(const ZeroLayout& layout, std::vector<at::Tensor> params, Communicator* comm,
+                c10::Device device, bool keep_full);
+  ~ZeroGradients();
+
+  // Installs the hooks (once).
+  void Install();
+  // Before a backward through Engine::Backward: with `sync` off (stage 1 only) no bucket is
+  // launched.
+  void Begin(bool sync);
+  // After it: launches what is left (synchronized), waits for every reduce-scatter.
+  absl::Status Finish(bool backward_ok);
+  // Zeroes shard() and the buckets, waiting for anything in flight first.
+  void Clear();
+
+  // [layout.local_numel] fp32 on `device`: this rank's summed gradients.
+  at::Tensor& shard() { return shard_; }
+  // Bytes of gradient buffers alive now: buckets, shard(), and any parameter's .grad.
+  int64_t LiveBytes() const;
+  // The most bytes of buckets, shard() and reduce-scatter outputs alive at once since the
+  // last ResetPeak(), sampled after each gradient is bucketed and each bucket is launched.
+  int64_t peak_buffer_bytes() const { return peak_buffer_bytes_; }
+  void ResetPeak() { peak_buffer_bytes_ = 0; }
+
+  // For the hook.
+  void OnGradient(int index);
+
+ private:
+  void LaunchReadyLocked();
+  void SamplePeakLocked();
+  absl::Status CompleteLocked();  // the reduce-scatter in flight, if any
+  at::Tensor& BucketBuffer(int b);
+
+  const ZeroLayout& layout_;
+  std::vector<at::Tensor> params_;
+  Communicator* comm_;
+  c10::Device device_;
+  bool keep_full_;
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
+
+  std::mutex mu_;
+  at::Tensor shard_;
+  std::vector<at::Tensor> buckets_;  // fp32 [bucket numel]; stage 2: undefined when idle
+  std::vector<int> pending_;         // gradients still missing per bucket in this backward
+  std::vector<bool> ready_;
+  size_t next_launch_ = 0;
+  bool in_backward_ = false;
+  bool launching_ = false;
+  int in_flight_ = -1;  // bucket whose reduce-scatter is in flight
+  at::Tensor in_flight_out_;
+  std::unique_ptr<Work> work_;
+  absl::Status error_;
+  int64_t peak_buffer_bytes_ = 0;
+};
+
+}  // namespace cpptrain
+
+#endif  // CPPTRAIN_ENGINES_ZERO_ZERO_GRADIENTS_H_

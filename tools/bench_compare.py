@@ -15,7 +15,7 @@ them. Checks, each a failure (exit 1) that prints both values:
 A run that fails or prints no JSON line is exit 2.
 
 ZeRO: --engine zero --zero_stage N [--offload_optimizer cpu] [--offload_param cpu] runs ours as
-`tools/bench --engine=zero --set=args.zero.stage=N ...` and DeepSpeed's ZeRO of the same stage
+`tools/bench --engine=zero --set=zero.stage=N ...` and DeepSpeed's ZeRO of the same stage
 and offload (bench_torch.py --engine zero, tools/install_deepspeed_wheels.sh's torchrun) by
 default; --torch_engine zero_redundancy (DDP + ZeroRedundancyOptimizer), fsdp2 or fsdp2_offload
 pairs ours with PyTorch's counterparts instead. Every JSON line goes to --jsonl with the
@@ -85,15 +85,15 @@ def parse_args():
 def zero_args(a):
     """The ZeRO flags of each side: ours' --set overrides and bench_torch.py's (DeepSpeed only;
     PyTorch's counterparts take none)."""
-    ours = [f"--set=args.zero.stage={a.zero_stage}"]
+    ours = [f"--set=zero.stage={a.zero_stage}"]
     theirs = [f"--stage={a.zero_stage}"]
     if a.offload_optimizer == "cpu":
-        ours += ["--set=args.zero.offload_optimizer_device=CPU",
-                 "--set=args.zero.offload_optimizer_pin_memory=true"]
+        ours += ["--set=zero.offload_optimizer_device=CPU",
+                 "--set=zero.offload_optimizer_pin_memory=true"]
         theirs.append("--offload_optimizer=cpu")
     if a.offload_param == "cpu":
-        ours += ["--set=args.zero.offload_param_device=CPU",
-                 "--set=args.zero.offload_param_pin_memory=true"]
+        ours += ["--set=zero.offload_param_device=CPU",
+                 "--set=zero.offload_param_pin_memory=true"]
         theirs.append("--offload_param=cpu")
     return ours, (theirs if (a.torch_engine or "zero") == "zero" else [])
 

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# The ZeRO engine on one GPU host in one call: DeepSpeed 0.19.8 from the carried .wheels/
+# (installed with pip --target beside the host's own torch, whose Python may itself be a
+# virtualenv that a nested venv would not see), a CMake build of what the runs need, the ZeRO
+# unit tests, then tools/bench_compare.py of `tools/bench --engine=zero` against DeepSpeed's
+# same stage for each of STAGES (default "1 2 3"; RUNS=3 per side, STEPS/WARMUP short so three
+# stages fit one call). OFFLOAD=1 adds the Llama-3.2-3B ZeRO-2 + optimizer offload row.
+# Results go to $OUT (or /tmp/gpu_out) as they come, so a call cut short keeps what finished.
+#   NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
+#     CPPTRAIN_COMMIT=<hash> tools/gpu_zero_check.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+final="${OUT:-/tmp/gpu_out}"
+out=/tmp/cpptrain_zero_logs
+summary="$final/summary.txt"
+mkdir -p "$out" "$final"
+trap 'tar czf "$final/zero_logs.tgz" -C "$out" . 2>/dev/null' EXIT
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export PATH="/usr/local/cuda/bin:$PATH" TORCH_CUDA_ARCH_LIST=9.0
+
+# DeepSpeed beside the host's torch: every carried wheel without dependency resolution (pip
+# --target would look for torch among the wheels), except numpy where the host has its own.
+site=/tmp/cpptrain_ds_site
+wheels=(.wheels/*.whl)
+python3 -c 'import numpy' 2>/dev/null && wheels=($(ls .wheels/*.whl | grep -v '/numpy-'))
+python3 -m pip install -q --no-index --no-deps --target "$site" "${wheels[@]}" >"$out/pip.log" 2>&1
+echo "pip exit $?" | tee -a "$summary"
+export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" PATH="$site/bin:$PATH"
+python3 -c 'import deepspeed, torch; print("deepspeed", deepspeed.__version__, "torch", torch.__version__)' \
+  2>&1 | tail -1 | tee -a "$summary"
+# DeepSpeed's FusedAdam compiles itself at first use (about a minute): start it beside our build.
+(python3 -c 'from deepspeed.ops.op_builder import FusedAdamBuilder; FusedAdamBuilder().load()' \
+  >"$out/fused_adam_jit.log" 2>&1; echo "deepspeed FusedAdam JIT exit $?" >>"$summary") &
+jit=$!
+
+prefix=/tmp/cpptrain_prefix
+mkdir -p "$prefix"
+for f in .debs/*.deb; do dpkg -x "$f" "$prefix"; done
+export LD_LIBRARY_PATH="$prefix/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
+build=/tmp/cpptrain_build
+start=$SECONDS
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_PREFIX_PATH="$(env -u PYTHONPATH python3 -c 'import torch; print(torch.utils.cmake_prefix_path)');$prefix/usr" \
+  -DCMAKE_MODULE_PATH="$prefix/usr/share/glog/cmake" -DCMAKE_POLICY_VERSION_MINIMUM=3.5 \
+  >"$out/build.log" 2>&1 &&
+  cmake --build "$build" -j "$(nproc)" --target tools_bench tools_launch engines_zero_zero_engine_test \
+    engines_zero_zero_layout_test kernels_cpu_adamw_test >>"$out/build.log" 2>&1
+code=$?
+echo "build exit $code in $((SECONDS - start)) s" | tee -a "$summary"
+if ((code != 0)); then
+  grep -E "error|Error" "$out/build.log" | head -20 | tee -a "$summary"
+  exit 1
+fi
+find_bin() { find "$build" -type f -name "$1" -perm -u+x | head -1; }
+for test in engines_zero_zero_engine_test engines_zero_zero_layout_test kernels_cpu_adamw_test; do
+  timeout 120 "$(find_bin "$test")" >"$out/$test.log" 2>&1
+  echo "$test exit $?: $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/$test.log" | tr '\n' ' ')" |
+    tee -a "$summary"
+done
+wait "$jit"
+
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | awk '{print tolower($NF)}')
+jsonl="$final/$(date -u +%F)-1x${gpu}.jsonl"
+compare() {  # name, bench_compare flags...
+  local name=$1
+  shift
+  timeout 600 python3 tools/bench_compare.py --launch "$(find_bin launch)" --bench "$(find_bin bench)" \
+    --nproc 1 --runs "${RUNS:-3}" --steps "${STEPS:-6}" --warmup "${WARMUP:-2}" --timeout 240 \
+    --jsonl "$jsonl" --log_dir "$out/$name" "$@" >"$out/$name.log" 2>&1
+  echo "$name exit $?:" | tee -a "$summary"
+  grep -E '^[0-9]+ process|^\| (ours|torch) |^ours / torch|^largest|^bench_compare|differ' \
+    "$out/$name.log" | tee -a "$summary"
+}
+for stage in ${STAGES:-1 2 3}; do
+  compare "zero${stage}_vs_deepspeed" --engine zero --zero_stage "$stage" \
+    --init_dir /tmp/cpptrain_bench_init_qwen3-0.6b
+done
+if [[ "${OFFLOAD:-0}" == 1 ]]; then
+  compare zero2_offload_llama3b --model llama3.2-3b --seq_len 4096 --micro_batch 2 \
+    --engine zero --zero_stage 2 --offload_optimizer cpu --init_dir /tmp/cpptrain_bench_init_llama3.2-3b \
+    --ours_arg=--activation_checkpointing --torch_arg=--activation_checkpointing
+fi

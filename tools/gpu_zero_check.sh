@@ -43,7 +43,7 @@ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_PREFIX_PATH="$(env -u PYTHONPATH python3 -c 'import torch; print(torch.utils.cmake_prefix_path)');$prefix/usr" \
   -DCMAKE_MODULE_PATH="$prefix/usr/share/glog/cmake" -DCMAKE_POLICY_VERSION_MINIMUM=3.5 \
   >"$out/build.log" 2>&1 &&
-  cmake --build "$build" -j "$(nproc)" --target tools_bench tools_launch engines_zero_zero_engine_test \
+  cmake --build "$build" -j "$(nproc)" --target tools_bench tools_launch \
     engines_zero_zero_layout_test kernels_cpu_adamw_test >>"$out/build.log" 2>&1
 code=$?
 echo "build exit $code in $((SECONDS - start)) s" | tee -a "$summary"
@@ -52,7 +52,8 @@ if ((code != 0)); then
   exit 1
 fi
 find_bin() { find "$build" -type f -name "$1" -perm -u+x | head -1; }
-for test in engines_zero_zero_engine_test engines_zero_zero_layout_test kernels_cpu_adamw_test; do
+# (zero_engine_test needs Gloo, which pip's LibTorch lacks: it runs on the CPU build only.)
+for test in engines_zero_zero_layout_test kernels_cpu_adamw_test; do
   timeout 120 "$(find_bin "$test")" >"$out/$test.log" 2>&1
   echo "$test exit $?: $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/$test.log" | tr '\n' ' ')" |
     tee -a "$summary"

@@ -2,12 +2,24 @@
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+#include <torch/version.h>
 
 #include <vector>
 
 namespace cpptrain {
 namespace kernels {
 namespace {
+
+// The key of a parameter in torch::optim::Optimizer::state(): its TensorImpl as a pointer
+// (LibTorch 2.x) or as the pointer's text (1.13).
+#if TORCH_VERSION_MAJOR >= 2
+void* StateKey(const at::Tensor& param) { return param.unsafeGetTensorImpl(); }
+#else
+std::string StateKey(const at::Tensor& param) {
+  return c10::guts::to_string(param.unsafeGetTensorImpl());
+}
+#endif
+
 
 struct Case {
   int64_t n;
@@ -52,7 +64,7 @@ void ExpectBitwiseEqualToLibTorch(const Case& c, bool bf16_grads) {
                    hyper, step);
     }
     const auto& state = static_cast<const torch::optim::AdamWParamState&>(
-        *adamw.state().at(c10::guts::to_string(reference.unsafeGetTensorImpl())));
+        *adamw.state().at(StateKey(reference)));
     const std::string where = "n=" + std::to_string(c.n) + " wd=" + std::to_string(c.weight_decay) +
                               " threads=" + std::to_string(c.threads) +
                               " step=" + std::to_string(step);

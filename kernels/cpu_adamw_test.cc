@@ -4,11 +4,26 @@
 #include <torch/torch.h>
 #include <torch/version.h>
 
+#include <cmath>
 #include <vector>
 
 namespace cpptrain {
 namespace kernels {
 namespace {
+
+// LibTorch 1.13: bit for bit. LibTorch 2.11's vectorized addcdiv (tensors past its grain size;
+// n = 1000003 here) rounds the parameter update once less on some elements: measured on the
+// GPU host, at most 1.49e-8 apart (1 ulp) while both moments stay bitwise equal, so 2.x
+// allows 2 ulp on the parameters.
+bool ParamsMatch(const at::Tensor& reference, const at::Tensor& param) {
+#if TORCH_VERSION_MAJOR >= 2
+  const at::Tensor ulp = at::nextafter(reference.abs(), at::full_like(reference, INFINITY)) -
+                         reference.abs();
+  return (reference - param).abs().le(2 * ulp).all().item<bool>();
+#else
+  return torch::equal(reference, param);
+#endif
+}
 
 // The key of a parameter in torch::optim::Optimizer::state(): its TensorImpl as a pointer
 // (LibTorch 2.x) or as the pointer's text (1.13).
@@ -70,7 +85,7 @@ void ExpectBitwiseEqualToLibTorch(const Case& c, bool bf16_grads) {
                               " step=" + std::to_string(step);
     ASSERT_TRUE(torch::equal(state.exp_avg(), exp_avg)) << where << " exp_avg";
     ASSERT_TRUE(torch::equal(state.exp_avg_sq(), exp_avg_sq)) << where << " exp_avg_sq";
-    ASSERT_TRUE(torch::equal(reference.detach(), param))
+    ASSERT_TRUE(ParamsMatch(reference.detach(), param))
         << where << " param, max |diff| " << (reference.detach() - param).abs().max().item<float>();
   }
 }

@@ -45,8 +45,9 @@ std::string MetricsToJson(const Metrics& metrics) {
 }
 
 void MetricsLogCallback::OnTrainBegin(const CallbackContext& c) {
-  if (!c.state.is_world_process_zero || c.state.global_step == 0) return;
+  // Opened again by the next log: overwrite_output_dir may have removed the file.
   if (out_.is_open()) out_.close();
+  if (!c.state.is_world_process_zero || c.state.global_step == 0) return;
   const std::string temp = path_ + ".tmp";
   {
     std::ofstream rewritten(temp, std::ios::trunc);

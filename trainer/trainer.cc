@@ -1,13 +1,14 @@
 #include "trainer/trainer.h"
 
-#include <torch/torch.h>
+#include <csignal>
+#include <cstring>
 
 #include <algorithm>
 #include <cmath>
-#include <csignal>
-#include <cstring>
 #include <filesystem>
 #include <utility>
+
+#include <torch/torch.h>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"

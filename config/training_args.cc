@@ -212,6 +212,15 @@ std::string ResolvedLoggingDir(const TrainingArguments& args) {
   return absl::StrCat(dir, "runs/", when, "_", host);
 }
 
+std::string ResolvedRunName(const TrainingArguments& args) {
+  return args.has_run_name() && !args.run_name().empty() ? args.run_name() : args.output_dir();
+}
+
+const std::vector<std::string>& SupportedOptimizers() {
+  static const std::vector<std::string> kNames = {"adamw_torch_fused", "adamw_torch", "sgd"};
+  return kNames;
+}
+
 bool ResolvedGreaterIsBetter(const TrainingArguments& args) {
   if (args.has_greater_is_better()) return args.greater_is_better();
   return !absl::EndsWith(ResolvedMetricForBestModel(args), "loss");

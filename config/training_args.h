@@ -77,6 +77,12 @@ int64_t ResolveWarmupSteps(const proto::TrainingArguments& args, int64_t total_s
 // data_seed, or seed when unset.
 int64_t ResolvedDataSeed(const proto::TrainingArguments& args);
 
+// run_name, or output_dir when unset or empty.
+std::string ResolvedRunName(const proto::TrainingArguments& args);
+
+// The optim names the Trainer builds (trainer/optimizer_choice.h), the default first.
+const std::vector<std::string>& SupportedOptimizers();
+
 // accelerator_config.gradient_accumulation_kwargs.num_steps when set, otherwise
 // gradient_accumulation_steps.
 int32_t ResolvedGradientAccumulationSteps(const proto::TrainingArguments& args);

@@ -241,6 +241,30 @@ TEST(LoopRulesTest, ReportToNamesOnlyWhatIsBuilt) {
   ExpectValid("report_to: \"none\"");
 }
 
+TEST(OptimizerRulesTest, OptimNamesOnlyWhatIsBuilt) {
+  EXPECT_THAT(OneProblem("optim: \"adafactor\""),
+              AllOf(HasSubstr("optim=\"adafactor\" is not built"),
+                    HasSubstr("adamw_torch_fused, adamw_torch, sgd")));
+  ExpectValid("optim: \"adamw_torch\"");
+  ExpectValid("optim: \"sgd\"");
+  ExpectValid("");  // the default, adamw_torch_fused
+}
+
+TEST(OptimizerRulesTest, LabelSmoothingFactorIsAProbability) {
+  EXPECT_THAT(OneProblem("label_smoothing_factor: 1"),
+              HasSubstr("label_smoothing_factor=1 is outside [0, 1)"));
+  EXPECT_THAT(OneProblem("label_smoothing_factor: -0.1"), HasSubstr("label_smoothing_factor=-0.1"));
+  ExpectValid("label_smoothing_factor: 0.1");
+}
+
+TEST(LoopRulesTest, EvalAccumulationStepsIsPositive) {
+  EXPECT_THAT(OneProblem("eval_accumulation_steps: 0"),
+              HasSubstr("eval_accumulation_steps=0 must be >= 1"));
+  ExpectValid(
+      "eval_accumulation_steps: 4 group_by_length: true run_name: \"a\" "
+      "overwrite_output_dir: true");
+}
+
 TEST(LoopRulesTest, UseCpuConflictsWithACudaLocalDevice) {
   EXPECT_THAT(OneProblem("use_cpu: true local { device: \"cuda:0\" }"),
               AllOf(HasSubstr("use_cpu=true"), HasSubstr("local.device=\"cuda:0\"")));

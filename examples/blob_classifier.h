@@ -46,8 +46,8 @@ class BlobClassifier : public cpptrain::TrainableModel {
   explicit BlobClassifier(const Options& options);
 
   torch::Tensor Forward(const cpptrain::Batch& batch) override;
-  // Plain cross-entropy, summed over the counted labels (evaluation reports it as eval_loss;
-  // training uses the Trainer's ComputeLoss, which the example overrides).
+  // Plain cross-entropy, summed over the counted labels (the Trainer's default ComputeLoss
+  // uses it; the example's LabelSmoothingTrainer overrides ComputeLoss instead).
   torch::Tensor LossSum(const torch::Tensor& logits, const cpptrain::Batch& batch) const override;
   int64_t CountLossTargets(const cpptrain::Batch& batch) const override;
   std::vector<std::string> LayerUnitClasses() const override { return {"ResidualBlock"}; }

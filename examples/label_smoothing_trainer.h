@@ -1,7 +1,8 @@
 // A Trainer whose training loss is label-smoothed cross-entropy (Hugging Face's
 // label_smoothing_factor, Szegedy et al. 2016): each target's loss is
-// (1 - eps) * nll(target) + eps * mean over classes of -log p(class). Only ComputeLoss changes:
-// evaluation still reports the model's own (unsmoothed) LossSum as eval_loss.
+// (1 - eps) * nll(target) + eps * mean over classes of -log p(class). Only ComputeLoss changes;
+// evaluation calls it too, so eval_loss is the smoothed loss, as in Hugging Face. (Setting
+// args.label_smoothing_factor does the same without a subclass; this shows the override.)
 //
 //   LabelSmoothingTrainer trainer(/*epsilon=*/0.1, args, model, train_data, eval_data);
 //   CT_ASSIGN_OR_RETURN(cpptrain::TrainOutput out, trainer.Train());

@@ -17,7 +17,13 @@
 
 #include "proto/training_args.pb.h"
 
+namespace torch::optim {
+class Optimizer;
+}  // namespace torch::optim
+
 namespace cpptrain {
+
+class TrainableModel;
 
 // Named values of one log record or evaluation ("loss", "eval_loss", "learning_rate", ...).
 using Metrics = std::map<std::string, double>;
@@ -47,11 +53,16 @@ struct TrainerControl {
   bool should_log = false;
 };
 
-// What every event sees. `control` may be changed by the callback.
+// What every event sees. `control` may be changed by the callback. `model` and `optimizer`
+// are Hugging Face's callback kwargs: the model always (when the Trainer has one), the
+// optimizer from OnTrainBegin to OnTrainEnd (null outside training, and before the engine
+// created it).
 struct CallbackContext {
   const proto::TrainingArguments& args;
   const TrainerState& state;
   TrainerControl& control;
+  TrainableModel* model = nullptr;
+  torch::optim::Optimizer* optimizer = nullptr;
 };
 
 class TrainerCallback {

@@ -44,6 +44,26 @@ std::string MetricsToJson(const Metrics& metrics) {
   return out + "}";
 }
 
+void MetricsLogCallback::OnTrainBegin(const CallbackContext& c) {
+  // Opened again by the next log: overwrite_output_dir may have removed the file.
+  if (out_.is_open()) out_.close();
+  if (!c.state.is_world_process_zero || c.state.global_step == 0) return;
+  const std::string temp = path_ + ".tmp";
+  {
+    std::ofstream rewritten(temp, std::ios::trunc);
+    for (const Metrics& record : c.state.log_history) rewritten << MetricsToJson(record) << '\n';
+    if (!rewritten.flush()) {
+      LOG(ERROR) << "cannot write " << temp << "; " << path_ << " keeps the replayed steps";
+      std::remove(temp.c_str());
+      return;
+    }
+  }
+  if (std::rename(temp.c_str(), path_.c_str()) != 0) {
+    LOG(ERROR) << "cannot replace " << path_ << " by " << temp << "; it keeps the replayed steps";
+    std::remove(temp.c_str());
+  }
+}
+
 void MetricsLogCallback::OnLog(const CallbackContext& c, const Metrics& logs) {
   if (!c.state.is_world_process_zero) return;
   if (!out_.is_open()) {

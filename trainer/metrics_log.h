@@ -1,5 +1,6 @@
 // Writes every log record as one JSON object per line to <output_dir>/metrics.jsonl (world
-// process 0 only), flushed after each line so a crashed run keeps what it logged.
+// process 0 only), flushed after each line so a crashed run keeps what it logged. A resumed
+// run's file holds the checkpoint's log history followed by the resumed steps.
 //
 //   trainer.AddCallback(std::make_shared<MetricsLogCallback>("/tmp/run/metrics.jsonl"));
 #ifndef CPPTRAIN_TRAINER_METRICS_LOG_H_
@@ -19,6 +20,9 @@ std::string MetricsToJson(const Metrics& metrics);
 class MetricsLogCallback : public TrainerCallback {
  public:
   explicit MetricsLogCallback(std::string path) : path_(std::move(path)) {}
+  // After a resume (global_step > 0): the file is rewritten with the restored log history,
+  // so the steps after the checkpoint, which the resumed run logs again, appear once.
+  void OnTrainBegin(const CallbackContext& c) override;
   void OnLog(const CallbackContext& c, const Metrics& logs) override;
   const std::string& path() const { return path_; }
 

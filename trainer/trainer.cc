@@ -20,8 +20,10 @@
 #include "engines/engine_factory.h"
 #include "engines/grad_utils.h"
 #include "trainer/data/data_loader.h"
+#include "trainer/label_smoothing.h"
 #include "trainer/metrics_log.h"
 #include "trainer/optimizer.h"
+#include "trainer/optimizer_choice.h"
 #include "trainer/stop_signals.h"
 #include "trainer/tensorboard.h"
 
@@ -56,6 +58,11 @@ Trainer::~Trainer() = default;
 
 void Trainer::AddCallback(std::shared_ptr<TrainerCallback> callback) {
   callbacks_.Add(std::move(callback));
+}
+
+CallbackContext Trainer::Context() {
+  return CallbackContext{args_, state_, control_, model_.get(),
+                         engine_ != nullptr ? engine_->optimizer() : nullptr};
 }
 
 absl::Status Trainer::EnsureEngine() {
@@ -99,12 +106,31 @@ absl::StatusOr<std::unique_ptr<DataLoader>> Trainer::MakeLoader(
   options.even_batches = accel.even_batches();
   options.split_batches = accel.split_batches();
   options.pad_token_id = pad_token_id_;
+  options.data_collator = data_collator_;
+  if (train && args_.group_by_length()) {
+    // Hugging Face's LengthGroupedSampler: megabatches of per-device batch x accumulation.
+    options.group_batch_size = batch_size * ResolvedGradientAccumulationSteps(args_);
+    CT_RETURN_IF_ERROR(CatchTorch([&] {
+      for (int64_t i = 0; i < dataset->size(); ++i) {
+        options.group_lengths.push_back(dataset->Get(i).inputs.size(0));
+      }
+    }));
+  }
   return DataLoader::Create(std::move(dataset), options);
 }
 
 torch::Tensor Trainer::ComputeLoss(TrainableModel& model, const Batch& batch,
                                    int64_t num_items_in_batch) {
-  return model.ForwardLossSum(batch) / static_cast<double>(num_items_in_batch);
+  const double n = static_cast<double>(num_items_in_batch);
+  const double smoothing = args_.label_smoothing_factor();
+  if (!compute_loss_func_ && smoothing == 0 && !capture_logits_) {
+    return model.ForwardLossSum(batch) / n;
+  }
+  torch::Tensor logits = model.Forward(batch);
+  if (capture_logits_) captured_logits_ = logits;
+  if (compute_loss_func_) return compute_loss_func_(logits, batch, num_items_in_batch);
+  if (smoothing > 0) return LabelSmoothedLossSum(logits, batch.labels, smoothing) / n;
+  return model.LossSum(logits, batch) / n;
 }
 
 absl::StatusOr<torch::Tensor> Trainer::TrainingStep(const Batch& batch,
@@ -120,7 +146,8 @@ absl::StatusOr<torch::Tensor> Trainer::TrainingStep(const Batch& batch,
 
 absl::StatusOr<std::unique_ptr<torch::optim::Optimizer>> Trainer::CreateOptimizer(
     const NamedParameters& params) {
-  return MakeAdamWFactory(args_)(params);
+  CT_ASSIGN_OR_RETURN(OptimizerFactory factory, MakeOptimizerFactory(args_));
+  return factory(params);
 }
 
 absl::StatusOr<std::unique_ptr<LrSchedule>> Trainer::CreateScheduler(int64_t total_steps) {
@@ -134,6 +161,11 @@ void Trainer::Log(Metrics logs) {
   callbacks_.Log(Context(), logs);
 }
 
+absl::StatusOr<TrainOutput> Trainer::Train(const std::string& resume_from_checkpoint) {
+  args_.set_resume_from_checkpoint(resume_from_checkpoint);
+  return Train();
+}
+
 absl::StatusOr<TrainOutput> Trainer::Train() {
   CT_RETURN_IF_ERROR(EnsureEngine());
   if (train_dataset_ == nullptr) {
@@ -145,6 +177,7 @@ absl::StatusOr<TrainOutput> Trainer::Train() {
         " but the Trainer has no eval dataset: pass one, or set eval_strategy: NO"));
   }
   CT_RETURN_IF_ERROR(Preflight());
+  CT_RETURN_IF_ERROR(PrepareOutputDir());
   // SIGTERM/SIGINT from here on end training at a step boundary with a checkpoint.
   StopSignals stop_signals;
   stop_signal_ = 0;
@@ -158,8 +191,7 @@ absl::StatusOr<TrainOutput> Trainer::Train() {
     }
     const int64_t smaller = std::max<int64_t>(1, static_cast<int64_t>(batch_size * 0.9));
     LOG(WARNING) << "out of memory at per-device batch size " << batch_size
-                 << "; auto_find_batch_size starts again from the initial weights with "
-                 << smaller;
+                 << "; auto_find_batch_size starts again from the initial weights with " << smaller;
     batch_size = smaller;
     CT_RETURN_IF_ERROR(ResetForRetry());
   }
@@ -219,6 +251,8 @@ absl::StatusOr<TrainOutput> Trainer::InnerTrainingLoop(int64_t batch_size) {
   control_ = TrainerControl{};
   logged_steps_ = 0;
   loss_total_ = loss_since_log_ = torch::Tensor();
+  resumed_loss_total_ = 0;
+  train_loss_from_step_ = 0;
 
   CT_ASSIGN_OR_RETURN(schedule_, CreateScheduler(max_steps));
   plateau_.reset();
@@ -229,14 +263,14 @@ absl::StatusOr<TrainOutput> Trainer::InnerTrainingLoop(int64_t batch_size) {
   if (!args_.resume_from_checkpoint().empty()) {
     CT_RETURN_IF_ERROR(ResumeFromCheckpoint(args_.resume_from_checkpoint()));
   }
-  const int64_t resumed_step = state_.global_step;
+  const int64_t resumed_step = resumed_step_ = state_.global_step;
   const int64_t start_epoch = resumed_step / steps_per_epoch;
   const int64_t start_update = resumed_step % steps_per_epoch;
-  CT_LOG_RANK0(INFO) << "training: " << max_steps << " steps, " << steps_per_epoch
-                     << " per epoch, " << batches << " micro-batches of " << batch_size
-                     << " per epoch and rank, accumulation " << ga << ", engine "
-                     << engine_->name() << " on " << engine_->device().str() << ", world "
-                     << engine_->world_size();
+  CT_LOG_RANK0(INFO) << "training: " << max_steps << " steps, " << steps_per_epoch << " per epoch, "
+                     << batches << " micro-batches of " << batch_size
+                     << " per epoch and rank, accumulation " << ga << ", engine " << engine_->name()
+                     << " on " << engine_->device().str() << ", world " << engine_->world_size()
+                     << ", run " << ResolvedRunName(args_);
 
   const double start = MonotonicSeconds();
   callbacks_.TrainBegin(Context());
@@ -268,15 +302,18 @@ absl::StatusOr<TrainOutput> Trainer::InnerTrainingLoop(int64_t batch_size) {
   callbacks_.TrainEnd(Context());
 
   const double runtime = MonotonicSeconds() - start;
-  const torch::Tensor local_total = loss_total_.defined() ? loss_total_.cpu().reshape({1})
-                                                          : torch::zeros({1}, torch::kFloat64);
+  const torch::Tensor local_total =
+      loss_total_.defined() ? loss_total_.cpu().reshape({1}) : torch::zeros({1}, torch::kFloat64);
   CT_ASSIGN_OR_RETURN(torch::Tensor total, engine_->AllReduceSum(local_total));
   TrainOutput out;
   out.global_step = state_.global_step;
   const int64_t steps_run = state_.global_step - resumed_step;
-  out.training_loss = steps_run > 0 ? total.item<double>() / steps_run : 0.0;
-  const double samples = static_cast<double>(steps_run) * ga * batch_size *
-                         engine_->world_size();
+  // Unlike Hugging Face (which divides the resumed steps' sum by every step), the checkpoint
+  // carries the earlier steps' sum, so this is the mean over every step.
+  const double loss_sum = total.item<double>() + resumed_loss_total_;
+  const int64_t averaged = state_.global_step - train_loss_from_step_;
+  out.training_loss = averaged > 0 ? loss_sum / averaged : 0.0;
+  const double samples = static_cast<double>(steps_run) * ga * batch_size * engine_->world_size();
   out.metrics = {{"train_runtime", runtime},
                  {"train_samples_per_second", samples / std::max(runtime, 1e-9)},
                  {"train_steps_per_second", steps_run / std::max(runtime, 1e-9)},
@@ -286,8 +323,7 @@ absl::StatusOr<TrainOutput> Trainer::InnerTrainingLoop(int64_t batch_size) {
   return out;
 }
 
-absl::StatusOr<Trainer::MicroBatches> Trainer::NextMicroBatches(DataLoader& loader,
-                                                                 int64_t count) {
+absl::StatusOr<Trainer::MicroBatches> Trainer::NextMicroBatches(DataLoader& loader, int64_t count) {
   MicroBatches out;
   while (static_cast<int64_t>(out.batches.size()) < count) {
     std::optional<Batch> batch = loader.Next();
@@ -329,10 +365,10 @@ absl::Status Trainer::RunOptimizerStep(MicroBatches& step) {
   // A stop signal any rank received rides along, so every rank stops after the same step.
   const int local_signal = StopSignals::Requested();
   CT_ASSIGN_OR_RETURN(torch::Tensor global,
-                      engine_->AllReduceSum(torch::tensor({static_cast<double>(local_targets),
-                                                           static_cast<double>(local_tokens),
-                                                           static_cast<double>(local_signal)},
-                                                          torch::kFloat64)));
+                      engine_->AllReduceSum(torch::tensor(
+                          {static_cast<double>(local_targets), static_cast<double>(local_tokens),
+                           static_cast<double>(local_signal)},
+                          torch::kFloat64)));
   if (global[2].item<double>() > 0) stop_signal_ = local_signal != 0 ? local_signal : SIGTERM;
   int64_t normalizer = args_.average_tokens_across_devices()
                            ? static_cast<int64_t>(global[0].item<double>())
@@ -347,9 +383,8 @@ absl::Status Trainer::RunOptimizerStep(MicroBatches& step) {
   const bool sync_each =
       args_.accelerator_config().gradient_accumulation_kwargs().sync_each_batch();
   const bool non_blocking = args_.accelerator_config().non_blocking();
-  torch::Tensor step_loss = torch::zeros({}, torch::TensorOptions()
-                                                  .dtype(torch::kFloat64)
-                                                  .device(engine_->device()));
+  torch::Tensor step_loss =
+      torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat64).device(engine_->device()));
   for (size_t i = 0; i < micro_batches.size(); ++i) {
     const bool last = i + 1 == micro_batches.size();
     engine_->SetGradientSync(last || sync_each);
@@ -373,10 +408,11 @@ absl::Status Trainer::RunOptimizerStep(MicroBatches& step) {
     loss_total_ = torch::zeros_like(step_loss);
     loss_since_log_ = torch::zeros_like(step_loss);
   }
-  if (args_.logging_nan_inf_filter() && state_.global_step > 1) {
-    // A NaN or infinite step loss counts as the running mean instead (for logging only).
-    step_loss = torch::where(torch::isfinite(step_loss), step_loss,
-                             loss_total_ / static_cast<double>(state_.global_step - 1));
+  if (args_.logging_nan_inf_filter() && state_.global_step - resumed_step_ > 1) {
+    // A NaN or infinite step loss counts as this run's running mean instead (logging only).
+    step_loss =
+        torch::where(torch::isfinite(step_loss), step_loss,
+                     loss_total_ / static_cast<double>(state_.global_step - resumed_step_ - 1));
   }
   loss_total_ += step_loss;
   loss_since_log_ += step_loss;
@@ -388,8 +424,7 @@ absl::Status Trainer::MaybeLogEvaluateSave() {
   if (control_.should_log && logged_steps_ > 0) {
     CT_ASSIGN_OR_RETURN(torch::Tensor loss_sum,
                         engine_->AllReduceSum(loss_since_log_.cpu().reshape({1})));
-    Metrics logs = {{"loss", loss_sum.item<double>() / logged_steps_},
-                    {"learning_rate", last_lr_}};
+    Metrics logs = {{"loss", loss_sum.item<double>() / logged_steps_}, {"learning_rate", last_lr_}};
     if (last_grad_norm_.has_value()) logs["grad_norm"] = *last_grad_norm_;
     loss_since_log_.zero_();
     logged_steps_ = 0;
@@ -426,13 +461,13 @@ absl::Status Trainer::SaveAndStopForSignal() {
   // exits before it is complete, or the launcher would stop rank 0 in the middle of it.
   CT_RETURN_IF_ERROR(engine_->Barrier());
   stopped_by_signal_ = stop_signal_;
-  const std::string saved = (std::filesystem::path(args_.output_dir()) /
-                             absl::StrCat("checkpoint-", state_.global_step))
-                                .string();
+  const std::string saved =
+      (std::filesystem::path(args_.output_dir()) / absl::StrCat("checkpoint-", state_.global_step))
+          .string();
   CT_LOG_RANK0(WARNING) << name << ": saved " << saved << "; exiting";
-  return absl::CancelledError(absl::StrCat(
-      "stopped by signal ", stop_signal_, " (", name, ") after step ", state_.global_step,
-      ": saved ", saved, "; resume with resume_from_checkpoint: \"latest\""));
+  return absl::CancelledError(absl::StrCat("stopped by signal ", stop_signal_, " (", name,
+                                           ") after step ", state_.global_step, ": saved ", saved,
+                                           "; resume with resume_from_checkpoint: \"latest\""));
 }
 
 bool Trainer::UpdateBestMetric(const Metrics& metrics) {

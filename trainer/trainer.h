@@ -23,11 +23,12 @@
 
 #include "absl/status/statusor.h"
 #include "engines/engine.h"
+#include "module/batch.h"
 #include "module/trainable_model.h"
 #include "proto/checkpoint.pb.h"
 #include "proto/training_args.pb.h"
 #include "trainer/callbacks.h"
-#include "module/batch.h"
+#include "trainer/data/collator.h"
 #include "trainer/data/dataset.h"
 #include "trainer/scheduler.h"
 
@@ -40,24 +41,35 @@ struct EvalPrediction {
   at::Tensor label_ids;    // labels, padded along dim 1 with -100
 };
 using ComputeMetricsFn = std::function<Metrics(const EvalPrediction&)>;
+// Hugging Face's compute_loss_func(outputs, labels, num_items_in_batch): the loss to
+// back-propagate from the model's logits for `batch`, its summed loss divided by
+// `num_items_in_batch` (evaluation passes 1, so it returns the sum).
+using ComputeLossFn = std::function<torch::Tensor(const torch::Tensor& logits, const Batch& batch,
+                                                  int64_t num_items_in_batch)>;
+// Hugging Face's preprocess_logits_for_metrics(logits, labels): applied to each evaluation
+// batch's logits before they are gathered and kept for compute_metrics (e.g. an argmax, so
+// [B, T] ids are kept instead of [B, T, V] logits).
+using PreprocessLogitsFn =
+    std::function<torch::Tensor(const torch::Tensor& logits, const torch::Tensor& labels)>;
 
 struct TrainOutput {
   int64_t global_step = 0;
-  double training_loss = 0;  // mean of the step losses
+  double training_loss = 0;  // mean of the step losses, over every step since step 0
   Metrics metrics;           // train_runtime, train_samples_per_second, ...
 };
 
 struct PredictionOutput {
   at::Tensor predictions;
   at::Tensor label_ids;
-  Metrics metrics;  // test_loss, user metrics, speed
+  Metrics metrics;  // test_loss, user metrics, test_runtime, test_samples_per_second,
+                    // test_steps_per_second
 };
 
 // What PredictionStep returns for one batch.
 struct PredictionStepOutput {
-  at::Tensor loss_sum;     // fp32 scalar: summed loss over the batch's counted targets
+  at::Tensor loss_sum;  // fp32 scalar: summed loss over the batch's counted targets
   int64_t num_targets = 0;
-  at::Tensor logits;       // undefined when only the loss is wanted
+  at::Tensor logits;  // undefined when only the loss is wanted
 };
 
 class Trainer {
@@ -70,14 +82,33 @@ class Trainer {
   virtual ~Trainer();
 
   absl::StatusOr<TrainOutput> Train();
+  // Hugging Face's train(resume_from_checkpoint=...): a checkpoint directory, or "latest" (or
+  // "true"); overrides args.resume_from_checkpoint for this and later calls. "" trains from
+  // scratch.
+  absl::StatusOr<TrainOutput> Train(const std::string& resume_from_checkpoint);
   // Metrics named "<prefix>_loss", ...; `dataset` null means the eval dataset.
   absl::StatusOr<Metrics> Evaluate(std::shared_ptr<const Dataset> dataset = nullptr,
                                    const std::string& prefix = "eval");
   absl::StatusOr<PredictionOutput> Predict(std::shared_ptr<const Dataset> dataset,
                                            const std::string& prefix = "test");
 
+  // Hugging Face's save_model(output_dir): the model's weights as model.safetensors (gathered
+  // when sharded) and, for a DecoderLM, config.json and generation_config.json, into
+  // `output_dir` ("" means args.output_dir), so from_pretrained loads it. No optimizer or
+  // trainer state. Collective: every rank calls it.
+  absl::Status SaveModel(const std::string& output_dir = "");
+
   void AddCallback(std::shared_ptr<TrainerCallback> callback);
   void set_compute_metrics(ComputeMetricsFn fn) { compute_metrics_ = std::move(fn); }
+  // Replaces the default loss (ComputeLoss's) in training and evaluation; a ComputeLoss
+  // override that does not call Trainer::ComputeLoss ignores it.
+  void set_compute_loss_func(ComputeLossFn fn) { compute_loss_func_ = std::move(fn); }
+  void set_preprocess_logits_for_metrics(PreprocessLogitsFn fn) {
+    preprocess_logits_ = std::move(fn);
+  }
+  // Hugging Face's data_collator: builds every batch (training, evaluation, prediction) from
+  // the examples instead of the default Collator (which pads tokens with pad_token_id).
+  void set_data_collator(DataCollatorFn fn) { data_collator_ = std::move(fn); }
   // Padding token the collator uses for token datasets (default 0).
   void set_pad_token_id(int64_t id) { pad_token_id_ = id; }
 
@@ -92,7 +123,11 @@ class Trainer {
 
  protected:
   // The loss to back-propagate for one micro-batch: its summed loss divided by the number of
-  // targets in the whole accumulated (and, across ranks, global) batch.
+  // targets in the whole accumulated (and, across ranks, global) batch. Evaluation calls it
+  // too (with num_items_in_batch 1, so it returns the summed loss), as Hugging Face's
+  // prediction_step calls compute_loss: an override changes eval_loss as well. The default:
+  // compute_loss_func when set, else label-smoothed cross-entropy when
+  // label_smoothing_factor > 0, else the model's LossSum.
   virtual torch::Tensor ComputeLoss(TrainableModel& model, const Batch& batch,
                                     int64_t num_items_in_batch);
   // Forward and backward of one micro-batch already on the device; returns the detached loss
@@ -107,12 +142,16 @@ class Trainer {
   // Adds epoch and step, appends to the history and calls the callbacks.
   virtual void Log(Metrics logs);
 
-  CallbackContext Context() { return CallbackContext{args_, state_, control_}; }
+  // args, state, control, the model and (once created) the engine's optimizer.
+  CallbackContext Context();
 
  private:
   struct EvalResult;
 
   absl::Status EnsureEngine();
+  // overwrite_output_dir: removes an earlier run's checkpoints and metrics.jsonl (rank 0), or
+  // warns that they are there.
+  absl::Status PrepareOutputDir();
   // Before the first step (trainer_preflight.cc): output_dir writable, room for a checkpoint,
   // the same training arguments on every rank. Every rank returns an error when one fails.
   absl::Status Preflight();
@@ -172,6 +211,13 @@ class Trainer {
   std::shared_ptr<const Dataset> eval_dataset_;
   std::unique_ptr<Engine> engine_;
   ComputeMetricsFn compute_metrics_;
+  ComputeLossFn compute_loss_func_;
+  PreprocessLogitsFn preprocess_logits_;
+  DataCollatorFn data_collator_;
+  // Set while PredictionStep wants logits: the default ComputeLoss leaves the logits it
+  // computed here, so an evaluation that keeps them runs one forward.
+  bool capture_logits_ = false;
+  torch::Tensor captured_logits_;
   int64_t pad_token_id_ = 0;
 
   CallbackHandler callbacks_;
@@ -185,10 +231,18 @@ class Trainer {
   torch::Tensor loss_since_log_;
   torch::Tensor loss_total_;
   int64_t logged_steps_ = 0;
+  // Summed step losses of every rank up to the checkpoint resumed from (0 from scratch), and
+  // its step: train_loss averages over every step since step 0.
+  double resumed_loss_total_ = 0;
+  int64_t resumed_step_ = 0;
+  // 0, or the resumed step when the checkpoint did not record its summed loss.
+  int64_t train_loss_from_step_ = 0;
+  // What the checkpoint being written records as loss_total (all ranks, all steps).
+  double loss_total_to_save_ = 0;
   std::optional<double> last_grad_norm_;  // unset when max_grad_norm is 0 (none computed)
   double last_lr_ = 0;
   std::string best_model_checkpoint_;  // "" until a checkpoint holds the best metric
-  int stop_signal_ = 0;         // agreed by all ranks in the step's all-reduce
+  int stop_signal_ = 0;                // agreed by all ranks in the step's all-reduce
   int stopped_by_signal_ = 0;
   int64_t last_saved_step_ = -1;
   // auto_find_batch_size only: this rank's trainable parameters before the first step.

@@ -229,6 +229,11 @@ absl::Status Trainer::WriteCheckpoint(const std::string& name, const std::string
     LOG(ERROR) << "CPPTRAIN_TEST_KILL_IN_SAVE_AT_STEP=" << kill << ": killing rank 0 mid-save";
     std::raise(SIGKILL);
   }
+  // The loss summed over every rank and every step so far, for train_loss after a resume.
+  const torch::Tensor local_total =
+      loss_total_.defined() ? loss_total_.cpu().reshape({1}) : torch::zeros({1}, torch::kFloat64);
+  CT_ASSIGN_OR_RETURN(torch::Tensor total, engine_->AllReduceSum(local_total));
+  loss_total_to_save_ = total.item<double>() + resumed_loss_total_;
   // The best checkpoint is known once this step's evaluation ran (before saving).
   if (state_.best_global_step && *state_.best_global_step == state_.global_step) {
     best_model_checkpoint_ = final_dir.string();
@@ -265,6 +270,7 @@ absl::Status Trainer::FinishCheckpoint(const std::string& name, const std::strin
     saved.set_plateau_cooldown_left(p.cooldown_left);
   }
   saved.set_world_size(engine_->world_size());
+  saved.set_loss_total(loss_total_to_save_);
   saved.set_rng_state_saved(!args_.save_only_model());
   std::string args_text, state_text;
   google::protobuf::TextFormat::PrintToString(args_, &args_text);
@@ -425,6 +431,13 @@ absl::Status Trainer::RestoreCheckpoint(const std::string& dir,
   if (saved.has_best_metric()) state_.best_metric = saved.best_metric();
   if (saved.has_best_global_step()) state_.best_global_step = saved.best_global_step();
   best_model_checkpoint_ = saved.best_model_checkpoint();
+  resumed_loss_total_ = saved.loss_total();
+  train_loss_from_step_ = saved.has_loss_total() ? 0 : saved.global_step();
+  if (!saved.has_loss_total()) {
+    CT_LOG_RANK0(WARNING) << "checkpoint '" << dir << "' does not record the summed loss of its "
+                          << saved.global_step()
+                          << " steps (an older checkpoint): train_loss averages the resumed steps";
+  }
   state_.log_history.clear();
   for (const proto::LogRecord& record : saved.log_history()) {
     state_.log_history.emplace_back(record.values().begin(), record.values().end());
@@ -465,6 +478,58 @@ absl::Status Trainer::LoadBestModel() {
   LoadModelStateOptions options;
   options.strict = args_.load_strict();
   return LoadModelState(best_model_checkpoint_, *model_, nullptr, options);
+}
+
+absl::Status Trainer::SaveModel(const std::string& output_dir) {
+  CT_RETURN_IF_ERROR(EnsureEngine());
+  const fs::path dir(output_dir.empty() ? args_.output_dir() : output_dir);
+  const bool zero = engine_->rank() == 0;
+  CT_RETURN_IF_ERROR(AllRanksOk(zero ? CreateDirectory(dir) : absl::OkStatus()));
+  SaveModelStateOptions options;
+  options.full_model = true;
+  options.include_optimizer = false;
+  options.engine_name = engine_->name();
+  CT_RETURN_IF_ERROR(AllRanksOk(SaveModelState(dir.string(), *model_, nullptr, *engine_, options)));
+  absl::Status written = absl::OkStatus();
+  if (zero) {
+    std::string args_text;
+    google::protobuf::TextFormat::PrintToString(args_, &args_text);
+    written = WriteFileAtomically((dir / "training_args.textproto").string(), args_text);
+    if (const auto* decoder = dynamic_cast<const DecoderLM*>(model_.get());
+        written.ok() && decoder) {
+      written = WriteHfModelConfigs(decoder->config(), dir.string());
+    }
+  }
+  CT_RETURN_IF_ERROR(AllRanksOk(written));
+  CT_LOG_RANK0(INFO) << "saved the model to " << dir.string();
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::PrepareOutputDir() {
+  if (!args_.resume_from_checkpoint().empty()) return absl::OkStatus();
+  absl::Status local = absl::OkStatus();
+  if (engine_->rank() == 0) {
+    const auto found = Checkpoints(args_.output_dir());
+    const fs::path metrics = fs::path(args_.output_dir()) / "metrics.jsonl";
+    if (!args_.overwrite_output_dir() && !found.empty()) {
+      LOG(WARNING) << "output_dir '" << args_.output_dir() << "' holds " << found.size()
+                   << " checkpoint(s) of an earlier run (the newest "
+                   << found.back().second.string()
+                   << "); training starts from step 0 beside them: set overwrite_output_dir: "
+                      "true to remove them, or resume_from_checkpoint: \"latest\" to continue";
+    } else if (args_.overwrite_output_dir()) {
+      for (const auto& [step, path] : found) {
+        if (local.ok()) local = RemoveTree(path.string());
+      }
+      std::error_code error;
+      fs::remove(metrics, error);
+      if (local.ok() && error) {
+        local = absl::InternalError(absl::StrCat("overwrite_output_dir: cannot remove '",
+                                                 metrics.string(), "': ", error.message()));
+      }
+    }
+  }
+  return AllRanksOk(local);
 }
 
 }  // namespace cpptrain

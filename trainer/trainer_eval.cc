@@ -1,9 +1,9 @@
 // Trainer::Evaluate and Trainer::Predict: forward passes under no-grad over a dataset, with
 // the loss summed over all counted targets (so the result does not depend on batch size).
 
-#include <algorithm>
-
 #include <torch/torch.h>
+
+#include <algorithm>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -36,12 +36,13 @@ torch::Tensor PadAndConcat(const std::vector<torch::Tensor>& parts, double pad) 
   return torch::cat(padded, 0);
 }
 
-// The first `rows` samples of every defined tensor of `batch`.
-Batch SliceRows(const Batch& batch, int64_t rows) {
-  Batch out;
-  if (batch.inputs.defined()) out.inputs = batch.inputs.slice(0, 0, rows);
-  if (batch.labels.defined()) out.labels = batch.labels.slice(0, 0, rows);
-  if (batch.attention_mask.defined()) out.attention_mask = batch.attention_mask.slice(0, 0, rows);
+// `batch` with the labels of rows `keep` and after set to kIgnoreIndex: they still run
+// through the forward (every rank takes part in every step) but count for nothing.
+Batch IgnoreRowsFrom(const Batch& batch, int64_t keep) {
+  Batch out = batch;
+  if (keep >= batch.size() || !batch.labels.defined()) return out;
+  out.labels = batch.labels.clone();
+  out.labels.slice(0, keep, batch.size()).fill_(kIgnoreIndex);
   return out;
 }
 
@@ -88,16 +89,35 @@ struct Trainer::EvalResult {
   torch::Tensor labels;
 };
 
+namespace {
+
+// Sets Trainer::capture_logits_ for one ComputeLoss call, whatever the exit path.
+class CaptureLogits {
+ public:
+  CaptureLogits(bool& flag, bool on) : flag_(flag) { flag_ = on; }
+  ~CaptureLogits() { flag_ = false; }
+
+ private:
+  bool& flag_;
+};
+
+}  // namespace
+
 PredictionStepOutput Trainer::PredictionStep(const Batch& batch, bool loss_only) {
   PredictionStepOutput out;
   std::unique_ptr<ForwardScope> scope = engine_->EnterForward();
   out.num_targets = model_->CountLossTargets(batch.To(torch::kCPU, false));
-  if (loss_only) {
-    out.loss_sum = model_->ForwardLossSum(batch).to(torch::kFloat);
-    return out;
+  captured_logits_ = torch::Tensor();
+  {
+    // As Hugging Face's prediction_step: the loss is ComputeLoss's (an override's too), of
+    // the summed loss (num_items_in_batch 1).
+    CaptureLogits capture(capture_logits_, !loss_only);
+    out.loss_sum = ComputeLoss(*model_, batch, /*num_items_in_batch=*/1).detach().to(torch::kFloat);
   }
-  torch::Tensor logits = model_->Forward(batch);
-  out.loss_sum = model_->LossSum(logits, batch).to(torch::kFloat);
+  if (loss_only) return out;
+  // An override that did not call Trainer::ComputeLoss left no logits: one more forward.
+  torch::Tensor logits = captured_logits_.defined() ? captured_logits_ : model_->Forward(batch);
+  captured_logits_ = torch::Tensor();
   out.logits = logits.detach().to(torch::kFloat);
   return out;
 }
@@ -112,9 +132,9 @@ absl::StatusOr<Trainer::EvalResult> Trainer::RunEvaluation(std::shared_ptr<const
         "gathering predictions across ranks needs equal batches on every rank: "
         "accelerator_config.even_batches is false; set it to true");
   }
-  CT_ASSIGN_OR_RETURN(std::unique_ptr<DataLoader> loader,
-                      MakeLoader(std::move(dataset), /*train=*/false,
-                                 args_.per_device_eval_batch_size()));
+  CT_ASSIGN_OR_RETURN(
+      std::unique_ptr<DataLoader> loader,
+      MakeLoader(std::move(dataset), /*train=*/false, args_.per_device_eval_batch_size()));
   // With several ranks, even_batches completes the last batches with samples from the start
   // of the dataset: this rank's last batch ends with `repeats` of them, and the gathered last
   // batch with `global_repeats`. They run through the forward (every rank must take part in
@@ -142,14 +162,12 @@ absl::StatusOr<Trainer::EvalResult> Trainer::RunEvaluation(std::shared_ptr<const
       }
       const bool joined = index >= loader->num_batches();
       const int64_t keep = joined ? 0 : batch->size() - (index == last_batch ? repeats : 0);
-      Batch on_device = batch->To(engine_->device(), args_.accelerator_config().non_blocking());
-      PredictionStepOutput out = PredictionStep(on_device, !keep_outputs && keep == batch->size());
-      if (keep < batch->size()) {
-        // Count the loss of the real samples only.
-        Batch kept = SliceRows(on_device, keep);
-        out.loss_sum = keep > 0 ? model_->LossSum(out.logits.slice(0, 0, keep), kept)
-                                : torch::zeros({});
-        out.num_targets = keep > 0 ? model_->CountLossTargets(SliceRows(*batch, keep)) : 0;
+      // Only the real samples' loss counts.
+      Batch on_device = IgnoreRowsFrom(
+          batch->To(engine_->device(), args_.accelerator_config().non_blocking()), keep);
+      PredictionStepOutput out = PredictionStep(on_device, !keep_outputs);
+      if (keep_outputs && preprocess_logits_) {
+        out.logits = preprocess_logits_(out.logits, batch->labels.to(out.logits.device()));
       }
       loss_sum += out.loss_sum.item<double>();
       result.num_targets += out.num_targets;
@@ -195,6 +213,7 @@ Metrics Trainer::ResultMetrics(const EvalResult& result, const std::string& pref
   metrics[prefix + "_loss"] = result.loss_sum / std::max<int64_t>(1, result.num_targets);
   metrics[prefix + "_runtime"] = result.runtime;
   metrics[prefix + "_samples_per_second"] = result.num_samples / std::max(result.runtime, 1e-9);
+  metrics[prefix + "_steps_per_second"] = result.num_steps / std::max(result.runtime, 1e-9);
   return metrics;
 }
 
@@ -208,7 +227,6 @@ absl::StatusOr<Metrics> Trainer::Evaluate(std::shared_ptr<const Dataset> dataset
   CT_ASSIGN_OR_RETURN(EvalResult result,
                       RunEvaluation(std::move(dataset), compute_metrics_ != nullptr));
   Metrics metrics = ResultMetrics(result, prefix);
-  metrics[prefix + "_steps_per_second"] = result.num_steps / std::max(result.runtime, 1e-9);
   callbacks_.Evaluate(Context(), metrics);
   Log(metrics);
   return metrics;

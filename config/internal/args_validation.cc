@@ -1,11 +1,14 @@
 // Rules on the loop, optimizer and scheduler fields of TrainingArguments. Sources: HF
 // TrainingArguments.__post_init__ (v5), Trainer.__init__ (v4.5x), optimization.py and
 // torch.utils.data.DataLoader / torch.optim.lr_scheduler.ReduceLROnPlateau.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "config/internal/validation.h"
+#include "config/training_args.h"
 
 namespace cpptrain {
 namespace config_internal {
@@ -361,6 +364,24 @@ void CheckLoop(const TrainingArguments& args, Problems* problems) {
   }
 }
 
+// optim, label smoothing and evaluation accumulation.
+void CheckTrainerChoices(const TrainingArguments& args, Problems* problems) {
+  const std::vector<std::string>& optimizers = SupportedOptimizers();
+  if (std::find(optimizers.begin(), optimizers.end(), args.optim()) == optimizers.end()) {
+    problems->push_back(absl::StrCat("optim=\"", args.optim(), "\" is not built here; use one of ",
+                                     absl::StrJoin(optimizers, ", "),
+                                     " (docs/HF_PARITY.md says what to use for the others)"));
+  }
+  if (!(args.label_smoothing_factor() >= 0 && args.label_smoothing_factor() < 1)) {
+    problems->push_back(absl::StrCat("label_smoothing_factor=", Num(args.label_smoothing_factor()),
+                                     " is outside [0, 1); use 0 (off) or e.g. 0.1"));
+  }
+  if (args.has_eval_accumulation_steps() && args.eval_accumulation_steps() < 1) {
+    problems->push_back(absl::StrCat("eval_accumulation_steps=", args.eval_accumulation_steps(),
+                                     " must be >= 1, or unset"));
+  }
+}
+
 void CheckOptimizerAndScheduler(const TrainingArguments& args, Problems* problems) {
   if (args.learning_rate() < 0) {
     problems->push_back(absl::StrCat("learning_rate=", Num(args.learning_rate()),
@@ -387,6 +408,7 @@ void CheckOptimizerAndScheduler(const TrainingArguments& args, Problems* problem
                                      " is negative; use 0 to turn clipping off"));
   }
   CheckSchedulerKwargs(args, problems);
+  CheckTrainerChoices(args, problems);
 }
 
 }  // namespace config_internal

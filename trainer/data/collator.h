@@ -10,6 +10,7 @@
 #define CPPTRAIN_TRAINER_DATA_COLLATOR_H_
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -17,6 +18,10 @@
 #include "trainer/data/dataset.h"
 
 namespace cpptrain {
+
+// A user's collator (Hugging Face's data_collator): one Batch from a batch's examples, CPU
+// tensors as Collator gives them. Called from loader worker threads: it must be thread-safe.
+using DataCollatorFn = std::function<absl::StatusOr<Batch>(const std::vector<Example>&)>;
 
 class Collator {
  public:

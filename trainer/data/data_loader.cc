@@ -43,6 +43,14 @@ absl::StatusOr<std::unique_ptr<DataLoader>> DataLoader::Create(
   sampler_options.world_size = options.world_size;
   sampler_options.even_batches = options.even_batches;
   sampler_options.split_batches = options.split_batches;
+  if (!options.group_lengths.empty() &&
+      static_cast<int64_t>(options.group_lengths.size()) != dataset->size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "group_lengths has ", options.group_lengths.size(), " lengths for a dataset of ",
+        dataset->size(), " samples: give one per sample"));
+  }
+  sampler_options.group_lengths = options.group_lengths;
+  sampler_options.group_batch_size = options.group_batch_size;
   CT_ASSIGN_OR_RETURN(DistributedSampler sampler,
                       DistributedSampler::Create(dataset->size(), sampler_options));
   return std::unique_ptr<DataLoader>(
@@ -149,7 +157,7 @@ absl::StatusOr<Batch> DataLoader::Collate(const std::vector<int64_t>& indices) c
     std::vector<Example> examples;
     examples.reserve(indices.size());
     for (int64_t index : indices) examples.push_back(dataset_->Get(index));
-    batch = collator_.Collate(examples);
+    batch = options_.data_collator ? options_.data_collator(examples) : collator_.Collate(examples);
     if (batch.ok() && pin_) batch = batch->PinMemory();
   });
   if (!torch_status.ok()) batch = torch_status;

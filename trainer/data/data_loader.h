@@ -55,6 +55,12 @@ struct DataLoaderOptions {
   bool even_batches = true;
   bool split_batches = false;
   int64_t pad_token_id = 0;
+  // Builds every batch (JoinBatch's too) when set, instead of Collator(pad_token_id).
+  DataCollatorFn data_collator;
+  // Length grouping of the shuffled order (SamplerOptions, sampler.h): one length per sample
+  // of the dataset, or empty (off).
+  std::vector<int64_t> group_lengths;
+  int64_t group_batch_size = 1;
 };
 
 class DataLoader {

@@ -71,6 +71,27 @@ void DistributedSampler::SetEpoch(int64_t epoch) {
   const at::Tensor permutation = at::randperm(dataset_size_, generator, at::kLong);
   const int64_t* data = permutation.data_ptr<int64_t>();
   std::copy(data, data + dataset_size_, order_.begin());
+  if (!options_.group_lengths.empty()) {
+    order_ =
+        LengthGroupedOrder(std::move(order_), options_.group_lengths, options_.group_batch_size);
+  }
+}
+
+std::vector<int64_t> LengthGroupedOrder(std::vector<int64_t> order,
+                                        const std::vector<int64_t>& lengths, int64_t batch_size) {
+  const int64_t n = static_cast<int64_t>(order.size());
+  batch_size = std::max<int64_t>(1, batch_size);
+  const int64_t mult = std::max<int64_t>(1, std::min<int64_t>(n / (batch_size * 4), 50));
+  const int64_t mega = mult * batch_size;
+  auto longer = [&](int64_t a, int64_t b) { return lengths[a] > lengths[b]; };
+  int64_t longest_head = 0;
+  for (int64_t begin = 0; begin < n; begin += mega) {
+    auto first = order.begin() + begin;
+    std::stable_sort(first, order.begin() + std::min(n, begin + mega), longer);
+    if (lengths[*first] > lengths[order[longest_head]]) longest_head = begin;
+  }
+  if (n > 0) std::swap(order[0], order[longest_head]);
+  return order;
 }
 
 int64_t DistributedSampler::num_steps() const {

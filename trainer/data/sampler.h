@@ -46,7 +46,17 @@ struct SamplerOptions {
   int64_t world_size = 1;
   bool even_batches = true;
   bool split_batches = false;
+  // group_by_length (Hugging Face's LengthGroupedSampler): with a length per sample, the
+  // shuffled order is cut into megabatches of min(N / (4 * group_batch_size), 50) (at least
+  // 1) times group_batch_size samples, each sorted longest first, and the longest megabatch
+  // head is swapped to the front (an out-of-memory error shows on the first step). Empty: off.
+  std::vector<int64_t> group_lengths;
+  int64_t group_batch_size = 1;
 };
+
+// The length-grouped order of `order` (above); `lengths` is indexed by sample.
+std::vector<int64_t> LengthGroupedOrder(std::vector<int64_t> order,
+                                        const std::vector<int64_t>& lengths, int64_t batch_size);
 
 class DistributedSampler {
  public:

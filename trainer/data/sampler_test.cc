@@ -38,6 +38,43 @@ std::vector<int64_t> Flatten(const Batches& batches) {
   return out;
 }
 
+TEST(LengthGroupedOrderTest, SortsEachMegabatchAndPutsTheLongestFirst) {
+  // 10 samples, batch 2: megabatches of max(1, min(10 / 8, 50)) * 2 = 2, each longest first
+  // ([1,0] [3,2] [4,5] [6,7] [9,8]); the longest head (3, length 9) swaps with the first.
+  const std::vector<int64_t> lengths = {1, 5, 2, 9, 3, 3, 7, 0, 4, 6};
+  std::vector<int64_t> order(10);
+  std::iota(order.begin(), order.end(), 0);
+  EXPECT_EQ(LengthGroupedOrder(order, lengths, 2),
+            (std::vector<int64_t>{3, 0, 1, 2, 4, 5, 6, 7, 9, 8}));
+  // 400 samples of batch 2: megabatches of 50 * 2.
+  std::vector<int64_t> many(400), many_lengths(400);
+  std::iota(many.begin(), many.end(), 0);
+  for (int64_t i = 0; i < 400; ++i) many_lengths[i] = (i * 37) % 101;
+  const std::vector<int64_t> grouped = LengthGroupedOrder(many, many_lengths, 2);
+  EXPECT_TRUE(std::is_permutation(grouped.begin(), grouped.end(), many.begin()));
+  for (int64_t i = 101; i < 200; ++i) {
+    EXPECT_GE(many_lengths[grouped[i - 1]], many_lengths[grouped[i]]) << i;
+  }
+  EXPECT_EQ(many_lengths[grouped[0]], 100);
+}
+
+TEST(DistributedSamplerTest, GroupLengthsGroupTheShuffledOrder) {
+  SamplerOptions options;
+  options.batch_size = 2;
+  options.seed = 5;
+  std::vector<int64_t> lengths(40);
+  for (int64_t i = 0; i < 40; ++i) lengths[i] = i % 7;
+  options.group_lengths = lengths;
+  options.group_batch_size = 2;
+  auto sampler = DistributedSampler::Create(40, options);
+  ASSERT_TRUE(sampler.ok()) << sampler.status();
+  sampler->SetEpoch(1);
+  int64_t sorted_pairs = 0;
+  for (const auto& batch : sampler->Batches())
+    sorted_pairs += lengths[batch[0]] >= lengths[batch[1]];
+  EXPECT_EQ(sorted_pairs, 20);  // megabatches of 5 * 2, each longest first
+}
+
 TEST(DistributedSamplerTest, ShuffleIsSeededBySeedAndEpoch) {
   SamplerOptions options = Options(/*batch_size=*/100);
   options.seed = 5;

@@ -12,7 +12,9 @@
 
 #include <ATen/ATen.h>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "base/status.h"
 
 namespace cpptrain {
 namespace {
@@ -58,6 +60,15 @@ absl::StatusOr<std::shared_ptr<TokenFileDataset>> TokenFileDataset::Open(const s
     return absl::InvalidArgumentError(absl::StrCat("seq_len is ", seq_len, " for token file ", path,
                                                    ": it must be a positive token count"));
   }
+  CT_ASSIGN_OR_RETURN(std::optional<TokenFileMetadata> meta,
+                      ReadTokenFileMetadata(TokenFileMetadataPath(path)));
+  const std::string dtype = absl::AsciiStrToLower(TokenWidthName(width));
+  if (meta.has_value() && meta->dtype != dtype) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("token file ", path, ": its metadata ", meta->path, " has dtype \"",
+                     meta->dtype, "\" but the data is read as token_dtype ", TokenWidthName(width),
+                     ": set data.token_dtype: ", absl::AsciiStrToUpper(meta->dtype)));
+  }
   const ScopedFd fd{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
   if (fd.fd < 0) return FileError(errno, path, "open");
   struct stat st;
@@ -74,6 +85,12 @@ absl::StatusOr<std::shared_ptr<TokenFileDataset>> TokenFileDataset::Open(const s
         " (token_dtype ", TokenWidthName(width), "): the file is truncated or the dtype is wrong"));
   }
   const int64_t num_tokens = bytes / token_bytes;
+  if (meta.has_value() && meta->num_tokens != num_tokens) {
+    return absl::DataLossError(
+        absl::StrCat("token file ", path, " holds ", num_tokens, " tokens but its metadata ",
+                     meta->path, " has num_tokens ", meta->num_tokens,
+                     ": the file was truncated or rewritten after tokenizing; tokenize it again"));
+  }
   if (num_tokens < seq_len) {
     return absl::InvalidArgumentError(absl::StrCat("token file ", path, " holds ", num_tokens,
                                                    " tokens, so the dataset is ",
@@ -83,8 +100,10 @@ absl::StatusOr<std::shared_ptr<TokenFileDataset>> TokenFileDataset::Open(const s
   // The mapping stays valid after the descriptor is closed.
   void* mapping = ::mmap(nullptr, static_cast<size_t>(bytes), PROT_READ, MAP_SHARED, fd.fd, 0);
   if (mapping == MAP_FAILED) return FileError(errno, path, "memory-map");
-  return std::shared_ptr<TokenFileDataset>(
+  auto dataset = std::shared_ptr<TokenFileDataset>(
       new TokenFileDataset(path, width, seq_len, mapping, static_cast<size_t>(bytes), num_tokens));
+  dataset->metadata_ = std::move(meta);
+  return dataset;
 }
 
 TokenFileDataset::TokenFileDataset(std::string path, TokenWidth width, int64_t seq_len,
@@ -129,6 +148,13 @@ uint64_t MaxOf(const unsigned char* data, int64_t n) {
 }  // namespace
 
 absl::Status TokenFileDataset::CheckTokensBelow(int64_t vocab_size) const {
+  if (metadata_.has_value() && metadata_->vocab_size > vocab_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "token file ", path_, ": its metadata ", metadata_->path, " has vocab_size ",
+        metadata_->vocab_size, " but the model's vocab_size is ", vocab_size,
+        ": the file was tokenized for a larger vocabulary; use a model with vocab_size >= ",
+        metadata_->vocab_size, " or tokenize with the model's tokenizer"));
+  }
   const int64_t n = size() * seq_len_;
   const uint64_t max = width_ == TokenWidth::kUint16 ? MaxOf<uint16_t>(data_, n)
                                                      : MaxOf<uint32_t>(data_, n);

@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "trainer/data/dataset.h"
+#include "trainer/data/token_file_metadata.h"
 
 namespace cpptrain {
 
@@ -34,7 +36,9 @@ absl::string_view TokenWidthName(TokenWidth width);
 class TokenFileDataset final : public Dataset {
  public:
   // Maps `path`. Fails when the file is missing or unreadable, its size is not a multiple of
-  // the token width, seq_len <= 0, or it holds fewer than seq_len tokens.
+  // the token width, seq_len <= 0, or it holds fewer than seq_len tokens; and, when
+  // <path>.meta.json exists (trainer/data/token_file_metadata.h), when it is malformed, its
+  // dtype is not `width` or its num_tokens is not the file's.
   static absl::StatusOr<std::shared_ptr<TokenFileDataset>> Open(const std::string& path,
                                                                 TokenWidth width, int64_t seq_len);
 
@@ -48,15 +52,18 @@ class TokenFileDataset final : public Dataset {
   // undefined. Returns an empty Example when index is out of range.
   Example Get(int64_t index) const override;
 
-  // One pass over the samples' tokens: an error naming the file, the first offending token,
-  // its byte offset and the largest token when any is >= vocab_size (instead of an
-  // out-of-range index deep inside the first forward that reads it).
+  // An error when the metadata's vocab_size is above `vocab_size` (naming both), else one
+  // pass over the samples' tokens: an error naming the file, the first offending token, its
+  // byte offset and the largest token when any is >= vocab_size (instead of an out-of-range
+  // index deep inside the first forward that reads it).
   absl::Status CheckTokensBelow(int64_t vocab_size) const;
 
   const std::string& path() const { return path_; }
   TokenWidth width() const { return width_; }
   int64_t seq_len() const { return seq_len_; }
   int64_t num_tokens() const { return num_tokens_; }
+  // The <path>.meta.json read at Open, or nullopt when there was none.
+  const std::optional<TokenFileMetadata>& metadata() const { return metadata_; }
 
  private:
   TokenFileDataset(std::string path, TokenWidth width, int64_t seq_len, const void* data,
@@ -71,6 +78,7 @@ class TokenFileDataset final : public Dataset {
   const unsigned char* data_;  // The read-only mapping, or nullptr.
   size_t mapped_bytes_;
   int64_t num_tokens_;
+  std::optional<TokenFileMetadata> metadata_;
 };
 
 // Writes `tokens` to `path` as little-endian integers of `width`, through a temporary file

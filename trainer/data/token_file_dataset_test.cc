@@ -87,6 +87,67 @@ TEST(TokenFileDatasetTest, TokensAtOrAboveTheVocabularyAreNamed) {
   }
 }
 
+// Writes a token file of `tokens` and its <file>.meta.json holding `meta`.
+std::string TokenFileWithMeta(const std::string& name, const std::vector<int64_t>& tokens,
+                              TokenWidth width, const std::string& meta) {
+  const std::string path = TempPath(name);
+  EXPECT_TRUE(WriteTokenFile(path, tokens, width).ok());
+  std::ofstream(TokenFileMetadataPath(path)) << meta;
+  return path;
+}
+
+std::string OpenError(const std::string& path, TokenWidth width) {
+  auto ds = TokenFileDataset::Open(path, width, 2);
+  EXPECT_FALSE(ds.ok()) << path;
+  return ds.ok() ? "" : std::string(ds.status().message());
+}
+
+TEST(TokenFileDatasetTest, MetadataBesideTheFileIsReadAndChecked) {
+  const std::string path = TokenFileWithMeta(
+      "meta_ok.bin", {1, 2, 3, 4}, TokenWidth::kUint16,
+      R"({"format": "cpptrain-tokens", "dtype": "uint16", "vocab_size": 10, "eos_id": 9,
+          "num_tokens": 4, "tokenizer": "t.json"})");
+  auto ds = TokenFileDataset::Open(path, TokenWidth::kUint16, 2);
+  ASSERT_TRUE(ds.ok()) << ds.status();
+  ASSERT_TRUE((*ds)->metadata().has_value());
+  EXPECT_EQ((*ds)->metadata()->vocab_size, 10);
+  EXPECT_EQ((*ds)->metadata()->eos_id, 9);
+  EXPECT_TRUE((*ds)->CheckTokensBelow(10).ok());
+  // The model's vocabulary may be larger (padded); a smaller one is refused by the metadata
+  // even though every token here is below it.
+  EXPECT_TRUE((*ds)->CheckTokensBelow(16).ok());
+  EXPECT_THAT(std::string((*ds)->CheckTokensBelow(8).message()),
+              ::testing::AllOf(HasSubstr(path + ".meta.json"), HasSubstr("vocab_size 10"),
+                               HasSubstr("the model's vocab_size is 8")));
+}
+
+TEST(TokenFileDatasetTest, MetadataThatDisagreesWithTheFileIsRefused) {
+  const std::string u16 =
+      R"({"dtype": "uint16", "vocab_size": 10, "eos_id": null, "num_tokens": 4})";
+  EXPECT_THAT(
+      OpenError(TokenFileWithMeta("meta_dtype.bin", {1, 2, 3, 4}, TokenWidth::kUint32, u16),
+                TokenWidth::kUint32),
+      ::testing::AllOf(HasSubstr("meta_dtype.bin.meta.json"), HasSubstr("dtype \"uint16\""),
+                       HasSubstr("token_dtype UINT32"), HasSubstr("set data.token_dtype: UINT16")));
+  EXPECT_THAT(
+      OpenError(TokenFileWithMeta("meta_count.bin", {1, 2, 3, 4, 5, 6}, TokenWidth::kUint16, u16),
+                TokenWidth::kUint16),
+      ::testing::AllOf(HasSubstr("holds 6 tokens"), HasSubstr("num_tokens 4")));
+  EXPECT_THAT(OpenError(TokenFileWithMeta("meta_eos.bin", {1, 2}, TokenWidth::kUint16,
+                                          R"({"dtype": "uint16", "vocab_size": 10, )"
+                                          R"("eos_id": 10, "num_tokens": 2})"),
+                        TokenWidth::kUint16),
+              ::testing::AllOf(HasSubstr("eos_id is 10"), HasSubstr("vocab_size 10")));
+  EXPECT_THAT(OpenError(TokenFileWithMeta("meta_missing.bin", {1, 2}, TokenWidth::kUint16,
+                                          R"({"dtype": "uint16", "num_tokens": 2})"),
+                        TokenWidth::kUint16),
+              HasSubstr("vocab_size is missing or not an integer"));
+  EXPECT_THAT(OpenError(TokenFileWithMeta("meta_bad.bin", {1, 2}, TokenWidth::kUint16,
+                                          R"({"dtype": "uint16", "vocab_size": 1.5})"),
+                        TokenWidth::kUint16),
+              HasSubstr("not a flat JSON object"));
+}
+
 TEST(TokenFileDatasetTest, FileIsLittleEndian) {
   const std::string path = TempPath("le.bin");
   ASSERT_TRUE(WriteTokenFile(path, {0x0102, 0x0A0B}, TokenWidth::kUint16).ok());

@@ -140,15 +140,10 @@ Fsdp1Engine::Fsdp1Engine(const proto::FsdpConfig& config, MixedPrecision precisi
       config_(config),
       options_(std::move(options)) {}
 
-absl::Status Fsdp1Engine::PrepareForInference(std::shared_ptr<TrainableModel> model) {
-  if (model_ == model) return absl::OkStatus();
-  if (model_ != nullptr) {
-    return absl::FailedPreconditionError(
-        "the FSDP engine already holds another model's shards: use one engine per model");
-  }
+absl::StatusOr<ShardingCore*> Fsdp1Engine::ShardModel(TrainableModel& model) {
   // Recomputation runs inside each unit's hooks, so it can be switched on after sharding too.
-  if (config_.activation_checkpointing()) model->SetGradientCheckpointing(true);
-  FlatShardedModel* flat = FlatShardedOf(*model);
+  if (config_.activation_checkpointing()) model.SetGradientCheckpointing(true);
+  FlatShardedModel* flat = FlatShardedOf(model);
   if (flat != nullptr) {
     // Flat-sharded at load time: adopt its flat parameters as they are.
     if (flat->mesh().world_size() != mesh_.world_size() ||
@@ -160,17 +155,15 @@ absl::Status Fsdp1Engine::PrepareForInference(std::shared_ptr<TrainableModel> mo
           "): shard it over the same ranks and device, or leave it unsharded"));
     }
     CT_LOG_RANK0(INFO) << "FSDP1: adopting the flat parameters of a model sharded at load time";
-  } else if (model->sharding() != nullptr) {
+  } else if (model.sharding() != nullptr) {
     return absl::InvalidArgumentError(
         "the model was sharded at load time per parameter (FullyShard, FSDP2) but fsdp.version "
         "is 1: set fsdp.version=2, or load the model unsharded");
   } else {
-    CT_ASSIGN_OR_RETURN(flat, FlatShard(*model, mesh_, options_));
+    CT_ASSIGN_OR_RETURN(flat, FlatShard(model, mesh_, options_));
   }
   flat_ = flat;
-  set_core(flat);
-  model_ = std::move(model);
-  return absl::OkStatus();
+  return flat;
 }
 
 }  // namespace cpptrain

@@ -49,12 +49,13 @@ class Fsdp1Engine : public ShardedEngine {
                                                              c10::Device device, ShardMesh mesh);
 
   std::string name() const override { return "fsdp1"; }
-  absl::Status PrepareForInference(std::shared_ptr<TrainableModel> model) override;
 
   // Null before PrepareForInference/PrepareForTraining.
   FlatShardedModel* flat() const { return flat_; }
 
  private:
+  absl::StatusOr<ShardingCore*> ShardModel(TrainableModel& model) override;
+
   Fsdp1Engine(const proto::FsdpConfig& config, MixedPrecision precision, c10::Device device,
               ShardMesh mesh, FlatShardOptions options);
 

@@ -232,15 +232,10 @@ Fsdp2Engine::Fsdp2Engine(const proto::FsdpConfig& config, MixedPrecision precisi
       config_(config),
       options_(std::move(options)) {}
 
-absl::Status Fsdp2Engine::PrepareForInference(std::shared_ptr<TrainableModel> model) {
-  if (model_ == model) return absl::OkStatus();
-  if (model_ != nullptr) {
-    return absl::FailedPreconditionError(
-        "the FSDP engine already holds another model's shards: use one engine per model");
-  }
+absl::StatusOr<ShardingCore*> Fsdp2Engine::ShardModel(TrainableModel& model) {
   // Recomputation runs inside each unit's hooks, so it can be switched on after sharding too.
-  if (config_.activation_checkpointing()) model->SetGradientCheckpointing(true);
-  FullyShardedModel* sharded = FullyShardedOf(*model);
+  if (config_.activation_checkpointing()) model.SetGradientCheckpointing(true);
+  FullyShardedModel* sharded = FullyShardedOf(model);
   if (sharded != nullptr) {
     // Sharded at load time: adopt its shards as they are.
     if (sharded->mesh().world_size() != mesh_.world_size() ||
@@ -260,12 +255,10 @@ absl::Status Fsdp2Engine::PrepareForInference(std::shared_ptr<TrainableModel> mo
     CT_LOG_RANK0(INFO) << "FSDP2: adopting the shards of a model sharded at load time ("
                        << sharded->num_groups() << " groups)";
   } else {
-    CT_ASSIGN_OR_RETURN(sharded, FullyShard(*model, mesh_, options_));
+    CT_ASSIGN_OR_RETURN(sharded, FullyShard(model, mesh_, options_));
   }
   sharded_ = sharded;
-  set_core(sharded);
-  model_ = std::move(model);
-  return absl::OkStatus();
+  return sharded;
 }
 
 }  // namespace cpptrain

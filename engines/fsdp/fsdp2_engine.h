@@ -49,12 +49,13 @@ class Fsdp2Engine : public ShardedEngine {
       const TrainableModel& model, const proto::FsdpConfig* config, MixedPrecision precision);
 
   std::string name() const override { return "fsdp2"; }
-  absl::Status PrepareForInference(std::shared_ptr<TrainableModel> model) override;
 
   // Null before PrepareForInference/PrepareForTraining.
   FullyShardedModel* sharded() const { return sharded_; }
 
  private:
+  absl::StatusOr<ShardingCore*> ShardModel(TrainableModel& model) override;
+
   Fsdp2Engine(const proto::FsdpConfig& config, MixedPrecision precision, c10::Device device,
               ShardMesh mesh, FullyShardOptions options);
 

@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "base/logging.h"
 #include "base/status.h"
 #include "base/torch_status.h"
@@ -43,10 +44,22 @@ ShardedEngine::ShardedEngine(c10::Device device, MixedPrecision precision, Shard
       rank_((mesh_.replicate ? mesh_.replicate->rank() * mesh_.shard->size() : 0) +
             mesh_.shard->rank()) {}
 
+absl::Status ShardedEngine::PrepareForInference(std::shared_ptr<TrainableModel> model) {
+  if (model_ == model) return absl::OkStatus();
+  if (model_ != nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the ", name(), " engine already holds another model's shards: use one engine per model"));
+  }
+  CT_ASSIGN_OR_RETURN(core_, ShardModel(*model));
+  model_ = std::move(model);
+  return absl::OkStatus();
+}
+
 std::unique_ptr<ForwardScope> ShardedEngine::EnterForward() {
   TORCH_CHECK(core_ != nullptr, "FSDP: EnterForward before PrepareForInference");
   return std::make_unique<CoreForwardScope>(core_, LocalEngine::EnterForward(), &forward_error_);
 }
+
 
 absl::Status ShardedEngine::Backward(const torch::Tensor& loss) {
   if (core_ == nullptr) return absl::FailedPreconditionError("Backward before PrepareForTraining");

@@ -2,10 +2,12 @@
 // alike once the model is sharded: the forward scope that gathers the root, backward that
 // always finishes (waits for every collective), gradient sync on or off, clipping over the
 // shard group, stepping only resharded parameters, and the host collectives over the mesh.
-// FSDP1 (fsdp1_engine.h) and FSDP2 (fsdp2_engine.h) differ in how they shard: each calls
-// set_core() with the core it built or adopted.
+// FSDP1 (fsdp1_engine.h), FSDP2 (fsdp2_engine.h) and ZeRO-3 (engines/zero/zero3_engine.h)
+// differ in how they shard: each implements ShardModel, returning the core it built or adopted.
 //
-//   class Fsdp2Engine : public ShardedEngine { ... set_core(FullyShardedOf(*model)); ... };
+//   class Fsdp2Engine : public ShardedEngine {
+//     absl::StatusOr<ShardingCore*> ShardModel(TrainableModel& m) override { ... FullyShard ... }
+//   };
 #ifndef CPPTRAIN_ENGINES_FSDP_SHARDED_ENGINE_H_
 #define CPPTRAIN_ENGINES_FSDP_SHARDED_ENGINE_H_
 
@@ -22,6 +24,10 @@ class ShardedEngine : public LocalEngine {
   int rank() const override { return rank_; }
   int world_size() const override { return mesh_.world_size(); }
 
+  // Shards the model (ShardModel) without an optimizer or gradients, so evaluate() and
+  // predict() work before any train(); again with the same model it does nothing, with
+  // another it is an error (one engine per model).
+  absl::Status PrepareForInference(std::shared_ptr<TrainableModel> model) final;
   std::unique_ptr<ForwardScope> EnterForward() override;
   absl::Status Backward(const torch::Tensor& loss) override;
   void SetGradientSync(bool enabled) override;
@@ -37,9 +43,11 @@ class ShardedEngine : public LocalEngine {
 
  protected:
   ShardedEngine(c10::Device device, MixedPrecision precision, ShardMesh mesh);
+  // Called once, by PrepareForInference: shards `model` over mesh_ (or adopts the shards it
+  // was given at load time) and returns the core that holds them.
+  virtual absl::StatusOr<ShardingCore*> ShardModel(TrainableModel& model) = 0;
   // Null before the model is prepared.
   ShardingCore* core() const { return core_; }
-  void set_core(ShardingCore* core) { core_ = core; }
 
   ShardMesh mesh_;
 

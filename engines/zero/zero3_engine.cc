@@ -63,26 +63,19 @@ void Zero3Engine::ResetOptimizer() {
   if (scaler_) scaler_.emplace(ZeroLossScalerOptions(config_));
 }
 
-absl::Status Zero3Engine::PrepareForInference(std::shared_ptr<TrainableModel> model) {
-  if (model_ == model) return absl::OkStatus();
-  if (model_ != nullptr) {
-    return absl::FailedPreconditionError(
-        "the ZeRO-3 engine already holds another model's shards: use one engine per model");
-  }
-  if (model->sharding() != nullptr) {
+absl::StatusOr<ShardingCore*> Zero3Engine::ShardModel(TrainableModel& model) {
+  if (model.sharding() != nullptr) {
     return absl::InvalidArgumentError(
         "the model was sharded at load time, but zero.stage=3 shards it itself: load it "
         "unsharded, or configure the engine it was sharded for (fsdp { version: 1 or 2 })");
   }
   CT_ASSIGN_OR_RETURN(
       FlatShardedModel * flat,
-      FlatShard(*model, mesh_, Zero3FlatShardOptions(config_, precision_, device_)));
+      FlatShard(model, mesh_, Zero3FlatShardOptions(config_, precision_, device_)));
   CT_LOG_RANK0(INFO) << "ZeRO stage 3: " << flat->num_groups() << " flat parameter groups over "
                      << mesh_.shard->size() << " ranks";
   flat_ = flat;
-  set_core(flat);
-  model_ = std::move(model);
-  return absl::OkStatus();
+  return flat;
 }
 
 }  // namespace cpptrain

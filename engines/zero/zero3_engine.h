@@ -44,13 +44,14 @@ class Zero3Engine : public ShardedEngine {
                                                              c10::Device device, ShardMesh mesh);
 
   std::string name() const override { return "zero3"; }
-  absl::Status PrepareForInference(std::shared_ptr<TrainableModel> model) override;
   void ResetOptimizer() override;
 
   // Null before PrepareForInference/PrepareForTraining.
   FlatShardedModel* flat() const { return flat_; }
 
  private:
+  absl::StatusOr<ShardingCore*> ShardModel(TrainableModel& model) override;
+
   Zero3Engine(const proto::ZeroConfig& config, MixedPrecision precision, c10::Device device,
               ShardMesh mesh);
 

@@ -18,20 +18,6 @@ fail=0
 source "$(dirname "$0")/variants.sh"
 big=4
 
-leg() {  # name, processes, flags...
-  local name=$1 n=$2
-  shift 2
-  timeout 300 "$launch" --nproc_per_node="$n" --master_port=0 "$program" \
-    --output_dir="$TEST_TMPDIR/$name" $(placement "$n") "$@" > "$TEST_TMPDIR/$name.log" 2>&1
-  local code=$?
-  echo "== leg $name: $n processes on the $([[ -z "$(placement "$n")" ]] && echo CUDA || echo CPU) $*"
-  if [[ $code -ne 0 ]]; then
-    tail -30 "$TEST_TMPDIR/$name.log"; echo "FAIL: leg $name exited $code"
-  fi
-  record "$n" $code
-  grep -o "LOSS .*" "$TEST_TMPDIR/$name.log" > "$TEST_TMPDIR/$name.losses"
-}
-
 leg fsdp4 "$big" --engine=fsdp
 ls "$TEST_TMPDIR/fsdp4/checkpoint-2"
 leg ddp2 2 --engine=ddp --resume="$TEST_TMPDIR/fsdp4/checkpoint-2"
@@ -155,14 +141,7 @@ for engine in ddp fsdp; do
 done
 
 for name in $checked; do
-  if ! awk -v name="$name" '
-      NR == FNR { want[$2] = $3; next }
-      { seen++; d = $3 - want[$2]; if (d < 0) d = -d; if (d / want[$2] > worst) worst = d / want[$2];
-        if (!($2 in want) || d > 1e-4 * want[$2]) { print "step " $2 ": " $3 " vs " want[$2]; bad = 1 } }
-      END { if (seen == 0) { print name ": no losses"; bad = 1 }
-            printf "%s: %d resumed steps, max relative loss difference %.2g\n", name, seen, worst;
-            exit bad }' \
-      "$TEST_TMPDIR/fsdp4.losses" "$TEST_TMPDIR/$name.losses"; then
+  if ! continues fsdp4 "$name"; then
     echo "FAIL: $name does not continue the 4-rank run"; fail=1
   fi
 done

@@ -5,6 +5,9 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "base/logging.h"
+#include "base/status.h"
+#include "models/configs.h"
 #include "trainer/testing/trainer_testing.h"
 
 ABSL_FLAG(std::string, optimizer, "sgd", "sgd (lr 0.5) or adamw (weight-decay groups)");
@@ -70,6 +73,40 @@ proto::LocalEngineConfig EquivalenceVariant::LocalConfig() const {
   proto::LocalEngineConfig config;
   if (use_cpu) config.set_device("cpu");
   return config;
+}
+
+std::shared_ptr<DecoderLM> EquivalenceVariant::TinyDecoder(int layers) const {
+  torch::manual_seed(11);
+  proto::DecoderConfig config = *NamedDecoderConfig("tiny");
+  config.set_num_hidden_layers(layers);
+  std::shared_ptr<DecoderLM> model = *BuildDecoder(config);
+  Prepare(*model);
+  return model;
+}
+
+std::shared_ptr<const Dataset> EquivalenceVariant::EvalData() const {
+  return testing::VariableLengthTokens(23, 9);
+}
+
+absl::StatusOr<testing::EvalOutputs> EquivalenceVariant::Evaluation(Trainer& trainer) const {
+  if (!uneven) return testing::EvaluateAndPredict(trainer, EvalData());
+  testing::EvalOutputs out;
+  CT_ASSIGN_OR_RETURN(out.metrics, trainer.Evaluate(EvalData()));
+  return out;
+}
+
+bool EquivalenceVariant::SameEvaluationOrLoss(const testing::EvalOutputs& got,
+                                              const testing::EvalOutputs& want, double tolerance,
+                                              const std::string& what) const {
+  if (!uneven) return testing::SameEvaluation(got, want, tolerance, /*samples=*/23, what);
+  const double a = got.metrics.at("eval_loss"), b = want.metrics.at("eval_loss");
+  LOG(INFO) << what << " (loss only): eval_loss " << a << " vs " << b;
+  return std::abs(a - b) <= tolerance * std::abs(b);
+}
+
+int Fail(const absl::Status& status, const std::string& what) {
+  LOG(ERROR) << what << ": " << status;
+  return 1;
 }
 
 std::string EquivalenceVariant::Describe() const {

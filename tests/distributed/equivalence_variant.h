@@ -18,6 +18,9 @@
 #include <memory>
 #include <string>
 
+#include "absl/status/status.h"
+#include "models/decoder.h"
+#include "trainer/testing/trainer_testing.h"
 #include "trainer/trainer.h"
 
 namespace cpptrain {
@@ -49,7 +52,22 @@ struct EquivalenceVariant {
   double ParameterTolerance() const { return adamw ? 5e-5 : 1e-5; }
   // "adamw frozen" etc., for logs.
   std::string Describe() const;
+
+  // The sharded programs' model: the tiny decoder with `layers` layers (seed 11), prepared.
+  std::shared_ptr<DecoderLM> TinyDecoder(int layers) const;
+  // 23 samples of variable length, for evaluating the untrained model.
+  std::shared_ptr<const Dataset> EvalData() const;
+  // Evaluate() and Predict() on EvalData(); with uneven (no even batches, so nothing to
+  // gather) Evaluate() alone.
+  absl::StatusOr<testing::EvalOutputs> Evaluation(Trainer& trainer) const;
+  // Whether a distributed Evaluation equals one process's: testing::SameEvaluation over the 23
+  // samples, or with uneven eval_loss alone, within `tolerance` relative; logged as `what`.
+  bool SameEvaluationOrLoss(const testing::EvalOutputs& got, const testing::EvalOutputs& want,
+                            double tolerance, const std::string& what) const;
 };
+
+// Logs "what: status" and returns 1, the program's exit code.
+int Fail(const absl::Status& status, const std::string& what);
 
 EquivalenceVariant VariantFromFlags();
 

@@ -47,9 +47,7 @@ ABSL_FLAG(bool, offload, false, "fsdp.offload_params");
 namespace cpptrain {
 namespace {
 
-using testing::EvalOutputs;
 using testing::MaxRelativeDifference;
-using testing::SameEvaluation;
 using testing::StepLosses;
 using testing::WorstRelative;
 
@@ -60,16 +58,7 @@ const EquivalenceVariant& Variant() {
   return variant;
 }
 
-std::shared_ptr<DecoderLM> Model() {
-  torch::manual_seed(11);
-  proto::DecoderConfig config = *NamedDecoderConfig("tiny");
-  config.set_num_hidden_layers(kLayers);
-  std::shared_ptr<DecoderLM> model = *BuildDecoder(config);
-  Variant().Prepare(*model);
-  return model;
-}
-
-std::shared_ptr<const Dataset> EvalData() { return testing::VariableLengthTokens(23, 9); }
+std::shared_ptr<DecoderLM> Model() { return Variant().TinyDecoder(kLayers); }
 
 std::unique_ptr<Trainer> MakeTrainer(const proto::TrainingArguments& args,
                                      std::shared_ptr<TrainableModel> model,
@@ -77,22 +66,6 @@ std::unique_ptr<Trainer> MakeTrainer(const proto::TrainingArguments& args,
                                      std::unique_ptr<Engine> engine = nullptr) {
   return Variant().MakeTrainer(args, std::move(model), Variant().TrainData(), std::move(eval),
                                std::move(engine));
-}
-
-absl::StatusOr<EvalOutputs> Evaluation(Trainer& trainer) {
-  if (!Variant().uneven) return testing::EvaluateAndPredict(trainer, EvalData());
-  EvalOutputs out;
-  CT_ASSIGN_OR_RETURN(out.metrics, trainer.Evaluate(EvalData()));
-  return out;
-}
-
-bool SameEvaluationOrLoss(const EvalOutputs& got, const EvalOutputs& want, double tolerance) {
-  if (!Variant().uneven) {
-    return SameEvaluation(got, want, tolerance, /*samples=*/23, "untrained model, FSDP1");
-  }
-  const double a = got.metrics.at("eval_loss"), b = want.metrics.at("eval_loss");
-  LOG(INFO) << "untrained model, FSDP1 (loss only): eval_loss " << a << " vs " << b;
-  return std::abs(a - b) <= tolerance * std::abs(b);
 }
 
 proto::TrainingArguments Args(int per_device_batch, const std::string& dir,
@@ -152,11 +125,6 @@ absl::StatusOr<std::vector<torch::Tensor>> FullParameters(DecoderLM& model) {
   return out;
 }
 
-int Fail(const absl::Status& status, const std::string& what) {
-  LOG(ERROR) << what << ": " << status;
-  return 1;
-}
-
 // 3: FlatShard at load time, then a Trainer with no engine configured adopts it.
 absl::StatusOr<std::vector<double>> TrainAdopted(const DistributedEnv& env,
                                                  const std::string& dir) {
@@ -186,9 +154,9 @@ int Run() {
 
   auto model = Model();
   std::unique_ptr<Trainer> fsdp_trainer = MakeTrainer(
-      Fsdp1Args(absl::StrCat(dir, "/fsdp1_rank", env->rank), env->world_size), model, EvalData());
+      Fsdp1Args(absl::StrCat(dir, "/fsdp1_rank", env->rank), env->world_size), model, Variant().EvalData());
   Trainer& fsdp = *fsdp_trainer;
-  auto untrained = Evaluation(fsdp);
+  auto untrained = Variant().Evaluation(fsdp);
   if (!untrained.ok()) return Fail(untrained.status(), "evaluate/predict before train");
   FlatShardedModel* flat = FlatShardedOf(*model);
   if (flat == nullptr) return Fail(absl::InternalError("not flat-sharded"), "evaluate");
@@ -217,12 +185,12 @@ int Run() {
   proto::TrainingArguments local_args = Args(2 * env->world_size, dir + "/local", false);
   local_args.set_per_device_eval_batch_size(5);
   std::unique_ptr<Trainer> local_trainer =
-      MakeTrainer(local_args, local_model, EvalData(),
+      MakeTrainer(local_args, local_model, Variant().EvalData(),
                   std::move(*LocalEngine::Create(Variant().LocalConfig(), MixedPrecision::kNone)));
   Trainer& local = *local_trainer;
-  auto local_untrained = Evaluation(local);
+  auto local_untrained = Variant().Evaluation(local);
   if (!local_untrained.ok()) return Fail(local_untrained.status(), "local evaluation");
-  const bool eval_ok = SameEvaluationOrLoss(*untrained, *local_untrained, kTolerance);
+  const bool eval_ok = Variant().SameEvaluationOrLoss(*untrained, *local_untrained, kTolerance, "untrained model, FSDP1");
   if (!local.Train().ok()) return 1;
   const std::vector<double> a = StepLosses(fsdp), b = StepLosses(local);
   const double worst_loss = WorstRelative(a, b);

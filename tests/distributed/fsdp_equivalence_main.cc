@@ -48,9 +48,7 @@ ABSL_FLAG(bool, offload, false, "fsdp.offload_params");
 namespace cpptrain {
 namespace {
 
-using testing::EvalOutputs;
 using testing::MaxRelativeDifference;
-using testing::SameEvaluation;
 using testing::StepLosses;
 using testing::WorstRelative;
 
@@ -61,14 +59,7 @@ const EquivalenceVariant& Variant() {
   return variant;
 }
 
-std::shared_ptr<DecoderLM> Model() {
-  torch::manual_seed(11);
-  proto::DecoderConfig config = *NamedDecoderConfig("tiny");
-  config.set_num_hidden_layers(kLayers);
-  std::shared_ptr<DecoderLM> model = *BuildDecoder(config);
-  Variant().Prepare(*model);
-  return model;
-}
+std::shared_ptr<DecoderLM> Model() { return Variant().TinyDecoder(kLayers); }
 
 // The same shape initialized row-seeded (models/row_init.h), built whole or deferred.
 std::shared_ptr<DecoderLM> RowSeededModel(DecoderInit::Mode mode) {
@@ -80,31 +71,12 @@ std::shared_ptr<DecoderLM> RowSeededModel(DecoderInit::Mode mode) {
 }
 
 std::shared_ptr<const Dataset> TrainData() { return Variant().TrainData(); }
-std::shared_ptr<const Dataset> EvalData() { return testing::VariableLengthTokens(23, 9); }
-
 std::unique_ptr<Trainer> MakeTrainer(const proto::TrainingArguments& args,
                                      std::shared_ptr<TrainableModel> model,
                                      std::shared_ptr<const Dataset> eval = nullptr,
                                      std::unique_ptr<Engine> engine = nullptr) {
   return Variant().MakeTrainer(args, std::move(model), TrainData(), std::move(eval),
                                std::move(engine));
-}
-
-// Evaluate and predict; with --uneven (no even batches, so nothing to gather) the loss alone.
-absl::StatusOr<EvalOutputs> Evaluation(Trainer& trainer) {
-  if (!Variant().uneven) return testing::EvaluateAndPredict(trainer, EvalData());
-  EvalOutputs out;
-  CT_ASSIGN_OR_RETURN(out.metrics, trainer.Evaluate(EvalData()));
-  return out;
-}
-
-bool SameEvaluationOrLoss(const EvalOutputs& got, const EvalOutputs& want, double tolerance) {
-  if (!Variant().uneven) {
-    return SameEvaluation(got, want, tolerance, /*samples=*/23, "untrained model, FSDP");
-  }
-  const double a = got.metrics.at("eval_loss"), b = want.metrics.at("eval_loss");
-  LOG(INFO) << "untrained model, FSDP (loss only): eval_loss " << a << " vs " << b;
-  return std::abs(a - b) <= tolerance * std::abs(b);
 }
 
 proto::TrainingArguments Args(int per_device_batch, const std::string& dir,
@@ -153,11 +125,6 @@ absl::StatusOr<std::vector<torch::Tensor>> FullParameters(DecoderLM& model) {
   return out;
 }
 
-int Fail(const absl::Status& status, const std::string& what) {
-  LOG(ERROR) << what << ": " << status;
-  return 1;
-}
-
 int Run() {
   auto env = DistributedEnvFromEnvironment();
   if (!env.ok()) return Fail(env.status(), "environment");
@@ -170,9 +137,9 @@ int Run() {
   // 1 and 2: evaluate and predict first, then train, on one Trainer.
   auto model = Model();
   std::unique_ptr<Trainer> fsdp_trainer = MakeTrainer(
-      FsdpArgs(absl::StrCat(dir, "/fsdp_rank", env->rank), env->world_size), model, EvalData());
+      FsdpArgs(absl::StrCat(dir, "/fsdp_rank", env->rank), env->world_size), model, Variant().EvalData());
   Trainer& fsdp = *fsdp_trainer;
-  auto untrained = Evaluation(fsdp);
+  auto untrained = Variant().Evaluation(fsdp);
   if (!untrained.ok()) return Fail(untrained.status(), "evaluate/predict before train");
   FullyShardedModel* sharded = FullyShardedOf(*model);
   if (sharded == nullptr) return Fail(absl::InternalError("not sharded"), "evaluate");
@@ -262,12 +229,12 @@ int Run() {
   proto::TrainingArguments local_args = Args(2 * env->world_size, dir + "/local", false);
   local_args.set_per_device_eval_batch_size(5);
   std::unique_ptr<Trainer> local_trainer =
-      MakeTrainer(local_args, local_model, EvalData(),
+      MakeTrainer(local_args, local_model, Variant().EvalData(),
                   std::move(*LocalEngine::Create(Variant().LocalConfig(), precision)));
   Trainer& local = *local_trainer;
-  auto local_untrained = Evaluation(local);
+  auto local_untrained = Variant().Evaluation(local);
   if (!local_untrained.ok()) return Fail(local_untrained.status(), "local evaluation");
-  const bool eval_ok = SameEvaluationOrLoss(*untrained, *local_untrained, bf16 ? 5e-2 : 1e-5);
+  const bool eval_ok = Variant().SameEvaluationOrLoss(*untrained, *local_untrained, bf16 ? 5e-2 : 1e-5, "untrained model, FSDP");
   if (!local.Train().ok()) return 1;
   const std::vector<double> a = StepLosses(fsdp), b = StepLosses(local);
   const double worst_loss = WorstRelative(a, b);

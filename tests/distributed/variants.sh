@@ -5,6 +5,10 @@
 #                                     cpu: it ran on the CPU whatever GPUs the host has)
 #   skip NAME REASON                  records a variant that cannot run here
 #   variants_done                     prints the closing line; returns non-zero on a failure
+#   leg NAME PROCESSES FLAGS...       a checkpoint leg: runs the program into $TEST_TMPDIR/NAME,
+#                                     keeps its log and its LOSS lines (NAME.losses), records it
+#   continues REF NAME                true when leg NAME's losses equal leg REF's at the same
+#                                     steps (relative 1e-4); prints the largest difference
 #
 # A variant runs on the GPUs (NCCL, one process per GPU) when the host has at least PROCESSES
 # of them, and otherwise on the CPU (--use_cpu: Gloo, or the store communicator in builds
@@ -68,4 +72,29 @@ variants_done() {
     "$skipped skipped, $failed failed"
   [[ $failed -eq 0 ]] && echo PASS
   [[ $failed -eq 0 ]]
+}
+
+leg() {  # name, processes, flags...
+  local name=$1 n=$2
+  shift 2
+  timeout 300 "$launch" --nproc_per_node="$n" --master_port=0 "$program" \
+    --output_dir="$TEST_TMPDIR/$name" $(placement "$n") "$@" > "$TEST_TMPDIR/$name.log" 2>&1
+  local code=$?
+  echo "== leg $name: $n processes on the $([[ -z "$(placement "$n")" ]] && echo CUDA || echo CPU) $*"
+  if [[ $code -ne 0 ]]; then
+    tail -30 "$TEST_TMPDIR/$name.log"; echo "FAIL: leg $name exited $code"
+  fi
+  record "$n" $code
+  grep -o "LOSS .*" "$TEST_TMPDIR/$name.log" > "$TEST_TMPDIR/$name.losses"
+}
+
+continues() {  # reference leg, leg
+  awk -v name="$2" '
+      NR == FNR { want[$2] = $3; next }
+      { seen++; d = $3 - want[$2]; if (d < 0) d = -d; if (d / want[$2] > worst) worst = d / want[$2];
+        if (!($2 in want) || d > 1e-4 * want[$2]) { print "step " $2 ": " $3 " vs " want[$2]; bad = 1 } }
+      END { if (seen == 0) { print name ": no losses"; bad = 1 }
+            printf "%s: %d resumed steps, max relative loss difference %.2g\n", name, seen, worst;
+            exit bad }' \
+      "$TEST_TMPDIR/$1.losses" "$TEST_TMPDIR/$2.losses"
 }

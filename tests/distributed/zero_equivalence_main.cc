@@ -43,9 +43,7 @@ ABSL_FLAG(double, max_grad_norm, 0.1, "clip to this global norm (both sides)");
 namespace cpptrain {
 namespace {
 
-using testing::EvalOutputs;
 using testing::MaxRelativeDifference;
-using testing::SameEvaluation;
 using testing::StepLosses;
 using testing::WorstRelative;
 
@@ -56,32 +54,7 @@ const EquivalenceVariant& Variant() {
   return variant;
 }
 
-std::shared_ptr<DecoderLM> Model() {
-  torch::manual_seed(11);
-  proto::DecoderConfig config = *NamedDecoderConfig("tiny");
-  config.set_num_hidden_layers(kLayers);
-  std::shared_ptr<DecoderLM> model = *BuildDecoder(config);
-  Variant().Prepare(*model);
-  return model;
-}
-
-std::shared_ptr<const Dataset> EvalData() { return testing::VariableLengthTokens(23, 9); }
-
-absl::StatusOr<EvalOutputs> Evaluation(Trainer& trainer) {
-  if (!Variant().uneven) return testing::EvaluateAndPredict(trainer, EvalData());
-  EvalOutputs out;
-  CT_ASSIGN_OR_RETURN(out.metrics, trainer.Evaluate(EvalData()));
-  return out;
-}
-
-bool SameEvaluationOrLoss(const EvalOutputs& got, const EvalOutputs& want, double tolerance) {
-  if (!Variant().uneven) {
-    return SameEvaluation(got, want, tolerance, /*samples=*/23, "untrained model, ZeRO");
-  }
-  const double a = got.metrics.at("eval_loss"), b = want.metrics.at("eval_loss");
-  LOG(INFO) << "untrained model, ZeRO (loss only): eval_loss " << a << " vs " << b;
-  return std::abs(a - b) <= tolerance * std::abs(b);
-}
+std::shared_ptr<DecoderLM> Model() { return Variant().TinyDecoder(kLayers); }
 
 proto::TrainingArguments Args(int per_device_batch, const std::string& dir, bool distributed) {
   proto::TrainingArguments args = Variant().Args(per_device_batch, dir, distributed);
@@ -121,11 +94,6 @@ absl::StatusOr<std::vector<torch::Tensor>> FullParameters(DecoderLM& model) {
   return out;
 }
 
-int Fail(const absl::Status& status, const std::string& what) {
-  LOG(ERROR) << what << ": " << status;
-  return 1;
-}
-
 int Run() {
   auto env = DistributedEnvFromEnvironment();
   if (!env.ok()) return Fail(env.status(), "environment");
@@ -137,9 +105,9 @@ int Run() {
   auto model = Model();
   std::unique_ptr<Trainer> zero_trainer =
       Variant().MakeTrainer(ZeroArgs(absl::StrCat(dir, "/zero_rank", env->rank)), model,
-                            Variant().TrainData(), EvalData());
+                            Variant().TrainData(), Variant().EvalData());
   Trainer& zero = *zero_trainer;
-  auto untrained = Evaluation(zero);
+  auto untrained = Variant().Evaluation(zero);
   if (!untrained.ok()) return Fail(untrained.status(), "evaluate/predict before train");
   if (zero.engine()->optimizer() != nullptr) {
     return Fail(absl::InternalError("an optimizer exists"), "evaluate before train");
@@ -157,12 +125,12 @@ int Run() {
   proto::TrainingArguments local_args = Args(2 * env->world_size, dir + "/local", false);
   local_args.set_per_device_eval_batch_size(5);
   std::unique_ptr<Trainer> local_trainer = Variant().MakeTrainer(
-      local_args, local_model, Variant().TrainData(), EvalData(),
+      local_args, local_model, Variant().TrainData(), Variant().EvalData(),
       std::move(*LocalEngine::Create(Variant().LocalConfig(), MixedPrecision::kNone)));
   Trainer& local = *local_trainer;
-  auto local_untrained = Evaluation(local);
+  auto local_untrained = Variant().Evaluation(local);
   if (!local_untrained.ok()) return Fail(local_untrained.status(), "local evaluation");
-  const bool eval_ok = SameEvaluationOrLoss(*untrained, *local_untrained, kTolerance);
+  const bool eval_ok = Variant().SameEvaluationOrLoss(*untrained, *local_untrained, kTolerance, "untrained model, ZeRO");
   if (!local.Train().ok()) return 1;
   const std::vector<double> a = StepLosses(zero), b = StepLosses(local);
   const double worst_loss = WorstRelative(a, b);

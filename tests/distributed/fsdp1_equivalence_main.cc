@@ -153,8 +153,9 @@ int Run() {
   constexpr double kTolerance = 1e-5;
 
   auto model = Model();
-  std::unique_ptr<Trainer> fsdp_trainer = MakeTrainer(
-      Fsdp1Args(absl::StrCat(dir, "/fsdp1_rank", env->rank), env->world_size), model, Variant().EvalData());
+  std::unique_ptr<Trainer> fsdp_trainer =
+      MakeTrainer(Fsdp1Args(absl::StrCat(dir, "/fsdp1_rank", env->rank), env->world_size), model,
+                  Variant().EvalData());
   Trainer& fsdp = *fsdp_trainer;
   auto untrained = Variant().Evaluation(fsdp);
   if (!untrained.ok()) return Fail(untrained.status(), "evaluate/predict before train");
@@ -190,7 +191,8 @@ int Run() {
   Trainer& local = *local_trainer;
   auto local_untrained = Variant().Evaluation(local);
   if (!local_untrained.ok()) return Fail(local_untrained.status(), "local evaluation");
-  const bool eval_ok = Variant().SameEvaluationOrLoss(*untrained, *local_untrained, kTolerance, "untrained model, FSDP1");
+  const bool eval_ok = Variant().SameEvaluationOrLoss(*untrained, *local_untrained, kTolerance,
+                                                      "untrained model, FSDP1");
   if (!local.Train().ok()) return 1;
   const std::vector<double> a = StepLosses(fsdp), b = StepLosses(local);
   const double worst_loss = WorstRelative(a, b);

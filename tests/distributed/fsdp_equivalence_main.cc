@@ -136,8 +136,9 @@ int Run() {
 
   // 1 and 2: evaluate and predict first, then train, on one Trainer.
   auto model = Model();
-  std::unique_ptr<Trainer> fsdp_trainer = MakeTrainer(
-      FsdpArgs(absl::StrCat(dir, "/fsdp_rank", env->rank), env->world_size), model, Variant().EvalData());
+  std::unique_ptr<Trainer> fsdp_trainer =
+      MakeTrainer(FsdpArgs(absl::StrCat(dir, "/fsdp_rank", env->rank), env->world_size), model,
+                  Variant().EvalData());
   Trainer& fsdp = *fsdp_trainer;
   auto untrained = Variant().Evaluation(fsdp);
   if (!untrained.ok()) return Fail(untrained.status(), "evaluate/predict before train");
@@ -234,7 +235,8 @@ int Run() {
   Trainer& local = *local_trainer;
   auto local_untrained = Variant().Evaluation(local);
   if (!local_untrained.ok()) return Fail(local_untrained.status(), "local evaluation");
-  const bool eval_ok = Variant().SameEvaluationOrLoss(*untrained, *local_untrained, bf16 ? 5e-2 : 1e-5, "untrained model, FSDP");
+  const bool eval_ok = Variant().SameEvaluationOrLoss(*untrained, *local_untrained,
+                                                      bf16 ? 5e-2 : 1e-5, "untrained model, FSDP");
   if (!local.Train().ok()) return 1;
   const std::vector<double> a = StepLosses(fsdp), b = StepLosses(local);
   const double worst_loss = WorstRelative(a, b);

@@ -130,7 +130,8 @@ int Run() {
   Trainer& local = *local_trainer;
   auto local_untrained = Variant().Evaluation(local);
   if (!local_untrained.ok()) return Fail(local_untrained.status(), "local evaluation");
-  const bool eval_ok = Variant().SameEvaluationOrLoss(*untrained, *local_untrained, kTolerance, "untrained model, ZeRO");
+  const bool eval_ok = Variant().SameEvaluationOrLoss(*untrained, *local_untrained, kTolerance,
+                                                      "untrained model, ZeRO");
   if (!local.Train().ok()) return 1;
   const std::vector<double> a = StepLosses(zero), b = StepLosses(local);
   const double worst_loss = WorstRelative(a, b);

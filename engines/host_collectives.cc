@@ -52,4 +52,14 @@ absl::StatusOr<bool> AllRanksFiniteOver(const std::vector<Communicator*>& comms,
   return flag.cpu().item<float>() == 0.0f;
 }
 
+absl::Status BroadcastFromRank0(Communicator& comm, const std::vector<at::Tensor>& tensors) {
+  at::NoGradGuard no_grad;
+  for (const at::Tensor& t : tensors) {
+    at::Tensor data = t.detach();
+    CT_ASSIGN_OR_RETURN(std::unique_ptr<Work> work, comm.Broadcast(data, 0));
+    CT_RETURN_IF_ERROR(work->Wait());
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace cpptrain

@@ -1,7 +1,8 @@
 // Blocking collectives on small host values (token counts, finite flags, timing figures) over
 // one or more communicators in turn, for the engines' AllReduceSum / AllGather /
 // AllRanksFinite. Null communicators are skipped, so an engine passes {shard, replicate} and
-// a plain mesh simply has no replicate.
+// a plain mesh simply has no replicate. Also the replicated engines' start: rank 0's
+// parameters and buffers broadcast to every rank.
 //
 //   CT_ASSIGN_OR_RETURN(at::Tensor total, AllReduceSumOver({comm}, device, counts));
 #ifndef CPPTRAIN_ENGINES_HOST_COLLECTIVES_H_
@@ -29,6 +30,9 @@ absl::StatusOr<at::Tensor> AllGatherOver(const std::vector<Communicator*>& comms
 // True when every rank passed true.
 absl::StatusOr<bool> AllRanksFiniteOver(const std::vector<Communicator*>& comms,
                                         c10::Device device, bool local_finite);
+
+// Overwrites each tensor in place with rank 0's value, one blocking broadcast per tensor.
+absl::Status BroadcastFromRank0(Communicator& comm, const std::vector<at::Tensor>& tensors);
 
 }  // namespace cpptrain
 

@@ -162,21 +162,11 @@ DdpEngine::DdpEngine(const proto::DdpConfig& config, MixedPrecision precision, c
 
 DdpEngine::~DdpEngine() = default;
 
-absl::Status DdpEngine::BroadcastFromRank0(const std::vector<at::Tensor>& tensors) {
-  torch::NoGradGuard no_grad;
-  for (const at::Tensor& t : tensors) {
-    at::Tensor data = t.detach();
-    CT_ASSIGN_OR_RETURN(std::unique_ptr<Work> work, comm_->Broadcast(data, 0));
-    CT_RETURN_IF_ERROR(work->Wait());
-  }
-  return absl::OkStatus();
-}
-
 absl::Status DdpEngine::BroadcastState() {
   std::vector<at::Tensor> tensors;
   for (const auto& p : model_->parameters()) tensors.push_back(p);
   for (const auto& b : model_->buffers()) tensors.push_back(b);
-  return BroadcastFromRank0(tensors);
+  return BroadcastFromRank0(*comm_, tensors);
 }
 
 std::unique_ptr<ForwardScope> DdpEngine::EnterForward() {
@@ -186,7 +176,7 @@ std::unique_ptr<ForwardScope> DdpEngine::EnterForward() {
       at::GradMode::is_enabled()) {
     const std::vector<at::Tensor> buffers = model_->buffers();
     if (!buffers.empty()) {
-      const absl::Status status = BroadcastFromRank0(buffers);
+      const absl::Status status = BroadcastFromRank0(*comm_, buffers);
       TORCH_CHECK(status.ok(), "DDP broadcast_buffers: ", status.ToString());
     }
   }

@@ -65,7 +65,6 @@ class DdpEngine : public LocalEngine {
   DdpEngine(const proto::DdpConfig& config, MixedPrecision precision, c10::Device device,
             std::shared_ptr<Communicator> comm);
   absl::Status BroadcastState();
-  absl::Status BroadcastFromRank0(const std::vector<at::Tensor>& tensors);
   // An error when gradients came from a backward outside Backward() while sync was on.
   absl::Status CheckGradientsSynchronized();
 

@@ -20,16 +20,6 @@ namespace {
 
 constexpr int64_t kAlignElements = 4;  // 16 bytes of fp32, as FSDP1 aligns
 
-absl::Status BroadcastFromRank0(Communicator& comm, const std::vector<at::Tensor>& tensors) {
-  torch::NoGradGuard no_grad;
-  for (const at::Tensor& t : tensors) {
-    at::Tensor data = t.detach();
-    CT_ASSIGN_OR_RETURN(std::unique_ptr<Work> work, comm.Broadcast(data, 0));
-    CT_RETURN_IF_ERROR(work->Wait());
-  }
-  return absl::OkStatus();
-}
-
 at::Tensor HostBuffer(int64_t numel, bool pin) {
   return torch::zeros({numel}, torch::TensorOptions().dtype(at::kFloat).pinned_memory(pin));
 }

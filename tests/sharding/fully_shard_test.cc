@@ -9,50 +9,24 @@
 
 #include "base/status.h"
 #include "base/torch_status.h"
-#include "models/configs.h"
 #include "module/testing/tied_blocks.h"
-#include "sharding/gloo_communicator.h"
 #include "sharding/testing/multi_rank.h"
+#include "tests/sharding/shard_test_setup.h"
 
 namespace cpptrain {
 namespace {
 
 using multi_rank::RunRanksAsThreads;
-
-constexpr auto kTimeout = std::chrono::seconds(60);
-
-std::shared_ptr<DecoderLM> Decoder(int layers) {
-  proto::DecoderConfig config = *NamedDecoderConfig("tiny");
-  config.set_num_hidden_layers(layers);
-  return *BuildDecoder(config);
-}
-
-// One model per rank, identical, built before the rank threads start (the global generator is
-// not for concurrent use).
-std::vector<std::shared_ptr<DecoderLM>> Replicas(int world, int layers) {
-  std::vector<std::shared_ptr<DecoderLM>> out;
-  for (int r = 0; r < world; ++r) {
-    torch::manual_seed(3);
-    out.push_back(Decoder(layers));
-  }
-  return out;
-}
+using shard_test::Check;
+using shard_test::Decoder;
+using shard_test::Mesh;
+using shard_test::Replicas;
 
 Batch TokenBatch() {
   Batch batch;
   batch.inputs = torch::arange(1, 25, torch::kLong).remainder(60).add(1).view({2, 12});
   batch.labels = batch.inputs.clone();
   return batch;
-}
-
-absl::StatusOr<ShardMesh> Mesh(int rank, int world, c10::intrusive_ptr<c10d::Store> store) {
-  CT_ASSIGN_OR_RETURN(std::unique_ptr<GlooCommunicator> comm,
-                      GlooCommunicator::Create(store, rank, world, kTimeout));
-  return ShardMesh{std::shared_ptr<Communicator>(std::move(comm)), nullptr};
-}
-
-absl::Status Check(bool condition, const std::string& what) {
-  return condition ? absl::OkStatus() : absl::InternalError(what);
 }
 
 TEST(FullyShardTest, ShardsAreDimZeroChunksAndGatherBack) {

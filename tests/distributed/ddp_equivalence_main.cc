@@ -57,10 +57,8 @@ class TestModel : public TrainableModel {
   std::shared_ptr<DecoderLM> decoder_;
 };
 
-using testing::EvaluateAndPredict;
 using testing::MaxRelativeDifference;
 using testing::Parameters;
-using testing::SameEvaluation;
 using testing::StepLosses;
 using testing::WorstRelative;
 
@@ -77,26 +75,6 @@ proto::TrainingArguments Args(const EquivalenceVariant& variant, int batch, cons
   args.set_gradient_checkpointing(absl::GetFlag(FLAGS_checkpointing));
   args.set_per_device_eval_batch_size(distributed ? 2 : 5);
   return args;
-}
-
-// Evaluate and predict across ranks on 23 samples: the last global batch repeats samples,
-// which must count for nothing; predictions come back gathered, in dataset order. Without
-// even batches (--uneven) predictions cannot be gathered: the loss alone is compared.
-std::shared_ptr<const Dataset> EvalData() { return testing::VariableLengthTokens(23, 9); }
-
-absl::StatusOr<testing::EvalOutputs> Evaluation(Trainer& trainer, bool loss_only) {
-  if (!loss_only) return EvaluateAndPredict(trainer, EvalData());
-  testing::EvalOutputs out;
-  CT_ASSIGN_OR_RETURN(out.metrics, trainer.Evaluate(EvalData()));
-  return out;
-}
-
-bool SameEvaluationOrLoss(const testing::EvalOutputs& got, const testing::EvalOutputs& want,
-                          bool loss_only) {
-  if (!loss_only) return SameEvaluation(got, want, 1e-5, /*samples=*/23, "evaluation, DDP");
-  const double a = got.metrics.at("eval_loss"), b = want.metrics.at("eval_loss");
-  LOG(INFO) << "evaluation, DDP (loss only): eval_loss " << a << " vs " << b;
-  return std::abs(a - b) <= 1e-5 * std::abs(b);
 }
 
 int Run() {
@@ -123,8 +101,8 @@ int Run() {
     LOG(INFO) << "trained with an unused parameter (find_unused_parameters on)";
     return 0;
   }
-  Trainer ddp_eval(ddp_args, ddp_model, nullptr, EvalData(), nullptr);
-  auto ddp_outputs = Evaluation(ddp_eval, variant.uneven);
+  Trainer ddp_eval(ddp_args, ddp_model, nullptr, variant.EvalData(), nullptr);
+  auto ddp_outputs = variant.Evaluation(ddp_eval);
   if (!ddp_outputs.ok()) {
     LOG(ERROR) << "DDP evaluation failed: " << ddp_outputs.status();
     return 1;
@@ -154,11 +132,12 @@ int Run() {
             << "; input tokens seen " << tokens << " vs " << local_tokens;
   // The same (DDP-trained) model evaluated by one process.
   Trainer local_eval(Args(variant, 2, dir + "/local_eval", /*distributed=*/false), ddp_model,
-                     nullptr, EvalData(),
+                     nullptr, variant.EvalData(),
                      std::move(*LocalEngine::Create(variant.LocalConfig(), MixedPrecision::kNone)));
-  auto local_outputs = Evaluation(local_eval, variant.uneven);
+  auto local_outputs = variant.Evaluation(local_eval);
   if (!local_outputs.ok()) return 1;
-  const bool same_evaluation = SameEvaluationOrLoss(*ddp_outputs, *local_outputs, variant.uneven);
+  const bool same_evaluation =
+      variant.SameEvaluationOrLoss(*ddp_outputs, *local_outputs, 1e-5, "evaluation, DDP");
   const bool ok = worst_loss < 1e-5 && worst_param < variant.ParameterTolerance() &&
                   same_evaluation && tokens == local_tokens;
   std::cout << (ok ? "EQUIVALENT" : "MISMATCH") << std::endl;

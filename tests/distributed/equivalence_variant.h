@@ -55,7 +55,9 @@ struct EquivalenceVariant {
 
   // The sharded programs' model: the tiny decoder with `layers` layers (seed 11), prepared.
   std::shared_ptr<DecoderLM> TinyDecoder(int layers) const;
-  // 23 samples of variable length, for evaluating the untrained model.
+  // 23 samples of variable length for evaluation: on several ranks the last global batch
+  // repeats samples, which must count for nothing, and predictions come back gathered in
+  // dataset order.
   std::shared_ptr<const Dataset> EvalData() const;
   // Evaluate() and Predict() on EvalData(); with uneven (no even batches, so nothing to
   // gather) Evaluate() alone.

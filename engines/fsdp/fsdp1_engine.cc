@@ -7,40 +7,10 @@
 #include "absl/strings/str_cat.h"
 #include "base/logging.h"
 #include "base/status.h"
+#include "engines/fsdp/internal/fsdp_options.h"
 
 namespace cpptrain {
 namespace {
-
-at::ScalarType ToScalarType(proto::DType dtype) {
-  switch (dtype) {
-    case proto::BF16:
-      return at::kBFloat16;
-    case proto::FP16:
-      return at::kHalf;
-    case proto::FP32:
-      break;
-  }
-  return at::kFloat;
-}
-
-WrapPolicy WrapPolicyOf(const proto::FsdpConfig& config) {
-  WrapPolicy wrap;
-  switch (config.auto_wrap_policy()) {
-    case proto::FsdpConfig::TRANSFORMER_BASED_WRAP:
-      wrap.kind = WrapPolicy::Kind::kTransformer;
-      wrap.classes.assign(config.transformer_layer_cls_to_wrap().begin(),
-                          config.transformer_layer_cls_to_wrap().end());
-      break;
-    case proto::FsdpConfig::SIZE_BASED_WRAP:
-      wrap.kind = WrapPolicy::Kind::kSize;
-      wrap.min_num_params = config.min_num_params();
-      break;
-    case proto::FsdpConfig::NO_WRAP:
-      wrap.kind = WrapPolicy::Kind::kNone;
-      break;
-  }
-  return wrap;
-}
 
 bool KeepsParametersAfterForward(proto::FsdpConfig::ShardingStrategy strategy) {
   return strategy == proto::FsdpConfig::SHARD_GRAD_OP ||
@@ -54,21 +24,13 @@ FlatShardOptions FlatShardOptionsFromConfig(const proto::FsdpConfig& config,
                                             MixedPrecision precision, c10::Device device) {
   FlatShardOptions options;
   options.device = device;
-  options.wrap = WrapPolicyOf(config);
+  options.wrap = fsdp_options::WrapPolicyOf(config);
   options.reshard_after_forward = !KeepsParametersAfterForward(config.sharding_strategy());
-  if (config.has_param_dtype()) {
-    options.param_dtype = ToScalarType(config.param_dtype());
-  } else if (precision == MixedPrecision::kBf16) {
-    options.param_dtype = at::kBFloat16;
-  } else if (precision == MixedPrecision::kFp16) {
-    options.param_dtype = at::kHalf;
+  options.param_dtype = fsdp_options::ParamDtype(config, precision);
+  options.reduce_dtype = fsdp_options::ReduceDtype(config, precision);
+  if (config.has_buffer_dtype()) {
+    options.buffer_dtype = fsdp_options::ToScalarType(config.buffer_dtype());
   }
-  if (config.has_reduce_dtype()) {
-    options.reduce_dtype = ToScalarType(config.reduce_dtype());
-  } else if (precision != MixedPrecision::kNone) {
-    options.reduce_dtype = at::kFloat;
-  }
-  if (config.has_buffer_dtype()) options.buffer_dtype = ToScalarType(config.buffer_dtype());
   options.cast_forward_inputs = config.cast_forward_inputs();
   options.offload_params = config.offload_params();
   options.sync_module_states = config.sync_module_states();

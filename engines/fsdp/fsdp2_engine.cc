@@ -10,59 +10,23 @@
 #include "absl/strings/str_join.h"
 #include "base/logging.h"
 #include "base/status.h"
+#include "engines/fsdp/internal/fsdp_options.h"
 #include "base/torch_status.h"
 
 namespace cpptrain {
-namespace {
-
-at::ScalarType ToScalarType(proto::DType dtype) {
-  switch (dtype) {
-    case proto::BF16:
-      return at::kBFloat16;
-    case proto::FP16:
-      return at::kHalf;
-    case proto::FP32:
-      break;
-  }
-  return at::kFloat;
-}
-
-}  // namespace
-
 FullyShardOptions FullyShardOptionsFromConfig(const proto::FsdpConfig& config,
                                               MixedPrecision precision, c10::Device device) {
   FullyShardOptions options;
   options.device = device;
-  switch (config.auto_wrap_policy()) {
-    case proto::FsdpConfig::TRANSFORMER_BASED_WRAP:
-      options.wrap.kind = WrapPolicy::Kind::kTransformer;
-      options.wrap.classes.assign(config.transformer_layer_cls_to_wrap().begin(),
-                                  config.transformer_layer_cls_to_wrap().end());
-      break;
-    case proto::FsdpConfig::SIZE_BASED_WRAP:
-      options.wrap.kind = WrapPolicy::Kind::kSize;
-      options.wrap.min_num_params = config.min_num_params();
-      break;
-    case proto::FsdpConfig::NO_WRAP:
-      options.wrap.kind = WrapPolicy::Kind::kNone;
-      break;
-  }
+  options.wrap = fsdp_options::WrapPolicyOf(config);
   if (config.has_reshard_after_forward()) {
     options.reshard_after_forward = config.reshard_after_forward();
   }
-  if (config.has_param_dtype()) {
-    options.param_dtype = ToScalarType(config.param_dtype());
-  } else if (precision == MixedPrecision::kBf16) {
-    options.param_dtype = at::kBFloat16;
-  } else if (precision == MixedPrecision::kFp16) {
-    options.param_dtype = at::kHalf;
+  options.param_dtype = fsdp_options::ParamDtype(config, precision);
+  options.reduce_dtype = fsdp_options::ReduceDtype(config, precision);
+  if (config.has_output_dtype()) {
+    options.output_dtype = fsdp_options::ToScalarType(config.output_dtype());
   }
-  if (config.has_reduce_dtype()) {
-    options.reduce_dtype = ToScalarType(config.reduce_dtype());
-  } else if (precision != MixedPrecision::kNone) {
-    options.reduce_dtype = at::kFloat;
-  }
-  if (config.has_output_dtype()) options.output_dtype = ToScalarType(config.output_dtype());
   options.cast_forward_inputs = config.cast_forward_inputs();
   options.offload_params = config.offload_params();
   options.sync_module_states = config.sync_module_states();

@@ -93,6 +93,15 @@ class Engine : public HostGroup {
   // The fp16 dynamic loss scaler, for checkpoints; null without one.
   virtual LossScaler* loss_scaler() { return nullptr; }
 
+  // Around reading or writing the model's parameters from outside a step (checkpoints, exports):
+  // between the two calls the parameters hold the values the optimizer steps, at full precision,
+  // and whatever is written into them becomes those values at RestoreWorkingWeights. Engines
+  // whose parameters are lower-precision working copies of fp32 masters (ZeRO stages 1 and 2
+  // under bf16) swap them; for the others both calls do nothing. Collective: every rank calls
+  // both, and RestoreWorkingWeights after every successful ExposeMasterWeights.
+  virtual absl::Status ExposeMasterWeights() { return absl::OkStatus(); }
+  virtual absl::Status RestoreWorkingWeights() { return absl::OkStatus(); }
+
   // rank(), world_size(), AllReduceSum, AllGather and Barrier: sharding/host_group.h.
 };
 

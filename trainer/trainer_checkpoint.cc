@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <system_error>
 
 #include "absl/strings/match.h"
@@ -117,6 +118,15 @@ std::string RngStatePath(const std::string& dir, int rank) {
   return absl::StrCat(dir, "/rng_state_", rank, ".safetensors");
 }
 
+// Runs `io`, a read or write of the model's parameters, with the engine's fp32 masters in them
+// (Engine::ExposeMasterWeights), and restores the working copies even when `io` fails.
+absl::Status WithMasterWeights(Engine& engine, const std::function<absl::Status()>& io) {
+  CT_RETURN_IF_ERROR(engine.ExposeMasterWeights());
+  const absl::Status done = io();
+  const absl::Status restored = engine.RestoreWorkingWeights();
+  return done.ok() ? restored : done;
+}
+
 }  // namespace
 
 absl::StatusOr<std::string> LatestCheckpoint(const std::string& output_dir) {
@@ -207,8 +217,9 @@ absl::Status Trainer::WriteCheckpoint(const std::string& name, const std::string
       (args_.has_fsdp() && args_.fsdp().state_dict_type() == proto::FsdpConfig::FULL_STATE_DICT);
   options.include_optimizer = !args_.save_only_model();
   options.engine_name = engine_->name();
-  absl::Status mine =
-      SaveModelState(temp_dir.string(), *model_, engine_->optimizer(), *engine_, options);
+  absl::Status mine = WithMasterWeights(*engine_, [&] {
+    return SaveModelState(temp_dir.string(), *model_, engine_->optimizer(), *engine_, options);
+  });
   if (mine.ok() && !args_.save_only_model()) {
     at::Tensor rng;
     {
@@ -424,7 +435,8 @@ absl::Status Trainer::RestoreCheckpoint(const std::string& dir,
   LoadModelStateOptions options;
   options.strict = args_.load_strict();
   options.verified = true;  // VerifyResumable read every piece this rank loads
-  CT_RETURN_IF_ERROR(LoadModelState(dir, *model_, engine_->optimizer(), options));
+  CT_RETURN_IF_ERROR(WithMasterWeights(
+      *engine_, [&] { return LoadModelState(dir, *model_, engine_->optimizer(), options); }));
   state_.global_step = saved.global_step();
   state_.epoch = saved.epoch();
   state_.num_input_tokens_seen = saved.num_input_tokens_seen();
@@ -477,7 +489,8 @@ absl::Status Trainer::LoadBestModel() {
                      << ResolvedMetricForBestModel(args_) << " " << *state_.best_metric << ")";
   LoadModelStateOptions options;
   options.strict = args_.load_strict();
-  return LoadModelState(best_model_checkpoint_, *model_, nullptr, options);
+  return WithMasterWeights(
+      *engine_, [&] { return LoadModelState(best_model_checkpoint_, *model_, nullptr, options); });
 }
 
 absl::Status Trainer::SaveModel(const std::string& output_dir) {
@@ -489,7 +502,9 @@ absl::Status Trainer::SaveModel(const std::string& output_dir) {
   options.full_model = true;
   options.include_optimizer = false;
   options.engine_name = engine_->name();
-  CT_RETURN_IF_ERROR(AllRanksOk(SaveModelState(dir.string(), *model_, nullptr, *engine_, options)));
+  CT_RETURN_IF_ERROR(AllRanksOk(WithMasterWeights(*engine_, [&] {
+    return SaveModelState(dir.string(), *model_, nullptr, *engine_, options);
+  })));
   absl::Status written = absl::OkStatus();
   if (zero) {
     std::string args_text;

@@ -20,8 +20,8 @@ namespace {
 
 constexpr int64_t kAlignElements = 4;  // 16 bytes of fp32, as FSDP1 aligns
 
-at::Tensor HostBuffer(int64_t numel, bool pin) {
-  return torch::zeros({numel}, torch::TensorOptions().dtype(at::kFloat).pinned_memory(pin));
+at::Tensor HostBuffer(int64_t numel, bool pin, at::ScalarType dtype = at::kFloat) {
+  return torch::zeros({numel}, torch::TensorOptions().dtype(dtype).pinned_memory(pin));
 }
 
 }  // namespace
@@ -64,7 +64,9 @@ ZeroEngine::ZeroEngine(const proto::ZeroConfig& config, MixedPrecision precision
     : LocalEngine(device, precision),
       config_(config),
       comm_(std::move(comm)),
-      offload_(config.offload_optimizer_device() == proto::ZeroConfig::CPU) {
+      offload_(config.offload_optimizer_device() == proto::ZeroConfig::CPU),
+      pin_(offload_ && config.offload_optimizer_pin_memory() && torch::cuda::is_available()),
+      working_(precision == MixedPrecision::kBf16 ? at::kBFloat16 : at::kFloat) {
   if (scaler_) scaler_.emplace(ZeroLossScalerOptions(config_));
 }
 
@@ -89,8 +91,9 @@ absl::Status ZeroEngine::Flatten() {
       return absl::InvalidArgumentError(absl::StrCat(
           "ZeRO stage ", config_.stage(), ": parameter ", name, " is ",
           c10::toString(param.scalar_type()),
-          " but stages 1 and 2 keep fp32 parameters (bf16/fp16 run under autocast): build the "
-          "model in fp32, or use zero.stage=3 / fsdp, which cast to param_dtype"));
+          " but stages 1 and 2 take the model in fp32 (the optimizer's masters; under bf16 they "
+          "make the bf16 working copies themselves): build the model in fp32, or use "
+          "zero.stage=3 / fsdp, which cast to param_dtype"));
     }
     names_.push_back(std::move(name));
     params_.push_back(std::move(param));
@@ -99,17 +102,33 @@ absl::Status ZeroEngine::Flatten() {
   for (const at::Tensor& p : params_) numels.push_back(p.numel());
   layout_ = BuildZeroLayout(numels, comm_->size(), comm_->rank(),
                             std::max<int64_t>(1, config_.reduce_bucket_size()), kAlignElements);
-  return CatchTorch([&] {
+  CT_RETURN_IF_ERROR(CatchTorch([&] {
     torch::NoGradGuard no_grad;
-    flat_ = torch::zeros({layout_->total_numel},
-                         torch::TensorOptions().dtype(at::kFloat).device(device_));
-    for (size_t i = 0; i < params_.size(); ++i) {
-      const ZeroLayout::Param& p = layout_->params[i];
-      at::Tensor view = flat_.narrow(0, p.offset, p.numel).view(params_[i].sizes());
-      view.copy_(params_[i].detach());
-      params_[i].set_data(view);
+    if (offload_ || working_ != at::kFloat) {
+      master_ = offload_ ? HostBuffer(layout_->local_numel, pin_)
+                         : torch::zeros({layout_->local_numel},
+                                        torch::TensorOptions().dtype(at::kFloat).device(device_));
+      for (size_t i = 0; i < params_.size(); ++i) {  // from the fp32 values, before any rounding
+        const ZeroLayout::Param& p = layout_->params[i];
+        master_.narrow(0, p.local_offset, p.own_numel)
+            .copy_(params_[i].detach().reshape({-1}).narrow(0, p.own_begin, p.own_numel));
+      }
     }
-  });
+    flat_ = torch::zeros({layout_->total_numel},
+                         torch::TensorOptions().dtype(working_).device(device_));
+    PointParametersInto(flat_, /*copy=*/true);
+  }));
+  params_version_ = ParametersVersion();
+  return absl::OkStatus();
+}
+
+void ZeroEngine::PointParametersInto(const at::Tensor& flat, bool copy) {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const ZeroLayout::Param& p = layout_->params[i];
+    at::Tensor view = flat.narrow(0, p.offset, p.numel).view(params_[i].sizes());
+    if (copy) view.copy_(params_[i].detach());
+    params_[i].set_data(view);
+  }
 }
 
 absl::Status ZeroEngine::BuildOptimizer(const OptimizerFactory& factory) {
@@ -117,18 +136,12 @@ absl::Status ZeroEngine::BuildOptimizer(const OptimizerFactory& factory) {
   std::vector<ZeroOptimizer::Piece> pieces;
   CT_RETURN_IF_ERROR(CatchTorch([&] {
     torch::NoGradGuard no_grad;
-    if (offload_) {
-      const bool pin = config_.offload_optimizer_pin_memory() && torch::cuda::is_available();
-      master_ = HostBuffer(layout_->local_numel, pin);
-      host_grad_ = HostBuffer(layout_->local_numel, pin);
-    }
     for (size_t i = 0; i < params_.size(); ++i) {
       const ZeroLayout::Param& p = layout_->params[i];
-      // Without offload the piece is the owned range of the parameter itself.
-      at::Tensor data = offload_ ? master_.narrow(0, p.local_offset, p.own_numel)
-                                 : flat_.narrow(0, p.offset + p.own_begin, p.own_numel);
-      at::Tensor grad =
-          (offload_ ? host_grad_ : grads_->shard()).narrow(0, p.local_offset, p.own_numel);
+      // Without a separate master the piece is the owned range of the parameter itself.
+      at::Tensor data = master_.defined() ? master_.narrow(0, p.local_offset, p.own_numel)
+                                          : flat_.narrow(0, p.offset + p.own_begin, p.own_numel);
+      at::Tensor grad = grads_->shard().narrow(0, p.local_offset, p.own_numel);
       at::Tensor piece = torch::empty({0}, data.options());
       piece.set_data(data);
       piece.set_requires_grad(true);
@@ -137,7 +150,6 @@ absl::Status ZeroEngine::BuildOptimizer(const OptimizerFactory& factory) {
       pieces.push_back({params_[i], piece, p.own_begin});
     }
   }));
-  params_version_ = -1;  // the masters are filled from the parameters before the first step
   CT_ASSIGN_OR_RETURN(std::unique_ptr<torch::optim::Optimizer> inner, factory(named));
   auto wrapped =
       std::make_unique<ZeroOptimizer>(std::move(inner), std::move(pieces), comm_.get(), device_);
@@ -152,14 +164,16 @@ absl::Status ZeroEngine::PrepareForTraining(std::shared_ptr<TrainableModel> mode
   if (optimizer_ != nullptr) return absl::OkStatus();
   if (!layout_) {
     CT_RETURN_IF_ERROR(Flatten());
+    const ZeroGradients::ShardPlace shard_place{offload_ ? c10::Device(c10::kCPU) : device_, pin_};
     grads_ = std::make_unique<ZeroGradients>(*layout_, params_, comm_.get(), device_,
-                                             /*keep_full=*/config_.stage() == 1);
+                                             /*keep_full=*/config_.stage() == 1, shard_place);
     CT_RETURN_IF_ERROR(CatchTorch([&] { grads_->Install(); }));
     CT_LOG_RANK0(INFO) << "ZeRO stage " << config_.stage() << ": " << params_.size()
                        << " parameters (" << layout_->total_numel << " elements padded) in "
                        << layout_->buckets.size() << " buckets over " << comm_->size() << " ranks; "
                        << layout_->local_numel << " owned per rank"
-                       << (offload_ ? ", optimizer on the host" : "");
+                       << (offload_ ? ", optimizer on the host" : "")
+                       << (working_ != at::kFloat ? ", bf16 working parameters" : "");
   }
   return BuildOptimizer(factory);
 }
@@ -170,12 +184,7 @@ absl::Status ZeroEngine::Backward(const torch::Tensor& loss) {
   absl::Status status = LocalEngine::Backward(loss);
   absl::Status finished = grads_->Finish(status.ok());
   if (!status.ok()) return status;
-  CT_RETURN_IF_ERROR(finished);
-  // Offload: the optimizer's gradients are the host copy (clipping and unscaling act on it).
-  if (offload_ && optimizer_ != nullptr) {
-    CT_RETURN_IF_ERROR(CatchTorch([&] { host_grad_.copy_(grads_->shard()); }));
-  }
-  return absl::OkStatus();
+  return finished;
 }
 
 absl::Status ZeroEngine::CheckNoStrayGradients() const {
@@ -196,10 +205,11 @@ absl::StatusOr<double> ZeroEngine::ClipGradNorm(double max_norm) {
   }
   CT_RETURN_IF_ERROR(CheckNoStrayGradients());
   CT_RETURN_IF_ERROR(UnscaleOnce());
-  at::Tensor& shard = offload_ ? host_grad_ : grads_->shard();
-  CT_ASSIGN_OR_RETURN(at::Tensor squares,
-                      CatchTorch([&] { return shard.pow(2).sum().reshape({1}).to(at::kFloat); }));
-  CT_RETURN_IF_ERROR(CatchTorch([&] { squares = squares.to(device_); }));
+  at::Tensor& shard = grads_->shard();
+  // A norm reduction, not pow(2).sum(): no temporary the size of the shard (on the host too).
+  CT_ASSIGN_OR_RETURN(at::Tensor squares, CatchTorch([&] {
+                        return shard.norm().square().reshape({1}).to(device_, at::kFloat);
+                      }));
   CT_ASSIGN_OR_RETURN(std::unique_ptr<Work> work, comm_->AllReduce(squares, ReduceOp::kSum));
   CT_RETURN_IF_ERROR(work->Synchronize());
   return CatchTorch([&] {
@@ -216,7 +226,7 @@ int64_t ZeroEngine::ParametersVersion() const {
 }
 
 void ZeroEngine::RefreshMasters() {
-  if (!offload_ || ParametersVersion() == params_version_) return;
+  if (!master_.defined() || ParametersVersion() == params_version_) return;
   torch::NoGradGuard no_grad;
   for (size_t b = 0; b < layout_->buckets.size(); ++b) {
     const ZeroLayout::Bucket& bucket = layout_->buckets[b];
@@ -239,9 +249,8 @@ absl::Status ZeroEngine::AllGatherParameters() {
       in_flight_numel = 0;
     }
     at::Tensor mine = flat_.narrow(0, layout_->OwnedBegin(b, comm_->rank()), bucket.shard_numel);
-    if (offload_) {
-      CT_RETURN_IF_ERROR(CatchTorch(
-          [&] { mine.copy_(master_.narrow(0, bucket.local_offset, bucket.shard_numel), true); }));
+    if (master_.defined()) {
+      CT_RETURN_IF_ERROR(CatchTorch([&] { CopyMasterInto(mine, b); }));
     }
     at::Tensor full = flat_.narrow(0, bucket.begin, bucket.numel);
     CT_ASSIGN_OR_RETURN(std::unique_ptr<Work> work, comm_->AllGather(mine, full));
@@ -251,6 +260,68 @@ absl::Status ZeroEngine::AllGatherParameters() {
   for (auto& work : in_flight) CT_RETURN_IF_ERROR(work->Wait());
   params_version_ = ParametersVersion();
   return absl::OkStatus();
+}
+
+void ZeroEngine::CopyMasterInto(at::Tensor& mine, int b) {
+  const ZeroLayout::Bucket& bucket = layout_->buckets[b];
+  const at::Tensor master = master_.narrow(0, bucket.local_offset, bucket.shard_numel);
+  if (!offload_ || working_ == at::kFloat || !mine.is_cuda()) {
+    mine.copy_(master, /*non_blocking=*/true);
+    return;
+  }
+  // The host rounds to the working dtype, so half the bytes cross the bus; the page-locked
+  // staging block is not reused before the copy is done (the host allocator records it).
+  at::Tensor staging = HostBuffer(bucket.shard_numel, pin_, working_);
+  staging.copy_(master);
+  mine.copy_(staging, /*non_blocking=*/true);
+}
+
+absl::Status ZeroEngine::ExposeMasterWeights() {
+  if (!layout_ || !master_.defined() || working_ == at::kFloat || exposed_.defined()) {
+    return absl::OkStatus();
+  }
+  CT_RETURN_IF_ERROR(CatchTorch([&] {
+    RefreshMasters();  // when someone wrote the working copies since the last step
+    exposed_ = torch::empty(
+        {layout_->total_numel},
+        torch::TensorOptions().dtype(at::kFloat).device(offload_ ? c10::kCPU : device_.type()));
+  }));
+  torch::NoGradGuard no_grad;
+  for (size_t b = 0; b < layout_->buckets.size(); ++b) {
+    const ZeroLayout::Bucket& bucket = layout_->buckets[b];
+    at::Tensor mine, full;
+    CT_RETURN_IF_ERROR(CatchTorch([&] {
+      mine = master_.narrow(0, bucket.local_offset, bucket.shard_numel).to(device_);
+      full = offload_ ? torch::empty({bucket.numel}, mine.options())
+                      : exposed_.narrow(0, bucket.begin, bucket.numel);
+    }));
+    CT_ASSIGN_OR_RETURN(std::unique_ptr<Work> work, comm_->AllGather(mine, full));
+    CT_RETURN_IF_ERROR(work->Wait());
+    if (offload_) {
+      CT_RETURN_IF_ERROR(
+          CatchTorch([&] { exposed_.narrow(0, bucket.begin, bucket.numel).copy_(full); }));
+    }
+  }
+  return CatchTorch([&] { PointParametersInto(exposed_, /*copy=*/false); });
+}
+
+absl::Status ZeroEngine::RestoreWorkingWeights() {
+  if (!exposed_.defined()) return absl::OkStatus();
+  absl::Status restored = CatchTorch([&] {
+    torch::NoGradGuard no_grad;
+    for (size_t b = 0; b < layout_->buckets.size(); ++b) {
+      const ZeroLayout::Bucket& bucket = layout_->buckets[b];
+      master_.narrow(0, bucket.local_offset, bucket.shard_numel)
+          .copy_(exposed_.narrow(0, layout_->OwnedBegin(b, comm_->rank()), bucket.shard_numel));
+    }
+    flat_.copy_(exposed_);
+    PointParametersInto(flat_, /*copy=*/false);
+    // set_data to another dtype or device gave the parameters new gradient accumulators.
+    grads_->Reinstall();
+  });
+  exposed_ = at::Tensor();
+  params_version_ = ParametersVersion();
+  return restored;
 }
 
 absl::StatusOr<bool> ZeroEngine::OptimizerStep() {
@@ -278,14 +349,11 @@ absl::StatusOr<bool> ZeroEngine::OptimizerStep() {
 
 void ZeroEngine::ZeroGrad() {
   if (grads_ != nullptr) grads_->Clear();
-  if (offload_ && host_grad_.defined()) host_grad_.zero_();
 }
 
 void ZeroEngine::ResetOptimizer() {
   LocalEngine::ResetOptimizer();
-  zero_optimizer_ = nullptr;
-  master_ = at::Tensor();
-  host_grad_ = at::Tensor();
+  zero_optimizer_ = nullptr;  // the masters stay: they are the parameters' values
   if (scaler_) scaler_.emplace(ZeroLossScalerOptions(config_));
 }
 
@@ -315,7 +383,6 @@ ZeroFootprint ZeroEngine::Footprint() const {
     out.gradient_bytes = grads_->LiveBytes();
     out.peak_gradient_buffer_bytes = grads_->peak_buffer_bytes();
   }
-  if (host_grad_.defined()) out.gradient_bytes += host_grad_.numel() * host_grad_.element_size();
   if (zero_optimizer_ != nullptr) out.optimizer_bytes = zero_optimizer_->StateBytes();
   if (master_.defined()) out.optimizer_bytes += master_.numel() * master_.element_size();
   return out;

@@ -11,13 +11,17 @@
 //   clip       the global norm over every rank's owned gradients (one all-reduce);
 //   step       the owner updates its ranges, then every bucket is all-gathered back into the
 //              replicated parameters (allgather_bucket_size elements in flight at most).
-// With offload_optimizer_device CPU the owned fp32 master ranges, their gradients and the
-// optimizer state live in host memory (page-locked with offload_optimizer_pin_memory on CUDA);
-// the gradient shard is copied out, the step runs on the host, the updated ranges are copied
-// back before the all-gather. On the CPU that path runs too (host == device, real copies).
-// Without offload the owned ranges *are* the parameters' storage (parameters stay fp32;
-// bf16/fp16 run under autocast, as the local and DDP engines do), so there is no separate
-// master copy.
+// Precision, as DeepSpeed's bf16 block: under bf16 the parameters become bf16 working copies
+// (the flat buffer is bf16, 2 bytes a parameter) and each rank keeps fp32 masters of only its
+// owned ranges; the step updates the masters and the all-gather spreads their bf16 rounding.
+// The forward still runs under autocast (for the activations). Under fp16 and fp32 the
+// parameters stay fp32 and, without offload, the owned ranges *are* the parameters' storage.
+// Checkpoints see the masters: Engine::ExposeMasterWeights swaps the full fp32 values in.
+// With offload_optimizer_device CPU the owned fp32 masters, their gradients and the optimizer
+// state live in host memory (page-locked with offload_optimizer_pin_memory on CUDA): each
+// reduced bucket is copied out on a side stream while backward goes on, the step runs on the
+// host, and the updated ranges go back (rounded to bf16 on the host first) before the
+// all-gather. On the CPU that path runs too (host == device, real copies).
 //
 //   CT_ASSIGN_OR_RETURN(auto engine, ZeroEngine::Create(config, precision, device, comm));
 //   CT_RETURN_IF_ERROR(engine->PrepareForTraining(model, factory));
@@ -75,6 +79,11 @@ class ZeroEngine : public LocalEngine {
   absl::StatusOr<torch::Tensor> AllReduceSum(const torch::Tensor& values) override;
   absl::StatusOr<torch::Tensor> AllGather(const torch::Tensor& values) override;
   absl::StatusOr<bool> AllRanksFinite(bool local_finite) override;
+  // Under bf16: the parameters become views of a full fp32 copy gathered from every rank's
+  // masters (on the host with offload), and back to the bf16 working copies, taking what was
+  // written into them as the new masters.
+  absl::Status ExposeMasterWeights() override;
+  absl::Status RestoreWorkingWeights() override;
 
   // Null before PrepareForTraining.
   const ZeroLayout* layout() const { return layout_ ? &*layout_ : nullptr; }
@@ -85,6 +94,10 @@ class ZeroEngine : public LocalEngine {
              std::shared_ptr<Communicator> comm);
   absl::Status Flatten();
   absl::Status BuildOptimizer(const OptimizerFactory& factory);
+  // Every trainable parameter becomes its view of `flat` (copying its values in first).
+  void PointParametersInto(const at::Tensor& flat, bool copy);
+  // This rank's masters of bucket b into `mine`, its owned range of flat_.
+  void CopyMasterInto(at::Tensor& mine, int b);
   // Rebuilds the host masters from the parameters when someone else wrote them (a checkpoint
   // load), detected by the parameters' version counters (the all-gather writes none of them).
   void RefreshMasters();
@@ -95,13 +108,15 @@ class ZeroEngine : public LocalEngine {
   proto::ZeroConfig config_;
   std::shared_ptr<Communicator> comm_;
   bool offload_ = false;
+  bool pin_ = false;                     // host buffers page-locked
+  at::ScalarType working_ = at::kFloat;  // the parameters' dtype (flat_)
   bool sync_ = true;
   std::vector<std::string> names_;  // trainable parameters, each tensor once
   std::vector<at::Tensor> params_;
   std::optional<ZeroLayout> layout_;
-  at::Tensor flat_;              // the parameters' storage, [layout total_numel]
-  at::Tensor master_;            // offload: fp32 host [local_numel], else unset
-  at::Tensor host_grad_;         // offload: fp32 host [local_numel]
+  at::Tensor flat_;              // the parameters' storage, [layout total_numel], working_
+  at::Tensor master_;            // fp32 [local_numel] under offload (host) or bf16, else unset
+  at::Tensor exposed_;           // fp32 [total_numel] between Expose and RestoreWorkingWeights
   int64_t params_version_ = -1;  // ParametersVersion() when the masters were last right
   std::unique_ptr<ZeroGradients> grads_;
   ZeroOptimizer* zero_optimizer_ = nullptr;  // owned by optimizer_

@@ -13,6 +13,7 @@
 
 #include "base/status.h"
 #include "base/torch_status.h"
+#include "base/torch_compat.h"
 #include "engines/grad_utils.h"
 #include "engines/zero/zero3_engine.h"
 #include "engines/zero/zero_layout.h"
@@ -131,6 +132,100 @@ Reference SgdStep(const std::vector<Batch>& batches, double lr, double max_norm)
   return out;
 }
 
+// Under bf16 (stages 1 and 2) the forward sees the bf16 rounding of each fp32 master and the
+// masters take the step with the fp32 sum of the bf16 gradients: this reference does the same
+// by hand (autocast on the CPU, as the engine's forward runs).
+Reference Bf16SgdStep(const std::vector<Batch>& batches, double lr, double max_norm) {
+  TiedBlocks master(1);
+  std::vector<at::Tensor> sums;
+  for (const Batch& b : batches) {
+    TiedBlocks working(1);
+    working.to(torch::kBFloat16);
+    {
+      AutocastGuard autocast(at::kCPU, at::kBFloat16);
+      working.LossSum(working.Forward(b), b).backward();
+    }
+    std::vector<at::Tensor> grads;
+    for (auto& [name, p] : UniqueTrainableParameters(working))
+      grads.push_back(p.grad().to(at::kFloat));
+    if (sums.empty()) {
+      sums = grads;
+    } else {
+      for (size_t i = 0; i < sums.size(); ++i) sums[i] = sums[i] + grads[i];
+    }
+  }
+  Reference out;
+  out.norm = GlobalNorm(sums).item<double>();
+  ClipByNorm(sums, out.norm, max_norm);
+  torch::NoGradGuard no_grad;
+  size_t i = 0;
+  for (auto& [name, p] : UniqueTrainableParameters(master)) p.sub_(sums[i++] * lr);
+  for (const auto& item : master.named_parameters()) out.params[item.key()] = item.value().clone();
+  return out;
+}
+
+class ZeroBf16Test : public ::testing::TestWithParam<std::tuple<int, bool>> {};
+
+INSTANTIATE_TEST_SUITE_P(Stages, ZeroBf16Test,
+                         ::testing::Combine(::testing::Values(1, 2), ::testing::Bool()));
+
+// One clipped step under bf16 equals the reference; the parameters are the masters' bf16
+// rounding; ExposeMasterWeights shows the fp32 masters, and what is written there becomes the
+// masters (a checkpoint load) with training going on after it.
+TEST_P(ZeroBf16Test, MastersTakeTheStepAndCheckpointsSeeThem) {
+  const auto [stage, offload] = GetParam();
+  const std::vector<Batch> batches = {TiedBlocks::Inputs(3, 30), TiedBlocks::Inputs(3, 31)};
+  const Reference want = Bf16SgdStep(batches, 0.5, 0.3);
+  absl::Status s = RunRanksAsThreads(2, [&](int rank, auto store) -> absl::Status {
+    auto model = std::make_shared<TiedBlocks>(1);
+    CT_ASSIGN_OR_RETURN(std::shared_ptr<Communicator> comm, Comm(rank, 2, store));
+    CT_ASSIGN_OR_RETURN(auto engine,
+                        ZeroEngine::Create(Config(stage, offload, 6), MixedPrecision::kBf16,
+                                           c10::Device(c10::kCPU), comm));
+    CT_RETURN_IF_ERROR(engine->PrepareForTraining(model, SgdFactory(0.5)));
+    CT_RETURN_IF_ERROR(TrainStep(*engine, *model, batches[rank]));
+    CT_ASSIGN_OR_RETURN(double norm, engine->ClipGradNorm(0.3));
+    EXPECT_NEAR(norm, want.norm, 1e-5 * want.norm);
+    CT_RETURN_IF_ERROR(engine->OptimizerStep().status());
+    engine->ZeroGrad();
+    for (const auto& item : model->named_parameters()) {
+      const at::Tensor& wanted = want.params.at(item.key());
+      EXPECT_EQ(item.value().scalar_type(), at::kBFloat16) << item.key();
+      EXPECT_TRUE(torch::allclose(item.value().to(at::kFloat),
+                                  wanted.to(at::kBFloat16).to(at::kFloat), 1e-2))
+          << item.key() << ": " << item.value() << " vs " << wanted;
+    }
+    CT_RETURN_IF_ERROR(engine->ExposeMasterWeights());
+    for (const auto& item : model->named_parameters()) {
+      EXPECT_EQ(item.value().scalar_type(), at::kFloat) << item.key();
+      EXPECT_TRUE(torch::allclose(item.value(), want.params.at(item.key()), 1e-5, 1e-6))
+          << "stage " << stage << " rank " << rank << " " << item.key() << ": " << item.value()
+          << " vs " << want.params.at(item.key());
+    }
+    {
+      torch::NoGradGuard no_grad;
+      model->named_parameters()["a.w"].fill_(0.3);  // tied: b.w too
+    }
+    CT_RETURN_IF_ERROR(engine->RestoreWorkingWeights());
+    const at::Tensor loaded = model->named_parameters()["b.w"];
+    EXPECT_EQ(loaded.scalar_type(), at::kBFloat16);
+    EXPECT_TRUE(torch::equal(
+        loaded.to(at::kFloat),
+        torch::full_like(loaded.to(at::kFloat), 0.3).to(at::kBFloat16).to(at::kFloat)));
+    // Training goes on from the written masters: the hooks still reduce every gradient.
+    CT_RETURN_IF_ERROR(TrainStep(*engine, *model, batches[rank]));
+    CT_RETURN_IF_ERROR(engine->ClipGradNorm(0.3).status());
+    CT_RETURN_IF_ERROR(engine->OptimizerStep().status());
+    CT_RETURN_IF_ERROR(engine->ExposeMasterWeights());
+    const at::Tensor stepped = model->named_parameters()["a.w"].clone();
+    CT_RETURN_IF_ERROR(engine->RestoreWorkingWeights());
+    EXPECT_FALSE(torch::allclose(stepped, torch::full_like(stepped, 0.3)));
+    EXPECT_LT((stepped - 0.3).abs().max().item<double>(), 0.5 * 0.3 + 1e-6);  // lr x clip
+    return absl::OkStatus();
+  });
+  EXPECT_TRUE(s.ok()) << s;
+}
+
 class ZeroStepTest : public ::testing::TestWithParam<std::tuple<int, bool>> {};
 
 TEST_P(ZeroStepTest, OneClippedStepEqualsTheReference) {
@@ -222,18 +317,20 @@ Batch OddBatch() {
   return batch;
 }
 
-// fp32 everywhere on the CPU, P trainable elements (padded: Pp, rank part Pp/N), after a
-// backward and a step:
+// On the CPU, P trainable elements (padded: Pp, rank part Pp/N), after a backward and a step:
 //   stage 1: parameters 4 Pp, gradients 4 Pp (full fp32 buckets) + 4 Pp/N (reduced shard),
 //            optimizer 8 x owned elements (exp_avg, exp_avg_sq)
 //   stage 2: parameters 4 Pp, gradients 4 Pp/N, optimizer 8 x owned
-//   offload: + 4 Pp/N host gradient copy, + 4 Pp/N host fp32 master
-// DeepSpeed's mixed-precision 2P + 2P + 12P/N (stage 1) becomes 4P + (4P + 4P/N) + 8P/N here:
-// parameters stay fp32 (bf16 is autocast), so the owned parameter range is the fp32 master.
-class ZeroMemoryTest : public ::testing::TestWithParam<std::tuple<int, bool>> {};
+//   offload: the shard is on the host instead; + 4 Pp/N host fp32 master
+//   bf16:    parameters 2 Pp (the working copies), + 4 Pp/N fp32 master (on the host with
+//            offload, else on the device)
+// With bf16 that is DeepSpeed's mixed-precision formula with fp32 gradient buffers: stage 1
+// 2P + (4P + 4P/N) + 12P/N where DeepSpeed counts 2P + 2P + 12P/N, stage 2 2P + 4P/N + 12P/N
+// (DeepSpeed 2P + 14P/N), plus the buckets in flight during backward (checked below).
+class ZeroMemoryTest : public ::testing::TestWithParam<std::tuple<int, bool, bool>> {};
 
 TEST_P(ZeroMemoryTest, BytesPerRankFollowTheFormulas) {
-  const auto [stage, offload] = GetParam();
+  const auto [stage, offload, bf16] = GetParam();
   constexpr int kWorld = 3;
   const int64_t kOddP = OddModelNumel();
   absl::Status s = RunRanksAsThreads(kWorld, [&](int rank, auto store) -> absl::Status {
@@ -241,7 +338,8 @@ TEST_P(ZeroMemoryTest, BytesPerRankFollowTheFormulas) {
     CT_ASSIGN_OR_RETURN(std::shared_ptr<Communicator> comm, Comm(rank, kWorld, store));
     // A 1000-element cap: every parameter its own bucket but the first two, which share one.
     CT_ASSIGN_OR_RETURN(auto engine,
-                        ZeroEngine::Create(Config(stage, offload, 1000), MixedPrecision::kNone,
+                        ZeroEngine::Create(Config(stage, offload, 1000),
+                                           bf16 ? MixedPrecision::kBf16 : MixedPrecision::kNone,
                                            c10::Device(c10::kCPU), comm));
     CT_RETURN_IF_ERROR(engine->PrepareForTraining(model, AdamWFactory()));
     CT_RETURN_IF_ERROR(TrainStep(*engine, *model, OddBatch()));
@@ -257,10 +355,10 @@ TEST_P(ZeroMemoryTest, BytesPerRankFollowTheFormulas) {
     CT_RETURN_IF_ERROR(engine->ClipGradNorm(1.0).status());
     CT_RETURN_IF_ERROR(engine->OptimizerStep().status());
     const ZeroFootprint after_step = engine->Footprint();
-    EXPECT_EQ(after_backward.parameter_bytes, 4 * padded);
-    const int64_t grads = (stage == 1 ? 4 * padded : 0) + 4 * part + (offload ? 4 * part : 0);
+    EXPECT_EQ(after_backward.parameter_bytes, (bf16 ? 2 : 4) * padded);
+    const int64_t grads = (stage == 1 ? 4 * padded : 0) + 4 * part;
     EXPECT_EQ(after_backward.gradient_bytes, grads) << "stage " << stage;
-    EXPECT_EQ(after_step.optimizer_bytes, 8 * owned + (offload ? 4 * part : 0));
+    EXPECT_EQ(after_step.optimizer_bytes, 8 * owned + (offload || bf16 ? 4 * part : 0));
     // During backward: stage 1 holds every bucket; stage 2 at most the bucket being filled,
     // the one in flight and its output, never the whole gradient.
     int64_t largest = 0;
@@ -273,7 +371,8 @@ TEST_P(ZeroMemoryTest, BytesPerRankFollowTheFormulas) {
       EXPECT_LT(peak, 4 * padded);
     }
     EXPECT_LE(owned, part);
-    LOG(INFO) << "stage " << stage << (offload ? " offload" : "") << " rank " << rank << ": P "
+    LOG(INFO) << "stage " << stage << (offload ? " offload" : "") << (bf16 ? " bf16" : "")
+              << " rank " << rank << ": P "
               << kOddP << " (padded " << padded << ", " << layout.buckets.size()
               << " buckets), bytes: parameters " << after_backward.parameter_bytes << ", gradients "
               << after_backward.gradient_bytes << ", optimizer " << after_step.optimizer_bytes
@@ -285,7 +384,8 @@ TEST_P(ZeroMemoryTest, BytesPerRankFollowTheFormulas) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Stages, ZeroMemoryTest,
-                         ::testing::Combine(::testing::Values(1, 2), ::testing::Bool()));
+                         ::testing::Combine(::testing::Values(1, 2), ::testing::Bool(),
+                                            ::testing::Bool()));
 
 // Stage 3 at rest: parameters, gradients and AdamW state each 1/N (the flat shards).
 TEST(Zero3MemoryTest, EverythingIsPartitioned) {

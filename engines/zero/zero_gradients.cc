@@ -28,14 +28,19 @@ class GradientHook : public torch::autograd::FunctionPostHook {
 }  // namespace
 
 ZeroGradients::ZeroGradients(const ZeroLayout& layout, std::vector<at::Tensor> params,
-                             Communicator* comm, c10::Device device, bool keep_full)
+                             Communicator* comm, c10::Device device, bool keep_full,
+                             ShardPlace shard_place)
     : layout_(layout),
       params_(std::move(params)),
       comm_(comm),
       device_(device),
       keep_full_(keep_full) {
   const auto fp32 = torch::TensorOptions().dtype(at::kFloat).device(device_);
-  shard_ = torch::zeros({layout_.local_numel}, fp32);
+  shard_ = torch::zeros({layout_.local_numel}, torch::TensorOptions()
+                                                   .dtype(at::kFloat)
+                                                   .device(shard_place.device)
+                                                   .pinned_memory(shard_place.pinned));
+  fresh_.assign(layout_.buckets.size(), true);
   buckets_.resize(layout_.buckets.size());
   if (keep_full_) {
     for (size_t b = 0; b < buckets_.size(); ++b) {
@@ -59,6 +64,11 @@ void ZeroGradients::Install() {
     acc->add_post_hook(std::make_unique<GradientHook>(this, static_cast<int>(i)));
     accumulators_.push_back(std::move(acc));
   }
+}
+
+void ZeroGradients::Reinstall() {
+  accumulators_.clear();
+  Install();
 }
 
 at::Tensor& ZeroGradients::BucketBuffer(int b) {
@@ -114,9 +124,10 @@ absl::Status ZeroGradients::CompleteLocked() {
   absl::Status waited = work_->Wait();
   work_.reset();
   if (waited.ok()) {
-    torch::NoGradGuard no_grad;
-    shard_.narrow(0, layout_.buckets[b].local_offset, layout_.buckets[b].shard_numel)
-        .add_(in_flight_out_);
+    copies_.Put(in_flight_out_,
+                shard_.narrow(0, layout_.buckets[b].local_offset, layout_.buckets[b].shard_numel),
+                /*accumulate=*/!fresh_[b]);
+    fresh_[b] = false;
   }
   in_flight_out_ = at::Tensor();
   if (keep_full_) {
@@ -154,6 +165,7 @@ absl::Status ZeroGradients::Finish(bool backward_ok) {
   }
   absl::Status done = CompleteLocked();
   if (!done.ok() && error_.ok()) error_ = done;
+  copies_.Drain();
   in_backward_ = false;
   absl::Status error = std::move(error_);
   error_ = absl::OkStatus();
@@ -163,10 +175,11 @@ absl::Status ZeroGradients::Finish(bool backward_ok) {
 void ZeroGradients::Clear() {
   std::lock_guard<std::mutex> lock(mu_);
   (void)CompleteLocked();
+  copies_.Drain();
   in_backward_ = false;
   error_ = absl::OkStatus();
   torch::NoGradGuard no_grad;
-  shard_.zero_();
+  std::fill(fresh_.begin(), fresh_.end(), true);
   for (at::Tensor& bucket : buckets_) {
     if (!bucket.defined()) continue;
     if (keep_full_) {

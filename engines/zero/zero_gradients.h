@@ -1,7 +1,10 @@
 // The gradient side of ZeRO stages 1 and 2: hooks on every trainable parameter's gradient
 // accumulator move its gradient into its bucket (engines/zero/zero_layout.h) in fp32 and drop
 // the parameter's .grad; a complete bucket is reduce-scattered (summed) into this rank's
-// `shard()`, which accumulates over micro-batches until Clear().
+// `shard()`, which accumulates over micro-batches until Clear(). The shard lives on the device
+// or, for ZeRO-Offload, in host memory: each reduced bucket is then copied out on a side stream
+// while the rest of backward runs (engines/zero/host_copies.h), and no fp32 shard is kept on the
+// device.
 //
 //   stage 1 (keep_full=true): every bucket's fp32 buffer lives for the whole run (the full
 //     gradient, 4P bytes). With synchronization off (non-final micro-batches) gradients only
@@ -14,7 +17,7 @@
 // completed (Work::Wait, then added into shard()) before the next one is launched, so at most
 // one is in flight. Parameters that got no gradient in a backward count as zeros.
 //
-//   ZeroGradients grads(layout, params, comm, device, /*keep_full=*/false);
+//   ZeroGradients grads(layout, params, comm, device, /*keep_full=*/false, ShardOn(device));
 //   grads.Begin(sync);  loss.backward();  CT_RETURN_IF_ERROR(grads.Finish());
 //   ... grads.shard() holds the summed gradient of this rank's owned elements ...
 //   grads.Clear();
@@ -29,6 +32,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "engines/zero/host_copies.h"
 #include "engines/zero/zero_layout.h"
 #include "sharding/communicator.h"
 
@@ -40,22 +44,33 @@ namespace cpptrain {
 
 class ZeroGradients {
  public:
+  // Where shard() lives: the device, or the host (page-locked with `pinned`).
+  struct ShardPlace {
+    c10::Device device;
+    bool pinned = false;
+  };
+
   // `params[i]` is layout.params[i]'s tensor; `comm` (not owned) outlives this.
   ZeroGradients(const ZeroLayout& layout, std::vector<at::Tensor> params, Communicator* comm,
-                c10::Device device, bool keep_full);
+                c10::Device device, bool keep_full, ShardPlace shard_place);
   ~ZeroGradients();
 
   // Installs the hooks (once).
   void Install();
+  // Installs them again, on the parameters' current gradient accumulators (after set_data to
+  // another dtype or device, which replaces them).
+  void Reinstall();
   // Before a backward through Engine::Backward: with `sync` off (stage 1 only) no bucket is
   // launched.
   void Begin(bool sync);
-  // After it: launches what is left (synchronized), waits for every reduce-scatter.
+  // After it: launches what is left (synchronized), waits for every reduce-scatter and copy.
   absl::Status Finish(bool backward_ok);
-  // Zeroes shard() and the buckets, waiting for anything in flight first.
+  // Starts a new accumulation (the next reduced gradients overwrite shard() instead of adding)
+  // and zeroes the buckets, waiting for anything in flight first.
   void Clear();
 
-  // [layout.local_numel] fp32 on `device`: this rank's summed gradients.
+  // [layout.local_numel] fp32 where ShardPlace says: this rank's summed gradients once a
+  // synchronized backward has finished (between Clear and then, its values are stale).
   at::Tensor& shard() { return shard_; }
   // Bytes of gradient buffers alive now: buckets, shard(), and any parameter's .grad.
   int64_t LiveBytes() const;
@@ -82,6 +97,8 @@ class ZeroGradients {
 
   std::mutex mu_;
   at::Tensor shard_;
+  std::vector<bool> fresh_;  // per bucket: its shard range holds nothing since Clear()
+  HostCopies copies_;
   std::vector<at::Tensor> buckets_;  // fp32 [bucket numel]; stage 2: undefined when idle
   std::vector<int> pending_;         // gradients still missing per bucket in this backward
   std::vector<bool> ready_;

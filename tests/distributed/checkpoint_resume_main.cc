@@ -25,6 +25,8 @@ ABSL_FLAG(std::string, output_dir, "/tmp/checkpoint_resume", "where checkpoints 
 ABSL_FLAG(std::string, resume, "", "resume_from_checkpoint");
 ABSL_FLAG(int, max_steps, 10, "optimizer steps in all");
 ABSL_FLAG(bool, use_cpu, false, "train on the CPU even where CUDA is available");
+ABSL_FLAG(bool, bf16, false,
+          "TrainingArguments.bf16 (ZeRO 1/2: bf16 working copies of fp32 masters)");
 ABSL_FLAG(int, sigterm_at_step, 0, "the last rank raises SIGTERM on itself after this step");
 ABSL_FLAG(int, kill_at_step, 0,
           "the last rank raises SIGKILL on itself after this step, on the launcher's first "
@@ -74,6 +76,7 @@ int Run() {
   args.set_disable_tqdm(true);
   args.set_resume_from_checkpoint(absl::GetFlag(FLAGS_resume));
   args.set_use_cpu(absl::GetFlag(FLAGS_use_cpu));
+  args.set_bf16(absl::GetFlag(FLAGS_bf16));
   args.set_ddp_timeout(absl::GetFlag(FLAGS_ddp_timeout_s));
   const std::string engine = absl::GetFlag(FLAGS_engine);
   if (engine == "ddp") {

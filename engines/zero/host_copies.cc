@@ -1,0 +1,67 @@
+#include "engines/zero/host_copies.h"
+
+#include <torch/torch.h>
+
+#include <utility>
+
+#if CPPTRAIN_HAS_CUDA
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+namespace cpptrain {
+
+#if CPPTRAIN_HAS_CUDA
+struct HostCopies::Side {
+  c10::cuda::CUDAStream stream;
+};
+#else
+struct HostCopies::Side {};
+#endif
+
+HostCopies::HostCopies() = default;
+
+HostCopies::~HostCopies() { Drain(); }
+
+void HostCopies::Put(const at::Tensor& src, const at::Tensor& dst, bool accumulate) {
+  torch::NoGradGuard no_grad;
+  if (!src.is_cuda() || dst.device() == src.device()) {
+    accumulate ? dst.add_(src) : dst.copy_(src);
+    return;
+  }
+#if CPPTRAIN_HAS_CUDA
+  const c10::DeviceIndex index = src.device().index();
+  if (side_ == nullptr) {
+    side_.reset(new Side{c10::cuda::getStreamFromPool(/*isHighPriority=*/false, index)});
+  }
+  at::cuda::CUDAEvent ready;
+  ready.record(c10::cuda::getCurrentCUDAStream(index));
+  ready.block(side_->stream);
+  c10::cuda::CUDAStreamGuard guard(side_->stream);
+  Pending pending{src, at::Tensor(), dst};
+  if (accumulate) {
+    pending.staging =
+        torch::empty(src.sizes(), src.options().device(c10::kCPU).pinned_memory(dst.is_pinned()));
+    pending.staging.copy_(src, /*non_blocking=*/true);
+  } else {
+    dst.copy_(src, /*non_blocking=*/true);
+  }
+  pending_.push_back(std::move(pending));
+#else
+  accumulate ? dst.add_(src.cpu()) : dst.copy_(src);
+#endif
+}
+
+void HostCopies::Drain() {
+#if CPPTRAIN_HAS_CUDA
+  if (side_ != nullptr) side_->stream.synchronize();
+#endif
+  torch::NoGradGuard no_grad;
+  for (Pending& p : pending_) {
+    if (p.staging.defined()) p.dst.add_(p.staging);
+  }
+  pending_.clear();
+}
+
+}  // namespace cpptrain

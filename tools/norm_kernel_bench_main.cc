@@ -284,6 +284,10 @@ Result QkNormRopeBackward(int64_t batch, int64_t seq, int64_t heads, int64_t dim
 
 int Run() {
   torch::manual_seed(0);
+  const cudaDeviceProp* device = at::cuda::getCurrentDeviceProperties();
+  std::printf("norm_kernel_bench on %s (%d multiprocessors, %d MB L2), %d launches per median\n",
+              device->name, device->multiProcessorCount, device->l2CacheSize >> 20,
+              absl::GetFlag(FLAGS_iters));
   std::vector<Result> results;
   for (const int64_t cols : {int64_t{2048}, int64_t{1024}, int64_t{3072}}) {
     results.push_back(RmsNormBackward(8192, cols));

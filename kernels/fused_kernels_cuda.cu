@@ -2,16 +2,18 @@
 // computes). All arithmetic is fp32; inputs and outputs are fp32 or bf16. Built for sm_90 by
 // CMake on GPU hosts; tools/nvcc_check.sh compiles this file wherever nvcc is installed (CI).
 //
-// Layout of the row kernels: one warp per row, eight warps per block; a lane walks the row in
-// steps of 32, so a warp's loads are coalesced. Backward kernels run a grid-stride loop over
-// rows and sum dweight per block in shared memory before one atomic add per column and block.
+// Layout of the RMSNorm kernels: a team of threads per row, 16-byte accesses where the shape
+// allows ("row layout" below). The QK-norm kernels: one warp per row (one head), eight warps
+// per block; a lane walks the row in steps of 32, so a warp's loads are coalesced. Backward
+// kernels run a grid-stride loop over rows, each block writing its partial weight gradient to
+// its own row of a workspace, which a second kernel sums ("weight gradients in two stages").
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>
-#include <tuple>
+#include <type_traits>
 
 #include "kernels/launchers.h"
 
@@ -76,14 +78,17 @@ __device__ __forceinline__ void StoreVec(__nv_bfloat16* p, const float (&v)[8]) 
   *reinterpret_cast<uint4*>(p) = q;
 }
 
-// Whether every pointer is 16-byte aligned and n a multiple of the vector width.
-template <typename T>
-bool Vectorizable(int64_t n, std::initializer_list<const void*> pointers) {
-  if (n % kVec<T> != 0) return false;
+bool Aligned16(std::initializer_list<const void*> pointers) {
   for (const void* p : pointers) {
     if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
   }
   return true;
+}
+
+// Whether every pointer is 16-byte aligned and n a multiple of the vector width.
+template <typename T>
+bool Vectorizable(int64_t n, std::initializer_list<const void*> pointers) {
+  return n % kVec<T> == 0 && Aligned16(pointers);
 }
 
 __device__ __forceinline__ float WarpSum(float v) {
@@ -110,91 +115,276 @@ const char* LastError() {
 
 int64_t BlocksFor(int64_t rows) { return (rows + kWarpsPerBlock - 1) / kWarpsPerBlock; }
 
-// Blocks of a grid-stride backward: enough to fill the device a few times over.
-int64_t BackwardBlocks(int64_t rows) {
+int Multiprocessors() {
   int device = 0;
   int sms = 132;
   if (cudaGetDevice(&device) == cudaSuccess) {
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   }
-  return std::max<int64_t>(1, std::min<int64_t>(BlocksFor(rows), 4 * sms));
+  return sms;
+}
+
+// Resident blocks of a grid-stride kernel per multiprocessor, at most: more adds no parallelism,
+// only partial weight-gradient rows for SumPartialsKernel to read.
+constexpr int kMaxBlocksPerSm = 4;
+
+// Blocks of a grid-stride kernel: as many as are resident at once (up to kMaxBlocksPerSm per
+// multiprocessor), and no more than its `groups` of rows.
+template <typename Kernel>
+int64_t ResidentBlocks(Kernel kernel, int threads, size_t smem, int64_t groups) {
+  int per_sm = 1;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem) !=
+      cudaSuccess) {
+    per_sm = 1;
+  }
+  const int64_t resident =
+      static_cast<int64_t>(Multiprocessors()) * std::min(std::max(per_sm, 1), kMaxBlocksPerSm);
+  return std::max<int64_t>(1, std::min(groups, resident));
+}
+
+// ---- weight gradients in two stages ----------------------------------------------------
+//
+// A backward kernel's block sums its rows' dweight contributions into one partial row of
+// partials[blockIdx.x][cols] (no atomics: each block owns its row); SumPartialsKernel then sums
+// the partial rows into dweight. The result is the same on every run.
+
+// out[j] = sum over i < n of rows[i][j], rows in shared memory made visible by a barrier; every
+// thread of the block takes part.
+__device__ void SumRowsTo(const float* rows, int n, int cols, float* out) {
+  const int threads = blockDim.x * blockDim.y;
+  for (int j = threadIdx.y * blockDim.x + threadIdx.x; j < cols; j += threads) {
+    float sum = 0.f;
+    for (int i = 0; i < n; ++i) sum += rows[i * cols + j];
+    out[j] = sum;
+  }
+}
+
+// dweight[j] = sum over p < parts of partials[p][j]. Block (32, 32): a warp's lanes read 32
+// adjacent columns of a partial row (coalesced) while the 32 warps split the rows.
+__global__ void SumPartialsKernel(int parts, int cols, const float* partials, float* dweight) {
+  __shared__ float sums[kWarp][kWarp + 1];
+  const int j = blockIdx.x * kWarp + threadIdx.x;
+  float sum = 0.f;
+  if (j < cols) {
+#pragma unroll 4
+    for (int p = threadIdx.y; p < parts; p += kWarp) sum += partials[int64_t{p} * cols + j];
+  }
+  sums[threadIdx.y][threadIdx.x] = sum;
+  __syncthreads();
+  if (threadIdx.y != 0 || j >= cols) return;
+  float total = 0.f;
+  for (int w = 0; w < kWarp; ++w) total += sums[w][threadIdx.x];
+  dweight[j] = total;
+}
+
+// Writes dweight from the `parts` partial rows a backward kernel left in `partials`; runs on
+// `stream` after that kernel.
+const char* SumPartials(int64_t parts, int64_t cols, const float* partials, float* dweight,
+                        cudaStream_t stream) {
+  SumPartialsKernel<<<(cols + kWarp - 1) / kWarp, dim3(kWarp, kWarp), 0, stream>>>(
+      static_cast<int>(parts), static_cast<int>(cols), partials, dweight);
+  return LastError();
 }
 
 // ---- RMSNorm ---------------------------------------------------------------------------
+//
+// Row layout: a row is split into vectors of kWidth values (8: 16-byte accesses, where cols is
+// a multiple of 8 and the pointers are aligned; 1: any shape). A team of blockDim.x threads (a
+// multiple of the warp) takes one row, thread t owning the row's vectors t, t + blockDim.x, ...
+// (kVecs of them), so that each access is coalesced across the warp and each thread keeps the
+// same columns of weight and dweight in registers for every row. blockDim.y teams share a
+// block; the block walks its rows in a grid-stride loop.
 
-template <typename TX, typename TW, typename TY>
-__global__ void RmsNormForwardKernel(int64_t rows, int cols, const TX* x, const TW* weight,
-                                     float eps, TY* y, float* rstd) {
-  const int lane = threadIdx.x % kWarp;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
-  if (row >= rows) return;
-  const TX* xr = x + row * cols;
-  float squares = 0.f;
-  for (int j = lane; j < cols; j += kWarp) {
-    const float v = Load(xr, j);
-    squares += v * v;
+constexpr int kNormBlock = 512;  // threads of a norm block, at most
+constexpr int kNormWarps = kNormBlock / kWarp;
+
+__device__ __forceinline__ void LoadN(const float* p, float (&v)[1]) { v[0] = *p; }
+__device__ __forceinline__ void LoadN(const __nv_bfloat16* p, float (&v)[1]) {
+  v[0] = __bfloat162float(*p);
+}
+__device__ __forceinline__ void LoadN(const __nv_bfloat16* p, float (&v)[8]) { LoadVec(p, v); }
+__device__ __forceinline__ void LoadN(const float* p, float (&v)[8]) {
+  float low[4], high[4];
+  LoadVec(p, low);
+  LoadVec(p + 4, high);
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    v[e] = low[e];
+    v[e + 4] = high[e];
   }
-  const float r = rsqrtf(WarpSum(squares) / cols + eps);
-  if (lane == 0) rstd[row] = r;
-  TY* yr = y + row * cols;
-  for (int j = lane; j < cols; j += kWarp) {
-    Store(yr, j, Load(weight, j) * RoundTo<TX>(Load(xr, j) * r));
+}
+__device__ __forceinline__ void StoreN(float* p, const float (&v)[1]) { *p = v[0]; }
+__device__ __forceinline__ void StoreN(__nv_bfloat16* p, const float (&v)[1]) {
+  *p = __float2bfloat16(v[0]);
+}
+__device__ __forceinline__ void StoreN(__nv_bfloat16* p, const float (&v)[8]) { StoreVec(p, v); }
+__device__ __forceinline__ void StoreN(float* p, const float (&v)[8]) {
+  *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+  *reinterpret_cast<float4*>(p + 4) = make_float4(v[4], v[5], v[6], v[7]);
+}
+
+// The first column of this thread's k-th vector.
+template <int kWidth>
+__device__ __forceinline__ int TileColumn(int k) {
+  return (threadIdx.x + k * blockDim.x) * kWidth;
+}
+
+// This thread's vectors of `row`; zeros for columns at or past `limit` (0 for a row past the
+// end: nothing is read).
+template <int kWidth, int kVecs, typename T>
+__device__ __forceinline__ void LoadTile(const T* row, int limit, float (&v)[kVecs][kWidth]) {
+#pragma unroll
+  for (int k = 0; k < kVecs; ++k) {
+    const int j = TileColumn<kWidth>(k);
+    if (j < limit) {
+      LoadN(row + j, v[k]);
+    } else {
+#pragma unroll
+      for (int e = 0; e < kWidth; ++e) v[k][e] = 0.f;
+    }
   }
 }
 
-// kPerLane > 0: each lane keeps its columns' dweight sums in registers (cols <= 32 * kPerLane);
-// 0: the sums go through shared-memory atomics (any cols up to kMaxNormCols).
-template <int kPerLane, typename TDY, typename TX, typename TW>
-__global__ void RmsNormBackwardKernel(int64_t rows, int cols, const TDY* dy, const TX* x,
-                                      const TW* weight, const float* rstd, TX* dx, float* dweight) {
-  extern __shared__ float block_dweight[];  // [cols]
-  for (int j = threadIdx.x; j < cols; j += blockDim.x) block_dweight[j] = 0.f;
+template <int kWidth, int kVecs, typename T>
+__device__ __forceinline__ void StoreTile(T* row, int limit, const float (&v)[kVecs][kWidth]) {
+#pragma unroll
+  for (int k = 0; k < kVecs; ++k) {
+    const int j = TileColumn<kWidth>(k);
+    if (j < limit) StoreN(row + j, v[k]);
+  }
+}
+
+// The sum of v over this thread's team. Every thread of the block calls it equally often (it
+// holds a barrier); `parity` alternates between calls, so that one barrier per call suffices.
+__device__ __forceinline__ float TeamSum(float v, float (&scratch)[2][kNormWarps], int parity) {
+  v = WarpSum(v);
+  const int team_warps = blockDim.x / kWarp;
+  float* team = scratch[parity] + threadIdx.y * team_warps;
+  if (threadIdx.x % kWarp == 0) team[threadIdx.x / kWarp] = v;
   __syncthreads();
-  const int lane = threadIdx.x % kWarp;
-  float acc[kPerLane > 0 ? kPerLane : 1] = {};
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
-  for (int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
-       row < rows; row += stride) {
-    const float r = rstd[row];
-    const TDY* dyr = dy + row * cols;
-    const TX* xr = x + row * cols;
-    // dx_j = r * (g_j - n_j * sum_k(g_k n_k) / cols) with g = dy * weight, n = x * r.
+  float total = 0.f;
+  for (int w = 0; w < team_warps; ++w) total += team[w];
+  return total;
+}
+
+// The rows of a block's grid-stride loop: each team's row, and whether it is past the end.
+struct TeamRow {
+  int64_t row;
+  bool live;
+};
+
+__device__ __forceinline__ int64_t FirstTeamRow() {
+  return static_cast<int64_t>(blockIdx.x) * blockDim.y;
+}
+__device__ __forceinline__ int64_t TeamRowStride() {
+  return static_cast<int64_t>(gridDim.x) * blockDim.y;
+}
+
+template <int kWidth, int kVecs, typename TX, typename TW, typename TY>
+__global__ void __launch_bounds__(kNormBlock)
+    RmsNormForwardKernel(int64_t rows, int cols, const TX* x, const TW* weight, float eps, TY* y,
+                         float* rstd) {
+  __shared__ float scratch[2][kNormWarps];
+  float w[kVecs][kWidth];
+  LoadTile<kWidth, kVecs>(weight, cols, w);
+  int parity = 0;
+  for (int64_t first = FirstTeamRow(); first < rows; first += TeamRowStride(), parity ^= 1) {
+    const int64_t row = first + threadIdx.y;
+    const int limit = row < rows ? cols : 0;
+    float v[kVecs][kWidth];
+    LoadTile<kWidth, kVecs>(x + row * cols, limit, v);
+    float squares = 0.f;
+#pragma unroll
+    for (int k = 0; k < kVecs; ++k) {
+#pragma unroll
+      for (int e = 0; e < kWidth; ++e) squares += v[k][e] * v[k][e];
+    }
+    const float r = rsqrtf(TeamSum(squares, scratch, parity) / cols + eps);
+    if (limit > 0 && threadIdx.x == 0) rstd[row] = r;
+#pragma unroll
+    for (int k = 0; k < kVecs; ++k) {
+#pragma unroll
+      for (int e = 0; e < kWidth; ++e) v[k][e] = w[k][e] * RoundTo<TX>(v[k][e] * r);
+    }
+    StoreTile<kWidth, kVecs>(y + row * cols, limit, v);
+  }
+}
+
+// dx for the block's rows and the block's partial dweight row (partials[blockIdx.x][cols]).
+// Dynamic shared memory: [blockDim.y][cols] floats.
+template <int kWidth, int kVecs, typename TDY, typename TX, typename TW>
+__global__ void __launch_bounds__(kNormBlock)
+    RmsNormBackwardKernel(int64_t rows, int cols, const TDY* dy, const TX* x, const TW* weight,
+                          const float* rstd, TX* dx, float* partials) {
+  __shared__ float scratch[2][kNormWarps];
+  extern __shared__ float4 norm_team_dweight[];  // float4: aligned for 16-byte stores
+  float w[kVecs][kWidth], acc[kVecs][kWidth] = {};
+  LoadTile<kWidth, kVecs>(weight, cols, w);
+  int parity = 0;
+  for (int64_t first = FirstTeamRow(); first < rows; first += TeamRowStride(), parity ^= 1) {
+    const int64_t row = first + threadIdx.y;
+    const int limit = row < rows ? cols : 0;
+    const float r = limit > 0 ? rstd[row] : 0.f;
+    float g[kVecs][kWidth], n[kVecs][kWidth];
+    LoadTile<kWidth, kVecs>(dy + row * cols, limit, g);
+    LoadTile<kWidth, kVecs>(x + row * cols, limit, n);
+    // dx_j = r * (dy_j w_j - n_j * sum_k(dy_k w_k n_k) / cols) with n = x * r;
+    // dweight_j = sum over rows of dy_j * n_j (n rounded to x's type, as the forward rounds).
     float dot = 0.f;
-    if constexpr (kPerLane > 0) {
 #pragma unroll
-      for (int k = 0; k < kPerLane; ++k) {
-        const int j = lane + k * kWarp;
-        if (j < cols) {
-          const float d = Load(dyr, j);
-          const float n = Load(xr, j) * r;
-          dot += d * Load(weight, j) * n;
-          acc[k] += d * RoundTo<TX>(n);
-        }
-      }
-    } else {
-      for (int j = lane; j < cols; j += kWarp) {
-        const float d = Load(dyr, j);
-        const float n = Load(xr, j) * r;
-        dot += d * Load(weight, j) * n;
-        atomicAdd(&block_dweight[j], d * RoundTo<TX>(n));
+    for (int k = 0; k < kVecs; ++k) {
+#pragma unroll
+      for (int e = 0; e < kWidth; ++e) {
+        n[k][e] *= r;
+        dot += g[k][e] * w[k][e] * n[k][e];
+        acc[k][e] += g[k][e] * RoundTo<TX>(n[k][e]);
       }
     }
-    dot = WarpSum(dot) / cols;
-    TX* dxr = dx + row * cols;
-    for (int j = lane; j < cols; j += kWarp) {
-      const float n = Load(xr, j) * r;
-      Store(dxr, j, r * (Load(dyr, j) * Load(weight, j) - n * dot));
-    }
-  }
-  if constexpr (kPerLane > 0) {
+    dot = TeamSum(dot, scratch, parity) / cols;
 #pragma unroll
-    for (int k = 0; k < kPerLane; ++k) {
-      const int j = lane + k * kWarp;
-      if (j < cols) atomicAdd(&block_dweight[j], acc[k]);
+    for (int k = 0; k < kVecs; ++k) {
+#pragma unroll
+      for (int e = 0; e < kWidth; ++e) g[k][e] = r * (g[k][e] * w[k][e] - n[k][e] * dot);
     }
+    StoreTile<kWidth, kVecs>(dx + row * cols, limit, g);
   }
+  float* team_dweight = reinterpret_cast<float*>(norm_team_dweight);
+  StoreTile<kWidth, kVecs>(team_dweight + threadIdx.y * cols, cols, acc);
   __syncthreads();
-  for (int j = threadIdx.x; j < cols; j += blockDim.x) atomicAdd(&dweight[j], block_dweight[j]);
+  SumRowsTo(team_dweight, blockDim.y, cols, partials + static_cast<int64_t>(blockIdx.x) * cols);
+}
+
+// A norm kernel's layout for rows of `cols` values: `team` threads per row, `teams` rows per
+// block, each thread `per_thread` vectors of 8 values (vector) or single values.
+struct RowLayout {
+  bool vector;
+  int per_thread;
+  int team;
+  int teams;
+};
+
+RowLayout LayoutFor(int64_t cols, bool vector) {
+  const int64_t width = vector ? 8 : 1;
+  const int per_thread =
+      vector ? (cols <= 8 * kNormBlock ? 1 : 2) : (cols <= 4 * kNormBlock ? 4 : 16);
+  const int64_t vectors = (cols / width + per_thread - 1) / per_thread;
+  const int team = static_cast<int>(std::max<int64_t>(1, (vectors + kWarp - 1) / kWarp) * kWarp);
+  return {vector, per_thread, team, std::max(1, kNormBlock / team)};
+}
+static_assert(kMaxNormCols <= 2 * 8 * kNormBlock && kMaxNormCols <= 16 * kNormBlock,
+              "LayoutFor's widest rows must cover kMaxNormCols");
+
+template <int kValue>
+using Int = std::integral_constant<int, kValue>;
+
+// Calls f(Int<kWidth>{}, Int<kVecs>{}) for `layout`.
+template <typename F>
+void WithLayout(const RowLayout& layout, F&& f) {
+  if (layout.vector) {
+    layout.per_thread == 1 ? f(Int<8>{}, Int<1>{}) : f(Int<8>{}, Int<2>{});
+  } else {
+    layout.per_thread == 4 ? f(Int<1>{}, Int<4>{}) : f(Int<1>{}, Int<16>{});
+  }
 }
 
 // ---- SwiGLU ----------------------------------------------------------------------------
@@ -308,23 +498,20 @@ __global__ void QkNormRopeForwardKernel(int64_t rows, int64_t seq, int64_t heads
   }
 }
 
-// Each lane keeps its columns' dweight sums in registers (dim <= 32 * kPerLane).
+// dx for the block's rows and, with a weight, the block's partial dweight row
+// (partials[blockIdx.x][dim]). Each lane keeps its columns' dweight sums in registers
+// (dim <= 32 * kPerLane).
 template <int kPerLane, typename TO, typename TX, typename TW>
 __global__ void QkNormRopeBackwardKernel(int64_t rows, int64_t seq, int64_t heads, int dim,
                                          const TO* dout, const TX* x, const TW* weight,
                                          const float* cos, const float* sin, const float* rstd,
-                                         TX* dx, float* dweight) {
-  // [dim] block dweight, then per warp [dim] dout * sin and [dim] dy.
+                                         TX* dx, float* partials) {
+  // Per warp [dim] dout * sin and [dim] dy; at the end, per warp [dim] dweight sums.
   extern __shared__ float shared[];
-  float* block_dweight = shared;
   const int warp = threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
-  float* staged = shared + dim + warp * 2 * dim;
+  float* staged = shared + warp * 2 * dim;
   float* dy = staged + dim;
-  if (weight != nullptr) {
-    for (int j = threadIdx.x; j < dim; j += blockDim.x) block_dweight[j] = 0.f;
-    __syncthreads();
-  }
   const int half = dim / 2;
   float acc[kPerLane] = {};
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
@@ -364,15 +551,16 @@ __global__ void QkNormRopeBackwardKernel(int64_t rows, int64_t seq, int64_t head
       Store(dxr, j, r * (dy[j] * Load(weight, j) - n * dot));
     }
   }
-  if (weight != nullptr) {
+  if (weight == nullptr) return;
+  __syncthreads();  // every warp is done with its staging rows, reused here
+  float* warp_dweight = shared + warp * dim;
 #pragma unroll
-    for (int k = 0; k < kPerLane; ++k) {
-      const int j = lane + k * kWarp;
-      if (j < dim) atomicAdd(&block_dweight[j], acc[k]);
-    }
-    __syncthreads();
-    for (int j = threadIdx.x; j < dim; j += blockDim.x) atomicAdd(&dweight[j], block_dweight[j]);
+  for (int k = 0; k < kPerLane; ++k) {
+    const int j = lane + k * kWarp;
+    if (j < dim) warp_dweight[j] = acc[k];
   }
+  __syncthreads();
+  SumRowsTo(shared, kWarpsPerBlock, dim, partials + static_cast<int64_t>(blockIdx.x) * dim);
 }
 
 // ---- residual add ---------------------------------------------------------------------
@@ -483,22 +671,65 @@ __global__ void CrossEntropyRowsKernel(int64_t vocab, T* logits, const int64_t* 
   }
 }
 
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+template <typename TX, typename TW, typename TY>
+void RunRmsNormForward(const RowLayout& layout, int64_t rows, int cols, const void* x,
+                       const void* weight, float eps, void* y, float* rstd, cudaStream_t stream) {
+  WithLayout(layout, [&](auto width, auto vecs) {
+    auto kernel = RmsNormForwardKernel<decltype(width)::value, decltype(vecs)::value, TX, TW, TY>;
+    const dim3 block(layout.team, layout.teams);
+    const int64_t blocks =
+        ResidentBlocks(kernel, block.x * block.y, 0, CeilDiv(rows, layout.teams));
+    kernel<<<blocks, block, 0, stream>>>(rows, cols, static_cast<const TX*>(x),
+                                         static_cast<const TW*>(weight), eps, static_cast<TY*>(y),
+                                         rstd);
+  });
+}
+
+// Returns the blocks launched (the partial rows left in `workspace`), or 0 when `workspace`
+// holds fewer than blocks * cols floats (nothing launched).
+template <typename TDY, typename TX, typename TW>
+int64_t RunRmsNormBackward(const RowLayout& layout, int64_t rows, int cols, const void* dy,
+                           const void* x, const void* weight, const float* rstd, void* dx,
+                           float* workspace, int64_t workspace_floats, cudaStream_t stream) {
+  int64_t blocks = 0;
+  WithLayout(layout, [&](auto width, auto vecs) {
+    auto kernel = RmsNormBackwardKernel<decltype(width)::value, decltype(vecs)::value, TDY, TX, TW>;
+    const dim3 block(layout.team, layout.teams);
+    const size_t smem = sizeof(float) * layout.teams * cols;
+    blocks = ResidentBlocks(kernel, block.x * block.y, smem, CeilDiv(rows, layout.teams));
+    if (blocks * cols > workspace_floats) {
+      blocks = 0;
+      return;
+    }
+    kernel<<<blocks, block, smem, stream>>>(
+        rows, cols, static_cast<const TDY*>(dy), static_cast<const TX*>(x),
+        static_cast<const TW*>(weight), rstd, static_cast<TX*>(dx), workspace);
+  });
+  return blocks;
+}
+
+constexpr const char* kSmallWorkspace =
+    "the workspace holds fewer floats than NormBackwardWorkspaceFloats(rows, cols) asks for";
+
 }  // namespace
+
+int64_t NormBackwardWorkspaceFloats(int64_t rows, int64_t cols) {
+  return std::min<int64_t>(rows, static_cast<int64_t>(Multiprocessors()) * kMaxBlocksPerSm) * cols;
+}
 
 const char* LaunchRmsNormForward(int64_t rows, int64_t cols, const void* x, ElementType x_type,
                                  const void* weight, ElementType weight_type, double eps, void* y,
                                  ElementType y_type, float* rstd, void* stream) {
-  if (rows == 0) return nullptr;
-  auto s = static_cast<cudaStream_t>(stream);
+  if (rows == 0 || cols == 0) return nullptr;
+  const RowLayout layout = LayoutFor(cols, cols % 8 == 0 && Aligned16({x, weight, y}));
   WithType(x_type, [&](auto tx) {
     WithType(weight_type, [&](auto tw) {
       WithType(y_type, [&](auto ty) {
-        using TX = decltype(tx);
-        using TW = decltype(tw);
-        using TY = decltype(ty);
-        RmsNormForwardKernel<TX, TW, TY><<<BlocksFor(rows), kBlock, 0, s>>>(
-            rows, static_cast<int>(cols), static_cast<const TX*>(x), static_cast<const TW*>(weight),
-            static_cast<float>(eps), static_cast<TY*>(y), rstd);
+        RunRmsNormForward<decltype(tx), decltype(tw), decltype(ty)>(
+            layout, rows, static_cast<int>(cols), x, weight, static_cast<float>(eps), y, rstd,
+            static_cast<cudaStream_t>(stream));
       });
     });
   });
@@ -508,41 +739,27 @@ const char* LaunchRmsNormForward(int64_t rows, int64_t cols, const void* x, Elem
 const char* LaunchRmsNormBackward(int64_t rows, int64_t cols, const void* dy, ElementType dy_type,
                                   const void* x, ElementType x_type, const void* weight,
                                   ElementType weight_type, const float* rstd, void* dx,
-                                  float* dweight, void* stream) {
+                                  float* dweight, float* workspace, int64_t workspace_floats,
+                                  void* stream) {
   auto s = static_cast<cudaStream_t>(stream);
-  if (cudaMemsetAsync(dweight, 0, cols * sizeof(float), s) != cudaSuccess) return LastError();
-  if (rows == 0) return nullptr;
+  if (rows == 0 || cols == 0) {
+    return cudaMemsetAsync(dweight, 0, cols * sizeof(float), s) == cudaSuccess ? nullptr
+                                                                               : LastError();
+  }
+  const RowLayout layout = LayoutFor(cols, cols % 8 == 0 && Aligned16({dy, x, weight, dx}));
+  int64_t parts = 0;
   WithType(dy_type, [&](auto tdy) {
     WithType(x_type, [&](auto tx) {
       WithType(weight_type, [&](auto tw) {
-        using TDY = decltype(tdy);
-        using TX = decltype(tx);
-        using TW = decltype(tw);
-        const dim3 grid(BackwardBlocks(rows));
-        const size_t smem = cols * sizeof(float);
-        const auto args = std::make_tuple(rows, static_cast<int>(cols), static_cast<const TDY*>(dy),
-                                          static_cast<const TX*>(x), static_cast<const TW*>(weight),
-                                          rstd, static_cast<TX*>(dx), dweight);
-        auto launch = [&](auto kernel) {
-          std::apply([&](auto... a) { kernel<<<grid, kBlock, smem, s>>>(a...); }, args);
-        };
-        // The weight gradient stays in registers up to 128 columns per lane (hidden 4096);
-        // wider rows fall back to shared-memory atomics per element, several times slower.
-        if (cols <= 4 * kWarp) {
-          launch(RmsNormBackwardKernel<4, TDY, TX, TW>);
-        } else if (cols <= 32 * kWarp) {
-          launch(RmsNormBackwardKernel<32, TDY, TX, TW>);
-        } else if (cols <= 64 * kWarp) {
-          launch(RmsNormBackwardKernel<64, TDY, TX, TW>);
-        } else if (cols <= 128 * kWarp) {
-          launch(RmsNormBackwardKernel<128, TDY, TX, TW>);
-        } else {
-          launch(RmsNormBackwardKernel<0, TDY, TX, TW>);
-        }
+        parts = RunRmsNormBackward<decltype(tdy), decltype(tx), decltype(tw)>(
+            layout, rows, static_cast<int>(cols), dy, x, weight, rstd, dx, workspace,
+            workspace_floats, s);
       });
     });
   });
-  return LastError();
+  if (parts == 0) return kSmallWorkspace;
+  if (const char* error = LastError()) return error;
+  return SumPartials(parts, cols, workspace, dweight, s);
 }
 
 const char* LaunchSwiGluForward(int64_t n, const void* gate, const void* up, void* out,
@@ -601,15 +818,17 @@ const char* LaunchQkNormRopeBackward(int64_t batch, int64_t seq, int64_t heads, 
                                      const void* dout, ElementType dout_type, const void* x,
                                      ElementType x_type, const void* weight,
                                      ElementType weight_type, const float* cos, const float* sin,
-                                     const float* rstd, void* dx, float* dweight, void* stream) {
+                                     const float* rstd, void* dx, float* dweight, float* workspace,
+                                     int64_t workspace_floats, void* stream) {
   auto s = static_cast<cudaStream_t>(stream);
-  if (weight != nullptr &&
-      cudaMemsetAsync(dweight, 0, head_dim * sizeof(float), s) != cudaSuccess) {
-    return LastError();
-  }
   const int64_t rows = batch * seq * heads;
-  if (rows == 0) return nullptr;
-  const size_t smem = (1 + 2 * kWarpsPerBlock) * head_dim * sizeof(float);
+  if (rows == 0 || head_dim == 0) {
+    if (weight == nullptr) return nullptr;
+    return cudaMemsetAsync(dweight, 0, head_dim * sizeof(float), s) == cudaSuccess ? nullptr
+                                                                                   : LastError();
+  }
+  const size_t smem = 2 * kWarpsPerBlock * head_dim * sizeof(float);
+  int64_t parts = 0;
   WithType(dout_type, [&](auto to) {
     WithType(x_type, [&](auto tx) {
       WithType(weight_type, [&](auto tw) {
@@ -618,14 +837,21 @@ const char* LaunchQkNormRopeBackward(int64_t batch, int64_t seq, int64_t heads, 
         using TW = decltype(tw);
         auto kernel = head_dim <= 4 * kWarp ? QkNormRopeBackwardKernel<4, TO, TX, TW>
                                             : QkNormRopeBackwardKernel<16, TO, TX, TW>;
-        kernel<<<BackwardBlocks(rows), kBlock, smem, s>>>(
-            rows, seq, heads, static_cast<int>(head_dim), static_cast<const TO*>(dout),
-            static_cast<const TX*>(x), static_cast<const TW*>(weight), cos, sin, rstd,
-            static_cast<TX*>(dx), dweight);
+        parts = ResidentBlocks(kernel, kBlock, smem, BlocksFor(rows));
+        if (weight != nullptr && parts * head_dim > workspace_floats) {
+          parts = 0;
+          return;
+        }
+        kernel<<<parts, kBlock, smem, s>>>(rows, seq, heads, static_cast<int>(head_dim),
+                                           static_cast<const TO*>(dout), static_cast<const TX*>(x),
+                                           static_cast<const TW*>(weight), cos, sin, rstd,
+                                           static_cast<TX*>(dx), workspace);
       });
     });
   });
-  return LastError();
+  if (parts == 0) return kSmallWorkspace;
+  if (const char* error = LastError()) return error;
+  return weight == nullptr ? nullptr : SumPartials(parts, head_dim, workspace, dweight, s);
 }
 
 const char* LaunchResidualAdd(int64_t n, const void* x, ElementType x_type, const void* delta,

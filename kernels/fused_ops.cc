@@ -55,6 +55,12 @@ void Check(const char* error, const char* kernel) {
   TORCH_CHECK(error == nullptr, kernel, " failed: ", error);
 }
 
+// Scratch for a norm backward's partial weight gradients, from the caching allocator on the
+// current stream (freed back to it when the launcher's work there is done).
+at::Tensor NormWorkspace(int64_t rows, int64_t cols, const at::Tensor& like) {
+  return at::empty({NormBackwardWorkspaceFloats(rows, cols)}, like.options().dtype(at::kFloat));
+}
+
 class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
@@ -81,10 +87,12 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
     const at::Tensor dy = grads[0].contiguous();
     at::Tensor dx = at::empty_like(x2);
     at::Tensor dw = at::empty({x2.size(1)}, x2.options().dtype(at::kFloat));
+    at::Tensor workspace = NormWorkspace(x2.size(0), x2.size(1), x2);
     Check(LaunchRmsNormBackward(x2.size(0), x2.size(1), dy.data_ptr(), TypeOf(dy.scalar_type()),
                                 x2.data_ptr(), TypeOf(x2.scalar_type()), w.data_ptr(),
                                 TypeOf(w.scalar_type()), rstd.data_ptr<float>(), dx.data_ptr(),
-                                dw.data_ptr<float>(), Stream()),
+                                dw.data_ptr<float>(), workspace.data_ptr<float>(),
+                                workspace.numel(), Stream()),
           "RMSNorm backward");
     return {dx.view(ctx->saved_data["shape"].toIntVector()), dw.to(w.scalar_type()), at::Tensor(),
             at::Tensor()};
@@ -167,12 +175,15 @@ class QkNormRopeFunction : public torch::autograd::Function<QkNormRopeFunction> 
     const at::Tensor dout = grads[0].contiguous();
     at::Tensor dx = at::empty_like(x);
     at::Tensor dw = at::empty({x.size(3)}, x.options().dtype(at::kFloat));
+    const int64_t rows = x.size(0) * x.size(1) * x.size(2);
+    at::Tensor workspace = NormWorkspace(w.defined() ? rows : 0, x.size(3), x);
     Check(LaunchQkNormRopeBackward(x.size(0), x.size(1), x.size(2), x.size(3), dout.data_ptr(),
                                    TypeOf(dout.scalar_type()), x.data_ptr(),
                                    TypeOf(x.scalar_type()), w.defined() ? w.data_ptr() : nullptr,
                                    w.defined() ? TypeOf(w.scalar_type()) : ElementType::kFloat32,
                                    c.data_ptr<float>(), s.data_ptr<float>(), rstd.data_ptr<float>(),
-                                   dx.data_ptr(), dw.data_ptr<float>(), Stream()),
+                                   dx.data_ptr(), dw.data_ptr<float>(), workspace.data_ptr<float>(),
+                                   workspace.numel(), Stream()),
           "QK-norm + rotary backward");
     return {dx,           w.defined() ? dw.to(w.scalar_type()) : at::Tensor(),
             at::Tensor(), at::Tensor(),

@@ -60,6 +60,12 @@ void ExpectClose(const std::vector<at::Tensor>& fused, const std::vector<at::Ten
   }
 }
 
+// t's values in a tensor that starts one element into its storage, so that its rows start off
+// a 16-byte boundary (contiguous, differentiable).
+at::Tensor Misaligned(const at::Tensor& t) {
+  return at::cat({t.new_zeros({1}), t.flatten()}).slice(0, 1).view(t.sizes());
+}
+
 bool KernelsRunHere() { return CudaKernelsBuilt() && torch::cuda::is_available(); }
 
 #define REQUIRE_KERNELS()                                                         \
@@ -98,6 +104,44 @@ TEST(FusedOpsTest, RmsNormMatchesReference) {
   }
 }
 
+// The RMSNorm kernels' two paths at the decoder's shapes: 16-byte accesses (cols a multiple of
+// 8, aligned rows: 1024, 2048, 3072) and one value per access (1000, 1023, or rows that start
+// off a 16-byte boundary); rows not a multiple of a block's rows; x in fp32 with a bf16 output
+// (the backward then reads bf16 dy beside fp32 x).
+TEST(FusedOpsTest, RmsNormVectorAndScalarPathsMatchReference) {
+  REQUIRE_KERNELS();
+  torch::manual_seed(9);
+  struct Case {
+    int64_t rows, cols;
+    at::ScalarType x_type, out_type;
+    bool misaligned;
+  };
+  const at::ScalarType f32 = at::kFloat, bf16 = at::kBFloat16;
+  for (const Case& c : {Case{8193, 2048, bf16, bf16, false}, Case{8192, 1024, bf16, bf16, false},
+                        Case{1027, 3072, bf16, bf16, false}, Case{513, 1023, bf16, bf16, false},
+                        Case{777, 1000, f32, f32, false}, Case{301, 2048, f32, bf16, false},
+                        Case{129, 2048, bf16, bf16, true}, Case{67, 3072, f32, f32, true}}) {
+    const at::Tensor x = torch::randn({c.rows, c.cols}, torch::device(kCuda)).to(c.x_type);
+    const at::Tensor w = torch::rand({c.cols}, torch::device(kCuda)) + 0.5;
+    const at::Tensor g = torch::randn({c.rows, c.cols}, torch::device(kCuda));
+    auto run_fused = [&](const std::vector<at::Tensor>& in) {
+      return RmsNorm(c.misaligned ? Misaligned(in[0]) : in[0], in[1], 1e-6, c.out_type, true);
+    };
+    auto fused = ValueAndGrads(run_fused, {x, w}, g);
+    auto reference =
+        ValueAndGrads([&](const auto& in) { return RmsNormReference(in[0], in[1], 1e-6); },
+                      {x.to(c.x_type == f32 ? at::kDouble : at::kFloat), w.to(at::kDouble)}, g);
+    const bool exact = c.x_type == f32 && c.out_type == f32;
+    ExpectClose(fused, reference, exact ? 1e-5 : 1e-2,
+                "RMSNorm " + std::to_string(c.rows) + "x" + std::to_string(c.cols) + " " +
+                    c10::toString(c.x_type) + " -> " + c10::toString(c.out_type) +
+                    (c.misaligned ? " misaligned" : ""));
+    // The weight gradient is summed without atomics: the same bits on every run.
+    auto again = ValueAndGrads(run_fused, {x, w}, g);
+    EXPECT_TRUE(again[2].equal(fused[2])) << c.rows << "x" << c.cols << ": dweight changed";
+  }
+}
+
 TEST(FusedOpsTest, SwiGluMatchesReference) {
   REQUIRE_KERNELS();
   torch::manual_seed(2);
@@ -122,8 +166,8 @@ TEST(FusedOpsTest, QkNormRopeMatchesReference) {
   struct Shape {
     int64_t b, t, h, d;
   };
-  for (const Shape& s :
-       {Shape{2, 33, 3, 128}, Shape{1, 17, 5, 96}, Shape{3, 9, 2, 64}, Shape{1, 2048, 16, 128}}) {
+  for (const Shape& s : {Shape{2, 33, 3, 128}, Shape{1, 17, 5, 96}, Shape{3, 9, 2, 64},
+                         Shape{1, 2048, 16, 128}, Shape{2, 37, 3, 64}, Shape{4, 2048, 8, 128}}) {
     const at::Tensor positions = torch::arange(s.t, torch::device(kCuda).dtype(at::kFloat));
     const at::Tensor inv_freq =
         1.0 / torch::pow(10000.0, torch::arange(0, s.d, 2, torch::device(kCuda)).to(at::kFloat) /

@@ -18,8 +18,8 @@ namespace kernels {
 
 enum class ElementType { kFloat32, kBfloat16 };
 
-// The largest row length the norm kernels take (their dweight partial sums live in shared
-// memory); longer rows use the eager reference.
+// The largest row length the norm kernels take (a thread keeps at most 16 of a row's values in
+// registers); longer rows use the eager reference.
 constexpr int64_t kMaxNormCols = 8192;
 // The largest head_dim of the rotary kernels (a warp stages one head in shared memory).
 constexpr int64_t kMaxHeadDim = 512;
@@ -30,11 +30,19 @@ const char* LaunchRmsNormForward(int64_t rows, int64_t cols, const void* x, Elem
                                  const void* weight, ElementType weight_type, double eps, void* y,
                                  ElementType y_type, float* rstd, void* stream);
 
-// dx (x's type) and dweight (fp32 [cols], zeroed here, then accumulated) from dy (y's type).
+// Floats of device scratch the backward launchers below need in `workspace` on the current
+// device: their blocks' partial weight gradients, which a second kernel on the same stream sums
+// into dweight (no atomics). cols is head_dim for QK-norm, and rows batch * seq * heads.
+int64_t NormBackwardWorkspaceFloats(int64_t rows, int64_t cols);
+
+// dx (x's type) and dweight (fp32 [cols], written, not accumulated into) from dy (y's type).
+// workspace: NormBackwardWorkspaceFloats(rows, cols) floats (workspace_floats), used until the
+// stream reaches the end of this call's work.
 const char* LaunchRmsNormBackward(int64_t rows, int64_t cols, const void* dy, ElementType dy_type,
                                   const void* x, ElementType x_type, const void* weight,
                                   ElementType weight_type, const float* rstd, void* dx,
-                                  float* dweight, void* stream);
+                                  float* dweight, float* workspace, int64_t workspace_floats,
+                                  void* stream);
 
 // out = silu(gate) * up, elementwise over n values of one type.
 const char* LaunchSwiGluForward(int64_t n, const void* gate, const void* up, void* out,
@@ -52,13 +60,15 @@ const char* LaunchQkNormRopeForward(int64_t batch, int64_t seq, int64_t heads, i
                                     ElementType weight_type, double eps, const float* cos,
                                     const float* sin, void* out, ElementType out_type, float* rstd,
                                     void* stream);
-// dx [B, T, H, D] (x's type) and dweight (fp32 [head_dim], zeroed here; untouched without a
-// weight) from dout [B, H, T, D] (out's type).
+// dx [B, T, H, D] (x's type) and dweight (fp32 [head_dim], written; untouched without a
+// weight) from dout [B, H, T, D] (out's type). workspace as for LaunchRmsNormBackward, with
+// rows = batch * seq * heads and cols = head_dim (unused without a weight).
 const char* LaunchQkNormRopeBackward(int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
                                      const void* dout, ElementType dout_type, const void* x,
                                      ElementType x_type, const void* weight,
                                      ElementType weight_type, const float* cos, const float* sin,
-                                     const float* rstd, void* dx, float* dweight, void* stream);
+                                     const float* rstd, void* dx, float* dweight, float* workspace,
+                                     int64_t workspace_floats, void* stream);
 
 // out = x + delta elementwise over n values (out has x's type).
 const char* LaunchResidualAdd(int64_t n, const void* x, ElementType x_type, const void* delta,

@@ -29,7 +29,8 @@ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_MODULE_PATH="$prefix/usr/share/glog/cmake" -DCMAKE_POLICY_VERSION_MINIMUM=3.5 \
   >"$out/build.log" 2>&1 &&
   cmake --build "$build" -j "$(nproc)" --target tools_bench tools_launch kernels_fused_ops_test \
-    models_decoder_test tools_kernel_profile_test tools_train >>"$out/build.log" 2>&1
+    models_decoder_test tools_kernel_profile_test tools_train tools_norm_kernel_bench \
+    >>"$out/build.log" 2>&1
 code=$?
 grep -E "cpptrain: Gloo|CUDA kernels" "$out/build.log" | tee -a "$summary"
 echo "build exit $code in $((SECONDS - start)) s" | tee -a "$summary"
@@ -45,6 +46,11 @@ for test in kernels_fused_ops_test models_decoder_test tools_kernel_profile_test
     tee -a "$summary"
   grep -E "^\[  FAILED|Failure|error" -A3 "$out/$test.log" | head -30 >>"$summary"
 done
+# The norm kernels against their eager references, timed (tools/norm_kernel_bench_main.cc).
+timeout 120 "$(find_bin norm_kernel_bench)" --iters=50 >"$out/norm_kernel_bench.log" 2>&1
+echo "norm_kernel_bench exit $?" | tee -a "$summary"
+grep -v '^{' "$out/norm_kernel_bench.log" | tail -15 | tee -a "$summary"
+grep '^{' "$out/norm_kernel_bench.log" >>"$final/norm_kernel_bench.jsonl"
 
 # PARITY=1: the demo job (tools/demo.textproto, 300 steps) on the GPU in bf16, fused kernels
 # against the eager path; the last logged losses must agree within 1% (the fused-kernel

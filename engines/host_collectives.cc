@@ -1,6 +1,7 @@
 #include "engines/host_collectives.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include <memory>
 

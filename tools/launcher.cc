@@ -5,6 +5,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/prctl.h>
@@ -364,8 +365,17 @@ std::vector<std::string> RankEnvironment(const LaunchOptions& options, int local
     if (!replaced) env.push_back(entry);
   }
   for (const auto& [name, value] : vars) env.push_back(absl::StrCat(name, "=", value));
-  if (!has_omp) env.push_back("OMP_NUM_THREADS=1");
+  if (!has_omp) {
+    env.push_back(absl::StrCat("OMP_NUM_THREADS=", ThreadsPerRank(options.nproc_per_node)));
+  }
   return env;
+}
+
+int ThreadsPerRank(int nproc_per_node) {
+  cpu_set_t cpus;
+  CPU_ZERO(&cpus);
+  const int usable = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
+  return std::max(1, usable / std::max(1, nproc_per_node));
 }
 
 absl::StatusOr<std::unique_ptr<Launcher>> Launcher::Create(LaunchOptions options) {

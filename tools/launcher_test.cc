@@ -277,7 +277,10 @@ TEST(RankEnvironmentTest, ReplacesTorchrunVariablesAndKeepsTheRest) {
   EXPECT_EQ(vars["TORCHELASTIC_RUN_ID"], "job7");
   EXPECT_EQ(vars["PATH"], "/x");
   EXPECT_EQ(vars["OMP_NUM_THREADS"], "4");
-  EXPECT_EQ(RankEnvironment(options, 0, 0, {}).back(), "OMP_NUM_THREADS=1");
+  EXPECT_EQ(RankEnvironment(options, 0, 0, {}).back(),
+            absl::StrCat("OMP_NUM_THREADS=", ThreadsPerRank(4)));
+  EXPECT_GE(ThreadsPerRank(1), ThreadsPerRank(4));
+  EXPECT_GE(ThreadsPerRank(1000), 1);
 }
 
 TEST(LauncherCreateTest, MissingProgramIsAnError) {
@@ -502,7 +505,7 @@ TEST_F(LauncherTest, EnvironmentOfNodeRank1Of2) {
     EXPECT_EQ(vars["MASTER_PORT"], "29511");
     EXPECT_EQ(vars["TORCHELASTIC_RESTART_COUNT"], "0");
     EXPECT_EQ(vars["TORCHELASTIC_MAX_RESTARTS"], "2");
-    EXPECT_EQ(vars["OMP_NUM_THREADS"], "1");
+    EXPECT_EQ(vars["OMP_NUM_THREADS"], std::to_string(ThreadsPerRank(3)));
     EXPECT_FALSE(vars["TORCHELASTIC_RUN_ID"].empty());
     if (local == 0) run_id = vars["TORCHELASTIC_RUN_ID"];
     EXPECT_EQ(vars["TORCHELASTIC_RUN_ID"], run_id);

@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <chrono>
 #include <cmath>
 #include <unordered_set>
 #include <utility>
@@ -205,6 +206,7 @@ absl::StatusOr<double> ZeroEngine::ClipGradNorm(double max_norm) {
   }
   CT_RETURN_IF_ERROR(CheckNoStrayGradients());
   CT_RETURN_IF_ERROR(UnscaleOnce());
+  const auto clip_start = std::chrono::steady_clock::now();
   at::Tensor& shard = grads_->shard();
   // A norm reduction, not pow(2).sum(): no temporary the size of the shard (on the host too).
   CT_ASSIGN_OR_RETURN(at::Tensor squares, CatchTorch([&] {
@@ -212,9 +214,19 @@ absl::StatusOr<double> ZeroEngine::ClipGradNorm(double max_norm) {
                       }));
   CT_ASSIGN_OR_RETURN(std::unique_ptr<Work> work, comm_->AllReduce(squares, ReduceOp::kSum));
   CT_RETURN_IF_ERROR(work->Synchronize());
+  const auto start = std::chrono::steady_clock::now();
   return CatchTorch([&] {
     const double norm = std::sqrt(squares.cpu().item<double>());
     if (max_norm > 0) ClipByNorm({shard}, norm, max_norm);
+    if (offload_ && timed_steps_ < 2) {
+      CT_LOG_RANK0(INFO) << "ZeRO offload clip: norm all-reduce "
+                         << std::chrono::duration<double, std::milli>(start - clip_start).count()
+                         << " ms (norm of the host shard included), scaling "
+                         << std::chrono::duration<double, std::milli>(
+                                std::chrono::steady_clock::now() - start)
+                                .count()
+                         << " ms";
+    }
     return norm;
   });
 }
@@ -339,11 +351,22 @@ absl::StatusOr<bool> ZeroEngine::OptimizerStep() {
       return false;
     }
   }
+  const auto start = std::chrono::steady_clock::now();
   CT_RETURN_IF_ERROR(CatchTorch([&] {
     RefreshMasters();
     optimizer_->step();
   }));
+  const auto stepped = std::chrono::steady_clock::now();
   CT_RETURN_IF_ERROR(AllGatherParameters());
+  if (offload_ && timed_steps_ < 2) {  // the warm-up steps of a run: where the host time goes
+    ++timed_steps_;
+    if (device_.is_cuda()) torch::cuda::synchronize(device_.index());
+    const auto ms = [](auto d) { return std::chrono::duration<double, std::milli>(d).count(); };
+    CT_LOG_RANK0(INFO) << "ZeRO offload step " << timed_steps_ << ": host optimizer "
+                       << ms(stepped - start) << " ms, copy back + all-gather "
+                       << ms(std::chrono::steady_clock::now() - stepped) << " ms, "
+                       << at::get_num_threads() << " host threads";
+  }
   return true;
 }
 

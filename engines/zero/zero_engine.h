@@ -117,6 +117,7 @@ class ZeroEngine : public LocalEngine {
   at::Tensor flat_;              // the parameters' storage, [layout total_numel], working_
   at::Tensor master_;            // fp32 [local_numel] under offload (host) or bf16, else unset
   at::Tensor exposed_;           // fp32 [total_numel] between Expose and RestoreWorkingWeights
+  int timed_steps_ = 0;           // offload steps whose host time was logged (the first two)
   int64_t params_version_ = -1;  // ParametersVersion() when the masters were last right
   std::unique_ptr<ZeroGradients> grads_;
   ZeroOptimizer* zero_optimizer_ = nullptr;  // owned by optimizer_

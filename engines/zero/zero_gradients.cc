@@ -113,7 +113,10 @@ void ZeroGradients::SamplePeakLocked() {
   for (const at::Tensor& bucket : buckets_) {
     if (bucket.defined()) bytes += bucket.numel() * bucket.element_size();
   }
-  if (in_flight_out_.defined()) bytes += in_flight_out_.numel() * in_flight_out_.element_size();
+  const bool aliased = in_flight_ >= 0 && in_flight_out_.is_same(buckets_[in_flight_]);
+  if (in_flight_out_.defined() && !aliased) {
+    bytes += in_flight_out_.numel() * in_flight_out_.element_size();
+  }
   peak_buffer_bytes_ = std::max(peak_buffer_bytes_, bytes);
 }
 
@@ -121,7 +124,7 @@ absl::Status ZeroGradients::CompleteLocked() {
   if (in_flight_ < 0) return absl::OkStatus();
   const int b = in_flight_;
   in_flight_ = -1;
-  absl::Status waited = work_->Wait();
+  absl::Status waited = work_ != nullptr ? work_->Wait() : absl::OkStatus();
   work_.reset();
   if (waited.ok()) {
     copies_.Put(in_flight_out_,
@@ -144,6 +147,14 @@ void ZeroGradients::LaunchReadyLocked() {
     absl::Status done = CompleteLocked();
     if (!done.ok() && error_.ok()) error_ = done;
     at::Tensor& input = BucketBuffer(b);
+    if (comm_->size() == 1 && !keep_full_) {
+      // One rank's sum is its bucket: no collective and no second bucket-sized buffer (stage 1
+      // zeroes its bucket for the next step, so it keeps the reduce-scatter's copy).
+      in_flight_out_ = input;
+      in_flight_ = b;
+      SamplePeakLocked();
+      continue;
+    }
     in_flight_out_ = torch::empty({layout_.buckets[b].shard_numel}, input.options());
     auto work = comm_->ReduceScatter(input, in_flight_out_, ReduceOp::kSum);
     if (!work.ok()) {

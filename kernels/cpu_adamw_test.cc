@@ -89,8 +89,11 @@ void ExpectBitwiseEqualToLibTorch(const Case& c, bool bf16_grads) {
                               " step=" + std::to_string(step);
     ASSERT_TRUE(torch::equal(state.exp_avg(), exp_avg)) << where << " exp_avg";
     ASSERT_TRUE(torch::equal(state.exp_avg_sq(), exp_avg_sq)) << where << " exp_avg_sq";
+    const int64_t worst = (reference.detach() - param).abs().argmax().item<int64_t>();
     ASSERT_TRUE(ParamsMatch(reference.detach(), param, before))
-        << where << " param, max |diff| " << (reference.detach() - param).abs().max().item<float>();
+        << where << " param, max |diff| " << (reference.detach() - param).abs().max().item<float>()
+        << " at " << worst << ": before " << before[worst].item<float>() << " LibTorch "
+        << reference.detach()[worst].item<float>() << " kernel " << param[worst].item<float>();
   }
 }
 

@@ -220,6 +220,8 @@ TEST_P(ZeroBf16Test, MastersTakeTheStepAndCheckpointsSeeThem) {
     const at::Tensor stepped = model->named_parameters()["a.w"].clone();
     CT_RETURN_IF_ERROR(engine->RestoreWorkingWeights());
     EXPECT_FALSE(torch::allclose(stepped, torch::full_like(stepped, 0.3)));
+    // Still fp32 masters after a second step (nothing took them from the bf16 copies).
+    EXPECT_FALSE(torch::equal(stepped, stepped.to(at::kBFloat16).to(at::kFloat)));
     EXPECT_LT((stepped - 0.3).abs().max().item<double>(), 0.5 * 0.3 + 1e-6);  // lr x clip
     return absl::OkStatus();
   });

@@ -4,6 +4,7 @@
 
 #include <ATen/Parallel.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
 
@@ -117,6 +118,14 @@ void CpuAdamWStep(const AdamWSpansBf16Grad& spans, const AdamWHyper& hyper, int6
 }
 
 bool CpuAdamWVectorized() { return HasAvx2Fma(); }
+
+int CpuAdamWThreads(int64_t n) {
+  std::atomic<uint64_t> seen{0};  // bit t: intra-op thread t ran a chunk
+  at::parallel_for(0, n, kGrain, [&](int64_t, int64_t) {
+    seen.fetch_or(uint64_t{1} << (at::get_thread_num() % 64));
+  });
+  return __builtin_popcountll(seen.load());
+}
 
 }  // namespace kernels
 }  // namespace cpptrain

@@ -60,6 +60,11 @@ void CpuAdamWStep(const AdamWSpansBf16Grad& spans, const AdamWHyper& hyper, int6
 // Whether the vectorized AVX2/FMA body runs on this CPU (else a portable loop, same results).
 bool CpuAdamWVectorized();
 
+// How many intra-op threads a step over n elements runs on: min(at::get_num_threads(), its
+// chunks of 65536 elements), or 1 where the file was built without OpenMP (LibTorch's
+// at::parallel_for is then a plain loop: the bug this reports).
+int CpuAdamWThreads(int64_t n);
+
 }  // namespace kernels
 }  // namespace cpptrain
 

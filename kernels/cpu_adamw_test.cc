@@ -105,6 +105,13 @@ TEST(CpuAdamWTest, Fp32GradsMatchLibTorchBitwise) {
   }
 }
 
+// Built without -fopenmp, at::parallel_for in the kernel's file is a plain loop: one thread.
+TEST(CpuAdamWTest, RunsOnTheIntraOpThreads) {
+  at::set_num_threads(2);
+  EXPECT_EQ(CpuAdamWThreads(1 << 20), 2);
+  EXPECT_EQ(CpuAdamWThreads(100), 1);  // one chunk
+}
+
 TEST(CpuAdamWTest, Bf16GradsMatchLibTorchOnWidenedGradsBitwise) {
   for (int64_t n : {7, 1000003}) ExpectBitwiseEqualToLibTorch({n, 0.1, 2}, true);
 }

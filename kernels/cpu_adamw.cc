@@ -4,9 +4,11 @@
 
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 namespace cpptrain {
 namespace kernels {
@@ -23,6 +25,8 @@ struct Scalars {
   float sqrt_bias_correction2;
   float eps;
   float neg_step_size;  // -(lr / bias_correction1)
+  bool has_grad_scale;
+  float grad_scale;
 };
 
 Scalars MakeScalars(const AdamWHyper& h, int64_t step) {
@@ -38,6 +42,8 @@ Scalars MakeScalars(const AdamWHyper& h, int64_t step) {
   s.sqrt_bias_correction2 = static_cast<float>(std::sqrt(bias_correction2));
   s.eps = static_cast<float>(h.eps);
   s.neg_step_size = static_cast<float>(-(h.lr / bias_correction1));
+  s.has_grad_scale = h.grad_scale != 1.0;
+  s.grad_scale = static_cast<float>(h.grad_scale);
   return s;
 }
 
@@ -52,13 +58,13 @@ inline float Widen(uint16_t bf16_bits) {
 // The loop body, inlined into each target-specific copy below; `__restrict` lets the compiler
 // vectorize without alias checks (the spans do not overlap: the header's contract). One pass
 // over memory: the decay is applied to the value loaded, as its own rounding.
-template <bool kDecay, typename GradT>
+template <bool kDecay, bool kScale, typename GradT>
 __attribute__((always_inline)) inline void Update(float* __restrict p, const GradT* __restrict g,
                                                   float* __restrict m, float* __restrict v,
                                                   int64_t n, const Scalars& s) {
   for (int64_t i = 0; i < n; ++i) {
     const float param = kDecay ? p[i] * s.decay : p[i];
-    const float grad = Widen(g[i]);
+    const float grad = kScale ? Widen(g[i]) * s.grad_scale : Widen(g[i]);
     const float exp_avg = std::fma(grad, s.one_minus_beta1, m[i] * s.beta1);
     const float exp_avg_sq = std::fma(s.one_minus_beta2 * grad, grad, v[i] * s.beta2);
     const float denom = std::sqrt(exp_avg_sq) / s.sqrt_bias_correction2 + s.eps;
@@ -71,19 +77,19 @@ __attribute__((always_inline)) inline void Update(float* __restrict p, const Gra
 template <typename GradT>
 __attribute__((target("avx2,fma"))) void UpdateAvx2(float* p, const GradT* g, float* m, float* v,
                                                     int64_t n, const Scalars& s) {
-  if (s.has_decay) {
-    Update<true>(p, g, m, v, n, s);
+  if (s.has_grad_scale) {
+    s.has_decay ? Update<true, true>(p, g, m, v, n, s) : Update<false, true>(p, g, m, v, n, s);
   } else {
-    Update<false>(p, g, m, v, n, s);
+    s.has_decay ? Update<true, false>(p, g, m, v, n, s) : Update<false, false>(p, g, m, v, n, s);
   }
 }
 
 template <typename GradT>
 void UpdatePortable(float* p, const GradT* g, float* m, float* v, int64_t n, const Scalars& s) {
-  if (s.has_decay) {
-    Update<true>(p, g, m, v, n, s);
+  if (s.has_grad_scale) {
+    s.has_decay ? Update<true, true>(p, g, m, v, n, s) : Update<false, true>(p, g, m, v, n, s);
   } else {
-    Update<false>(p, g, m, v, n, s);
+    s.has_decay ? Update<true, false>(p, g, m, v, n, s) : Update<false, false>(p, g, m, v, n, s);
   }
 }
 
@@ -118,6 +124,22 @@ void CpuAdamWStep(const AdamWSpansBf16Grad& spans, const AdamWHyper& hyper, int6
 }
 
 bool CpuAdamWVectorized() { return HasAvx2Fma(); }
+
+double CpuSumOfSquares(const float* x, int64_t n) {
+  const int64_t chunks = (n + kGrain - 1) / kGrain;
+  std::vector<double> partial(static_cast<size_t>(chunks), 0.0);
+  at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; ++c) {
+      const int64_t lo = c * kGrain, hi = std::min(n, lo + kGrain);
+      double sum = 0;
+      for (int64_t i = lo; i < hi; ++i) sum += static_cast<double>(x[i]) * x[i];
+      partial[c] = sum;
+    }
+  });
+  double total = 0;
+  for (double p : partial) total += p;  // in chunk order: the same on any thread count
+  return total;
+}
 
 int CpuAdamWThreads(int64_t n) {
   std::atomic<uint64_t> seen{0};  // bit t: intra-op thread t ran a chunk

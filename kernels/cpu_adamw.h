@@ -32,6 +32,9 @@ struct AdamWHyper {
   double beta2 = 0.999;
   double eps = 1e-8;
   double weight_decay = 0.0;
+  // Each gradient is read as g * grad_scale, rounded to float first (what clipping with
+  // g.mul_(grad_scale) before the step would store); 1 reads it as it is.
+  double grad_scale = 1.0;
 };
 
 // One parameter's buffers, n floats each, not overlapping. `grad` is read, the rest updated.
@@ -59,6 +62,10 @@ void CpuAdamWStep(const AdamWSpansBf16Grad& spans, const AdamWHyper& hyper, int6
 
 // Whether the vectorized AVX2/FMA body runs on this CPU (else a portable loop, same results).
 bool CpuAdamWVectorized();
+
+// The sum of x[i]^2 over n floats, on the intra-op threads, accumulated in double (for the
+// gradient norm of a host gradient buffer: one read of it).
+double CpuSumOfSquares(const float* x, int64_t n);
 
 // How many intra-op threads a step over n elements runs on: min(at::get_num_threads(), its
 // chunks of 65536 elements), or 1 where the file was built without OpenMP (LibTorch's

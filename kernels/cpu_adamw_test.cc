@@ -105,6 +105,46 @@ TEST(CpuAdamWTest, Fp32GradsMatchLibTorchBitwise) {
   }
 }
 
+// grad_scale reads each gradient as clipping's g.mul_(scale) would have left it.
+TEST(CpuAdamWTest, GradScaleEqualsScalingTheGradientsFirst) {
+  at::set_num_threads(2);
+  torch::manual_seed(11);
+  const int64_t n = 300007;
+  AdamWHyper hyper;
+  hyper.lr = 3e-3;
+  hyper.weight_decay = 0.1;
+  torch::Tensor p0 = torch::randn({n}), grad = torch::randn({n});
+  torch::Tensor a = p0.clone(), am = torch::zeros({n}), av = torch::zeros({n});
+  torch::Tensor b = p0.clone(), bm = torch::zeros({n}), bv = torch::zeros({n});
+  const torch::Tensor scaled = grad.clone();
+  at::_foreach_mul_({scaled}, 0.3713);  // what ClipByNorm does
+  for (int64_t step = 1; step <= 3; ++step) {
+    CpuAdamWStep({a.data_ptr<float>(), scaled.data_ptr<float>(), am.data_ptr<float>(),
+                  av.data_ptr<float>(), n},
+                 hyper, step);
+    AdamWHyper folded = hyper;
+    folded.grad_scale = 0.3713;
+    CpuAdamWStep({b.data_ptr<float>(), grad.data_ptr<float>(), bm.data_ptr<float>(),
+                  bv.data_ptr<float>(), n},
+                 folded, step);
+    ASSERT_TRUE(torch::equal(a, b)) << "step " << step;
+    ASSERT_TRUE(torch::equal(am, bm) && torch::equal(av, bv)) << "step " << step;
+  }
+}
+
+TEST(CpuAdamWTest, SumOfSquaresIsExactEnoughAndTheSameOnAnyThreadCount) {
+  torch::manual_seed(12);
+  const torch::Tensor x = torch::randn({2000003}) * 3;
+  const double want = x.to(torch::kDouble).square().sum().item<double>();
+  at::set_num_threads(1);
+  const double one = CpuSumOfSquares(x.data_ptr<float>(), x.numel());
+  at::set_num_threads(2);
+  const double two = CpuSumOfSquares(x.data_ptr<float>(), x.numel());
+  EXPECT_NEAR(one, want, 1e-12 * want);
+  EXPECT_EQ(one, two);
+  EXPECT_EQ(CpuSumOfSquares(x.data_ptr<float>(), 0), 0.0);
+}
+
 // Built without -fopenmp, at::parallel_for in the kernel's file is a plain loop: one thread.
 TEST(CpuAdamWTest, RunsOnTheIntraOpThreads) {
   at::set_num_threads(2);

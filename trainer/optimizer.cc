@@ -86,6 +86,7 @@ void FusedAdamW::CpuKernelStep() {
     hyper.beta2 = std::get<1>(options.betas());
     hyper.eps = options.eps();
     hyper.weight_decay = options.weight_decay();
+    hyper.grad_scale = grad_scale_;
     for (torch::Tensor& p : group.params()) {
       const torch::Tensor& g = p.grad();
       if (!g.defined()) continue;
@@ -116,6 +117,22 @@ void FusedAdamW::CpuKernelStep() {
   }
 }
 
+bool FusedAdamW::UsesCpuKernel() {
+  for (const auto& group : param_groups()) {
+    for (const torch::Tensor& p : group.params()) {
+      if (p.is_cuda()) return false;
+    }
+  }
+  return cpu_kernel_ && CpuKernelApplies();
+}
+
+bool FusedAdamW::ScaleGradientsInNextStep(double scale) {
+  grad_scale_ = 1.0;
+  if (scale == 1.0 || !UsesCpuKernel()) return scale == 1.0;
+  grad_scale_ = scale;
+  return true;
+}
+
 torch::Tensor FusedAdamW::step(LossClosure closure) {
   bool all_cuda = true;
   for (const auto& group : param_groups()) {
@@ -129,8 +146,10 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
     }
     torch::NoGradGuard no_grad;
     CpuKernelStep();
+    grad_scale_ = 1.0;
     return loss;
   }
+  grad_scale_ = 1.0;  // ScaleGradientsInNextStep said no to any other path
   if (!fused_ || !all_cuda) return torch::optim::AdamW::step(std::move(closure));
   torch::NoGradGuard no_grad;
   for (auto& group : param_groups()) {

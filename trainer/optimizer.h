@@ -15,6 +15,7 @@
 
 #include "checkpoint/optimizer_state.h"
 #include "engines/engine.h"
+#include "engines/gradient_scaling.h"
 #include "proto/training_args.pb.h"
 
 namespace cpptrain {
@@ -30,12 +31,19 @@ OptimizerFactory MakeAdamWFactory(const proto::TrainingArguments& args);
 
 // torch::optim::AdamW whose step runs PyTorch's fused AdamW kernel when every parameter is a
 // CUDA tensor and the kernel exists; kernels/cpu_adamw.h (multithreaded, vectorized, bitwise
-// equal to LibTorch 1.13's, within 1 ulp of 2.11's) when every parameter is a dense contiguous fp32 CPU tensor with an fp32
-// or bf16 gradient and amsgrad is off; the per-parameter AdamW otherwise (same arithmetic).
-class FusedAdamW : public torch::optim::AdamW, public CheckpointableOptimizer {
+// equal to LibTorch 1.13's, within 1 ulp of 2.11's) when every parameter is a dense contiguous
+// fp32 CPU tensor with an fp32 or bf16 gradient and amsgrad is off; the per-parameter AdamW
+// otherwise (same arithmetic). On the CPU kernel's path it also takes a clipping coefficient
+// into the step (engines/gradient_scaling.h) instead of a pass over the gradients.
+class FusedAdamW : public torch::optim::AdamW,
+                   public CheckpointableOptimizer,
+                   public ScalesGradientsInStep {
  public:
   using torch::optim::AdamW::AdamW;
   torch::Tensor step(LossClosure closure = nullptr) override;
+
+  // True (and pending until the next step) where that step runs the CPU kernel.
+  bool ScaleGradientsInNextStep(double scale) override;
 
   // Off: CPU parameters step through torch::optim::AdamW (for comparing the two paths).
   void UseCpuKernel(bool on) { cpu_kernel_ = on; }
@@ -55,7 +63,11 @@ class FusedAdamW : public torch::optim::AdamW, public CheckpointableOptimizer {
   // (so ExportState/ImportState and AdamW's own serialization see it unchanged).
   void CpuKernelStep();
 
-  bool fused_ = true;  // until a step finds it unavailable
+  // Every parameter is on the CPU and the CPU kernel applies.
+  bool UsesCpuKernel();
+
+  double grad_scale_ = 1.0;  // ScaleGradientsInNextStep's, for the next CPU kernel step
+  bool fused_ = true;        // until a step finds it unavailable
   bool cpu_kernel_ = true;
   std::unordered_map<const c10::TensorImpl*, State> state_;
 };

@@ -134,6 +134,35 @@ TEST(OptimizerTest, CpuKernelStateRoundTripsThroughImportState) {
   }
 }
 
+// A clipping coefficient taken into the CPU kernel's step equals clipping the gradients first
+// (ClipByNorm's _foreach_mul_), bitwise, and lasts one step; LibTorch's path says no.
+TEST(OptimizerTest, GradientScaleInTheStepEqualsClippingFirst) {
+  TwinOptimizers twins({1000003, 7, 1});
+  twins.reference->UseCpuKernel(true);
+  for (int64_t step = 0; step < 3; ++step) {
+    for (size_t i = 0; i < twins.kernel_params.size(); ++i) {
+      torch::Tensor g = torch::randn_like(twins.kernel_params[i]);
+      twins.kernel_params[i].mutable_grad() = g.clone();
+      twins.torch_params[i].mutable_grad() = g.clone();
+    }
+    const double coefficient = step == 1 ? 1.0 : 0.173;  // step 1: no clipping
+    std::vector<torch::Tensor> grads;
+    for (const torch::Tensor& p : twins.torch_params) grads.push_back(p.grad());
+    if (coefficient < 1.0) at::_foreach_mul_(grads, coefficient);
+    ASSERT_TRUE(twins.kernel->ScaleGradientsInNextStep(coefficient));
+    twins.kernel->step();
+    twins.reference->step();
+    for (size_t i = 0; i < twins.kernel_params.size(); ++i) {
+      ASSERT_TRUE(torch::equal(twins.kernel_params[i], twins.torch_params[i]))
+          << "step " << step << " param " << i;
+    }
+  }
+  FusedAdamW libtorch_path({torch::zeros({3}, torch::requires_grad())}, {});
+  libtorch_path.UseCpuKernel(false);
+  EXPECT_FALSE(libtorch_path.ScaleGradientsInNextStep(0.5));
+  EXPECT_TRUE(libtorch_path.ScaleGradientsInNextStep(1.0));
+}
+
 TEST(OptimizerTest, NonContiguousParameterFallsBackToLibTorch) {
   torch::Tensor base = torch::randn({4, 6});
   torch::Tensor strided = base.t().detach().requires_grad_();  // not contiguous

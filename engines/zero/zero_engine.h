@@ -103,6 +103,8 @@ class ZeroEngine : public LocalEngine {
   void RefreshMasters();
   int64_t ParametersVersion() const;
   absl::Status AllGatherParameters();
+  at::Tensor ShardSquares();
+  void ClipShard(double norm, double max_norm);
   absl::Status CheckNoStrayGradients() const;
 
   proto::ZeroConfig config_;
@@ -117,6 +119,7 @@ class ZeroEngine : public LocalEngine {
   at::Tensor flat_;              // the parameters' storage, [layout total_numel], working_
   at::Tensor master_;            // fp32 [local_numel] under offload (host) or bf16, else unset
   at::Tensor exposed_;           // fp32 [total_numel] between Expose and RestoreWorkingWeights
+  bool scale_pending_ = false;   // the optimizer's next step applies the clip coefficient
   int timed_steps_ = 0;           // offload steps whose host time was logged (the first two)
   int64_t params_version_ = -1;  // ParametersVersion() when the masters were last right
   std::unique_ptr<ZeroGradients> grads_;

@@ -1,0 +1,29 @@
+// An optimizer that can multiply the gradients by a factor as its next step reads them, so that
+// clipping costs no pass of its own over them. ZeRO-Offload clips its host gradients this way
+// (trainer/optimizer.h's FusedAdamW does it in its CPU AdamW kernel):
+//
+//   auto* scaling = dynamic_cast<ScalesGradientsInStep*>(&optimizer);
+//   if (scaling == nullptr || !scaling->ScaleGradientsInNextStep(coefficient)) {
+//     at::_foreach_mul_(grads, coefficient);   // scale them yourself
+//   }
+//   optimizer.step();   // reads every gradient g as g * coefficient
+//
+// Until that step the gradients themselves hold their unscaled values.
+#ifndef CPPTRAIN_ENGINES_GRADIENT_SCALING_H_
+#define CPPTRAIN_ENGINES_GRADIENT_SCALING_H_
+
+namespace cpptrain {
+
+class ScalesGradientsInStep {
+ public:
+  virtual ~ScalesGradientsInStep() = default;
+
+  // The next step() reads each gradient g as g * scale, rounded to its dtype first (exactly what
+  // g.mul_(scale) would have left), then forgets the scale; 1 cancels a pending scale. False
+  // when it cannot for its current parameters: then nothing is pending.
+  virtual bool ScaleGradientsInNextStep(double scale) = 0;
+};
+
+}  // namespace cpptrain
+
+#endif  // CPPTRAIN_ENGINES_GRADIENT_SCALING_H_

@@ -70,7 +70,9 @@ class Engine : public HostGroup {
   virtual void SetGradientSync(bool enabled) = 0;
 
   // The global L2 norm of all gradients (over every rank's part), before clipping. When
-  // max_norm > 0, gradients are scaled so their norm is at most max_norm.
+  // max_norm > 0, gradients are scaled so their norm is at most max_norm, by the next
+  // OptimizerStep at the latest: ZeRO-Offload hands the coefficient to the optimizer's step
+  // (engines/gradient_scaling.h), so until then its gradients read unclipped.
   virtual absl::StatusOr<double> ClipGradNorm(double max_norm) = 0;
 
   // Applies the optimizer. Returns false when the step was skipped on every rank (for

@@ -12,6 +12,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -366,16 +367,25 @@ std::vector<std::string> RankEnvironment(const LaunchOptions& options, int local
   }
   for (const auto& [name, value] : vars) env.push_back(absl::StrCat(name, "=", value));
   if (!has_omp) {
-    env.push_back(absl::StrCat("OMP_NUM_THREADS=", ThreadsPerRank(options.nproc_per_node)));
+    env.push_back(
+        absl::StrCat("OMP_NUM_THREADS=", ThreadsPerRank(UsableCpus(), options.nproc_per_node)));
   }
   return env;
 }
 
-int ThreadsPerRank(int nproc_per_node) {
-  cpu_set_t cpus;
-  CPU_ZERO(&cpus);
-  const int usable = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
-  return std::max(1, usable / std::max(1, nproc_per_node));
+int UsableCpus() {
+  // Sized for the machine (a fixed cpu_set_t stops at 1024 CPUs).
+  const long configured = std::max(1L, sysconf(_SC_NPROCESSORS_CONF));
+  cpu_set_t* set = CPU_ALLOC(configured);
+  const size_t bytes = CPU_ALLOC_SIZE(configured);
+  CPU_ZERO_S(bytes, set);
+  const int usable = sched_getaffinity(0, bytes, set) == 0 ? CPU_COUNT_S(bytes, set) : 1;
+  CPU_FREE(set);
+  return std::max(1, usable);
+}
+
+int ThreadsPerRank(int usable_cpus, int nproc_per_node) {
+  return std::max(1, usable_cpus / std::max(1, nproc_per_node));
 }
 
 absl::StatusOr<std::unique_ptr<Launcher>> Launcher::Create(LaunchOptions options) {

@@ -88,15 +88,19 @@ absl::Status CheckPortFree(const std::string& addr, int port);
 
 // The environment of local rank `local_rank`: `base` ("NAME=value" entries) with torchrun's
 // variables (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, TORCHELASTIC_*, ...) replaced, and
-// OMP_NUM_THREADS=ThreadsPerRank(nproc_per_node) unless `base` sets it.
+// OMP_NUM_THREADS=ThreadsPerRank(UsableCpus(), nproc_per_node) unless `base` sets it.
 std::vector<std::string> RankEnvironment(const LaunchOptions& options, int local_rank,
                                          int restart_count, const std::vector<std::string>& base);
 
-// This process's usable CPUs (its affinity mask) shared out over the local ranks, at least 1:
-// each rank's intra-op threads. torchrun sets 1 for several ranks; the host-side work here
-// (ZeRO-Offload's CPU AdamW, the norm and clipping of host gradients) needs a rank's share of
-// the cores, and one rank gets them all.
-int ThreadsPerRank(int nproc_per_node);
+// The CPUs this process may run on (its affinity mask; a CPU quota of a container is not
+// seen), at least 1.
+int UsableCpus();
+
+// Each local rank's intra-op threads: the usable CPUs shared out over the local ranks, at
+// least 1. torchrun sets 1 for several ranks; the host-side work here (ZeRO-Offload's CPU
+// AdamW, the norm of host gradients) needs a rank's share of the cores, and one rank gets
+// them all.
+int ThreadsPerRank(int usable_cpus, int nproc_per_node);
 
 struct LaunchResult {
   int exit_code = 0;    // for the launcher process: 0, the rank's code, or 128+signal

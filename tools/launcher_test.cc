@@ -278,9 +278,16 @@ TEST(RankEnvironmentTest, ReplacesTorchrunVariablesAndKeepsTheRest) {
   EXPECT_EQ(vars["PATH"], "/x");
   EXPECT_EQ(vars["OMP_NUM_THREADS"], "4");
   EXPECT_EQ(RankEnvironment(options, 0, 0, {}).back(),
-            absl::StrCat("OMP_NUM_THREADS=", ThreadsPerRank(4)));
-  EXPECT_GE(ThreadsPerRank(1), ThreadsPerRank(4));
-  EXPECT_GE(ThreadsPerRank(1000), 1);
+            absl::StrCat("OMP_NUM_THREADS=", ThreadsPerRank(UsableCpus(), 4)));
+}
+
+TEST(LauncherUnitTest, EachLocalRankGetsItsShareOfTheCpus) {
+  EXPECT_EQ(ThreadsPerRank(16, 1), 16);
+  EXPECT_EQ(ThreadsPerRank(16, 4), 4);
+  EXPECT_EQ(ThreadsPerRank(17, 4), 4);
+  EXPECT_EQ(ThreadsPerRank(3, 4), 1);
+  EXPECT_EQ(ThreadsPerRank(16, 0), 16);
+  EXPECT_GE(UsableCpus(), 1);
 }
 
 TEST(LauncherCreateTest, MissingProgramIsAnError) {
@@ -505,7 +512,7 @@ TEST_F(LauncherTest, EnvironmentOfNodeRank1Of2) {
     EXPECT_EQ(vars["MASTER_PORT"], "29511");
     EXPECT_EQ(vars["TORCHELASTIC_RESTART_COUNT"], "0");
     EXPECT_EQ(vars["TORCHELASTIC_MAX_RESTARTS"], "2");
-    EXPECT_EQ(vars["OMP_NUM_THREADS"], std::to_string(ThreadsPerRank(3)));
+    EXPECT_EQ(vars["OMP_NUM_THREADS"], std::to_string(ThreadsPerRank(UsableCpus(), 3)));
     EXPECT_FALSE(vars["TORCHELASTIC_RUN_ID"].empty());
     if (local == 0) run_id = vars["TORCHELASTIC_RUN_ID"];
     EXPECT_EQ(vars["TORCHELASTIC_RUN_ID"], run_id);

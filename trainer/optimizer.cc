@@ -128,7 +128,14 @@ bool FusedAdamW::UsesCpuKernel() {
 
 bool FusedAdamW::ScaleGradientsInNextStep(double scale) {
   grad_scale_ = 1.0;
-  if (scale == 1.0 || !UsesCpuKernel()) return scale == 1.0;
+  if (scale == 1.0) return true;
+  if (!UsesCpuKernel()) return false;
+  for (const auto& group : param_groups()) {
+    for (const torch::Tensor& p : group.params()) {
+      // The kernel scales in fp32: a bf16 gradient scaled by mul_ would be rounded to bf16.
+      if (p.grad().defined() && p.grad().scalar_type() != torch::kFloat) return false;
+    }
+  }
   grad_scale_ = scale;
   return true;
 }

@@ -42,7 +42,8 @@ class FusedAdamW : public torch::optim::AdamW,
   using torch::optim::AdamW::AdamW;
   torch::Tensor step(LossClosure closure = nullptr) override;
 
-  // True (and pending until the next step) where that step runs the CPU kernel.
+  // True (and pending until the next step) where that step runs the CPU kernel and every
+  // gradient is fp32.
   bool ScaleGradientsInNextStep(double scale) override;
 
   // Off: CPU parameters step through torch::optim::AdamW (for comparing the two paths).

@@ -201,23 +201,28 @@ absl::StatusOr<TrainOutput> Trainer::Train() {
 // size would, so it starts from this rank's initial weights with a fresh optimizer.
 absl::Status Trainer::SnapshotInitialParameters() {
   if (!args_.auto_find_batch_size() || !initial_parameters_.empty()) return absl::OkStatus();
-  return CatchTorch([&] {
-    for (const auto& [name, param] : UniqueTrainableParameters(*model_)) {
-      initial_parameters_.push_back(param.detach().to(torch::kCPU, /*non_blocking=*/false,
-                                                      /*copy=*/true));
-    }
+  // The masters, not an engine's lower-precision working copies (ZeRO 1/2 under bf16).
+  return WithMasterWeights([&] {
+    return CatchTorch([&] {
+      for (const auto& [name, param] : UniqueTrainableParameters(*model_)) {
+        initial_parameters_.push_back(param.detach().to(torch::kCPU, /*non_blocking=*/false,
+                                                        /*copy=*/true));
+      }
+    });
   });
 }
 
 absl::Status Trainer::ResetForRetry() {
   engine_->ZeroGrad();  // also drops what the failed step left (reductions, gathers)
   engine_->ResetOptimizer();
-  return CatchTorch([&] {
-    torch::NoGradGuard no_grad;
-    size_t i = 0;
-    for (auto& [name, param] : UniqueTrainableParameters(*model_)) {
-      param.copy_(initial_parameters_.at(i++));
-    }
+  return WithMasterWeights([&] {
+    return CatchTorch([&] {
+      torch::NoGradGuard no_grad;
+      size_t i = 0;
+      for (auto& [name, param] : UniqueTrainableParameters(*model_)) {
+        param.copy_(initial_parameters_.at(i++));
+      }
+    });
   });
 }
 

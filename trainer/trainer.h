@@ -169,6 +169,10 @@ class Trainer {
   absl::Status SnapshotInitialParameters();
   // After an out-of-memory failure: initial weights, fresh optimizer, nothing left over.
   absl::Status ResetForRetry();
+  // Runs `io`, a read or write of the model's parameters from outside a step, with the
+  // engine's full-precision masters in them (Engine::ExposeMasterWeights), and restores the
+  // working copies even when `io` fails.
+  absl::Status WithMasterWeights(const std::function<absl::Status()>& io);
   absl::Status MaybeLogEvaluateSave();
   // After the step in which a rank got SIGTERM/SIGINT: a checkpoint (unless this step saved
   // one), then a Cancelled error naming it.

@@ -118,15 +118,6 @@ std::string RngStatePath(const std::string& dir, int rank) {
   return absl::StrCat(dir, "/rng_state_", rank, ".safetensors");
 }
 
-// Runs `io`, a read or write of the model's parameters, with the engine's fp32 masters in them
-// (Engine::ExposeMasterWeights), and restores the working copies even when `io` fails.
-absl::Status WithMasterWeights(Engine& engine, const std::function<absl::Status()>& io) {
-  CT_RETURN_IF_ERROR(engine.ExposeMasterWeights());
-  const absl::Status done = io();
-  const absl::Status restored = engine.RestoreWorkingWeights();
-  return done.ok() ? restored : done;
-}
-
 }  // namespace
 
 absl::StatusOr<std::string> LatestCheckpoint(const std::string& output_dir) {
@@ -147,6 +138,13 @@ absl::Status Trainer::SaveCheckpoint() {
   const absl::Status written = WriteCheckpoint(name, temp_dir);
   if (written.ok()) return absl::OkStatus();
   return SaveFailed(written, name, temp_dir);
+}
+
+absl::Status Trainer::WithMasterWeights(const std::function<absl::Status()>& io) {
+  CT_RETURN_IF_ERROR(engine_->ExposeMasterWeights());
+  const absl::Status done = io();
+  const absl::Status restored = engine_->RestoreWorkingWeights();
+  return done.ok() ? restored : done;
 }
 
 absl::Status Trainer::AllRanksOk(const absl::Status& local) {
@@ -217,7 +215,7 @@ absl::Status Trainer::WriteCheckpoint(const std::string& name, const std::string
       (args_.has_fsdp() && args_.fsdp().state_dict_type() == proto::FsdpConfig::FULL_STATE_DICT);
   options.include_optimizer = !args_.save_only_model();
   options.engine_name = engine_->name();
-  absl::Status mine = WithMasterWeights(*engine_, [&] {
+  absl::Status mine = WithMasterWeights([&] {
     return SaveModelState(temp_dir.string(), *model_, engine_->optimizer(), *engine_, options);
   });
   if (mine.ok() && !args_.save_only_model()) {
@@ -436,7 +434,7 @@ absl::Status Trainer::RestoreCheckpoint(const std::string& dir,
   options.strict = args_.load_strict();
   options.verified = true;  // VerifyResumable read every piece this rank loads
   CT_RETURN_IF_ERROR(WithMasterWeights(
-      *engine_, [&] { return LoadModelState(dir, *model_, engine_->optimizer(), options); }));
+      [&] { return LoadModelState(dir, *model_, engine_->optimizer(), options); }));
   state_.global_step = saved.global_step();
   state_.epoch = saved.epoch();
   state_.num_input_tokens_seen = saved.num_input_tokens_seen();
@@ -490,7 +488,7 @@ absl::Status Trainer::LoadBestModel() {
   LoadModelStateOptions options;
   options.strict = args_.load_strict();
   return WithMasterWeights(
-      *engine_, [&] { return LoadModelState(best_model_checkpoint_, *model_, nullptr, options); });
+      [&] { return LoadModelState(best_model_checkpoint_, *model_, nullptr, options); });
 }
 
 absl::Status Trainer::SaveModel(const std::string& output_dir) {
@@ -502,9 +500,8 @@ absl::Status Trainer::SaveModel(const std::string& output_dir) {
   options.full_model = true;
   options.include_optimizer = false;
   options.engine_name = engine_->name();
-  CT_RETURN_IF_ERROR(AllRanksOk(WithMasterWeights(*engine_, [&] {
-    return SaveModelState(dir.string(), *model_, nullptr, *engine_, options);
-  })));
+  CT_RETURN_IF_ERROR(AllRanksOk(WithMasterWeights(
+      [&] { return SaveModelState(dir.string(), *model_, nullptr, *engine_, options); })));
   absl::Status written = absl::OkStatus();
   if (zero) {
     std::string args_text;

@@ -6,6 +6,7 @@
 
 #if CPPTRAIN_HAS_CUDA
 #include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #endif
@@ -39,15 +40,18 @@ void HostCopies::Put(const at::Tensor& src, const at::Tensor& dst, bool accumula
   ready.record(c10::cuda::getCurrentCUDAStream(index));
   ready.block(side_->stream);
   c10::cuda::CUDAStreamGuard guard(side_->stream);
-  Pending pending{src, at::Tensor(), dst};
   if (accumulate) {
-    pending.staging =
-        torch::empty(src.sizes(), src.options().device(c10::kCPU).pinned_memory(dst.is_pinned()));
+    Pending pending{
+        torch::empty(src.sizes(), src.options().device(c10::kCPU).pinned_memory(dst.is_pinned())),
+        dst};
     pending.staging.copy_(src, /*non_blocking=*/true);
+    pending_.push_back(std::move(pending));
   } else {
     dst.copy_(src, /*non_blocking=*/true);
   }
-  pending_.push_back(std::move(pending));
+  // The caller may free src at once: the allocator does not reuse its memory before the copy
+  // stream's work queued so far is done.
+  c10::cuda::CUDACachingAllocator::recordStream(src.storage().data_ptr(), side_->stream);
 #else
   accumulate ? dst.add_(src.cpu()) : dst.copy_(src);
 #endif

@@ -23,15 +23,16 @@ class HostCopies {
   HostCopies();
   ~HostCopies();  // drains
 
-  // dst = src, or dst += src with `accumulate`. src stays alive until Drain().
+  // dst = src, or dst += src with `accumulate`. The caller may drop src at once (on CUDA its
+  // memory is recorded on the copy stream, so the allocator does not reuse it before the copy).
   void Put(const at::Tensor& src, const at::Tensor& dst, bool accumulate);
   // Waits for every copy Put started, then adds the accumulated ones into their destinations.
   void Drain();
 
  private:
   struct Side;  // the CUDA copy stream, where there is CUDA
-  struct Pending {
-    at::Tensor src, staging, dst;
+  struct Pending {  // an accumulating copy: `staging` (host) is added into dst at Drain
+    at::Tensor staging, dst;
   };
   std::unique_ptr<Side> side_;
   std::vector<Pending> pending_;

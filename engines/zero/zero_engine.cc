@@ -23,8 +23,8 @@ namespace {
 
 constexpr int64_t kAlignElements = 4;  // 16 bytes of fp32, as FSDP1 aligns
 
-at::Tensor HostBuffer(int64_t numel, bool pin, at::ScalarType dtype = at::kFloat) {
-  return torch::zeros({numel}, torch::TensorOptions().dtype(dtype).pinned_memory(pin));
+at::Tensor HostBuffer(int64_t numel, bool pin) {
+  return torch::zeros({numel}, torch::TensorOptions().dtype(at::kFloat).pinned_memory(pin));
 }
 
 }  // namespace
@@ -217,6 +217,14 @@ at::Tensor ZeroEngine::ShardSquares() {
 // Scales the shard by max_norm / (norm + 1e-6) when that is below 1, as ClipByNorm does, or
 // with offload hands the coefficient to the optimizer's next step (engines/gradient_scaling.h),
 // which saves a pass over the host gradients.
+void ZeroEngine::CancelPendingScale() {
+  if (!scale_pending_ || zero_optimizer_ == nullptr) return;
+  if (auto* scaling = dynamic_cast<ScalesGradientsInStep*>(&zero_optimizer_->inner())) {
+    scaling->ScaleGradientsInNextStep(1.0);
+  }
+  scale_pending_ = false;
+}
+
 void ZeroEngine::ClipShard(double norm, double max_norm) {
   const double coefficient = max_norm / (norm + 1e-6);
   if (coefficient >= 1.0) return;
@@ -228,12 +236,23 @@ void ZeroEngine::ClipShard(double norm, double max_norm) {
   ClipByNorm({grads_->shard()}, norm, max_norm);
 }
 
+absl::Status ZeroEngine::CheckReduced() const {
+  if (grads_->AllReduced()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "rank ", comm_->rank(),
+      ": ZeRO: no synchronized backward since ZeroGrad, so this rank "
+      "holds no reduced gradients to clip or step with: run Engine::Backward with gradient "
+      "synchronization on (SetGradientSync(true), the last micro-batch of a step) first"));
+}
+
 absl::StatusOr<double> ZeroEngine::ClipGradNorm(double max_norm) {
   if (optimizer_ == nullptr) {
     return absl::FailedPreconditionError("ClipGradNorm before PrepareForTraining");
   }
   CT_RETURN_IF_ERROR(CheckNoStrayGradients());
+  CT_RETURN_IF_ERROR(CheckReduced());
   CT_RETURN_IF_ERROR(UnscaleOnce());
+  CancelPendingScale();  // clipping again: the norm is of the unscaled gradients
   const auto start = std::chrono::steady_clock::now();
   CT_ASSIGN_OR_RETURN(at::Tensor squares, CatchTorch([&] { return ShardSquares(); }));
   CT_ASSIGN_OR_RETURN(std::unique_ptr<Work> work, comm_->AllReduce(squares, ReduceOp::kSum));
@@ -304,38 +323,42 @@ void ZeroEngine::CopyMasterInto(at::Tensor& mine, int b) {
   }
   // The host rounds to the working dtype, so half the bytes cross the bus; the page-locked
   // staging block is not reused before the copy is done (the host allocator records it).
-  at::Tensor staging = HostBuffer(bucket.shard_numel, pin_, working_);
+  at::Tensor staging = torch::empty({bucket.shard_numel},
+                                    torch::TensorOptions().dtype(working_).pinned_memory(pin_));
   staging.copy_(master);
   mine.copy_(staging, /*non_blocking=*/true);
 }
 
 absl::Status ZeroEngine::ExposeMasterWeights() {
-  if (!layout_ || !master_.defined() || working_ == at::kFloat || exposed_.defined()) {
-    return absl::OkStatus();
+  if (!layout_ || !master_.defined() || working_ == at::kFloat) return absl::OkStatus();
+  if (exposed_.defined()) {
+    return absl::FailedPreconditionError(
+        "ExposeMasterWeights called twice: call RestoreWorkingWeights after each one");
   }
+  // In host memory, whatever the device: a save or load must not need 4 bytes a parameter of
+  // free device memory. Each bucket is gathered through a device buffer of its own size. The
+  // parameters change only once everything is gathered, so an error leaves them as they were.
+  at::Tensor full;
   CT_RETURN_IF_ERROR(CatchTorch([&] {
     RefreshMasters();  // when someone wrote the working copies since the last step
-    exposed_ = torch::empty(
-        {layout_->total_numel},
-        torch::TensorOptions().dtype(at::kFloat).device(offload_ ? c10::kCPU : device_.type()));
+    full = torch::empty({layout_->total_numel}, torch::TensorOptions().dtype(at::kFloat));
   }));
   torch::NoGradGuard no_grad;
   for (size_t b = 0; b < layout_->buckets.size(); ++b) {
     const ZeroLayout::Bucket& bucket = layout_->buckets[b];
-    at::Tensor mine, full;
+    at::Tensor mine, gathered;
     CT_RETURN_IF_ERROR(CatchTorch([&] {
       mine = master_.narrow(0, bucket.local_offset, bucket.shard_numel).to(device_);
-      full = offload_ ? torch::empty({bucket.numel}, mine.options())
-                      : exposed_.narrow(0, bucket.begin, bucket.numel);
+      gathered = torch::empty({bucket.numel}, mine.options());
     }));
-    CT_ASSIGN_OR_RETURN(std::unique_ptr<Work> work, comm_->AllGather(mine, full));
+    CT_ASSIGN_OR_RETURN(std::unique_ptr<Work> work, comm_->AllGather(mine, gathered));
     CT_RETURN_IF_ERROR(work->Wait());
-    if (offload_) {
-      CT_RETURN_IF_ERROR(
-          CatchTorch([&] { exposed_.narrow(0, bucket.begin, bucket.numel).copy_(full); }));
-    }
+    CT_RETURN_IF_ERROR(
+        CatchTorch([&] { full.narrow(0, bucket.begin, bucket.numel).copy_(gathered); }));
   }
-  return CatchTorch([&] { PointParametersInto(exposed_, /*copy=*/false); });
+  CT_RETURN_IF_ERROR(CatchTorch([&] { PointParametersInto(full, /*copy=*/false); }));
+  exposed_ = std::move(full);
+  return absl::OkStatus();
 }
 
 absl::Status ZeroEngine::RestoreWorkingWeights() {
@@ -362,6 +385,7 @@ absl::StatusOr<bool> ZeroEngine::OptimizerStep() {
     return absl::FailedPreconditionError("OptimizerStep before PrepareForTraining");
   }
   CT_RETURN_IF_ERROR(CheckNoStrayGradients());
+  CT_RETURN_IF_ERROR(CheckReduced());
   if (scaler_) {
     CT_RETURN_IF_ERROR(UnscaleOnce());
     grads_unscaled_ = false;
@@ -394,12 +418,7 @@ absl::StatusOr<bool> ZeroEngine::OptimizerStep() {
 
 void ZeroEngine::ZeroGrad() {
   if (grads_ != nullptr) grads_->Clear();
-  if (scale_pending_ && zero_optimizer_ != nullptr) {  // a step skipped after the clip
-    if (auto* scaling = dynamic_cast<ScalesGradientsInStep*>(&zero_optimizer_->inner())) {
-      scaling->ScaleGradientsInNextStep(1.0);
-    }
-  }
-  scale_pending_ = false;
+  CancelPendingScale();  // a step skipped after the clip (fp16 overflow)
 }
 
 void ZeroEngine::ResetOptimizer() {

@@ -103,8 +103,11 @@ class ZeroEngine : public LocalEngine {
   void RefreshMasters();
   int64_t ParametersVersion() const;
   absl::Status AllGatherParameters();
+  // An error unless a synchronized backward filled the gradient shard since ZeroGrad.
+  absl::Status CheckReduced() const;
   at::Tensor ShardSquares();
   void ClipShard(double norm, double max_norm);
+  void CancelPendingScale();
   absl::Status CheckNoStrayGradients() const;
 
   proto::ZeroConfig config_;

@@ -183,6 +183,9 @@ TEST_P(ZeroBf16Test, MastersTakeTheStepAndCheckpointsSeeThem) {
                         ZeroEngine::Create(Config(stage, offload, 6), MixedPrecision::kBf16,
                                            c10::Device(c10::kCPU), comm));
     CT_RETURN_IF_ERROR(engine->PrepareForTraining(model, SgdFactory(0.5)));
+    // No synchronized backward yet: nothing to clip or step with.
+    const absl::Status early = engine->OptimizerStep().status();
+    EXPECT_EQ(early.code(), absl::StatusCode::kFailedPrecondition) << early;
     CT_RETURN_IF_ERROR(TrainStep(*engine, *model, batches[rank]));
     CT_ASSIGN_OR_RETURN(double norm, engine->ClipGradNorm(0.3));
     EXPECT_NEAR(norm, want.norm, 1e-5 * want.norm);
@@ -196,6 +199,7 @@ TEST_P(ZeroBf16Test, MastersTakeTheStepAndCheckpointsSeeThem) {
           << item.key() << ": " << item.value() << " vs " << wanted;
     }
     CT_RETURN_IF_ERROR(engine->ExposeMasterWeights());
+    EXPECT_EQ(engine->ExposeMasterWeights().code(), absl::StatusCode::kFailedPrecondition);
     for (const auto& item : model->named_parameters()) {
       EXPECT_EQ(item.value().scalar_type(), at::kFloat) << item.key();
       EXPECT_TRUE(torch::allclose(item.value(), want.params.at(item.key()), 1e-5, 1e-6))

@@ -202,6 +202,11 @@ void ZeroGradients::Clear() {
   for (at::Tensor& p : params_) p.mutable_grad() = at::Tensor();
 }
 
+bool ZeroGradients::AllReduced() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return std::none_of(fresh_.begin(), fresh_.end(), [](bool fresh) { return fresh; });
+}
+
 int64_t ZeroGradients::LiveBytes() const {
   int64_t bytes = shard_.numel() * shard_.element_size();
   for (const at::Tensor& bucket : buckets_) {

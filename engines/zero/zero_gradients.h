@@ -72,6 +72,8 @@ class ZeroGradients {
   // [layout.local_numel] fp32 where ShardPlace says: this rank's summed gradients once a
   // synchronized backward has finished (between Clear and then, its values are stale).
   at::Tensor& shard() { return shard_; }
+  // Whether every bucket was reduced into shard() since Clear() (a synchronized backward).
+  bool AllReduced();
   // Bytes of gradient buffers alive now: buckets, shard(), and any parameter's .grad.
   int64_t LiveBytes() const;
   // The most bytes of buckets, shard() and reduce-scatter outputs alive at once since the

@@ -31,7 +31,7 @@ OptimizerFactory MakeAdamWFactory(const proto::TrainingArguments& args);
 
 // torch::optim::AdamW whose step runs PyTorch's fused AdamW kernel when every parameter is a
 // CUDA tensor and the kernel exists; kernels/cpu_adamw.h (multithreaded, vectorized, bitwise
-// equal to LibTorch 1.13's, within 1 ulp of 2.11's) when every parameter is a dense contiguous
+// equal to LibTorch 1.13's, a few ulp of the update from 2.x's) when every parameter is a dense contiguous
 // fp32 CPU tensor with an fp32 or bf16 gradient and amsgrad is off; the per-parameter AdamW
 // otherwise (same arithmetic). On the CPU kernel's path it also takes a clipping coefficient
 // into the step (engines/gradient_scaling.h) instead of a pass over the gradients.

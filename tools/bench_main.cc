@@ -23,13 +23,14 @@
 // holds none) and every rank's token ids are written beside it, once per run shape, for
 // bench_torch.py to train on. The JSON line carries first_loss and last_loss (the global loss
 // of the first and the last optimizer step) and tokens_fingerprint.
+#include <sys/resource.h>
+#include <torch/torch.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <random>
-
-#include <torch/torch.h>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -295,6 +296,13 @@ std::string JsonNumber(double value) {
   return std::isfinite(value) ? absl::StrFormat("%.17g", value) : "null";
 }
 
+// This process's peak resident set (getrusage; Linux reports KiB), as bench_torch.py's
+// host_peak_gib: host memory matters once the optimizer is offloaded.
+int64_t HostPeakBytes() {
+  struct rusage usage;
+  return getrusage(RUSAGE_SELF, &usage) == 0 ? int64_t{usage.ru_maxrss} * 1024 : 0;
+}
+
 absl::Status Run(const std::vector<std::string>& overrides) {
   CT_ASSIGN_OR_RETURN(DistributedEnv env, DistributedEnvFromEnvironment());
   InitLogging("bench", env.rank);
@@ -325,16 +333,19 @@ absl::Status Run(const std::vector<std::string>& overrides) {
   CT_RETURN_IF_ERROR(trainer.Train().status());
 
   // The slowest rank's time and the largest peak memory count.
-  at::Tensor figures = torch::tensor(
-      {timer->seconds(), static_cast<double>(PeakAllocatedBytes(device))}, torch::kFloat64);
+  at::Tensor figures =
+      torch::tensor({timer->seconds(), static_cast<double>(PeakAllocatedBytes(device)),
+                     static_cast<double>(HostPeakBytes())},
+                    torch::kFloat64);
   // Without collectives every rank reports its own figures (the ranks do the same work).
-  at::Tensor gathered = figures.view({1, 2});
+  at::Tensor gathered = figures.view({1, 3});
   if (!absl::GetFlag(FLAGS_skip_collectives)) {
     CT_ASSIGN_OR_RETURN(gathered, trainer.engine()->AllGather(figures));
-    gathered = gathered.view({world, 2});
+    gathered = gathered.view({world, 3});
   }
   const double seconds = gathered.select(1, 0).max().item<double>();
   const double peak_bytes = gathered.select(1, 1).max().item<double>();
+  const double host_peak_bytes = gathered.select(1, 2).max().item<double>();
   CT_ASSIGN_OR_RETURN(at::Tensor verification, VerificationFigures(trainer, init_dir, seq));
   const double tokens = static_cast<double>(steps * accum * micro * seq * world);
   const double tokens_per_s = tokens / seconds;
@@ -351,7 +362,8 @@ absl::Status Run(const std::vector<std::string>& overrides) {
         "\"skip_collectives\":%s,\"learning_rate\":%.17g,"
         "\"weight_decay\":%.17g,\"init_dir\":\"%s\",\"seconds\":%.3f,"
         "\"tokens_per_s\":%.1f,\"tokens_per_s_per_gpu\":%.1f,\"flops_per_token\":%.4g,"
-        "\"tflops_per_gpu\":%.1f,\"mfu\":%.4f,\"peak_memory_gib\":%s,\"first_loss\":%s,"
+        "\"tflops_per_gpu\":%.1f,\"mfu\":%.4f,\"peak_memory_gib\":%s,\"host_peak_gib\":%.2f,"
+        "\"first_loss\":%s,"
         "\"last_loss\":%s,\"tokens_fingerprint\":%.0f,"
         "\"formula\":\"6*matmul_params + 12*layers*heads*head_dim*seq per token\"}\n",
         model_name.c_str(), EngineLabel(args).c_str(), world, device.str().c_str(),
@@ -363,7 +375,8 @@ absl::Status Run(const std::vector<std::string>& overrides) {
         absl::GetFlag(FLAGS_skip_collectives) ? "true" : "false", args.learning_rate(),
         args.weight_decay(), init_dir.c_str(), seconds, tokens_per_s, tokens_per_s / world,
         flops_per_token, tflops_per_gpu, tflops_per_gpu / absl::GetFlag(FLAGS_peak_tflops),
-        peak_gib.c_str(), JsonNumber(verification[0].item<double>()).c_str(),
+        peak_gib.c_str(), host_peak_bytes / (1 << 30),
+        JsonNumber(verification[0].item<double>()).c_str(),
         JsonNumber(verification[1].item<double>()).c_str(), verification[2].item<double>());
     std::fflush(stdout);
   }

@@ -31,6 +31,9 @@ done
   { echo "FAIL: no finite first_loss in $first"; exit 1; }
 [[ "$(field peak_memory_gib "$first")" == null ]] ||
   { echo "FAIL: peak memory on the CPU should be null: $first"; exit 1; }
+# The process's own peak resident set: LibTorch alone is far more than 0.05 GiB.
+awk -v gib="$(field host_peak_gib "$first")" 'BEGIN { exit !(gib > 0.05 && gib < 24) }' ||
+  { echo "FAIL: host_peak_gib should be the process's peak resident set in GiB: $first"; exit 1; }
 again=$(bench_json 1 --engine=local)
 echo "written: $(losses "$first"); loaded: $(losses "$again")"
 [[ "$(losses "$first")" == "$(losses "$again")" ]] ||

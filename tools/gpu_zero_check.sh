@@ -44,7 +44,8 @@ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_MODULE_PATH="$prefix/usr/share/glog/cmake" -DCMAKE_POLICY_VERSION_MINIMUM=3.5 \
   >"$out/build.log" 2>&1 &&
   cmake --build "$build" -j "$(nproc)" --target tools_bench tools_launch \
-    engines_zero_zero_layout_test kernels_cpu_adamw_test >>"$out/build.log" 2>&1
+    engines_zero_zero_layout_test kernels_cpu_adamw_test tools_cpu_adamw_bench \
+    >>"$out/build.log" 2>&1
 code=$?
 echo "build exit $code in $((SECONDS - start)) s" | tee -a "$summary"
 if ((code != 0)); then
@@ -58,6 +59,15 @@ for test in engines_zero_zero_layout_test kernels_cpu_adamw_test; do
   echo "$test exit $?: $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/$test.log" | tr '\n' ' ')" |
     tee -a "$summary"
 done
+# The host side of offload: the CPU AdamW on this host's threads, and what the host's memory
+# does for copy, scale and norm (HOST=0 skips both).
+if [[ "${HOST:-1}" != 0 ]]; then
+  timeout 120 "$(find_bin cpu_adamw_bench)" --numel=400000000 --threads=1,4,8,16 \
+    >"$out/cpu_adamw_bench.log" 2>&1
+  echo "cpu_adamw_bench exit $?" | tee -a "$summary"
+  grep -v '^{' "$out/cpu_adamw_bench.log" | tail -6 | tee -a "$summary"
+  timeout 90 python3 tools/host_bandwidth_check.py 2>&1 | tee -a "$summary"
+fi
 wait "$jit"
 
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | awk '{print tolower($NF)}')
@@ -71,6 +81,7 @@ compare() {  # name, bench_compare flags...
   echo "$name exit $?:" | tee -a "$summary"
   grep -E '^[0-9]+ process|^\| (ours|torch) |^ours / torch|^largest|^bench_compare|differ' \
     "$out/$name.log" | tee -a "$summary"
+  grep -h "ZeRO offload" "$out/$name"/ours*run1.log 2>/dev/null | tee -a "$summary"
 }
 for stage in ${STAGES:-1 2 3}; do
   compare "zero${stage}_vs_deepspeed" --engine zero --zero_stage "$stage" \

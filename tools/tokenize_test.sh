@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tools/tokenize.py end to end: a word-level tokenizer built here (Hugging Face's
+# tools/tokenize_text.py end to end: a word-level tokenizer built here (Hugging Face's
 # `tokenizers`, offline) turns a small text into a token file and its .meta.json; //tools:train
 # trains 2 steps on it; then the loader refuses, before any step, a dtype that disagrees with
 # the metadata, a metadata vocab_size above the model's, and (without metadata) a token id at

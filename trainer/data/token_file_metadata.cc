@@ -102,7 +102,7 @@ absl::Status FieldError(const std::string& path, const std::string& field,
                         const std::string& problem) {
   return absl::InvalidArgumentError(absl::StrCat(
       "token metadata ", path, ": ", field, " ", problem,
-      "; rewrite it with tools/tokenize.py, or delete it to use the token file unchecked"));
+      "; rewrite it with tools/tokenize_text.py, or delete it to use the token file unchecked"));
 }
 
 }  // namespace
@@ -123,7 +123,7 @@ absl::StatusOr<std::optional<TokenFileMetadata>> ReadTokenFileMetadata(const std
                                                    " is not a flat JSON object of strings and "
                                                    "integers: ",
                                                    reader.error(),
-                                                   "; rewrite it with tools/tokenize.py"));
+                                                   "; rewrite it with tools/tokenize_text.py"));
   }
   TokenFileMetadata meta;
   meta.path = path;

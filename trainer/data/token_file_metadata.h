@@ -1,4 +1,4 @@
-// The metadata file tools/tokenize.py writes beside a token file: <file>.meta.json, one flat
+// The metadata file tools/tokenize_text.py writes beside a token file: <file>.meta.json, one flat
 // JSON object of strings and integers, e.g.
 //
 //   {"format": "cpptrain-tokens", "dtype": "uint16", "vocab_size": 50257, "eos_id": 50256,

@@ -13,7 +13,7 @@ against data.token_dtype, num_tokens against the file, vocab_size against the mo
 Tokenizes with Hugging Face's `tokenizers` package (pip install tokenizers) and a
 tokenizer.json, e.g. the one in a Hugging Face model directory:
 
-  tools/tokenize.py --tokenizer MODEL_DIR --input corpus.txt --output train.bin
+  tools/tokenize_text.py --tokenizer MODEL_DIR --input corpus.txt --output train.bin
 
 Each non-empty line is a document (--split file: each input file is one); the eos token is
 appended after every document when the tokenizer has one (--eos-token names it; --no-eos

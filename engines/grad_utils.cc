@@ -38,8 +38,10 @@ at::Tensor GlobalNorm(const std::vector<at::Tensor>& grads) {
   return at::stack(norms).to(at::kFloat).pow(2).sum().sqrt();
 }
 
+double ClipCoefficient(double norm, double max_norm) { return max_norm / (norm + 1e-6); }
+
 void ClipByNorm(const std::vector<at::Tensor>& grads, double norm, double max_norm) {
-  const double coefficient = max_norm / (norm + 1e-6);
+  const double coefficient = ClipCoefficient(norm, max_norm);
   if (coefficient >= 1.0 || grads.empty()) return;
   at::_foreach_mul_(grads, coefficient);
 }

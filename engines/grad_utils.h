@@ -33,8 +33,11 @@ std::vector<at::Tensor> Gradients(const torch::optim::Optimizer& optimizer);
 // `grads` is empty is never returned: the norm of nothing is a zero scalar on the CPU.
 at::Tensor GlobalNorm(const std::vector<at::Tensor>& grads);
 
-// Multiplies every gradient by max_norm / (norm + 1e-6) when that is below 1 (PyTorch's
-// clip_grad_norm_ rule).
+// max_norm / (norm + 1e-6), the factor PyTorch's clip_grad_norm_ scales gradients by when it
+// is below 1 (at 1 or above they stay as they are).
+double ClipCoefficient(double norm, double max_norm);
+
+// Multiplies every gradient by ClipCoefficient(norm, max_norm) when that is below 1.
 void ClipByNorm(const std::vector<at::Tensor>& grads, double norm, double max_norm);
 
 // Sets every parameter's gradient to none (undefined), releasing its memory.

@@ -52,8 +52,6 @@ void HostCopies::Put(const at::Tensor& src, const at::Tensor& dst, bool accumula
   // The caller may free src at once: the allocator does not reuse its memory before the copy
   // stream's work queued so far is done.
   c10::cuda::CUDACachingAllocator::recordStream(src.storage().data_ptr(), side_->stream);
-#else
-  accumulate ? dst.add_(src.cpu()) : dst.copy_(src);
 #endif
 }
 

@@ -214,9 +214,6 @@ at::Tensor ZeroEngine::ShardSquares() {
   return shard.norm().square().reshape({1}).to(at::kFloat);
 }
 
-// Scales the shard by max_norm / (norm + 1e-6) when that is below 1, as ClipByNorm does, or
-// with offload hands the coefficient to the optimizer's next step (engines/gradient_scaling.h),
-// which saves a pass over the host gradients.
 void ZeroEngine::CancelPendingScale() {
   if (!scale_pending_ || zero_optimizer_ == nullptr) return;
   if (auto* scaling = dynamic_cast<ScalesGradientsInStep*>(&zero_optimizer_->inner())) {
@@ -225,8 +222,10 @@ void ZeroEngine::CancelPendingScale() {
   scale_pending_ = false;
 }
 
+// Scales the shard as ClipByNorm does, or with offload hands the coefficient to the optimizer's
+// next step (engines/gradient_scaling.h), which saves a pass over the host gradients.
 void ZeroEngine::ClipShard(double norm, double max_norm) {
-  const double coefficient = max_norm / (norm + 1e-6);
+  const double coefficient = ClipCoefficient(norm, max_norm);
   if (coefficient >= 1.0) return;
   auto* scaling = dynamic_cast<ScalesGradientsInStep*>(&zero_optimizer_->inner());
   if (offload_ && scaling != nullptr && scaling->ScaleGradientsInNextStep(coefficient)) {
@@ -279,13 +278,17 @@ int64_t ZeroEngine::ParametersVersion() const {
 
 void ZeroEngine::RefreshMasters() {
   if (!master_.defined() || ParametersVersion() == params_version_) return;
+  CopyOwnedIntoMasters(flat_);
+  params_version_ = ParametersVersion();
+}
+
+void ZeroEngine::CopyOwnedIntoMasters(const at::Tensor& flat) {
   torch::NoGradGuard no_grad;
   for (size_t b = 0; b < layout_->buckets.size(); ++b) {
     const ZeroLayout::Bucket& bucket = layout_->buckets[b];
     master_.narrow(0, bucket.local_offset, bucket.shard_numel)
-        .copy_(flat_.narrow(0, layout_->OwnedBegin(b, comm_->rank()), bucket.shard_numel));
+        .copy_(flat.narrow(0, layout_->OwnedBegin(b, comm_->rank()), bucket.shard_numel));
   }
-  params_version_ = ParametersVersion();
 }
 
 absl::Status ZeroEngine::AllGatherParameters() {
@@ -365,11 +368,7 @@ absl::Status ZeroEngine::RestoreWorkingWeights() {
   if (!exposed_.defined()) return absl::OkStatus();
   absl::Status restored = CatchTorch([&] {
     torch::NoGradGuard no_grad;
-    for (size_t b = 0; b < layout_->buckets.size(); ++b) {
-      const ZeroLayout::Bucket& bucket = layout_->buckets[b];
-      master_.narrow(0, bucket.local_offset, bucket.shard_numel)
-          .copy_(exposed_.narrow(0, layout_->OwnedBegin(b, comm_->rank()), bucket.shard_numel));
-    }
+    CopyOwnedIntoMasters(exposed_);
     flat_.copy_(exposed_);
     PointParametersInto(flat_, /*copy=*/false);
     // set_data to another dtype or device gave the parameters new gradient accumulators.

@@ -101,6 +101,8 @@ class ZeroEngine : public LocalEngine {
   // Rebuilds the host masters from the parameters when someone else wrote them (a checkpoint
   // load), detected by the parameters' version counters (the all-gather writes none of them).
   void RefreshMasters();
+  // This rank's owned ranges of `flat` (a full-length buffer, any dtype) into the masters.
+  void CopyOwnedIntoMasters(const at::Tensor& flat);
   int64_t ParametersVersion() const;
   absl::Status AllGatherParameters();
   // An error unless a synchronized backward filled the gradient shard since ZeroGrad.

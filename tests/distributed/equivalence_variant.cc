@@ -104,6 +104,18 @@ bool EquivalenceVariant::SameEvaluationOrLoss(const testing::EvalOutputs& got,
   return std::abs(a - b) <= tolerance * std::abs(b);
 }
 
+double EquivalenceVariant::WorstParameterDifference(const std::vector<torch::Tensor>& gathered,
+                                                    const torch::nn::Module& local) const {
+  std::vector<torch::Tensor> local_params;
+  for (const auto& p : local.parameters()) local_params.push_back(p.detach().to(torch::kFloat));
+  const auto names = local.named_parameters().keys();
+  for (size_t i = 0; i < names.size(); ++i) {
+    const double d = testing::MaxRelativeDifference({gathered[i]}, {local_params[i]});
+    if (d > ParameterTolerance()) LOG(WARNING) << "parameter " << names[i] << " differs by " << d;
+  }
+  return testing::MaxRelativeDifference(gathered, local_params);
+}
+
 int Fail(const absl::Status& status, const std::string& what) {
   LOG(ERROR) << what << ": " << status;
   return 1;

@@ -17,6 +17,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "models/decoder.h"
@@ -50,6 +51,11 @@ struct EquivalenceVariant {
   // gradient elements into parameter differences (measured up to 1.3e-5 with epsilon 1e-4 on
   // LibTorch 2.11's CPU kernels, 6e-6 on 1.13's). Losses are held to 1e-5 either way.
   double ParameterTolerance() const { return adamw ? 5e-5 : 1e-5; }
+  // The largest relative difference (fp32) between `gathered`, a distributed run's final
+  // parameters whole and in `local`'s order, and one process's model `local`; each parameter
+  // beyond ParameterTolerance() is logged by name.
+  double WorstParameterDifference(const std::vector<torch::Tensor>& gathered,
+                                  const torch::nn::Module& local) const;
   // "adamw frozen" etc., for logs.
   std::string Describe() const;
 

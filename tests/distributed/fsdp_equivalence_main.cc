@@ -48,7 +48,6 @@ ABSL_FLAG(bool, offload, false, "fsdp.offload_params");
 namespace cpptrain {
 namespace {
 
-using testing::MaxRelativeDifference;
 using testing::StepLosses;
 using testing::WorstRelative;
 
@@ -240,17 +239,7 @@ int Run() {
   if (!local.Train().ok()) return 1;
   const std::vector<double> a = StepLosses(fsdp), b = StepLosses(local);
   const double worst_loss = WorstRelative(a, b);
-  std::vector<torch::Tensor> local_params;
-  for (const auto& p : local_model->parameters())
-    local_params.push_back(p.detach().to(torch::kFloat));
-  const double worst_param = MaxRelativeDifference(*fsdp_params, local_params);
-  const auto names = local_model->named_parameters().keys();
-  for (size_t i = 0; i < names.size(); ++i) {
-    const double d = MaxRelativeDifference({(*fsdp_params)[i]}, {local_params[i]});
-    if (d > Variant().ParameterTolerance()) {
-      LOG(WARNING) << "parameter " << names[i] << " differs by " << d;
-    }
-  }
+  const double worst_param = Variant().WorstParameterDifference(*fsdp_params, *local_model);
   LOG(INFO) << "world " << env->world_size << " (" << Variant().Describe() << "): FSDP losses "
             << a.front() << " ... " << a.back()
             << "; local " << b.front() << " ... " << b.back() << "; max relative difference: loss "

@@ -43,7 +43,6 @@ ABSL_FLAG(double, max_grad_norm, 0.1, "clip to this global norm (both sides)");
 namespace cpptrain {
 namespace {
 
-using testing::MaxRelativeDifference;
 using testing::StepLosses;
 using testing::WorstRelative;
 
@@ -135,18 +134,7 @@ int Run() {
   if (!local.Train().ok()) return 1;
   const std::vector<double> a = StepLosses(zero), b = StepLosses(local);
   const double worst_loss = WorstRelative(a, b);
-  std::vector<torch::Tensor> local_params;
-  for (const auto& p : local_model->parameters()) {
-    local_params.push_back(p.detach().to(torch::kFloat));
-  }
-  const double worst_param = MaxRelativeDifference(*zero_params, local_params);
-  const auto names = local_model->named_parameters().keys();
-  for (size_t i = 0; i < names.size(); ++i) {
-    const double d = MaxRelativeDifference({(*zero_params)[i]}, {local_params[i]});
-    if (d > Variant().ParameterTolerance()) {
-      LOG(WARNING) << "parameter " << names[i] << " differs by " << d;
-    }
-  }
+  const double worst_param = Variant().WorstParameterDifference(*zero_params, *local_model);
   LOG(INFO) << "world " << env->world_size << " (stage " << stage
             << (absl::GetFlag(FLAGS_offload) ? ", offload" : "") << ", accumulation "
             << absl::GetFlag(FLAGS_accumulation) << ", " << Variant().Describe()

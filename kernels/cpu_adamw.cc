@@ -55,42 +55,71 @@ inline float Widen(uint16_t bf16_bits) {
   return f;
 }
 
+// Round to nearest even, as c10::BFloat16 does; NaN stays a NaN.
+inline uint16_t RoundToBf16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof(bits));
+  const uint32_t rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
+  return std::isnan(f) ? uint16_t{0x7FC0} : static_cast<uint16_t>(rounded);
+}
+
 // The loop body, inlined into each target-specific copy below; `__restrict` lets the compiler
 // vectorize without alias checks (the spans do not overlap: the header's contract). One pass
 // over memory: the decay is applied to the value loaded, as its own rounding.
-template <bool kDecay, bool kScale, typename GradT>
+template <bool kDecay, bool kScale, bool kRound, typename GradT>
 __attribute__((always_inline)) inline void Update(float* __restrict p, const GradT* __restrict g,
                                                   float* __restrict m, float* __restrict v,
-                                                  int64_t n, const Scalars& s) {
+                                                  uint16_t* __restrict out, int64_t n,
+                                                  const Scalars& s) {
   for (int64_t i = 0; i < n; ++i) {
     const float param = kDecay ? p[i] * s.decay : p[i];
     const float grad = kScale ? Widen(g[i]) * s.grad_scale : Widen(g[i]);
     const float exp_avg = std::fma(grad, s.one_minus_beta1, m[i] * s.beta1);
     const float exp_avg_sq = std::fma(s.one_minus_beta2 * grad, grad, v[i] * s.beta2);
     const float denom = std::sqrt(exp_avg_sq) / s.sqrt_bias_correction2 + s.eps;
+    const float updated = param + (s.neg_step_size * exp_avg) / denom;
     m[i] = exp_avg;
     v[i] = exp_avg_sq;
-    p[i] = param + (s.neg_step_size * exp_avg) / denom;
+    p[i] = updated;
+    if (kRound) out[i] = RoundToBf16(updated);
+  }
+}
+
+// The body specialized for what this step does (decay, gradient scale, bf16 copy).
+template <typename GradT>
+__attribute__((always_inline)) inline void Select(float* p, const GradT* g, float* m, float* v,
+                                                  uint16_t* out, int64_t n, const Scalars& s) {
+  const int which = (s.has_decay ? 4 : 0) | (s.has_grad_scale ? 2 : 0) | (out != nullptr ? 1 : 0);
+  switch (which) {
+    case 0:
+      return Update<false, false, false>(p, g, m, v, out, n, s);
+    case 1:
+      return Update<false, false, true>(p, g, m, v, out, n, s);
+    case 2:
+      return Update<false, true, false>(p, g, m, v, out, n, s);
+    case 3:
+      return Update<false, true, true>(p, g, m, v, out, n, s);
+    case 4:
+      return Update<true, false, false>(p, g, m, v, out, n, s);
+    case 5:
+      return Update<true, false, true>(p, g, m, v, out, n, s);
+    case 6:
+      return Update<true, true, false>(p, g, m, v, out, n, s);
+    default:
+      return Update<true, true, true>(p, g, m, v, out, n, s);
   }
 }
 
 template <typename GradT>
 __attribute__((target("avx2,fma"))) void UpdateAvx2(float* p, const GradT* g, float* m, float* v,
-                                                    int64_t n, const Scalars& s) {
-  if (s.has_grad_scale) {
-    s.has_decay ? Update<true, true>(p, g, m, v, n, s) : Update<false, true>(p, g, m, v, n, s);
-  } else {
-    s.has_decay ? Update<true, false>(p, g, m, v, n, s) : Update<false, false>(p, g, m, v, n, s);
-  }
+                                                    uint16_t* out, int64_t n, const Scalars& s) {
+  Select(p, g, m, v, out, n, s);
 }
 
 template <typename GradT>
-void UpdatePortable(float* p, const GradT* g, float* m, float* v, int64_t n, const Scalars& s) {
-  if (s.has_grad_scale) {
-    s.has_decay ? Update<true, true>(p, g, m, v, n, s) : Update<false, true>(p, g, m, v, n, s);
-  } else {
-    s.has_decay ? Update<true, false>(p, g, m, v, n, s) : Update<false, false>(p, g, m, v, n, s);
-  }
+void UpdatePortable(float* p, const GradT* g, float* m, float* v, uint16_t* out, int64_t n,
+                    const Scalars& s) {
+  Select(p, g, m, v, out, n, s);
 }
 
 bool HasAvx2Fma() {
@@ -98,17 +127,19 @@ bool HasAvx2Fma() {
   return has;
 }
 
-template <typename GradT>
-void Run(float* param, const GradT* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
-         const AdamWHyper& hyper, int64_t step) {
+template <typename Spans>
+void Run(const Spans& spans, const AdamWHyper& hyper, int64_t step) {
   const Scalars s = MakeScalars(hyper, step);
   const bool avx2 = HasAvx2Fma();
-  at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, spans.n, kGrain, [&](int64_t begin, int64_t end) {
     const int64_t len = end - begin;
+    uint16_t* out = spans.param_bf16 != nullptr ? spans.param_bf16 + begin : nullptr;
     if (avx2) {
-      UpdateAvx2(param + begin, grad + begin, exp_avg + begin, exp_avg_sq + begin, len, s);
+      UpdateAvx2(spans.param + begin, spans.grad + begin, spans.exp_avg + begin,
+                 spans.exp_avg_sq + begin, out, len, s);
     } else {
-      UpdatePortable(param + begin, grad + begin, exp_avg + begin, exp_avg_sq + begin, len, s);
+      UpdatePortable(spans.param + begin, spans.grad + begin, spans.exp_avg + begin,
+                     spans.exp_avg_sq + begin, out, len, s);
     }
   });
 }
@@ -116,11 +147,11 @@ void Run(float* param, const GradT* grad, float* exp_avg, float* exp_avg_sq, int
 }  // namespace
 
 void CpuAdamWStep(const AdamWSpans& spans, const AdamWHyper& hyper, int64_t step) {
-  Run(spans.param, spans.grad, spans.exp_avg, spans.exp_avg_sq, spans.n, hyper, step);
+  Run(spans, hyper, step);
 }
 
 void CpuAdamWStep(const AdamWSpansBf16Grad& spans, const AdamWHyper& hyper, int64_t step) {
-  Run(spans.param, spans.grad, spans.exp_avg, spans.exp_avg_sq, spans.n, hyper, step);
+  Run(spans, hyper, step);
 }
 
 bool CpuAdamWVectorized() { return HasAvx2Fma(); }

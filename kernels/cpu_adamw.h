@@ -39,12 +39,16 @@ struct AdamWHyper {
 };
 
 // One parameter's buffers, n floats each, not overlapping. `grad` is read, the rest updated.
+// With `param_bf16` (n bfloat16 bits, as c10::BFloat16 stores them), the updated parameter is
+// also written there rounded to nearest even (what param.to(kBFloat16) gives), in the same pass:
+// ZeRO-Offload's bf16 working copy, with no second pass over the masters.
 struct AdamWSpans {
   float* param;
   const float* grad;
   float* exp_avg;
   float* exp_avg_sq;
   int64_t n;
+  uint16_t* param_bf16 = nullptr;
 };
 
 // The same with bfloat16 gradients (raw bits, as c10::BFloat16 stores them): each is widened to
@@ -55,6 +59,7 @@ struct AdamWSpansBf16Grad {
   float* exp_avg;
   float* exp_avg_sq;
   int64_t n;
+  uint16_t* param_bf16 = nullptr;
 };
 
 // One AdamW step; `step` is the step count after this update (1 on the first call).

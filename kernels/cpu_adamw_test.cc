@@ -7,29 +7,11 @@
 #include <cmath>
 #include <vector>
 
+#include "kernels/cpu_adamw_agreement.h"
+
 namespace cpptrain {
 namespace kernels {
 namespace {
-
-// LibTorch 1.13: bit for bit. LibTorch 2.11's vectorized addcdiv (tensors past its grain size;
-// n = 1000003 here) rounds the parameter update once less on some elements: measured on the
-// GPU host, at most 1.49e-8 apart (1 ulp) while both moments stay bitwise equal, so 2.x
-// allows 2 ulp on the parameters.
-// On 2.x within 4 ulp of the largest of the value before the step, after it and the update:
-// its addcdiv_ forms the update as lr' * (m / d) where the kernel (and 1.13) has (lr' * m) / d,
-// a few ulp of the update apart, which the sum keeps where the update is the larger operand
-// (measured against PyTorch 2.15's C++ AdamW: up to 3 ulp).
-bool ParamsMatch(const at::Tensor& reference, const at::Tensor& param, const at::Tensor& before) {
-#if TORCH_VERSION_MAJOR >= 2
-  const at::Tensor scale =
-      at::maximum(at::maximum(reference.abs(), before.abs()), (reference - before).abs());
-  const at::Tensor ulp = at::nextafter(scale, at::full_like(scale, INFINITY)) - scale;
-  return (reference - param).abs().le(4 * ulp).all().item<bool>();
-#else
-  (void)before;
-  return torch::equal(reference, param);
-#endif
-}
 
 // The key of a parameter in torch::optim::Optimizer::state(): its TensorImpl as a pointer
 // (LibTorch 2.x) or as the pointer's text (1.13).
@@ -93,7 +75,7 @@ void ExpectBitwiseEqualToLibTorch(const Case& c, bool bf16_grads) {
     ASSERT_TRUE(torch::equal(state.exp_avg(), exp_avg)) << where << " exp_avg";
     ASSERT_TRUE(torch::equal(state.exp_avg_sq(), exp_avg_sq)) << where << " exp_avg_sq";
     const int64_t worst = (reference.detach() - param).abs().argmax().item<int64_t>();
-    ASSERT_TRUE(ParamsMatch(reference.detach(), param, before))
+    ASSERT_TRUE(AgreesWithLibTorchAdamW(reference.detach(), param, before))
         << where << " param, max |diff| " << (reference.detach() - param).abs().max().item<float>()
         << " at " << worst << ": before " << before[worst].item<float>() << " LibTorch "
         << reference.detach()[worst].item<float>() << " kernel " << param[worst].item<float>();
@@ -135,6 +117,34 @@ TEST(CpuAdamWTest, GradScaleEqualsScalingTheGradientsFirst) {
                  folded, step);
     ASSERT_TRUE(torch::equal(a, b)) << "step " << step;
     ASSERT_TRUE(torch::equal(am, bm) && torch::equal(av, bv)) << "step " << step;
+  }
+}
+
+// param_bf16 gets the updated parameter as param.to(kBFloat16) rounds it (nearest even; ties,
+// values near bf16's largest and tiny ones among the inputs), and the fp32 results are those of
+// a step that writes no copy.
+TEST(CpuAdamWTest, Bf16CopyIsTheRoundedParameter) {
+  at::set_num_threads(2);
+  torch::manual_seed(13);
+  const int64_t n = 400009;
+  AdamWHyper hyper;
+  hyper.lr = 3e-3;
+  hyper.weight_decay = 0.1;
+  torch::Tensor p0 = torch::randn({n}) * 5;
+  p0.narrow(0, 0, 4).copy_(torch::tensor({3.3895e38f, -1e-40f, 1.00390625f, 1.01171875f}));
+  const torch::Tensor grad = torch::randn({n});
+  torch::Tensor a = p0.clone(), am = torch::zeros({n}), av = torch::zeros({n});
+  torch::Tensor b = p0.clone(), bm = torch::zeros({n}), bv = torch::zeros({n});
+  torch::Tensor copy = torch::empty({n}, torch::kBFloat16);
+  for (int64_t step = 1; step <= 2; ++step) {
+    CpuAdamWStep({a.data_ptr<float>(), grad.data_ptr<float>(), am.data_ptr<float>(),
+                  av.data_ptr<float>(), n},
+                 hyper, step);
+    CpuAdamWStep({b.data_ptr<float>(), grad.data_ptr<float>(), bm.data_ptr<float>(),
+                  bv.data_ptr<float>(), n, reinterpret_cast<uint16_t*>(copy.data_ptr())},
+                 hyper, step);
+    ASSERT_TRUE(torch::equal(a, b) && torch::equal(am, bm) && torch::equal(av, bv)) << step;
+    ASSERT_TRUE(torch::equal(copy, b.to(torch::kBFloat16))) << "step " << step;
   }
 }
 

@@ -5,6 +5,8 @@
 #include <torch/optim/sgd.h>
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <functional>
 #include <regex>
 #include <utility>
 #include <vector>
@@ -77,44 +79,89 @@ bool FusedAdamW::CpuKernelApplies() {
   return true;
 }
 
+namespace {
+
+kernels::AdamWHyper HyperOf(const torch::optim::OptimizerOptions& group_options,
+                            double grad_scale) {
+  const auto& options = static_cast<const torch::optim::AdamWOptions&>(group_options);
+  kernels::AdamWHyper hyper;
+  hyper.lr = options.lr();
+  hyper.beta1 = std::get<0>(options.betas());
+  hyper.beta2 = std::get<1>(options.betas());
+  hyper.eps = options.eps();
+  hyper.weight_decay = options.weight_decay();
+  hyper.grad_scale = grad_scale;
+  return hyper;
+}
+
+// copy_of(param), checked against what the kernel writes; undefined where there is none.
+torch::Tensor Bf16CopyFor(const torch::Tensor& p,
+                          const ReportsSteppedParameters::Bf16CopyOf& copy_of) {
+  if (!copy_of) return {};
+  torch::Tensor copy = copy_of(p);
+  TORCH_CHECK(
+      !copy.defined() || (copy.scalar_type() == torch::kBFloat16 && copy.device() == p.device() &&
+                          copy.is_contiguous() && copy.numel() == p.numel()),
+      "WriteBf16CopiesInNextStep: the copy of a parameter of ", p.numel(),
+      " elements must be a contiguous bf16 tensor of as many on ", p.device());
+  return copy;
+}
+
+}  // namespace
+
 void FusedAdamW::CpuKernelStep() {
+  // Every group's parameters in the order of their addresses (each update stands alone, so the
+  // order changes no value), for ReportEachParameterInNextStep's caller.
+  std::vector<std::pair<torch::Tensor*, const torch::optim::OptimizerOptions*>> order;
   for (auto& group : param_groups()) {
-    const auto& options = static_cast<const torch::optim::AdamWOptions&>(group.options());
-    kernels::AdamWHyper hyper;
-    hyper.lr = options.lr();
-    hyper.beta1 = std::get<0>(options.betas());
-    hyper.beta2 = std::get<1>(options.betas());
-    hyper.eps = options.eps();
-    hyper.weight_decay = options.weight_decay();
-    hyper.grad_scale = grad_scale_;
-    for (torch::Tensor& p : group.params()) {
-      const torch::Tensor& g = p.grad();
-      if (!g.defined()) continue;
-      auto* state = static_cast<torch::optim::AdamWParamState*>(FindOptimizerParamState(*this, p));
-      if (state == nullptr) {
-        auto fresh = std::make_unique<torch::optim::AdamWParamState>();
-        fresh->step(0);
-        fresh->exp_avg(torch::zeros_like(p, torch::MemoryFormat::Preserve));
-        fresh->exp_avg_sq(torch::zeros_like(p, torch::MemoryFormat::Preserve));
-        state = fresh.get();
-        SetOptimizerParamState(*this, p, std::move(fresh));
-      }
-      state->step(state->step() + 1);
-      float* exp_avg = state->exp_avg().data_ptr<float>();
-      float* exp_avg_sq = state->exp_avg_sq().data_ptr<float>();
-      if (g.scalar_type() == torch::kBFloat16) {
-        const auto* bits = reinterpret_cast<const uint16_t*>(g.data_ptr<at::BFloat16>());
-        kernels::CpuAdamWStep({p.data_ptr<float>(), bits, exp_avg, exp_avg_sq, p.numel()}, hyper,
-                              state->step());
-      } else {
-        kernels::CpuAdamWStep(
-            {p.data_ptr<float>(), g.data_ptr<float>(), exp_avg, exp_avg_sq, p.numel()}, hyper,
-            state->step());
-      }
-      // As an in-place op would: autograd then refuses a graph that saved the old value.
-      p.unsafeGetTensorImpl()->bump_version();
-    }
+    for (torch::Tensor& p : group.params()) order.emplace_back(&p, &group.options());
   }
+  std::stable_sort(order.begin(), order.end(), [](const auto& a, const auto& b) {
+    return std::less<const void*>()(a.first->data_ptr(), b.first->data_ptr());
+  });
+  const Callback report = std::move(report_);
+  const Bf16CopyOf copy_of = std::move(bf16_copy_of_);
+  report_ = nullptr;
+  bf16_copy_of_ = nullptr;
+  for (auto& [param, options] : order) {
+    CpuKernelStepOne(*param, HyperOf(*options, grad_scale_), copy_of);
+    if (report) report(*param);
+  }
+}
+
+void FusedAdamW::CpuKernelStepOne(torch::Tensor& p, const kernels::AdamWHyper& hyper,
+                                  const Bf16CopyOf& copy_of) {
+  torch::Tensor copy = Bf16CopyFor(p, copy_of);
+  auto* const bits_out =
+      copy.defined() ? reinterpret_cast<uint16_t*>(copy.data_ptr<at::BFloat16>()) : nullptr;
+  const torch::Tensor& g = p.grad();
+  if (!g.defined()) {
+    if (copy.defined()) copy.view({-1}).copy_(p.reshape({-1}));
+    return;
+  }
+  auto* state = static_cast<torch::optim::AdamWParamState*>(FindOptimizerParamState(*this, p));
+  if (state == nullptr) {
+    auto fresh = std::make_unique<torch::optim::AdamWParamState>();
+    fresh->step(0);
+    fresh->exp_avg(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+    fresh->exp_avg_sq(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+    state = fresh.get();
+    SetOptimizerParamState(*this, p, std::move(fresh));
+  }
+  state->step(state->step() + 1);
+  float* exp_avg = state->exp_avg().data_ptr<float>();
+  float* exp_avg_sq = state->exp_avg_sq().data_ptr<float>();
+  if (g.scalar_type() == torch::kBFloat16) {
+    const auto* bits = reinterpret_cast<const uint16_t*>(g.data_ptr<at::BFloat16>());
+    kernels::CpuAdamWStep({p.data_ptr<float>(), bits, exp_avg, exp_avg_sq, p.numel(), bits_out},
+                          hyper, state->step());
+  } else {
+    kernels::CpuAdamWStep(
+        {p.data_ptr<float>(), g.data_ptr<float>(), exp_avg, exp_avg_sq, p.numel(), bits_out}, hyper,
+        state->step());
+  }
+  // As an in-place op would: autograd then refuses a graph that saved the old value.
+  p.unsafeGetTensorImpl()->bump_version();
 }
 
 bool FusedAdamW::UsesCpuKernel() {
@@ -124,6 +171,20 @@ bool FusedAdamW::UsesCpuKernel() {
     }
   }
   return cpu_kernel_ && CpuKernelApplies();
+}
+
+bool FusedAdamW::ReportEachParameterInNextStep(Callback callback) {
+  report_ = nullptr;
+  if (!UsesCpuKernel()) return false;
+  report_ = std::move(callback);
+  return true;
+}
+
+bool FusedAdamW::WriteBf16CopiesInNextStep(Bf16CopyOf copy_of) {
+  bf16_copy_of_ = nullptr;
+  if (!UsesCpuKernel()) return false;
+  bf16_copy_of_ = std::move(copy_of);
+  return true;
 }
 
 bool FusedAdamW::ScaleGradientsInNextStep(double scale) {
@@ -157,6 +218,8 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
     return loss;
   }
   grad_scale_ = 1.0;  // ScaleGradientsInNextStep said no to any other path
+  report_ = nullptr;  // and so did ReportEachParameterInNextStep
+  bf16_copy_of_ = nullptr;  // and WriteBf16CopiesInNextStep
   if (!fused_ || !all_cuda) return torch::optim::AdamW::step(std::move(closure));
   torch::NoGradGuard no_grad;
   for (auto& group : param_groups()) {

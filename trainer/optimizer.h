@@ -16,6 +16,8 @@
 #include "checkpoint/optimizer_state.h"
 #include "engines/engine.h"
 #include "engines/gradient_scaling.h"
+#include "engines/stepped_parameters.h"
+#include "kernels/cpu_adamw.h"
 #include "proto/training_args.pb.h"
 
 namespace cpptrain {
@@ -37,7 +39,8 @@ OptimizerFactory MakeAdamWFactory(const proto::TrainingArguments& args);
 // into the step (engines/gradient_scaling.h) instead of a pass over the gradients.
 class FusedAdamW : public torch::optim::AdamW,
                    public CheckpointableOptimizer,
-                   public ScalesGradientsInStep {
+                   public ScalesGradientsInStep,
+                   public ReportsSteppedParameters {
  public:
   using torch::optim::AdamW::AdamW;
   torch::Tensor step(LossClosure closure = nullptr) override;
@@ -45,6 +48,11 @@ class FusedAdamW : public torch::optim::AdamW,
   // True (and pending until the next step) where that step runs the CPU kernel and every
   // gradient is fp32.
   bool ScaleGradientsInNextStep(double scale) override;
+  // True (and pending until the next step) where that step runs the CPU kernel, which then
+  // steps the parameters in the order of their addresses and reports each, or writes the bf16
+  // copies in the kernel's pass.
+  bool ReportEachParameterInNextStep(Callback callback) override;
+  bool WriteBf16CopiesInNextStep(Bf16CopyOf copy_of) override;
 
   // Off: CPU parameters step through torch::optim::AdamW (for comparing the two paths).
   void UseCpuKernel(bool on) { cpu_kernel_ = on; }
@@ -63,11 +71,15 @@ class FusedAdamW : public torch::optim::AdamW,
   // One step of every group through the CPU kernel, the state in torch::optim::AdamW's map
   // (so ExportState/ImportState and AdamW's own serialization see it unchanged).
   void CpuKernelStep();
+  void CpuKernelStepOne(torch::Tensor& param, const kernels::AdamWHyper& hyper,
+                        const Bf16CopyOf& copy_of);
 
   // Every parameter is on the CPU and the CPU kernel applies.
   bool UsesCpuKernel();
 
   double grad_scale_ = 1.0;  // ScaleGradientsInNextStep's, for the next CPU kernel step
+  Callback report_;          // ReportEachParameterInNextStep's, for the next CPU kernel step
+  Bf16CopyOf bf16_copy_of_;  // WriteBf16CopiesInNextStep's, likewise
   bool fused_ = true;        // until a step finds it unavailable
   bool cpu_kernel_ = true;
   std::unordered_map<const c10::TensorImpl*, State> state_;

@@ -3,6 +3,10 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <functional>
+#include <vector>
+
 namespace cpptrain {
 namespace {
 
@@ -161,6 +165,42 @@ TEST(OptimizerTest, GradientScaleInTheStepEqualsClippingFirst) {
   libtorch_path.UseCpuKernel(false);
   EXPECT_FALSE(libtorch_path.ScaleGradientsInNextStep(0.5));
   EXPECT_TRUE(libtorch_path.ScaleGradientsInNextStep(1.0));
+}
+
+// On the CPU kernel's path a step can report each parameter once, in the order of their
+// addresses, each already holding its final value; the values are those of a step that reports
+// nothing, and the report lasts one step. LibTorch's path says no.
+TEST(OptimizerTest, CpuKernelReportsEachParameterInAddressOrderOnce) {
+  TwinOptimizers twins({1000003, 7, 1});
+  twins.reference->UseCpuKernel(true);
+  for (size_t i = 0; i < twins.kernel_params.size(); ++i) {
+    twins.kernel_params[i].mutable_grad() =
+        i == 1 ? torch::Tensor() : torch::randn_like(twins.kernel_params[i]);
+    twins.torch_params[i].mutable_grad() = twins.kernel_params[i].grad().defined()
+                                               ? twins.kernel_params[i].grad().clone()
+                                               : torch::Tensor();
+  }
+  twins.reference->step();
+  std::vector<const void*> seen;
+  std::vector<torch::Tensor> at_report;
+  ASSERT_TRUE(twins.kernel->ReportEachParameterInNextStep([&](const torch::Tensor& p) {
+    seen.push_back(p.data_ptr());
+    at_report.push_back(p.detach().clone());
+  }));
+  twins.kernel->step();
+  ASSERT_EQ(seen.size(), 3u);
+  EXPECT_TRUE(std::is_sorted(seen.begin(), seen.end(), std::less<const void*>()));
+  for (size_t i = 0; i < twins.kernel_params.size(); ++i) {
+    EXPECT_TRUE(torch::equal(twins.kernel_params[i], twins.torch_params[i])) << "param " << i;
+    auto it = std::find(seen.begin(), seen.end(), twins.kernel_params[i].data_ptr());
+    ASSERT_NE(it, seen.end()) << "param " << i;
+    EXPECT_TRUE(torch::equal(at_report[it - seen.begin()], twins.kernel_params[i])) << i;
+  }
+  twins.kernel->step();  // the next step reports nothing
+  EXPECT_EQ(seen.size(), 3u);
+  FusedAdamW libtorch_path({torch::zeros({3}, torch::requires_grad())}, {});
+  libtorch_path.UseCpuKernel(false);
+  EXPECT_FALSE(libtorch_path.ReportEachParameterInNextStep([](const torch::Tensor&) {}));
 }
 
 TEST(OptimizerTest, NonContiguousParameterFallsBackToLibTorch) {

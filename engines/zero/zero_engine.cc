@@ -14,6 +14,7 @@
 #include "engines/grad_utils.h"
 #include "engines/gradient_scaling.h"
 #include "engines/host_collectives.h"
+#include "engines/stepped_parameters.h"
 #include "engines/zero/zero_gradients.h"
 #include "engines/zero/zero_optimizer.h"
 #include "kernels/cpu_adamw.h"
@@ -137,6 +138,7 @@ void ZeroEngine::PointParametersInto(const at::Tensor& flat, bool copy) {
 absl::Status ZeroEngine::BuildOptimizer(const OptimizerFactory& factory) {
   NamedParameters named;
   std::vector<ZeroOptimizer::Piece> pieces;
+  pieces_.clear();
   CT_RETURN_IF_ERROR(CatchTorch([&] {
     torch::NoGradGuard no_grad;
     for (size_t i = 0; i < params_.size(); ++i) {
@@ -150,6 +152,7 @@ absl::Status ZeroEngine::BuildOptimizer(const OptimizerFactory& factory) {
       piece.set_requires_grad(true);
       piece.mutable_grad() = grad;
       named.emplace_back(names_[i], piece);
+      pieces_[piece.unsafeGetTensorImpl()] = {p.bucket, p.local_offset};
       pieces.push_back({params_[i], piece, p.own_begin});
     }
   }));
@@ -167,7 +170,8 @@ absl::Status ZeroEngine::PrepareForTraining(std::shared_ptr<TrainableModel> mode
   if (optimizer_ != nullptr) return absl::OkStatus();
   if (!layout_) {
     CT_RETURN_IF_ERROR(Flatten());
-    const ZeroGradients::ShardPlace shard_place{offload_ ? c10::Device(c10::kCPU) : device_, pin_};
+    const ZeroGradients::ShardPlace shard_place{offload_ ? c10::Device(c10::kCPU) : device_, pin_,
+                                                /*reduce_squares=*/offload_};
     grads_ = std::make_unique<ZeroGradients>(*layout_, params_, comm_.get(), device_,
                                              /*keep_full=*/config_.stage() == 1, shard_place);
     CT_RETURN_IF_ERROR(CatchTorch([&] { grads_->Install(); }));
@@ -202,10 +206,16 @@ absl::Status ZeroEngine::CheckNoStrayGradients() const {
   return absl::OkStatus();
 }
 
-// The sum of squares of this rank's gradient shard: on the host through kernels/cpu_adamw.h's
-// threaded pass (ATen's norm of a 12 GB host tensor ran at 12 GB/s on the H200 host), on the
-// device as a norm reduction (no temporary the size of the shard).
+// The sum of squares of this rank's gradient shard. With offload, the one summed on the device
+// as the buckets were reduced, where it still describes the shard (not under fp16, whose unscale
+// wrote the shard since); else on the host through kernels/cpu_adamw.h's threaded pass (ATen's
+// norm of a 12 GB host tensor ran at 12 GB/s on the H200 host; ours, 300 ms), on the device as
+// a norm reduction (no temporary the size of the shard).
 at::Tensor ZeroEngine::ShardSquares() {
+  if (!scaler_) {
+    at::Tensor reduced = grads_->ReducedSquares();
+    if (reduced.defined()) return reduced;
+  }
   const at::Tensor& shard = grads_->shard();
   if (!shard.is_cuda()) {
     const double sum = kernels::CpuSumOfSquares(shard.data_ptr<float>(), shard.numel());
@@ -233,6 +243,7 @@ void ZeroEngine::ClipShard(double norm, double max_norm) {
     return;
   }
   ClipByNorm({grads_->shard()}, norm, max_norm);
+  grads_->ShardWritten();
 }
 
 absl::Status ZeroEngine::CheckReduced() const {
@@ -291,7 +302,7 @@ void ZeroEngine::CopyOwnedIntoMasters(const at::Tensor& flat) {
   }
 }
 
-absl::Status ZeroEngine::AllGatherParameters() {
+absl::Status ZeroEngine::AllGatherParameters(const CopiedBack& copied) {
   torch::NoGradGuard no_grad;
   const int64_t limit = std::max<int64_t>(1, config_.allgather_bucket_size());
   std::vector<std::unique_ptr<Work>> in_flight;
@@ -303,9 +314,9 @@ absl::Status ZeroEngine::AllGatherParameters() {
       in_flight.clear();
       in_flight_numel = 0;
     }
-    at::Tensor mine = flat_.narrow(0, layout_->OwnedBegin(b, comm_->rank()), bucket.shard_numel);
-    if (master_.defined()) {
-      CT_RETURN_IF_ERROR(CatchTorch([&] { CopyMasterInto(mine, b); }));
+    at::Tensor mine = OwnedRange(b);
+    if (master_.defined() && !copied.copied[b]) {
+      CT_RETURN_IF_ERROR(CatchTorch([&] { CopyMasterInto(mine, b, copied.rounded); }));
     }
     at::Tensor full = flat_.narrow(0, bucket.begin, bucket.numel);
     CT_ASSIGN_OR_RETURN(std::unique_ptr<Work> work, comm_->AllGather(mine, full));
@@ -317,8 +328,55 @@ absl::Status ZeroEngine::AllGatherParameters() {
   return absl::OkStatus();
 }
 
-void ZeroEngine::CopyMasterInto(at::Tensor& mine, int b) {
+at::Tensor ZeroEngine::OwnedRange(int b) const {
+  return flat_.narrow(0, layout_->OwnedBegin(b, comm_->rank()), layout_->buckets[b].shard_numel);
+}
+
+// The step. With offload, each bucket's masters are copied into their working range as soon as
+// the host optimizer has stepped the bucket's last piece (engines/stepped_parameters.h), so the
+// copies to the device overlap the host's work on the next buckets; under bf16 the optimizer
+// also leaves the masters rounded to bf16 in master_bf16_ as it steps them, and those go.
+ZeroEngine::CopiedBack ZeroEngine::StepCopyingBack() {
+  CopiedBack out{std::vector<bool>(layout_->buckets.size(), false), false};
+  auto* reports = dynamic_cast<ReportsSteppedParameters*>(&zero_optimizer_->inner());
+  if (!offload_ || !master_.defined() || reports == nullptr) {
+    optimizer_->step();
+    return out;
+  }
+  if (working_ != at::kFloat) {
+    if (!master_bf16_.defined()) {
+      master_bf16_ = torch::zeros({layout_->local_numel},
+                                  torch::TensorOptions().dtype(working_).pinned_memory(pin_));
+    }
+    // The last step's copies to the device read master_bf16_ without the host waiting for them.
+    if (device_.is_cuda()) torch::cuda::synchronize(device_.index());
+    out.rounded = reports->WriteBf16CopiesInNextStep([&](const at::Tensor& piece) {
+      auto it = pieces_.find(piece.unsafeGetTensorImpl());
+      if (it == pieces_.end()) return at::Tensor();
+      return master_bf16_.narrow(0, it->second.local_offset, piece.numel());
+    });
+  }
+  std::vector<int> left(layout_->buckets.size(), 0);
+  for (const auto& [impl, piece] : pieces_) ++left[piece.bucket];
+  reports->ReportEachParameterInNextStep([&](const at::Tensor& piece) {
+    auto it = pieces_.find(piece.unsafeGetTensorImpl());
+    if (it == pieces_.end() || --left[it->second.bucket] > 0) return;
+    const int b = it->second.bucket;
+    at::Tensor mine = OwnedRange(b);
+    CopyMasterInto(mine, b, out.rounded);
+    out.copied[b] = true;
+  });
+  optimizer_->step();
+  return out;
+}
+
+void ZeroEngine::CopyMasterInto(at::Tensor& mine, int b, bool rounded) {
   const ZeroLayout::Bucket& bucket = layout_->buckets[b];
+  if (rounded) {  // page-locked, not written again before the next step synchronizes
+    mine.copy_(master_bf16_.narrow(0, bucket.local_offset, bucket.shard_numel),
+               /*non_blocking=*/true);
+    return;
+  }
   const at::Tensor master = master_.narrow(0, bucket.local_offset, bucket.shard_numel);
   if (!offload_ || working_ == at::kFloat || !mine.is_cuda()) {
     mine.copy_(master, /*non_blocking=*/true);
@@ -396,13 +454,14 @@ absl::StatusOr<bool> ZeroEngine::OptimizerStep() {
     }
   }
   const auto start = std::chrono::steady_clock::now();
+  CopiedBack copied;
   CT_RETURN_IF_ERROR(CatchTorch([&] {
     RefreshMasters();
-    optimizer_->step();
+    copied = StepCopyingBack();
   }));
   scale_pending_ = false;
   const auto stepped = std::chrono::steady_clock::now();
-  CT_RETURN_IF_ERROR(AllGatherParameters());
+  CT_RETURN_IF_ERROR(AllGatherParameters(copied));
   if (offload_ && timed_steps_ < 2) {  // the warm-up steps of a run: where the host time goes
     ++timed_steps_;
     if (device_.is_cuda()) torch::cuda::synchronize(device_.index());

@@ -19,9 +19,10 @@
 // Checkpoints see the masters: Engine::ExposeMasterWeights swaps the full fp32 values in.
 // With offload_optimizer_device CPU the owned fp32 masters, their gradients and the optimizer
 // state live in host memory (page-locked with offload_optimizer_pin_memory on CUDA): each
-// reduced bucket is copied out on a side stream while backward goes on, the step runs on the
-// host, and the updated ranges go back (rounded to bf16 on the host first) before the
-// all-gather. On the CPU that path runs too (host == device, real copies).
+// reduced bucket is copied out on a side stream while backward goes on (its squared norm summed
+// on the device meanwhile, for the clip), the step runs on the host, and each bucket's updated
+// ranges go back (rounded to bf16 on the host first) as soon as the host optimizer is done with
+// them, while it steps the next. On the CPU that path runs too (host == device, real copies).
 //
 //   CT_ASSIGN_OR_RETURN(auto engine, ZeroEngine::Create(config, precision, device, comm));
 //   CT_RETURN_IF_ERROR(engine->PrepareForTraining(model, factory));
@@ -31,6 +32,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -96,15 +98,23 @@ class ZeroEngine : public LocalEngine {
   absl::Status BuildOptimizer(const OptimizerFactory& factory);
   // Every trainable parameter becomes its view of `flat` (copying its values in first).
   void PointParametersInto(const at::Tensor& flat, bool copy);
-  // This rank's masters of bucket b into `mine`, its owned range of flat_.
-  void CopyMasterInto(at::Tensor& mine, int b);
+  // This rank's masters of bucket b into `mine`, its owned range of flat_ (from master_bf16_
+  // when `rounded`: the optimizer's step wrote it).
+  void CopyMasterInto(at::Tensor& mine, int b, bool rounded);
   // Rebuilds the host masters from the parameters when someone else wrote them (a checkpoint
   // load), detected by the parameters' version counters (the all-gather writes none of them).
   void RefreshMasters();
   // This rank's owned ranges of `flat` (a full-length buffer, any dtype) into the masters.
   void CopyOwnedIntoMasters(const at::Tensor& flat);
   int64_t ParametersVersion() const;
-  absl::Status AllGatherParameters();
+  struct CopiedBack {
+    std::vector<bool> copied;  // per bucket: its masters are in flat_ already
+    bool rounded = false;      // master_bf16_ holds this step's masters
+  };
+  // Every bucket's owned range into the others' (its masters copied in first, unless copied).
+  absl::Status AllGatherParameters(const CopiedBack& copied);
+  CopiedBack StepCopyingBack();
+  at::Tensor OwnedRange(int b) const;  // this rank's range of bucket b in flat_
   // An error unless a synchronized backward filled the gradient shard since ZeroGrad.
   absl::Status CheckReduced() const;
   at::Tensor ShardSquares();
@@ -123,12 +133,18 @@ class ZeroEngine : public LocalEngine {
   std::optional<ZeroLayout> layout_;
   at::Tensor flat_;              // the parameters' storage, [layout total_numel], working_
   at::Tensor master_;            // fp32 [local_numel] under offload (host) or bf16, else unset
+  at::Tensor master_bf16_;       // offload under bf16: the masters rounded by the host step
   at::Tensor exposed_;           // fp32 [total_numel] between Expose and RestoreWorkingWeights
   bool scale_pending_ = false;   // the optimizer's next step applies the clip coefficient
   int timed_steps_ = 0;           // offload steps whose host time was logged (the first two)
   int64_t params_version_ = -1;  // ParametersVersion() when the masters were last right
   std::unique_ptr<ZeroGradients> grads_;
   ZeroOptimizer* zero_optimizer_ = nullptr;  // owned by optimizer_
+  struct PieceAt {
+    int bucket;
+    int64_t local_offset;  // in master_ and master_bf16_
+  };
+  std::unordered_map<const c10::TensorImpl*, PieceAt> pieces_;  // the inner optimizer's tensors
 };
 
 // LossScaler options from DeepSpeed's fp16 keys: loss_scale 0 is dynamic from

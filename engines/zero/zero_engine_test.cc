@@ -1,7 +1,8 @@
 // ZeroEngine (stages 1 and 2) and Zero3Engine with ranks as threads (Gloo over a HashStore):
 // one SGD step equals the unsharded reference (tied weights stepped once, clipping), with and
 // without offload_optimizer; and what each rank holds after a step (parameters, gradients,
-// optimizer state) against the ZeRO formulas, on a model whose sizes 3 ranks do not divide.
+// optimizer state) against the ZeRO formulas, on a model whose sizes 3 ranks do not divide;
+// and the offload path's device-side squared norm of the reduced gradients.
 #include "engines/zero/zero_engine.h"
 
 #include <gtest/gtest.h>
@@ -12,10 +13,11 @@
 #include <string>
 
 #include "base/status.h"
-#include "base/torch_status.h"
 #include "base/torch_compat.h"
+#include "base/torch_status.h"
 #include "engines/grad_utils.h"
 #include "engines/zero/zero3_engine.h"
+#include "engines/zero/zero_gradients.h"
 #include "engines/zero/zero_layout.h"
 #include "module/checkpointable_optimizer.h"
 #include "module/testing/tied_blocks.h"
@@ -420,6 +422,47 @@ TEST(Zero3MemoryTest, EverythingIsPartitioned) {
     LOG(INFO) << "stage 3 rank " << rank << ": bytes at rest: parameters " << params
               << " (flat shard " << padded_part << "), gradients " << grads << ", optimizer "
               << state << "; whole model " << 4 * OddModelNumel();
+    return absl::OkStatus();
+  });
+  EXPECT_TRUE(s.ok()) << s;
+}
+
+// With offload, the clip's squared norm is summed on the device as each bucket is reduced: it
+// equals the host shard's while every bucket was reduced once, and is withdrawn when a second
+// micro-batch adds into the shard or someone writes the shard.
+TEST(ZeroGradientsTest, ReducedSquaresDescribeTheShardOrAreWithdrawn) {
+  absl::Status s = RunRanksAsThreads(2, [&](int rank, auto store) -> absl::Status {
+    CT_ASSIGN_OR_RETURN(std::shared_ptr<Communicator> comm, Comm(rank, 2, store));
+    torch::manual_seed(3);  // the same parameters and inputs on both ranks
+    std::vector<at::Tensor> params = {torch::randn({5, 3}).requires_grad_(),
+                                      torch::randn({7}).requires_grad_(),
+                                      torch::randn({3}).requires_grad_()};
+    const ZeroLayout layout = BuildZeroLayout({15, 7, 3}, 2, rank, /*bucket_numel=*/8, 4);
+    ZeroGradients grads(layout, params, comm.get(), c10::Device(c10::kCPU), /*keep_full=*/false,
+                        {c10::Device(c10::kCPU), false, /*reduce_squares=*/true});
+    grads.Install();
+    const auto backward = [&](double factor) {
+      grads.Begin(/*sync=*/true);
+      (params[0].sum(1).mul(params[1].narrow(0, 0, 5)).sum() * factor + params[2].square().sum())
+          .backward();
+      return grads.Finish(true);
+    };
+    CT_RETURN_IF_ERROR(backward(1.0 + rank));
+    at::Tensor squares = grads.ReducedSquares();
+    EXPECT_TRUE(squares.defined());
+    if (squares.defined()) {
+      const double host = grads.shard().square().sum().item<double>();
+      EXPECT_NEAR(squares.item<double>(), host, 1e-6 * host) << "rank " << rank;
+      EXPECT_GT(host, 0.0);
+    }
+    CT_RETURN_IF_ERROR(backward(2.0));  // a second micro-batch adds into the shard
+    EXPECT_FALSE(grads.ReducedSquares().defined());
+    grads.Clear();
+    EXPECT_FALSE(grads.ReducedSquares().defined());  // nothing reduced yet
+    CT_RETURN_IF_ERROR(backward(3.0));
+    EXPECT_TRUE(grads.ReducedSquares().defined());
+    grads.ShardWritten();
+    EXPECT_FALSE(grads.ReducedSquares().defined());
     return absl::OkStatus();
   });
   EXPECT_TRUE(s.ok()) << s;

@@ -34,7 +34,8 @@ ZeroGradients::ZeroGradients(const ZeroLayout& layout, std::vector<at::Tensor> p
       params_(std::move(params)),
       comm_(comm),
       device_(device),
-      keep_full_(keep_full) {
+      keep_full_(keep_full),
+      reduce_squares_(shard_place.reduce_squares) {
   const auto fp32 = torch::TensorOptions().dtype(at::kFloat).device(device_);
   shard_ = torch::zeros({layout_.local_numel}, torch::TensorOptions()
                                                    .dtype(at::kFloat)
@@ -130,6 +131,7 @@ absl::Status ZeroGradients::CompleteLocked() {
     copies_.Put(in_flight_out_,
                 shard_.narrow(0, layout_.buckets[b].local_offset, layout_.buckets[b].shard_numel),
                 /*accumulate=*/!fresh_[b]);
+    if (reduce_squares_) AddSquaresLocked(in_flight_out_, fresh_[b]);
     fresh_[b] = false;
   }
   in_flight_out_ = at::Tensor();
@@ -139,6 +141,18 @@ absl::Status ZeroGradients::CompleteLocked() {
     buckets_[b] = at::Tensor();
   }
   return waited;
+}
+
+// A norm reduction on the device, queued behind the reduction like the copy out (no temporary
+// the size of the bucket); an accumulated bucket's range is a sum no longer seen here.
+void ZeroGradients::AddSquaresLocked(const at::Tensor& reduced, bool fresh) {
+  if (!fresh) squares_valid_ = false;
+  if (!squares_valid_) return;
+  torch::NoGradGuard no_grad;
+  if (!squares_.defined()) {
+    squares_ = torch::zeros({1}, reduced.options().dtype(at::kFloat));
+  }
+  squares_.add_(reduced.norm().square().to(at::kFloat));
 }
 
 void ZeroGradients::LaunchReadyLocked() {
@@ -191,6 +205,8 @@ void ZeroGradients::Clear() {
   error_ = absl::OkStatus();
   torch::NoGradGuard no_grad;
   std::fill(fresh_.begin(), fresh_.end(), true);
+  squares_valid_ = true;
+  if (squares_.defined()) squares_.zero_();
   for (at::Tensor& bucket : buckets_) {
     if (!bucket.defined()) continue;
     if (keep_full_) {
@@ -205,6 +221,18 @@ void ZeroGradients::Clear() {
 bool ZeroGradients::AllReduced() {
   std::lock_guard<std::mutex> lock(mu_);
   return std::none_of(fresh_.begin(), fresh_.end(), [](bool fresh) { return fresh; });
+}
+
+at::Tensor ZeroGradients::ReducedSquares() {
+  std::lock_guard<std::mutex> lock(mu_);
+  const bool all = std::none_of(fresh_.begin(), fresh_.end(), [](bool fresh) { return fresh; });
+  if (!reduce_squares_ || !squares_valid_ || !all || !squares_.defined()) return at::Tensor();
+  return squares_.clone();
+}
+
+void ZeroGradients::ShardWritten() {
+  std::lock_guard<std::mutex> lock(mu_);
+  squares_valid_ = false;
 }
 
 int64_t ZeroGradients::LiveBytes() const {

@@ -4,7 +4,8 @@
 // `shard()`, which accumulates over micro-batches until Clear(). The shard lives on the device
 // or, for ZeRO-Offload, in host memory: each reduced bucket is then copied out on a side stream
 // while the rest of backward runs (engines/zero/host_copies.h), and no fp32 shard is kept on the
-// device.
+// device. There the squared norm of each reduced bucket is also summed on the device as it is
+// reduced (`ReducedSquares()`), so clipping needs no pass over the host shard.
 //
 //   stage 1 (keep_full=true): every bucket's fp32 buffer lives for the whole run (the full
 //     gradient, 4P bytes). With synchronization off (non-final micro-batches) gradients only
@@ -44,10 +45,12 @@ namespace cpptrain {
 
 class ZeroGradients {
  public:
-  // Where shard() lives: the device, or the host (page-locked with `pinned`).
+  // Where shard() lives: the device, or the host (page-locked with `pinned`); with
+  // `reduce_squares` the squared norm of what is reduced into it is summed on the device.
   struct ShardPlace {
     c10::Device device;
     bool pinned = false;
+    bool reduce_squares = false;
   };
 
   // `params[i]` is layout.params[i]'s tensor; `comm` (not owned) outlives this.
@@ -74,6 +77,13 @@ class ZeroGradients {
   at::Tensor& shard() { return shard_; }
   // Whether every bucket was reduced into shard() since Clear() (a synchronized backward).
   bool AllReduced();
+  // [1] fp32 on the device: the sum of squares of shard() as it was reduced, when ShardPlace
+  // asked for it, every bucket was reduced exactly once since Clear() (no accumulation of
+  // micro-batches into the shard) and nobody wrote the shard since (ShardWritten()); else
+  // undefined, and the caller reads the shard itself.
+  at::Tensor ReducedSquares();
+  // Someone scaled or wrote shard(): ReducedSquares() no longer describes it.
+  void ShardWritten();
   // Bytes of gradient buffers alive now: buckets, shard(), and any parameter's .grad.
   int64_t LiveBytes() const;
   // The most bytes of buckets, shard() and reduce-scatter outputs alive at once since the
@@ -88,6 +98,7 @@ class ZeroGradients {
   void LaunchReadyLocked();
   void SamplePeakLocked();
   absl::Status CompleteLocked();  // the reduce-scatter in flight, if any
+  void AddSquaresLocked(const at::Tensor& reduced, bool fresh);
   at::Tensor& BucketBuffer(int b);
 
   const ZeroLayout& layout_;
@@ -100,6 +111,9 @@ class ZeroGradients {
   std::mutex mu_;
   at::Tensor shard_;
   std::vector<bool> fresh_;  // per bucket: its shard range holds nothing since Clear()
+  bool reduce_squares_;
+  at::Tensor squares_;         // [1] fp32 on the device: see ReducedSquares()
+  bool squares_valid_ = true;  // since Clear(): no bucket accumulated, no ShardWritten()
   HostCopies copies_;
   std::vector<at::Tensor> buckets_;  // fp32 [bucket numel]; stage 2: undefined when idle
   std::vector<int> pending_;         // gradients still missing per bucket in this backward

@@ -19,7 +19,9 @@ ZeRO: --engine zero --zero_stage N [--offload_optimizer cpu] [--offload_param cp
 and offload (bench_torch.py --engine zero, tools/install_deepspeed_wheels.sh's torchrun) by
 default; --torch_engine zero_redundancy (DDP + ZeroRedundancyOptimizer), fsdp2 or fsdp2_offload
 pairs ours with PyTorch's counterparts instead. Every JSON line goes to --jsonl with the
-date, the git commit, the host's GPUs, the side and the run number added.
+date, the git commit, the host's GPUs, the side and the run number added, as soon as its run
+ends ("verified": null, so a call cut short keeps the runs that finished); when every run is
+done a last line {"bench_compare": ..., "verified": true|false} records the check.
 
 Python standard library only: it runs where tools/bench_torch.py runs.
 """
@@ -238,6 +240,14 @@ def table(records, a):
         print(f"largest relative difference of {key} to ours run 1: {worst:.2e}")
 
 
+def append_jsonl(path, record):
+    if not path:
+        return
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
 def main():
     a = parse_args()
     cmds = commands(a)
@@ -247,18 +257,15 @@ def main():
     for run in range(1, a.runs + 1):
         for side in ("ours", "torch"):
             result = run_once(f"{side}_{engine_tag(a)}_{a.nproc}_run{run}", cmds[side], a)
-            result.update(common, side=side, run=run, command=" ".join(cmds[side]))
+            result.update(common, side=side, run=run, command=" ".join(cmds[side]),
+                          verified=None)
             records.append(result)
+            append_jsonl(a.jsonl, result)
             print(f"   first_loss {result['first_loss']!r} last_loss {result['last_loss']!r} "
                   f"tokens/s per GPU {result['tokens_per_s_per_gpu']}", flush=True)
     failures = check(records, a)
-    for r in records:
-        r["verified"] = not failures
-    if a.jsonl:
-        os.makedirs(os.path.dirname(os.path.abspath(a.jsonl)), exist_ok=True)
-        with open(a.jsonl, "a") as f:
-            for r in records:
-                f.write(json.dumps(r) + "\n")
+    append_jsonl(a.jsonl, dict(common, bench_compare=engine_tag(a), runs=a.runs,
+                               verified=not failures, failures=failures))
     table(records, a)
     if failures:
         print("\nbench_compare: FAILED, the two sides did not train the same thing:")

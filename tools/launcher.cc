@@ -19,9 +19,13 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
+#include <fstream>
 #include <random>
+#include <string>
+#include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -373,6 +377,43 @@ std::vector<std::string> RankEnvironment(const LaunchOptions& options, int local
   return env;
 }
 
+int CpusOfQuota(absl::string_view quota, absl::string_view period) {
+  int64_t q = 0, p = 0;
+  if (!absl::SimpleAtoi(quota, &q) || !absl::SimpleAtoi(period, &p) || q <= 0 || p <= 0) {
+    return 0;  // "max" (v2), -1 (v1), or not a number
+  }
+  return static_cast<int>(std::max<int64_t>(1, (q + p - 1) / p));
+}
+
+namespace {
+
+std::string FirstLine(const std::string& path) {
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);
+  return line;
+}
+
+// This process's cgroup CPU quota in CPUs (0: none found): cgroup v2's cpu.max in the process's
+// own cgroup (a container sees its own as /), else v1's cfs_quota_us / cfs_period_us.
+int CgroupCpuQuota() {
+  std::string group = "/";
+  std::ifstream cgroups("/proc/self/cgroup");
+  for (std::string line; std::getline(cgroups, line);) {
+    if (absl::StartsWith(line, "0::")) group = line.substr(3);
+  }
+  for (const std::string& dir :
+       {absl::StrCat("/sys/fs/cgroup", group), std::string("/sys/fs/cgroup")}) {
+    const std::vector<std::string> fields =
+        absl::StrSplit(FirstLine(absl::StrCat(dir, "/cpu.max")), ' ', absl::SkipEmpty());
+    if (fields.size() == 2) return CpusOfQuota(fields[0], fields[1]);
+  }
+  return CpusOfQuota(FirstLine("/sys/fs/cgroup/cpu/cpu.cfs_quota_us"),
+                     FirstLine("/sys/fs/cgroup/cpu/cpu.cfs_period_us"));
+}
+
+}  // namespace
+
 int UsableCpus() {
   // Sized for the machine (a fixed cpu_set_t stops at 1024 CPUs).
   const long configured = std::max(1L, sysconf(_SC_NPROCESSORS_CONF));
@@ -381,7 +422,8 @@ int UsableCpus() {
   CPU_ZERO_S(bytes, set);
   const int usable = sched_getaffinity(0, bytes, set) == 0 ? CPU_COUNT_S(bytes, set) : 1;
   CPU_FREE(set);
-  return std::max(1, usable);
+  const int quota = CgroupCpuQuota();
+  return std::max(1, quota > 0 ? std::min(usable, quota) : usable);
 }
 
 int ThreadsPerRank(int usable_cpus, int nproc_per_node) {

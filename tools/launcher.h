@@ -14,14 +14,15 @@
 #include <sys/types.h>
 #include <unistd.h>
 
-#include <memory>
 #include <chrono>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 
@@ -92,9 +93,13 @@ absl::Status CheckPortFree(const std::string& addr, int port);
 std::vector<std::string> RankEnvironment(const LaunchOptions& options, int local_rank,
                                          int restart_count, const std::vector<std::string>& base);
 
-// The CPUs this process may run on (its affinity mask; a CPU quota of a container is not
-// seen), at least 1.
+// The CPUs this process may run on: its affinity mask, capped by a container's CPU quota (the
+// cgroup's cpu.max, or v1's cfs quota), at least 1.
 int UsableCpus();
+
+// The CPUs a cgroup CPU quota of `quota` microseconds per `period` allows, rounded up; 0 for no
+// quota ("max" in cgroup v2, -1 in v1) or text that is not a number.
+int CpusOfQuota(absl::string_view quota, absl::string_view period);
 
 // Each local rank's intra-op threads: the usable CPUs shared out over the local ranks, at
 // least 1. torchrun sets 1 for several ranks; the host-side work here (ZeRO-Offload's CPU

@@ -288,6 +288,12 @@ TEST(LauncherUnitTest, EachLocalRankGetsItsShareOfTheCpus) {
   EXPECT_EQ(ThreadsPerRank(3, 4), 1);
   EXPECT_EQ(ThreadsPerRank(16, 0), 16);
   EXPECT_GE(UsableCpus(), 1);
+  EXPECT_EQ(CpusOfQuota("200000", "100000"), 2);  // docker --cpus=2
+  EXPECT_EQ(CpusOfQuota("150000", "100000"), 2);  // --cpus=1.5: rounded up
+  EXPECT_EQ(CpusOfQuota("50000", "100000"), 1);
+  EXPECT_EQ(CpusOfQuota("max", "100000"), 0);  // v2: no quota
+  EXPECT_EQ(CpusOfQuota("-1", "100000"), 0);   // v1: no quota
+  EXPECT_EQ(CpusOfQuota("", ""), 0);           // no such file
 }
 
 TEST(LauncherCreateTest, MissingProgramIsAnError) {

@@ -17,8 +17,12 @@ namespace cpptrain {
 struct HostCopies::Side {
   c10::cuda::CUDAStream stream;
 };
+struct HostCopies::Landed {  // recorded on the copy stream after an accumulating copy
+  at::cuda::CUDAEvent event;
+};
 #else
 struct HostCopies::Side {};
+struct HostCopies::Landed {};
 #endif
 
 HostCopies::HostCopies() = default;
@@ -41,10 +45,12 @@ void HostCopies::Put(const at::Tensor& src, const at::Tensor& dst, bool accumula
   ready.block(side_->stream);
   c10::cuda::CUDAStreamGuard guard(side_->stream);
   if (accumulate) {
+    AddLanded();  // their staging goes back to the allocator before this one is taken
     Pending pending{
         torch::empty(src.sizes(), src.options().device(c10::kCPU).pinned_memory(dst.is_pinned())),
-        dst};
+        dst, std::make_shared<Landed>()};
     pending.staging.copy_(src, /*non_blocking=*/true);
+    pending.landed->event.record(side_->stream);
     pending_.push_back(std::move(pending));
   } else {
     dst.copy_(src, /*non_blocking=*/true);
@@ -52,6 +58,18 @@ void HostCopies::Put(const at::Tensor& src, const at::Tensor& dst, bool accumula
   // The caller may free src at once: the allocator does not reuse its memory before the copy
   // stream's work queued so far is done.
   c10::cuda::CUDACachingAllocator::recordStream(src.storage().data_ptr(), side_->stream);
+#endif
+}
+
+void HostCopies::AddLanded() {
+#if CPPTRAIN_HAS_CUDA
+  torch::NoGradGuard no_grad;
+  auto it = pending_.begin();
+  while (it != pending_.end() && it->landed != nullptr && it->landed->event.query()) {
+    it->dst.add_(it->staging);
+    ++it;
+  }
+  pending_.erase(pending_.begin(), it);
 #endif
 }
 

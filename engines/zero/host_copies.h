@@ -2,7 +2,9 @@
 // On CUDA each copy runs on a side stream, after the work queued so far on the current stream,
 // into the host tensor (page-locked for the copy to be asynchronous); Drain() waits for every
 // copy and then does the additions. Same-device copies (the CPU, or a device shard) happen at
-// once on the current stream.
+// once on the current stream. An accumulating copy lands in page-locked staging, added into its
+// destination by the next accumulating Put that finds it landed (so staging for only the copies
+// still in flight is alive) or at Drain().
 //
 //   HostCopies copies;
 //   copies.Put(reduced_bucket_shard, host_grad.narrow(0, offset, n), /*accumulate=*/false);
@@ -30,10 +32,14 @@ class HostCopies {
   void Drain();
 
  private:
-  struct Side;  // the CUDA copy stream, where there is CUDA
-  struct Pending {  // an accumulating copy: `staging` (host) is added into dst at Drain
+  struct Side;    // the CUDA copy stream, where there is CUDA
+  struct Landed;  // a CUDA event after a copy, where there is CUDA
+  struct Pending {  // an accumulating copy: `staging` (host) is added into dst once landed
     at::Tensor staging, dst;
+    std::shared_ptr<Landed> landed;
   };
+  // Adds the oldest accumulating copies that have landed (in order) and drops their staging.
+  void AddLanded();
   std::unique_ptr<Side> side_;
   std::vector<Pending> pending_;
 };

@@ -5,6 +5,9 @@
 # unit tests, then tools/bench_compare.py of `tools/bench --engine=zero` against DeepSpeed's
 # same stage for each of STAGES (default "1 2 3"; RUNS=3 per side, STEPS/WARMUP short so three
 # stages fit one call). OFFLOAD=1 adds the Llama-3.2-3B ZeRO-2 + optimizer offload row.
+# COUNTERPART=1 pairs each with PyTorch's closest counterpart instead (DDP +
+# ZeroRedundancyOptimizer for stages 1 and 2, fully_shard for 3, fully_shard + CPUOffloadPolicy
+# for the offload row). TESTS=0 skips the unit tests.
 # Results go to $OUT (or /tmp/gpu_out) as they come, so a call cut short keeps what finished.
 #   NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
 #     CPPTRAIN_COMMIT=<hash> tools/gpu_zero_check.sh
@@ -54,7 +57,7 @@ if ((code != 0)); then
 fi
 find_bin() { find "$build" -type f -name "$1" -perm -u+x | head -1; }
 # (zero_engine_test needs Gloo, which pip's LibTorch lacks: it runs on the CPU build only.)
-for test in engines_zero_zero_layout_test kernels_cpu_adamw_test; do
+for test in $([[ "${TESTS:-1}" != 0 ]] && echo engines_zero_zero_layout_test kernels_cpu_adamw_test); do
   timeout 120 "$(find_bin "$test")" >"$out/$test.log" 2>&1
   echo "$test exit $?: $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/$test.log" | tr '\n' ' ')" |
     tee -a "$summary"
@@ -89,12 +92,19 @@ compare() {  # name, bench_compare flags...
     "$out/$name.log" | tee -a "$summary"
   grep -h "ZeRO offload" "$out/$name"/ours*run1.log 2>/dev/null | tee -a "$summary"
 }
+counterpart() {  # stage, offload (0|1): bench_compare's --torch_engine flag (none: DeepSpeed)
+  [[ "${COUNTERPART:-0}" != 1 ]] && return
+  if [[ $2 == 1 ]]; then echo "--torch_engine fsdp2_offload"
+  elif (($1 == 3)); then echo "--torch_engine fsdp2"
+  else echo "--torch_engine zero_redundancy"; fi
+}
+vs=$([[ "${COUNTERPART:-0}" == 1 ]] && echo pytorch || echo deepspeed)
 for stage in ${STAGES:-1 2 3}; do
-  compare "zero${stage}_vs_deepspeed" --engine zero --zero_stage "$stage" \
-    --init_dir /tmp/cpptrain_bench_init_qwen3-0.6b
+  compare "zero${stage}_vs_$vs" --engine zero --zero_stage "$stage" \
+    --init_dir /tmp/cpptrain_bench_init_qwen3-0.6b $(counterpart "$stage" 0)
 done
 if [[ "${OFFLOAD:-0}" == 1 ]]; then
-  compare zero2_offload_llama3b --model llama3.2-3b --seq_len 4096 --micro_batch 2 \
+  compare "zero2_offload_llama3b_vs_$vs" --model llama3.2-3b --seq_len 4096 --micro_batch 2 \
     --engine zero --zero_stage 2 --offload_optimizer cpu --init_dir /tmp/cpptrain_bench_init_llama3.2-3b \
-    --ours_arg=--activation_checkpointing --torch_arg=--activation_checkpointing
+    --ours_arg=--activation_checkpointing --torch_arg=--activation_checkpointing $(counterpart 2 1)
 fi

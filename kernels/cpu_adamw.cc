@@ -85,29 +85,26 @@ __attribute__((always_inline)) inline void Update(float* __restrict p, const Gra
   }
 }
 
-// The body specialized for what this step does (decay, gradient scale, bf16 copy).
+// The body specialized for what this step does: decay, then gradient scale, then bf16 copy,
+// each chosen once per chunk.
+template <bool kDecay, bool kScale, typename GradT>
+__attribute__((always_inline)) inline void WithCopy(float* p, const GradT* g, float* m, float* v,
+                                                    uint16_t* out, int64_t n, const Scalars& s) {
+  out != nullptr ? Update<kDecay, kScale, true>(p, g, m, v, out, n, s)
+                 : Update<kDecay, kScale, false>(p, g, m, v, out, n, s);
+}
+
+template <bool kDecay, typename GradT>
+__attribute__((always_inline)) inline void WithScale(float* p, const GradT* g, float* m, float* v,
+                                                     uint16_t* out, int64_t n, const Scalars& s) {
+  s.has_grad_scale ? WithCopy<kDecay, true>(p, g, m, v, out, n, s)
+                   : WithCopy<kDecay, false>(p, g, m, v, out, n, s);
+}
+
 template <typename GradT>
 __attribute__((always_inline)) inline void Select(float* p, const GradT* g, float* m, float* v,
                                                   uint16_t* out, int64_t n, const Scalars& s) {
-  const int which = (s.has_decay ? 4 : 0) | (s.has_grad_scale ? 2 : 0) | (out != nullptr ? 1 : 0);
-  switch (which) {
-    case 0:
-      return Update<false, false, false>(p, g, m, v, out, n, s);
-    case 1:
-      return Update<false, false, true>(p, g, m, v, out, n, s);
-    case 2:
-      return Update<false, true, false>(p, g, m, v, out, n, s);
-    case 3:
-      return Update<false, true, true>(p, g, m, v, out, n, s);
-    case 4:
-      return Update<true, false, false>(p, g, m, v, out, n, s);
-    case 5:
-      return Update<true, false, true>(p, g, m, v, out, n, s);
-    case 6:
-      return Update<true, true, false>(p, g, m, v, out, n, s);
-    default:
-      return Update<true, true, true>(p, g, m, v, out, n, s);
-  }
+  s.has_decay ? WithScale<true>(p, g, m, v, out, n, s) : WithScale<false>(p, g, m, v, out, n, s);
 }
 
 template <typename GradT>

@@ -93,30 +93,45 @@ TEST(CpuAdamWTest, Fp32GradsMatchLibTorchBitwise) {
   }
 }
 
+// One fp32 parameter and its moments, stepped by the kernel.
+struct Stepped {
+  torch::Tensor param, exp_avg, exp_avg_sq;
+  explicit Stepped(const torch::Tensor& p0)
+      : param(p0.clone()), exp_avg(torch::zeros_like(p0)), exp_avg_sq(torch::zeros_like(p0)) {}
+  void Step(const torch::Tensor& grad, const AdamWHyper& hyper, int64_t step,
+            uint16_t* bf16_copy = nullptr) {
+    CpuAdamWStep({param.data_ptr<float>(), grad.data_ptr<float>(), exp_avg.data_ptr<float>(),
+                  exp_avg_sq.data_ptr<float>(), param.numel(), bf16_copy},
+                 hyper, step);
+  }
+  bool Equals(const Stepped& other) const {
+    return torch::equal(param, other.param) && torch::equal(exp_avg, other.exp_avg) &&
+           torch::equal(exp_avg_sq, other.exp_avg_sq);
+  }
+};
+
+AdamWHyper DecayingHyper() {
+  AdamWHyper hyper;
+  hyper.lr = 3e-3;
+  hyper.weight_decay = 0.1;
+  return hyper;
+}
+
 // grad_scale reads each gradient as clipping's g.mul_(scale) would have left it.
 TEST(CpuAdamWTest, GradScaleEqualsScalingTheGradientsFirst) {
   at::set_num_threads(2);
   torch::manual_seed(11);
   const int64_t n = 300007;
-  AdamWHyper hyper;
-  hyper.lr = 3e-3;
-  hyper.weight_decay = 0.1;
-  torch::Tensor p0 = torch::randn({n}), grad = torch::randn({n});
-  torch::Tensor a = p0.clone(), am = torch::zeros({n}), av = torch::zeros({n});
-  torch::Tensor b = p0.clone(), bm = torch::zeros({n}), bv = torch::zeros({n});
+  const torch::Tensor p0 = torch::randn({n}), grad = torch::randn({n});
+  Stepped clipped_first(p0), folded(p0);
   const torch::Tensor scaled = grad.clone();
   at::_foreach_mul_({scaled}, 0.3713);  // what ClipByNorm does
+  AdamWHyper folded_hyper = DecayingHyper();
+  folded_hyper.grad_scale = 0.3713;
   for (int64_t step = 1; step <= 3; ++step) {
-    CpuAdamWStep({a.data_ptr<float>(), scaled.data_ptr<float>(), am.data_ptr<float>(),
-                  av.data_ptr<float>(), n},
-                 hyper, step);
-    AdamWHyper folded = hyper;
-    folded.grad_scale = 0.3713;
-    CpuAdamWStep({b.data_ptr<float>(), grad.data_ptr<float>(), bm.data_ptr<float>(),
-                  bv.data_ptr<float>(), n},
-                 folded, step);
-    ASSERT_TRUE(torch::equal(a, b)) << "step " << step;
-    ASSERT_TRUE(torch::equal(am, bm) && torch::equal(av, bv)) << "step " << step;
+    clipped_first.Step(scaled, DecayingHyper(), step);
+    folded.Step(grad, folded_hyper, step);
+    ASSERT_TRUE(clipped_first.Equals(folded)) << "step " << step;
   }
 }
 
@@ -127,24 +142,16 @@ TEST(CpuAdamWTest, Bf16CopyIsTheRoundedParameter) {
   at::set_num_threads(2);
   torch::manual_seed(13);
   const int64_t n = 400009;
-  AdamWHyper hyper;
-  hyper.lr = 3e-3;
-  hyper.weight_decay = 0.1;
   torch::Tensor p0 = torch::randn({n}) * 5;
   p0.narrow(0, 0, 4).copy_(torch::tensor({3.3895e38f, -1e-40f, 1.00390625f, 1.01171875f}));
   const torch::Tensor grad = torch::randn({n});
-  torch::Tensor a = p0.clone(), am = torch::zeros({n}), av = torch::zeros({n});
-  torch::Tensor b = p0.clone(), bm = torch::zeros({n}), bv = torch::zeros({n});
+  Stepped plain(p0), copied(p0);
   torch::Tensor copy = torch::empty({n}, torch::kBFloat16);
   for (int64_t step = 1; step <= 2; ++step) {
-    CpuAdamWStep({a.data_ptr<float>(), grad.data_ptr<float>(), am.data_ptr<float>(),
-                  av.data_ptr<float>(), n},
-                 hyper, step);
-    CpuAdamWStep({b.data_ptr<float>(), grad.data_ptr<float>(), bm.data_ptr<float>(),
-                  bv.data_ptr<float>(), n, reinterpret_cast<uint16_t*>(copy.data_ptr())},
-                 hyper, step);
-    ASSERT_TRUE(torch::equal(a, b) && torch::equal(am, bm) && torch::equal(av, bv)) << step;
-    ASSERT_TRUE(torch::equal(copy, b.to(torch::kBFloat16))) << "step " << step;
+    plain.Step(grad, DecayingHyper(), step);
+    copied.Step(grad, DecayingHyper(), step, reinterpret_cast<uint16_t*>(copy.data_ptr()));
+    ASSERT_TRUE(plain.Equals(copied)) << "step " << step;
+    ASSERT_TRUE(torch::equal(copy, copied.param.to(torch::kBFloat16))) << "step " << step;
   }
 }
 

@@ -11,8 +11,10 @@
 //
 // A parameter with no gradient is reported too (unchanged). The callback runs on the thread
 // that called step(), between parameters, never inside a parallel region; what it throws comes
-// out of step(). The same step can also leave each new value rounded to bf16 in a tensor the
-// caller names, in the pass that computes it (ZeRO-Offload's bf16 working copies):
+// out of step(), and leaves the parameters before it stepped and the rest not (nothing stays
+// pending for a later step). The same step can also leave each new value rounded to bf16 in a
+// tensor the caller names (or none: an undefined tensor), in the pass that computes it
+// (ZeRO-Offload's bf16 working copies):
 //
 //   reports->WriteBf16CopiesInNextStep([&](const at::Tensor& param) { return copy_of(param); });
 #ifndef CPPTRAIN_ENGINES_STEPPED_PARAMETERS_H_

@@ -21,7 +21,8 @@ default; --torch_engine zero_redundancy (DDP + ZeroRedundancyOptimizer), fsdp2 o
 pairs ours with PyTorch's counterparts instead. Every JSON line goes to --jsonl with the
 date, the git commit, the host's GPUs, the side and the run number added, as soon as its run
 ends ("verified": null, so a call cut short keeps the runs that finished); when every run is
-done a last line {"bench_compare": ..., "verified": true|false} records the check.
+done a last line {"bench_compare": ..., "verified": true|false} records the check. Every line
+of one comparison carries the same "compare" id.
 
 Python standard library only: it runs where tools/bench_torch.py runs.
 """
@@ -147,8 +148,9 @@ def run_once(name, command, a):
     result = json_line(output) if code == 0 else None
     if result is None:
         tail = "\n".join(output.splitlines()[-30:])
-        sys.exit(f"bench_compare: {name} failed (exit {code}, no JSON line):\n{tail}\n"
-                 f"command: {' '.join(command)}")
+        print(f"bench_compare: {name} failed (exit {code}, no JSON line):\n{tail}\n"
+              f"command: {' '.join(command)}", file=sys.stderr)
+        sys.exit(2)
     return result
 
 
@@ -252,7 +254,9 @@ def main():
     a = parse_args()
     cmds = commands(a)
     date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    common = {"date": date, "commit": git_commit(), "host_gpus": host_gpus()}
+    # "compare" is on every line of this comparison, its runs and its check alike.
+    common = {"date": date, "commit": git_commit(), "host_gpus": host_gpus(),
+              "compare": f"{engine_tag(a)}-{a.model}-{a.nproc}-{date}"}
     records = []
     for run in range(1, a.runs + 1):
         for side in ("ours", "torch"):
@@ -264,7 +268,8 @@ def main():
             print(f"   first_loss {result['first_loss']!r} last_loss {result['last_loss']!r} "
                   f"tokens/s per GPU {result['tokens_per_s_per_gpu']}", flush=True)
     failures = check(records, a)
-    append_jsonl(a.jsonl, dict(common, bench_compare=engine_tag(a), runs=a.runs,
+    append_jsonl(a.jsonl, dict(common, bench_compare=engine_tag(a), model=a.model, nproc=a.nproc,
+                               seq_len=a.seq_len, micro_batch=a.micro_batch, runs=a.runs,
                                verified=not failures, failures=failures))
     table(records, a)
     if failures:

@@ -72,7 +72,8 @@ if [[ "${HOST:-1}" != 0 ]]; then
     echo "cpu_adamw_bench $extra exit $?" | tee -a "$summary"
   done
   grep -v '^{' "$out/cpu_adamw_bench.log" | tee -a "$summary"
-  grep '^{' "$out/cpu_adamw_bench.log" >>"$final/cpu_adamw_bench.jsonl"
+  grep '^{' "$out/cpu_adamw_bench.log" | sed "s/}\$/, \"commit\": \"${CPPTRAIN_COMMIT:-unknown}\", \"date\": \"$(date -u +%FT%TZ)\"}/" \
+    >>"$final/cpu_adamw_bench.jsonl"
   if [[ "${BANDWIDTH:-1}" != 0 ]]; then
     timeout 90 python3 tools/host_bandwidth_check.py 2>&1 | tee -a "$summary"
   fi

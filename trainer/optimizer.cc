@@ -119,12 +119,12 @@ void FusedAdamW::CpuKernelStep() {
   std::stable_sort(order.begin(), order.end(), [](const auto& a, const auto& b) {
     return std::less<const void*>()(a.first->data_ptr(), b.first->data_ptr());
   });
-  const Callback report = std::move(report_);
-  const Bf16CopyOf copy_of = std::move(bf16_copy_of_);
-  report_ = nullptr;
-  bf16_copy_of_ = nullptr;
+  // Taken for this step alone, so that nothing stays pending if it throws.
+  const Callback report = std::exchange(report_, nullptr);
+  const Bf16CopyOf copy_of = std::exchange(bf16_copy_of_, nullptr);
+  const double grad_scale = std::exchange(grad_scale_, 1.0);
   for (auto& [param, options] : order) {
-    CpuKernelStepOne(*param, HyperOf(*options, grad_scale_), copy_of);
+    CpuKernelStepOne(*param, HyperOf(*options, grad_scale), copy_of);
     if (report) report(*param);
   }
 }
@@ -214,7 +214,6 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
     }
     torch::NoGradGuard no_grad;
     CpuKernelStep();
-    grad_scale_ = 1.0;
     return loss;
   }
   grad_scale_ = 1.0;  // ScaleGradientsInNextStep said no to any other path

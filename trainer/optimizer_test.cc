@@ -203,6 +203,37 @@ TEST(OptimizerTest, CpuKernelReportsEachParameterInAddressOrderOnce) {
   EXPECT_FALSE(libtorch_path.ReportEachParameterInNextStep([](const torch::Tensor&) {}));
 }
 
+// The CPU kernel's step can also leave each new value rounded to bf16 where the caller says
+// (a parameter with no gradient copied as it is, one with no copy skipped), for one step; a copy
+// of the wrong dtype is refused.
+TEST(OptimizerTest, CpuKernelWritesTheBf16CopiesItIsGiven) {
+  TwinOptimizers twins({1000003, 7, 1});
+  std::vector<torch::Tensor> copies;
+  for (size_t i = 0; i < twins.kernel_params.size(); ++i) {
+    copies.push_back(torch::full({twins.kernel_params[i].numel()}, 9.0, torch::kBFloat16));
+    twins.kernel_params[i].mutable_grad() =
+        i == 1 ? torch::Tensor() : torch::randn_like(twins.kernel_params[i]);
+  }
+  const auto copy_of = [&](const torch::Tensor& p) {
+    for (size_t i = 0; i < 2; ++i) {
+      if (p.is_same(twins.kernel_params[i])) return copies[i];
+    }
+    return torch::Tensor();  // the last parameter: no copy
+  };
+  ASSERT_TRUE(twins.kernel->WriteBf16CopiesInNextStep(copy_of));
+  twins.kernel->step();
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_TRUE(torch::equal(copies[i], twins.kernel_params[i].to(torch::kBFloat16))) << i;
+  }
+  EXPECT_TRUE(torch::equal(copies[2], torch::full({1}, 9.0, torch::kBFloat16)));
+  copies[0].fill_(9.0);
+  twins.kernel->step();  // the next step writes none
+  EXPECT_TRUE(torch::equal(copies[0], torch::full_like(copies[0], 9.0)));
+  ASSERT_TRUE(twins.kernel->WriteBf16CopiesInNextStep(
+      [&](const torch::Tensor& p) { return torch::empty({p.numel()}); }));  // fp32: refused
+  EXPECT_THROW(twins.kernel->step(), c10::Error);
+}
+
 TEST(OptimizerTest, NonContiguousParameterFallsBackToLibTorch) {
   torch::Tensor base = torch::randn({4, 6});
   torch::Tensor strided = base.t().detach().requires_grad_();  // not contiguous

@@ -7,6 +7,7 @@
 #include <unordered_set>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "base/logging.h"
 #include "base/status.h"
@@ -316,7 +317,7 @@ absl::Status ZeroEngine::AllGatherParameters(const CopiedBack& copied) {
     }
     at::Tensor mine = OwnedRange(b);
     if (master_.defined() && !copied.copied[b]) {
-      CT_RETURN_IF_ERROR(CatchTorch([&] { CopyMasterInto(mine, b, copied.rounded); }));
+      CT_RETURN_IF_ERROR(CatchTorch([&] { CopyMasterInto(mine, b, copied.rounded[b]); }));
     }
     at::Tensor full = flat_.narrow(0, bucket.begin, bucket.numel);
     CT_ASSIGN_OR_RETURN(std::unique_ptr<Work> work, comm_->AllGather(mine, full));
@@ -332,53 +333,72 @@ at::Tensor ZeroEngine::OwnedRange(int b) const {
   return flat_.narrow(0, layout_->OwnedBegin(b, comm_->rank()), layout_->buckets[b].shard_numel);
 }
 
-// The step. With offload, each bucket's masters are copied into their working range as soon as
-// the host optimizer has stepped the bucket's last piece (engines/stepped_parameters.h), so the
-// copies to the device overlap the host's work on the next buckets; under bf16 the optimizer
-// also leaves the masters rounded to bf16 in master_bf16_ as it steps them, and those go.
+const ZeroEngine::PieceAt& ZeroEngine::FindPiece(const at::Tensor& piece) const {
+  auto it = pieces_.find(piece.unsafeGetTensorImpl());
+  TORCH_CHECK(it != pieces_.end(),
+              "ZeRO: the optimizer stepped a tensor that is not one of the engine's pieces (the "
+              "optimizer factory must step the tensors it is given)");
+  return it->second;
+}
+
+// The step. With offload and an optimizer that reports each parameter it has stepped
+// (engines/stepped_parameters.h: the Trainer's AdamW on its CPU kernel path), each bucket's
+// masters are copied into their working range once its last piece is stepped, so the copies to
+// the device overlap the host's work on the next buckets. Under bf16 that step also rounds each
+// master into master_bf16_, and a bucket whose pieces were all written goes from there.
 ZeroEngine::CopiedBack ZeroEngine::StepCopyingBack() {
-  CopiedBack out{std::vector<bool>(layout_->buckets.size(), false), false};
+  const size_t buckets = layout_->buckets.size();
+  CopiedBack out{std::vector<bool>(buckets, false), std::vector<bool>(buckets, false)};
   auto* reports = dynamic_cast<ReportsSteppedParameters*>(&zero_optimizer_->inner());
   if (!offload_ || !master_.defined() || reports == nullptr) {
     optimizer_->step();
     return out;
   }
-  if (working_ != at::kFloat) {
-    if (!master_bf16_.defined()) {
-      master_bf16_ = torch::zeros({layout_->local_numel},
-                                  torch::TensorOptions().dtype(working_).pinned_memory(pin_));
-    }
-    // The last step's copies to the device read master_bf16_ without the host waiting for them.
-    if (device_.is_cuda()) torch::cuda::synchronize(device_.index());
-    out.rounded = reports->WriteBf16CopiesInNextStep([&](const at::Tensor& piece) {
-      auto it = pieces_.find(piece.unsafeGetTensorImpl());
-      if (it == pieces_.end()) return at::Tensor();
-      return master_bf16_.narrow(0, it->second.local_offset, piece.numel());
-    });
-  }
-  std::vector<int> left(layout_->buckets.size(), 0);
+  absl::Cleanup forget = [reports] {  // nothing stays pending past this step if it throws
+    reports->ReportEachParameterInNextStep(nullptr);
+    reports->WriteBf16CopiesInNextStep(nullptr);
+  };
+  std::vector<int> left(buckets, 0);  // per bucket: pieces not stepped yet
   for (const auto& [impl, piece] : pieces_) ++left[piece.bucket];
+  std::vector<int> unwritten = left;  // per bucket: pieces whose bf16 copy is not asked for
+  if (working_ != at::kBFloat16 || !RequestBf16Copies(*reports, unwritten)) unwritten.clear();
   reports->ReportEachParameterInNextStep([&](const at::Tensor& piece) {
-    auto it = pieces_.find(piece.unsafeGetTensorImpl());
-    if (it == pieces_.end() || --left[it->second.bucket] > 0) return;
-    const int b = it->second.bucket;
+    const int b = FindPiece(piece).bucket;
+    if (--left[b] > 0) return;
+    out.rounded[b] = !unwritten.empty() && unwritten[b] == 0;
     at::Tensor mine = OwnedRange(b);
-    CopyMasterInto(mine, b, out.rounded);
+    CopyMasterInto(mine, b, out.rounded[b]);
     out.copied[b] = true;
   });
   optimizer_->step();
   return out;
 }
 
+bool ZeroEngine::RequestBf16Copies(ReportsSteppedParameters& reports, std::vector<int>& unwritten) {
+  if (!master_bf16_.defined()) {  // zeros: the padding between pieces is never written
+    master_bf16_ = torch::zeros({layout_->local_numel},
+                                torch::TensorOptions().dtype(working_).pinned_memory(pin_));
+  }
+  // The last step's copies to the device read master_bf16_ without the host waiting for them.
+  if (device_.is_cuda()) torch::cuda::synchronize(device_.index());
+  return reports.WriteBf16CopiesInNextStep([this, &unwritten](const at::Tensor& piece) {
+    const PieceAt& at = FindPiece(piece);
+    --unwritten[at.bucket];
+    return master_bf16_.narrow(0, at.local_offset, piece.numel());
+  });
+}
+
 void ZeroEngine::CopyMasterInto(at::Tensor& mine, int b, bool rounded) {
   const ZeroLayout::Bucket& bucket = layout_->buckets[b];
-  if (rounded) {  // page-locked, not written again before the next step synchronizes
+  if (rounded) {  // not written again before the next step synchronizes with the device
     mine.copy_(master_bf16_.narrow(0, bucket.local_offset, bucket.shard_numel),
                /*non_blocking=*/true);
     return;
   }
   const at::Tensor master = master_.narrow(0, bucket.local_offset, bucket.shard_numel);
   if (!offload_ || working_ == at::kFloat || !mine.is_cuda()) {
+    // fp32 offload: master_ is read by this copy while the host goes on; the next write of it
+    // is the next step, after the next backward's copies out (queued behind this one) landed.
     mine.copy_(master, /*non_blocking=*/true);
     return;
   }
@@ -482,6 +502,7 @@ void ZeroEngine::ZeroGrad() {
 void ZeroEngine::ResetOptimizer() {
   LocalEngine::ResetOptimizer();
   zero_optimizer_ = nullptr;  // the masters stay: they are the parameters' values
+  pieces_.clear();
   if (scaler_) scaler_.emplace(ZeroLossScalerOptions(config_));
 }
 
@@ -513,6 +534,9 @@ ZeroFootprint ZeroEngine::Footprint() const {
   }
   if (zero_optimizer_ != nullptr) out.optimizer_bytes = zero_optimizer_->StateBytes();
   if (master_.defined()) out.optimizer_bytes += master_.numel() * master_.element_size();
+  if (master_bf16_.defined()) {
+    out.host_copy_bytes = master_bf16_.numel() * master_bf16_.element_size();
+  }
   return out;
 }
 

@@ -20,9 +20,10 @@
 // With offload_optimizer_device CPU the owned fp32 masters, their gradients and the optimizer
 // state live in host memory (page-locked with offload_optimizer_pin_memory on CUDA): each
 // reduced bucket is copied out on a side stream while backward goes on (its squared norm summed
-// on the device meanwhile, for the clip), the step runs on the host, and each bucket's updated
-// ranges go back (rounded to bf16 on the host first) as soon as the host optimizer is done with
-// them, while it steps the next. On the CPU that path runs too (host == device, real copies).
+// on the device meanwhile, for the clip), the step runs on the host, and the updated ranges go
+// back rounded to bf16 on the host: with an optimizer that reports its progress (the Trainer's
+// AdamW on its CPU path), each bucket as soon as it is stepped, while the host steps the next.
+// On the CPU that path runs too (host == device, real copies).
 //
 //   CT_ASSIGN_OR_RETURN(auto engine, ZeroEngine::Create(config, precision, device, comm));
 //   CT_RETURN_IF_ERROR(engine->PrepareForTraining(model, factory));
@@ -37,6 +38,7 @@
 
 #include "absl/status/statusor.h"
 #include "engines/local/local_engine.h"
+#include "engines/stepped_parameters.h"
 #include "engines/zero/zero_layout.h"
 #include "proto/engines.pb.h"
 #include "sharding/communicator.h"
@@ -49,6 +51,7 @@ class ZeroOptimizer;
 // What a rank holds, in bytes (for memory tests and reports).
 struct ZeroFootprint {
   int64_t parameter_bytes = 0;  // the model's parameters (unique storages)
+  int64_t host_copy_bytes = 0;  // offload under bf16: the host step's bf16 copy of the masters
   int64_t gradient_bytes = 0;   // gradient buffers alive (buckets, shard, host copy, .grad)
   int64_t optimizer_bytes = 0;  // optimizer state shaped like the pieces, plus host masters
   // The most bytes of gradient buffers (buckets, the reduced shard, a reduce-scatter's
@@ -107,13 +110,19 @@ class ZeroEngine : public LocalEngine {
   // This rank's owned ranges of `flat` (a full-length buffer, any dtype) into the masters.
   void CopyOwnedIntoMasters(const at::Tensor& flat);
   int64_t ParametersVersion() const;
-  struct CopiedBack {
-    std::vector<bool> copied;  // per bucket: its masters are in flat_ already
-    bool rounded = false;      // master_bf16_ holds this step's masters
+  struct CopiedBack {           // per bucket
+    std::vector<bool> copied;   // its masters are in flat_ already
+    std::vector<bool> rounded;  // master_bf16_ holds its masters of this step
+  };
+  struct PieceAt {
+    int bucket;
+    int64_t local_offset;  // in master_ and master_bf16_
   };
   // Every bucket's owned range into the others' (its masters copied in first, unless copied).
   absl::Status AllGatherParameters(const CopiedBack& copied);
   CopiedBack StepCopyingBack();
+  bool RequestBf16Copies(ReportsSteppedParameters& reports, std::vector<int>& unwritten);
+  const PieceAt& FindPiece(const at::Tensor& piece) const;  // one of the optimizer's tensors
   at::Tensor OwnedRange(int b) const;  // this rank's range of bucket b in flat_
   // An error unless a synchronized backward filled the gradient shard since ZeroGrad.
   absl::Status CheckReduced() const;
@@ -133,17 +142,14 @@ class ZeroEngine : public LocalEngine {
   std::optional<ZeroLayout> layout_;
   at::Tensor flat_;              // the parameters' storage, [layout total_numel], working_
   at::Tensor master_;            // fp32 [local_numel] under offload (host) or bf16, else unset
-  at::Tensor master_bf16_;       // offload under bf16: the masters rounded by the host step
+  at::Tensor master_bf16_;       // offload under bf16: the masters rounded by the host step (page-
+                                 // locked with pin_), 2 bytes per owned element
   at::Tensor exposed_;           // fp32 [total_numel] between Expose and RestoreWorkingWeights
   bool scale_pending_ = false;   // the optimizer's next step applies the clip coefficient
   int timed_steps_ = 0;           // offload steps whose host time was logged (the first two)
   int64_t params_version_ = -1;  // ParametersVersion() when the masters were last right
   std::unique_ptr<ZeroGradients> grads_;
   ZeroOptimizer* zero_optimizer_ = nullptr;  // owned by optimizer_
-  struct PieceAt {
-    int bucket;
-    int64_t local_offset;  // in master_ and master_bf16_
-  };
   std::unordered_map<const c10::TensorImpl*, PieceAt> pieces_;  // the inner optimizer's tensors
 };
 

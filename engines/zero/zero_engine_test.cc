@@ -9,13 +9,17 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "base/status.h"
 #include "base/torch_compat.h"
 #include "base/torch_status.h"
 #include "engines/grad_utils.h"
+#include "engines/stepped_parameters.h"
 #include "engines/zero/zero3_engine.h"
 #include "engines/zero/zero_gradients.h"
 #include "engines/zero/zero_layout.h"
@@ -77,6 +81,57 @@ class TwoMoments : public torch::optim::Optimizer, public CheckpointableOptimize
  private:
   std::map<const c10::TensorImpl*, std::pair<at::Tensor, at::Tensor>> moments_;
 };
+
+// SGD that reports each parameter as soon as it is stepped, in address order, and writes the
+// bf16 copies it is asked for (engines/stepped_parameters.h), as the Trainer's AdamW does on
+// its CPU path; it steps every piece but the one named `skip` (a factory that leaves one out).
+class ReportingSgd : public torch::optim::Optimizer, public ReportsSteppedParameters {
+ public:
+  ReportingSgd(std::vector<torch::Tensor> params, double lr)
+      : torch::optim::Optimizer({torch::optim::OptimizerParamGroup(std::move(params))},
+                                std::make_unique<torch::optim::SGDOptions>(lr)),
+        lr_(lr) {}
+  bool ReportEachParameterInNextStep(Callback callback) override {
+    report_ = std::move(callback);
+    return true;
+  }
+  bool WriteBf16CopiesInNextStep(Bf16CopyOf copy_of) override {
+    copy_of_ = std::move(copy_of);
+    return true;
+  }
+  torch::Tensor step(LossClosure) override {
+    torch::NoGradGuard no_grad;
+    std::vector<at::Tensor> order = param_groups()[0].params();
+    std::sort(order.begin(), order.end(), [](const at::Tensor& a, const at::Tensor& b) {
+      return std::less<const void*>()(a.data_ptr(), b.data_ptr());
+    });
+    const Callback report = std::exchange(report_, nullptr);
+    const Bf16CopyOf copy_of = std::exchange(copy_of_, nullptr);
+    for (const at::Tensor& p : order) {
+      if (p.grad().defined()) p.sub_(p.grad() * lr_);
+      at::Tensor copy = copy_of ? copy_of(p) : at::Tensor();
+      if (copy.defined()) copy.copy_(p);
+      if (report) report(p);
+    }
+    return {};
+  }
+
+ private:
+  double lr_;
+  Callback report_;
+  Bf16CopyOf copy_of_;
+};
+
+OptimizerFactory ReportingSgdFactory(double lr, const std::string& skip = "") {
+  return [lr, skip](const NamedParameters& params)
+             -> absl::StatusOr<std::unique_ptr<torch::optim::Optimizer>> {
+    std::vector<torch::Tensor> tensors;
+    for (const auto& [name, tensor] : params) {
+      if (name != skip) tensors.push_back(tensor);
+    }
+    return std::unique_ptr<torch::optim::Optimizer>(std::make_unique<ReportingSgd>(tensors, lr));
+  };
+}
 
 OptimizerFactory AdamWFactory() {
   return [](const NamedParameters& params)
@@ -427,6 +482,50 @@ TEST(Zero3MemoryTest, EverythingIsPartitioned) {
   EXPECT_TRUE(s.ok()) << s;
 }
 
+// Offload under bf16 with an optimizer that reports its progress: each bucket goes back as its
+// last piece is stepped, from the bf16 copies the step wrote, and the result is the reference
+// step's; the working parameters are exactly the masters' bf16 rounding. A piece the factory
+// left out keeps its value (its bucket goes back from the masters instead).
+TEST(ZeroOffloadTest, BucketsGoBackFromTheStepsBf16Copies) {
+  const std::vector<Batch> batches = {TiedBlocks::Inputs(3, 30), TiedBlocks::Inputs(3, 31)};
+  const Reference want = Bf16SgdStep(batches, 0.5, 0.3);
+  for (int stage : {1, 2}) {
+    for (const std::string skip : {"", "b.b"}) {
+      absl::Status s = RunRanksAsThreads(2, [&](int rank, auto store) -> absl::Status {
+        auto model = std::make_shared<TiedBlocks>(1);
+        const at::Tensor skipped_before =
+            skip.empty() ? at::Tensor() : model->named_parameters()[skip].detach().clone();
+        CT_ASSIGN_OR_RETURN(std::shared_ptr<Communicator> comm, Comm(rank, 2, store));
+        CT_ASSIGN_OR_RETURN(
+            auto engine, ZeroEngine::Create(Config(stage, /*offload=*/true, 6),
+                                            MixedPrecision::kBf16, c10::Device(c10::kCPU), comm));
+        CT_RETURN_IF_ERROR(engine->PrepareForTraining(model, ReportingSgdFactory(0.5, skip)));
+        CT_RETURN_IF_ERROR(TrainStep(*engine, *model, batches[rank]));
+        CT_RETURN_IF_ERROR(engine->ClipGradNorm(0.3).status());
+        CT_RETURN_IF_ERROR(engine->OptimizerStep().status());
+        EXPECT_EQ(engine->Footprint().host_copy_bytes, 2 * engine->layout()->local_numel);
+        std::map<std::string, at::Tensor> working;
+        for (const auto& item : model->named_parameters()) {
+          working[item.key()] = item.value().detach().clone();
+        }
+        CT_RETURN_IF_ERROR(engine->ExposeMasterWeights());
+        for (const auto& item : model->named_parameters()) {
+          const std::string where = "stage " + std::to_string(stage) + " skip '" + skip +
+                                    "' rank " + std::to_string(rank) + " " + item.key();
+          EXPECT_TRUE(torch::equal(working.at(item.key()), item.value().to(at::kBFloat16)))
+              << where;
+          const at::Tensor& wanted =
+              item.key() == skip ? skipped_before : want.params.at(item.key());
+          EXPECT_TRUE(torch::allclose(item.value(), wanted, 1e-5, 1e-6))
+              << where << ": " << item.value() << " vs " << wanted;
+        }
+        return engine->RestoreWorkingWeights();
+      });
+      EXPECT_TRUE(s.ok()) << s;
+    }
+  }
+}
+
 // With offload, the clip's squared norm is summed on the device as each bucket is reduced: it
 // equals the host shard's while every bucket was reduced once, and is withdrawn when a second
 // micro-batch adds into the shard or someone writes the shard.
@@ -463,6 +562,34 @@ TEST(ZeroGradientsTest, ReducedSquaresDescribeTheShardOrAreWithdrawn) {
     EXPECT_TRUE(grads.ReducedSquares().defined());
     grads.ShardWritten();
     EXPECT_FALSE(grads.ReducedSquares().defined());
+    return absl::OkStatus();
+  });
+  EXPECT_TRUE(s.ok()) << s;
+}
+
+// Stage 1 keeps the full gradient: unsynchronized micro-batches add up in the buckets and one
+// synchronized backward reduces the sum once, so the device sum still describes the shard.
+TEST(ZeroGradientsTest, ReducedSquaresOfStageOneAccumulation) {
+  absl::Status s = RunRanksAsThreads(2, [&](int rank, auto store) -> absl::Status {
+    CT_ASSIGN_OR_RETURN(std::shared_ptr<Communicator> comm, Comm(rank, 2, store));
+    torch::manual_seed(4);
+    std::vector<at::Tensor> params = {torch::randn({9}).requires_grad_(),
+                                      torch::randn({6}).requires_grad_()};
+    const ZeroLayout layout = BuildZeroLayout({9, 6}, 2, rank, /*bucket_numel=*/8, 4);
+    ZeroGradients grads(layout, params, comm.get(), c10::Device(c10::kCPU), /*keep_full=*/true,
+                        {c10::Device(c10::kCPU), false, /*reduce_squares=*/true});
+    grads.Install();
+    for (bool sync : {false, false, true}) {
+      grads.Begin(sync);
+      (params[0].square().sum() * (1.0 + rank) + params[1].sum()).backward();
+      CT_RETURN_IF_ERROR(grads.Finish(true));
+    }
+    const at::Tensor squares = grads.ReducedSquares();
+    EXPECT_TRUE(squares.defined());
+    if (squares.defined()) {
+      const double host = grads.shard().square().sum().item<double>();
+      EXPECT_NEAR(squares.item<double>(), host, 1e-6 * host) << "rank " << rank;
+    }
     return absl::OkStatus();
   });
   EXPECT_TRUE(s.ok()) << s;

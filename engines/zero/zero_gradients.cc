@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cpu_adamw.h"
 
 namespace cpptrain {
 namespace {
@@ -143,16 +144,23 @@ absl::Status ZeroGradients::CompleteLocked() {
   return waited;
 }
 
-// A norm reduction on the device, queued behind the reduction like the copy out (no temporary
-// the size of the bucket); an accumulated bucket's range is a sum no longer seen here.
+// On CUDA a norm reduction queued behind the reduction like the copy out (no temporary the size
+// of the bucket); on the CPU the threaded pass in double the host shard's norm takes, so both
+// paths give the clip the same value. Summed in double; an accumulated bucket's range is a sum
+// no longer seen here.
 void ZeroGradients::AddSquaresLocked(const at::Tensor& reduced, bool fresh) {
   if (!fresh) squares_valid_ = false;
   if (!squares_valid_) return;
   torch::NoGradGuard no_grad;
   if (!squares_.defined()) {
-    squares_ = torch::zeros({1}, reduced.options().dtype(at::kFloat));
+    squares_ = torch::zeros({1}, reduced.options().dtype(at::kDouble));
   }
-  squares_.add_(reduced.norm().square().to(at::kFloat));
+  if (reduced.is_cuda()) {
+    squares_.add_(reduced.norm().square());
+  } else {
+    const at::Tensor flat = reduced.contiguous();
+    squares_.add_(kernels::CpuSumOfSquares(flat.data_ptr<float>(), flat.numel()));
+  }
 }
 
 void ZeroGradients::LaunchReadyLocked() {
@@ -227,7 +235,7 @@ at::Tensor ZeroGradients::ReducedSquares() {
   std::lock_guard<std::mutex> lock(mu_);
   const bool all = std::none_of(fresh_.begin(), fresh_.end(), [](bool fresh) { return fresh; });
   if (!reduce_squares_ || !squares_valid_ || !all || !squares_.defined()) return at::Tensor();
-  return squares_.clone();
+  return squares_.to(at::kFloat);
 }
 
 void ZeroGradients::ShardWritten() {

@@ -112,7 +112,7 @@ class ZeroGradients {
   at::Tensor shard_;
   std::vector<bool> fresh_;  // per bucket: its shard range holds nothing since Clear()
   bool reduce_squares_;
-  at::Tensor squares_;         // [1] fp32 on the device: see ReducedSquares()
+  at::Tensor squares_;         // [1] fp64 on the device: see ReducedSquares()
   bool squares_valid_ = true;  // since Clear(): no bucket accumulated, no ShardWritten()
   HostCopies copies_;
   std::vector<at::Tensor> buckets_;  // fp32 [bucket numel]; stage 2: undefined when idle

@@ -7,8 +7,9 @@
 #   variants_done                     prints the closing line; returns non-zero on a failure
 #   leg NAME PROCESSES FLAGS...       a checkpoint leg: runs the program into $TEST_TMPDIR/NAME,
 #                                     keeps its log and its LOSS lines (NAME.losses), records it
-#   continues REF NAME                true when leg NAME's losses equal leg REF's at the same
-#                                     steps (relative 1e-4); prints the largest difference
+#   continues REF NAME [TOLERANCE]    true when leg NAME's losses equal leg REF's at the same
+#                                     steps (relative TOLERANCE, default 1e-4; 0 is exactly);
+#                                     prints the largest difference
 #
 # A variant runs on the GPUs (NCCL, one process per GPU) when the host has at least PROCESSES
 # of them, and otherwise on the CPU (--use_cpu: Gloo, or the store communicator in builds
@@ -88,11 +89,11 @@ leg() {  # name, processes, flags...
   grep -o "LOSS .*" "$TEST_TMPDIR/$name.log" > "$TEST_TMPDIR/$name.losses"
 }
 
-continues() {  # reference leg, leg
-  awk -v name="$2" '
+continues() {  # reference leg, leg[, relative tolerance, default 1e-4]
+  awk -v name="$2" -v tolerance="${3:-1e-4}" '
       NR == FNR { want[$2] = $3; next }
       { seen++; d = $3 - want[$2]; if (d < 0) d = -d; if (d / want[$2] > worst) worst = d / want[$2];
-        if (!($2 in want) || d > 1e-4 * want[$2]) { print "step " $2 ": " $3 " vs " want[$2]; bad = 1 } }
+        if (!($2 in want) || d > tolerance * want[$2]) { print "step " $2 ": " $3 " vs " want[$2]; bad = 1 } }
       END { if (seen == 0) { print name ": no losses"; bad = 1 }
             printf "%s: %d resumed steps, max relative loss difference %.2g\n", name, seen, worst;
             exit bad }' \

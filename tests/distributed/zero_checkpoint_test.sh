@@ -6,8 +6,9 @@
 #   ZeRO-2 4 -> one local process -> ZeRO-3 2 (offload) -> FSDP2 3
 # and under bf16, where stages 1 and 2 train bf16 working copies of fp32 masters, a checkpoint
 # must hold the masters (F32, not their bf16 rounding) for a resume to continue the run:
-#   ZeRO-2 bf16 2 -> ZeRO-1 bf16 2 (offload), at one world size so the bf16 gradients are the
-#   same and only a lost master would show (a cross-size bf16 resume differs by ~1e-4 anyway)
+#   ZeRO-2 bf16 2 -> ZeRO-1 bf16 2 (offload), and -> ZeRO-2 bf16 2 (offload), at one world
+#   size so the bf16 gradients are the same and only a lost master would show (a cross-size
+#   bf16 resume differs by ~1e-4 anyway)
 # Stages 1 and 2 write what DDP writes (rank 0, whole tensors: the optimizer state gathered
 # from its owners); stage 3 writes what FSDP1 writes (rows split over the ranks).
 set -uo pipefail
@@ -28,9 +29,15 @@ leg fsdp2_3 3 --engine=fsdp --resume="$TEST_TMPDIR/zero3_2/checkpoint-8"
 checked="zero1_3 fsdp1_2 zero3_3 ddp2 zero2_2 local1 zero3_2 fsdp2_3"
 leg zero2bf_2 2 --engine=zero2 --bf16
 leg zero1bf_2 2 --engine=zero1_offload --bf16 --resume="$TEST_TMPDIR/zero2bf_2/checkpoint-4"
-if ! continues zero2bf_2 zero1bf_2; then
-  echo "FAIL: zero1bf_2 does not continue the 2-rank bf16 ZeRO-2 run"; fail=1
-fi
+# Stage 2 with offload: its step rounds the masters to bf16 itself and copies each bucket back
+# while it steps the next (the benchmarked configuration).
+leg zero2obf_2 2 --engine=zero2_offload --bf16 --resume="$TEST_TMPDIR/zero2bf_2/checkpoint-2"
+# Same world size, same bf16 gradients, the same clip norm on every path: exactly the same losses.
+for resumed in zero1bf_2 zero2obf_2; do
+  if ! continues zero2bf_2 "$resumed" 0; then
+    echo "FAIL: $resumed does not continue the 2-rank bf16 ZeRO-2 run exactly"; fail=1
+  fi
+done
 # The safetensors header (JSON after an 8-byte length) names each tensor's dtype.
 header=$(head -c 100000 "$TEST_TMPDIR/zero2bf_2/checkpoint-4/model.safetensors" | tr -d '\0')
 if [[ "$header" != *'"F32"'* || "$header" == *'"BF16"'* ]]; then

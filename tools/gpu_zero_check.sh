@@ -31,10 +31,14 @@ echo "pip exit $?" | tee -a "$summary"
 export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" PATH="$site/bin:$PATH"
 python3 -c 'import deepspeed, torch; print("deepspeed", deepspeed.__version__, "torch", torch.__version__)' \
   2>&1 | tail -1 | tee -a "$summary"
-# DeepSpeed's FusedAdam compiles itself at first use (about a minute): start it beside our build.
-(python3 -c 'from deepspeed.ops.op_builder import FusedAdamBuilder; FusedAdamBuilder().load()' \
-  >"$out/fused_adam_jit.log" 2>&1; echo "deepspeed FusedAdam JIT exit $?" >>"$summary") &
-jit=$!
+# DeepSpeed's FusedAdam compiles itself at first use (about a minute): start it beside our build
+# (not when only PyTorch's counterparts run).
+jit=
+if [[ "${COUNTERPART:-0}" != 1 ]]; then
+  (python3 -c 'from deepspeed.ops.op_builder import FusedAdamBuilder; FusedAdamBuilder().load()' \
+    >"$out/fused_adam_jit.log" 2>&1; echo "deepspeed FusedAdam JIT exit $?" >>"$summary") &
+  jit=$!
+fi
 
 prefix=/tmp/cpptrain_prefix
 mkdir -p "$prefix"
@@ -78,7 +82,7 @@ if [[ "${HOST:-1}" != 0 ]]; then
     timeout 90 python3 tools/host_bandwidth_check.py 2>&1 | tee -a "$summary"
   fi
 fi
-wait "$jit"
+[[ -n "$jit" ]] && wait "$jit"
 
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | awk '{print tolower($NF)}')
 jsonl="$final/$(date -u +%F)-1x${gpu}.jsonl"

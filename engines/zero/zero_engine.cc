@@ -303,7 +303,7 @@ void ZeroEngine::CopyOwnedIntoMasters(const at::Tensor& flat) {
   }
 }
 
-absl::Status ZeroEngine::AllGatherParameters(const CopiedBack& copied) {
+absl::Status ZeroEngine::AllGatherParameters(const std::vector<bool>& copied) {
   torch::NoGradGuard no_grad;
   const int64_t limit = std::max<int64_t>(1, config_.allgather_bucket_size());
   std::vector<std::unique_ptr<Work>> in_flight;
@@ -316,8 +316,8 @@ absl::Status ZeroEngine::AllGatherParameters(const CopiedBack& copied) {
       in_flight_numel = 0;
     }
     at::Tensor mine = OwnedRange(b);
-    if (master_.defined() && !copied.copied[b]) {
-      CT_RETURN_IF_ERROR(CatchTorch([&] { CopyMasterInto(mine, b, copied.rounded[b]); }));
+    if (master_.defined() && !copied[b]) {
+      CT_RETURN_IF_ERROR(CatchTorch([&] { CopyMasterInto(mine, b, /*rounded=*/false); }));
     }
     at::Tensor full = flat_.narrow(0, bucket.begin, bucket.numel);
     CT_ASSIGN_OR_RETURN(std::unique_ptr<Work> work, comm_->AllGather(mine, full));
@@ -346,13 +346,13 @@ const ZeroEngine::PieceAt& ZeroEngine::FindPiece(const at::Tensor& piece) const 
 // masters are copied into their working range once its last piece is stepped, so the copies to
 // the device overlap the host's work on the next buckets. Under bf16 that step also rounds each
 // master into master_bf16_, and a bucket whose pieces were all written goes from there.
-ZeroEngine::CopiedBack ZeroEngine::StepCopyingBack() {
+std::vector<bool> ZeroEngine::StepCopyingBack() {
   const size_t buckets = layout_->buckets.size();
-  CopiedBack out{std::vector<bool>(buckets, false), std::vector<bool>(buckets, false)};
+  std::vector<bool> copied(buckets, false);
   auto* reports = dynamic_cast<ReportsSteppedParameters*>(&zero_optimizer_->inner());
   if (!offload_ || !master_.defined() || reports == nullptr) {
     optimizer_->step();
-    return out;
+    return copied;
   }
   absl::Cleanup forget = [reports] {  // nothing stays pending past this step if it throws
     reports->ReportEachParameterInNextStep(nullptr);
@@ -365,13 +365,12 @@ ZeroEngine::CopiedBack ZeroEngine::StepCopyingBack() {
   reports->ReportEachParameterInNextStep([&](const at::Tensor& piece) {
     const int b = FindPiece(piece).bucket;
     if (--left[b] > 0) return;
-    out.rounded[b] = !unwritten.empty() && unwritten[b] == 0;
     at::Tensor mine = OwnedRange(b);
-    CopyMasterInto(mine, b, out.rounded[b]);
-    out.copied[b] = true;
+    CopyMasterInto(mine, b, /*rounded=*/!unwritten.empty() && unwritten[b] == 0);
+    copied[b] = true;
   });
   optimizer_->step();
-  return out;
+  return copied;
 }
 
 bool ZeroEngine::RequestBf16Copies(ReportsSteppedParameters& reports, std::vector<int>& unwritten) {
@@ -474,7 +473,7 @@ absl::StatusOr<bool> ZeroEngine::OptimizerStep() {
     }
   }
   const auto start = std::chrono::steady_clock::now();
-  CopiedBack copied;
+  std::vector<bool> copied;
   CT_RETURN_IF_ERROR(CatchTorch([&] {
     RefreshMasters();
     copied = StepCopyingBack();

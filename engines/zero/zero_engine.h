@@ -110,17 +110,14 @@ class ZeroEngine : public LocalEngine {
   // This rank's owned ranges of `flat` (a full-length buffer, any dtype) into the masters.
   void CopyOwnedIntoMasters(const at::Tensor& flat);
   int64_t ParametersVersion() const;
-  struct CopiedBack {           // per bucket
-    std::vector<bool> copied;   // its masters are in flat_ already
-    std::vector<bool> rounded;  // master_bf16_ holds its masters of this step
-  };
   struct PieceAt {
     int bucket;
     int64_t local_offset;  // in master_ and master_bf16_
   };
-  // Every bucket's owned range into the others' (its masters copied in first, unless copied).
-  absl::Status AllGatherParameters(const CopiedBack& copied);
-  CopiedBack StepCopyingBack();
+  // Every bucket's owned range into the others' (its masters copied in first, unless
+  // `copied[b]`: the step put them there already).
+  absl::Status AllGatherParameters(const std::vector<bool>& copied);
+  std::vector<bool> StepCopyingBack();  // the buckets whose masters it copied into flat_
   bool RequestBf16Copies(ReportsSteppedParameters& reports, std::vector<int>& unwritten);
   const PieceAt& FindPiece(const at::Tensor& piece) const;  // one of the optimizer's tensors
   at::Tensor OwnedRange(int b) const;  // this rank's range of bucket b in flat_

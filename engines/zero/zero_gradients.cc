@@ -226,15 +226,20 @@ void ZeroGradients::Clear() {
   for (at::Tensor& p : params_) p.mutable_grad() = at::Tensor();
 }
 
+bool ZeroGradients::AllReducedLocked() const {
+  return std::none_of(fresh_.begin(), fresh_.end(), [](bool fresh) { return fresh; });
+}
+
 bool ZeroGradients::AllReduced() {
   std::lock_guard<std::mutex> lock(mu_);
-  return std::none_of(fresh_.begin(), fresh_.end(), [](bool fresh) { return fresh; });
+  return AllReducedLocked();
 }
 
 at::Tensor ZeroGradients::ReducedSquares() {
   std::lock_guard<std::mutex> lock(mu_);
-  const bool all = std::none_of(fresh_.begin(), fresh_.end(), [](bool fresh) { return fresh; });
-  if (!reduce_squares_ || !squares_valid_ || !all || !squares_.defined()) return at::Tensor();
+  if (!reduce_squares_ || !squares_valid_ || !AllReducedLocked() || !squares_.defined()) {
+    return at::Tensor();
+  }
   return squares_.to(at::kFloat);
 }
 

@@ -99,6 +99,7 @@ class ZeroGradients {
   void SamplePeakLocked();
   absl::Status CompleteLocked();  // the reduce-scatter in flight, if any
   void AddSquaresLocked(const at::Tensor& reduced, bool fresh);
+  bool AllReducedLocked() const;
   at::Tensor& BucketBuffer(int b);
 
   const ZeroLayout& layout_;

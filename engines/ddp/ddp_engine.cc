@@ -14,6 +14,7 @@
 #include "base/torch_status.h"
 #include "engines/grad_utils.h"
 #include "engines/host_collectives.h"
+#include "engines/working_parameters.h"
 
 namespace cpptrain {
 
@@ -26,6 +27,7 @@ struct DdpEngine::Reducer {
   };
 
   Communicator* comm = nullptr;
+  WorkingParameters* working = nullptr;  // bf16 working copies: buckets hold the masters' grads
   const bool* sync = nullptr;
   bool find_unused = false;
   std::vector<std::string> names;
@@ -93,6 +95,7 @@ struct DdpEngine::Reducer {
       if (!ready[i]) unused.push_back(names[i]);
     }
     if (!unused.empty() && find_unused) {
+      if (working != nullptr) working->ZeroUnmoved();  // their bucket ranges hold old gradients
       for (size_t i = 0; i < params.size(); ++i) MarkReadyLocked(static_cast<int>(i));
       LaunchReadyLocked();
     } else if (!unused.empty() && error.ok()) {
@@ -141,6 +144,62 @@ class GradientReadyHook : public torch::autograd::FunctionPostHook {
   int index_;
 };
 
+// Parameters in reverse registration order (roughly the order backward produces gradients),
+// grouped into buckets of up to `cap_bytes` and of one dtype.
+std::vector<std::vector<int>> GroupIntoBuckets(const std::vector<at::Tensor>& params,
+                                               int64_t cap_bytes) {
+  std::vector<std::vector<int>> groups;
+  int64_t bytes = 0;
+  for (int i = static_cast<int>(params.size()) - 1; i >= 0; --i) {
+    const at::Tensor& p = params[i];
+    const int64_t size = p.numel() * p.element_size();
+    const bool new_bucket = groups.empty() || bytes + size > cap_bytes ||
+                            params[groups.back()[0]].scalar_type() != p.scalar_type();
+    if (new_bucket && !(groups.size() == 1 && groups[0].empty())) {
+      groups.emplace_back();
+      bytes = 0;
+    }
+    groups.back().push_back(i);
+    bytes += size;
+  }
+  return groups;
+}
+
+// Each bucket's buffer: with working copies a range of their fp32 gradient buffer (laid out in
+// bucket order), else its own, and each parameter's .grad a view of it; then the hooks that
+// mark gradients ready (with working copies, theirs call OnGradientAccumulated).
+void BuildBuckets(DdpEngine::Reducer& reducer, const std::vector<std::vector<int>>& groups) {
+  for (const std::vector<int>& group : groups) {
+    DdpEngine::Reducer::Bucket bucket;
+    int64_t numel = 0;
+    for (int i : group) numel += reducer.params[i].numel();
+    if (reducer.working != nullptr) {
+      bucket.buffer = reducer.working->gradients().narrow(0, reducer.working->offset(group[0]), numel);
+    } else {
+      bucket.buffer = torch::zeros({numel}, reducer.params[group[0]].options());
+    }
+    int64_t offset = 0;
+    for (int i : group) {
+      at::Tensor& p = reducer.params[i];
+      if (reducer.working == nullptr) {
+        p.mutable_grad() = bucket.buffer.narrow(0, offset, p.numel()).view(p.sizes());
+      }
+      offset += p.numel();
+      reducer.bucket_of[i] = static_cast<int>(reducer.buckets.size());
+    }
+    bucket.params = group;
+    reducer.buckets.push_back(std::move(bucket));
+  }
+  if (reducer.working != nullptr) return;
+  for (size_t i = 0; i < reducer.params.size(); ++i) {
+    std::shared_ptr<torch::autograd::Node> accumulator =
+        torch::autograd::impl::grad_accumulator(reducer.params[i]);
+    accumulator->add_post_hook(
+        std::make_unique<GradientReadyHook>(&reducer, static_cast<int>(i)));
+    reducer.accumulators.push_back(std::move(accumulator));
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<DdpEngine>> DdpEngine::Create(const proto::DdpConfig& config,
@@ -158,7 +217,9 @@ absl::StatusOr<std::unique_ptr<DdpEngine>> DdpEngine::Create(const proto::DdpCon
 
 DdpEngine::DdpEngine(const proto::DdpConfig& config, MixedPrecision precision, c10::Device device,
                      std::shared_ptr<Communicator> comm)
-    : LocalEngine(device, precision), config_(config), comm_(std::move(comm)) {}
+    : LocalEngine(device, precision, config.bf16_working_copies()),
+      config_(config),
+      comm_(std::move(comm)) {}
 
 DdpEngine::~DdpEngine() = default;
 
@@ -204,48 +265,18 @@ absl::Status DdpEngine::PrepareForTraining(std::shared_ptr<TrainableModel> model
     reducer->names.push_back(std::move(name));
     reducer->params.push_back(std::move(param));
   }
-  // Buckets in reverse registration order (roughly the order backward produces gradients),
-  // each up to bucket_cap_mb and of one dtype.
   const int64_t cap_bytes = static_cast<int64_t>(config_.bucket_cap_mb() * 1024 * 1024);
   reducer->bucket_of.assign(reducer->params.size(), -1);
-  std::vector<std::vector<int>> groups;
-  int64_t bytes = 0;
-  for (int i = static_cast<int>(reducer->params.size()) - 1; i >= 0; --i) {
-    const at::Tensor& p = reducer->params[i];
-    const int64_t size = p.numel() * p.element_size();
-    const bool new_bucket = groups.empty() || bytes + size > cap_bytes ||
-                            reducer->params[groups.back()[0]].scalar_type() != p.scalar_type();
-    if (new_bucket && !(groups.size() == 1 && groups[0].empty())) {
-      groups.emplace_back();
-      bytes = 0;
-    }
-    groups.back().push_back(i);
-    bytes += size;
+  const std::vector<std::vector<int>> groups = GroupIntoBuckets(reducer->params, cap_bytes);
+  if (WantsWorkingCopies()) {
+    std::vector<int> order;
+    for (const std::vector<int>& group : groups) order.insert(order.end(), group.begin(), group.end());
+    Reducer* r = reducer.get();
+    CT_RETURN_IF_ERROR(
+        MakeWorkingCopies(std::move(order), [r](int i) { r->OnGradientAccumulated(i); }));
+    reducer->working = working_.get();
   }
-  CT_RETURN_IF_ERROR(CatchTorch([&] {
-    for (const std::vector<int>& group : groups) {
-      Reducer::Bucket bucket;
-      int64_t numel = 0;
-      for (int i : group) numel += reducer->params[i].numel();
-      bucket.buffer = torch::zeros({numel}, reducer->params[group[0]].options());
-      int64_t offset = 0;
-      for (int i : group) {
-        at::Tensor& p = reducer->params[i];
-        p.mutable_grad() = bucket.buffer.narrow(0, offset, p.numel()).view(p.sizes());
-        offset += p.numel();
-        reducer->bucket_of[i] = static_cast<int>(reducer->buckets.size());
-      }
-      bucket.params = group;
-      reducer->buckets.push_back(std::move(bucket));
-    }
-    for (size_t i = 0; i < reducer->params.size(); ++i) {
-      std::shared_ptr<torch::autograd::Node> accumulator =
-          torch::autograd::impl::grad_accumulator(reducer->params[i]);
-      accumulator->add_post_hook(
-          std::make_unique<GradientReadyHook>(reducer.get(), static_cast<int>(i)));
-      reducer->accumulators.push_back(std::move(accumulator));
-    }
-  }));
+  CT_RETURN_IF_ERROR(CatchTorch([&] { BuildBuckets(*reducer, groups); }));
   reducer->ready.assign(reducer->params.size(), false);
   reducer_ = std::move(reducer);
   CT_LOG_RANK0(INFO) << "DDP: " << reducer_->params.size() << " parameters in "
@@ -294,6 +325,10 @@ absl::StatusOr<bool> DdpEngine::OptimizerStep() {
 void DdpEngine::ZeroGrad() {
   if (reducer_ == nullptr) return;
   reducer_->Reset();
+  if (working_ != nullptr) {  // the next gradients overwrite the buckets' ranges
+    LocalEngine::ZeroGrad();
+    return;
+  }
   torch::NoGradGuard no_grad;
   for (auto& bucket : reducer_->buckets) bucket.buffer.zero_();
 }

@@ -214,6 +214,56 @@ TEST(DdpEngineTest, TiedWeightsAreReducedAndSteppedOnce) {
   }).ok());
 }
 
+// Under bf16 with working copies the buckets all-reduce the fp32 gradients of the masters: two
+// ranks equal one process accumulating both ranks' batches (fp32 sums of the same bf16
+// gradients), bit for bit, over two clipped steps; parameters stay bf16 and replicated.
+TEST(DdpEngineTest, Bf16WorkingCopiesEqualOneProcessAccumulatingBothBatches) {
+  const std::vector<std::vector<Batch>> steps = {
+      {testing::TiedBlocks::Inputs(3, 20), testing::TiedBlocks::Inputs(3, 21)},
+      {testing::TiedBlocks::Inputs(3, 22), testing::TiedBlocks::Inputs(3, 23)}};
+  const auto train = [&](Engine& engine, testing::TiedBlocks& model,
+                         const std::vector<int>& ranks) -> absl::Status {
+    for (const std::vector<Batch>& batches : steps) {
+      for (int r : ranks) {
+        torch::Tensor loss;
+        {
+          auto scope = engine.EnterForward();
+          loss = model.LossSum(model.Forward(batches[r]), batches[r]);
+        }
+        CT_RETURN_IF_ERROR(engine.Backward(loss));
+      }
+      CT_RETURN_IF_ERROR(engine.ClipGradNorm(0.05).status());
+      CT_RETURN_IF_ERROR(engine.OptimizerStep().status());
+      engine.ZeroGrad();
+    }
+    return absl::OkStatus();
+  };
+  proto::LocalEngineConfig cpu;
+  cpu.set_device("cpu");
+  auto local = LocalEngine::Create(cpu, MixedPrecision::kBf16);
+  ASSERT_TRUE(local.ok()) << local.status();
+  auto want = std::make_shared<testing::TiedBlocks>(1);
+  ASSERT_TRUE((*local)->PrepareForTraining(want, testing::SgdFactory(0.5)).ok());
+  ASSERT_TRUE(train(**local, *want, {0, 1}).ok());
+  ASSERT_EQ(want->named_parameters()["a.w"].scalar_type(), torch::kBFloat16);
+  ASSERT_TRUE(RunRanksAsThreads(2, [&](int rank, c10::intrusive_ptr<c10d::Store> store) {
+    auto comm = GlooCommunicator::Create(store, rank, 2, std::chrono::seconds(30));
+    if (!comm.ok()) return comm.status();
+    auto engine = DdpEngine::Create(proto::DdpConfig(), MixedPrecision::kBf16,
+                                    c10::Device(c10::kCPU), std::move(*comm));
+    if (!engine.ok()) return engine.status();
+    auto model = std::make_shared<testing::TiedBlocks>(1);
+    CT_RETURN_IF_ERROR((*engine)->PrepareForTraining(model, testing::SgdFactory(0.5)));
+    CT_RETURN_IF_ERROR(train(**engine, *model, {rank}));
+    for (const auto& item : model->named_parameters()) {
+      EXPECT_EQ(item.value().scalar_type(), torch::kBFloat16) << item.key();
+      EXPECT_TRUE(item.value().equal(want->named_parameters()[item.key()]))
+          << "rank " << rank << " " << item.key();
+    }
+    return absl::OkStatus();
+  }).ok());
+}
+
 // broadcast_buffers: a buffer a rank changed (running statistics) is rank 0's again at the
 // next training forward; with it off, each rank keeps its own.
 TEST(DdpEngineTest, BroadcastBuffersBeforeEveryTrainingForward) {

@@ -56,11 +56,12 @@ absl::StatusOr<std::unique_ptr<LocalEngine>> LocalEngine::Create(
         "fp16 is true but the engine runs on ", device.str(),
         ", where LibTorch has no fp16 autocast: use bf16 on the CPU, or a CUDA device"));
   }
-  return std::unique_ptr<LocalEngine>(new LocalEngine(device, precision));
+  return std::unique_ptr<LocalEngine>(
+      new LocalEngine(device, precision, config.bf16_working_copies()));
 }
 
-LocalEngine::LocalEngine(c10::Device device, MixedPrecision precision)
-    : device_(device), precision_(precision) {
+LocalEngine::LocalEngine(c10::Device device, MixedPrecision precision, bool bf16_working_copies)
+    : device_(device), precision_(precision), bf16_working_copies_(bf16_working_copies) {
   if (precision_ == MixedPrecision::kFp16) scaler_.emplace();
 }
 
@@ -88,8 +89,47 @@ absl::Status LocalEngine::PrepareForTraining(std::shared_ptr<TrainableModel> mod
                                              const OptimizerFactory& factory) {
   CT_RETURN_IF_ERROR(PrepareForInference(std::move(model)));
   if (optimizer_ != nullptr) return absl::OkStatus();
-  CT_ASSIGN_OR_RETURN(optimizer_, factory(UniqueTrainableParameters(*model_)));
+  if (working_ == nullptr && WantsWorkingCopies()) {
+    CT_RETURN_IF_ERROR(MakeWorkingCopies({}, nullptr));
+  }
+  CT_ASSIGN_OR_RETURN(optimizer_, factory(working_ != nullptr ? working_->masters()
+                                                              : UniqueTrainableParameters(*model_)));
   return absl::OkStatus();
+}
+
+bool LocalEngine::WantsWorkingCopies() const {
+  if (!bf16_working_copies_ || precision_ != MixedPrecision::kBf16) return false;
+  for (const auto& [name, param] : UniqueTrainableParameters(*model_)) {
+    if (param.scalar_type() != at::kFloat) return false;
+  }
+  return true;
+}
+
+absl::Status LocalEngine::MakeWorkingCopies(std::vector<int> order,
+                                            std::function<void(int)> after_move) {
+  CT_ASSIGN_OR_RETURN(auto working, CatchTorch([&] {
+                        return WorkingParameters::Create(UniqueTrainableParameters(*model_),
+                                                         std::move(order));
+                      }));
+  CT_ASSIGN_OR_RETURN(working_, std::move(working));
+  CT_RETURN_IF_ERROR(CatchTorch([&] { working_->InstallHooks(std::move(after_move)); }));
+  CT_LOG_RANK0(INFO) << name() << ": bf16 working copies of " << working_->masters().size()
+                     << " fp32 parameters (" << working_->gradients().numel() << " elements)";
+  return absl::OkStatus();
+}
+
+absl::Status LocalEngine::ExposeMasterWeights() {
+  if (working_ == nullptr) return absl::OkStatus();
+  if (working_->exposed()) {
+    return absl::FailedPreconditionError(
+        "ExposeMasterWeights called twice: call RestoreWorkingWeights after each one");
+  }
+  return CatchTorch([&] { working_->Expose(); });
+}
+
+absl::Status LocalEngine::RestoreWorkingWeights() {
+  if (working_ == nullptr) return absl::OkStatus();
+  return CatchTorch([&] { working_->Restore(); });
 }
 
 std::unique_ptr<ForwardScope> LocalEngine::EnterForward() {
@@ -150,12 +190,17 @@ absl::StatusOr<bool> LocalEngine::OptimizerStep() {
       return false;
     }
   }
-  CT_RETURN_IF_ERROR(CatchTorch([&] { optimizer_->step(); }));
+  CT_RETURN_IF_ERROR(CatchTorch([&] {
+    if (working_ != nullptr) working_->AdoptWrittenWorkingCopies();
+    optimizer_->step();
+    if (working_ != nullptr) working_->Refresh();
+  }));
   return true;
 }
 
 void LocalEngine::ZeroGrad() {
   if (optimizer_ != nullptr) ClearGradients(*optimizer_);
+  if (working_ != nullptr) working_->BeginAccumulation();
 }
 
 void LocalEngine::ResetOptimizer() {

@@ -1,18 +1,24 @@
 // One process on the CPU or one CUDA device: the reference every other engine must match.
+// Under bf16 (with local.bf16_working_copies, the default) the forward reads bf16 working
+// copies of the fp32 parameters, refreshed after each optimizer step, and the optimizer steps
+// the fp32 masters (engines/working_parameters.h); checkpoints see the masters.
 //
 //   CT_ASSIGN_OR_RETURN(auto engine, LocalEngine::Create(config, MixedPrecision::kBf16));
 //   CT_RETURN_IF_ERROR(engine->PrepareForTraining(model, factory));
 #ifndef CPPTRAIN_ENGINES_LOCAL_LOCAL_ENGINE_H_
 #define CPPTRAIN_ENGINES_LOCAL_LOCAL_ENGINE_H_
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "engines/engine.h"
 #include "engines/loss_scaler.h"
 #include "engines/mixed_precision.h"
+#include "engines/working_parameters.h"
 #include "proto/engines.pb.h"
 
 namespace cpptrain {
@@ -43,6 +49,10 @@ class LocalEngine : public Engine {
   absl::StatusOr<torch::Tensor> AllReduceSum(const torch::Tensor& values) override;
   absl::StatusOr<torch::Tensor> AllGather(const torch::Tensor& values) override;
 
+  // Under bf16 with working copies: the parameters become the fp32 masters and back.
+  absl::Status ExposeMasterWeights() override;
+  absl::Status RestoreWorkingWeights() override;
+
   // Present with fp16 only.
   LossScaler* loss_scaler() override { return scaler_ ? &*scaler_ : nullptr; }
 
@@ -52,7 +62,12 @@ class LocalEngine : public Engine {
 
  protected:
   // For engines that replicate the model (DDP): the same placement, precision and step.
-  LocalEngine(c10::Device device, MixedPrecision precision);
+  LocalEngine(c10::Device device, MixedPrecision precision, bool bf16_working_copies = false);
+  // Whether PrepareForTraining keeps bf16 working copies: bf16, asked for, and every trainable
+  // parameter fp32 (a model built in bf16 has nothing to copy).
+  bool WantsWorkingCopies() const;
+  // Makes the working copies in `order` (WorkingParameters::Create) and installs their hooks.
+  absl::Status MakeWorkingCopies(std::vector<int> order, std::function<void(int)> after_move);
   // Unscales (fp16) once per step and records whether the step may proceed.
   absl::Status UnscaleOnce();
 
@@ -61,6 +76,8 @@ class LocalEngine : public Engine {
   std::optional<LossScaler> scaler_;
   std::shared_ptr<TrainableModel> model_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  bool bf16_working_copies_ = false;
+  std::unique_ptr<WorkingParameters> working_;  // null without working copies
   // Set by ClipGradNorm on fp16 so OptimizerStep does not unscale twice.
   bool grads_unscaled_ = false;
   bool grads_finite_ = true;

@@ -1,9 +1,14 @@
 // LocalEngine: a weight tied across two units (registered as a.w and b.w) is given to the
-// optimizer once, counted once in the gradient norm and clipped once.
+// optimizer once, counted once in the gradient norm and clipped once; under bf16 the forward
+// reads bf16 working copies and the optimizer steps fp32 masters, which checkpoints see.
 #include "engines/local/local_engine.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+
+#include <cmath>
+#include <map>
+#include <string>
 
 #include "engines/testing/engine_testing.h"
 #include "module/testing/tied_blocks.h"
@@ -55,6 +60,80 @@ TEST(LocalEngineTest, ResetOptimizerBuildsAFreshOne) {
   ASSERT_TRUE((*engine)->PrepareForTraining(model, testing::SgdFactory(0.5)).ok());
   EXPECT_NE((*engine)->optimizer(), nullptr);
   (void)first;
+}
+
+// One SGD step under bf16 with working copies equals, by hand: the forward and backward of a
+// bf16 copy of the model under the same autocast, its gradients widened to fp32, the fp32
+// parameters stepped with them. The optimizer is given fp32 tensors; the model then holds
+// their bf16 rounding, and ExposeMasterWeights the fp32 values themselves.
+TEST(LocalEngineTest, Bf16WorkingCopiesStepFp32Masters) {
+  const Batch batch = TiedBlocks::Inputs(5, 3);
+  const double lr = 0.5;
+  auto model = std::make_shared<TiedBlocks>(1);
+  auto engine = LocalEngine::Create(CpuConfig(), MixedPrecision::kBf16);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  bool all_fp32 = true;
+  const OptimizerFactory sgd = testing::SgdFactory(lr);
+  const OptimizerFactory checking = [&](const NamedParameters& params) {
+    for (const auto& [name, p] : params) all_fp32 = all_fp32 && p.scalar_type() == torch::kFloat;
+    return sgd(params);
+  };
+  ASSERT_TRUE((*engine)->PrepareForTraining(model, checking).ok());
+  EXPECT_TRUE(all_fp32) << "the optimizer steps the fp32 masters";
+  EXPECT_EQ(model->named_parameters()["a.w"].scalar_type(), torch::kBFloat16);
+
+  auto ref = std::make_shared<TiedBlocks>(1);
+  std::map<std::string, torch::Tensor> start;
+  for (const auto& item : ref->named_parameters()) start[item.key()] = item.value().detach().clone();
+  for (const auto& item : ref->named_parameters()) {  // a.w and b.w are one tensor
+    if (item.value().scalar_type() == torch::kFloat) {
+      item.value().set_data(item.value().detach().to(torch::kBFloat16));
+    }
+  }
+  {
+    auto scope = (*engine)->EnterForward();
+    ref->LossSum(ref->Forward(batch), batch).backward();
+  }
+  double ref_squares = 0;
+  for (const auto& item : ref->named_parameters()) {
+    if (item.key() != "b.w") ref_squares += item.value().grad().to(torch::kFloat).square().sum().item<double>();
+  }
+
+  {
+    auto scope = (*engine)->EnterForward();
+    torch::Tensor loss = model->LossSum(model->Forward(batch), batch);
+    scope.reset();
+    ASSERT_TRUE((*engine)->Backward(loss).ok());
+  }
+  auto norm = (*engine)->ClipGradNorm(0);
+  ASSERT_TRUE(norm.ok()) << norm.status();
+  EXPECT_NEAR(*norm, std::sqrt(ref_squares), 1e-6 * *norm);
+  ASSERT_TRUE((*engine)->OptimizerStep().ok());
+  (*engine)->ZeroGrad();
+  ASSERT_TRUE((*engine)->ExposeMasterWeights().ok());
+  for (const auto& item : model->named_parameters()) {
+    const torch::Tensor want =
+        start.at(item.key()) - lr * ref->named_parameters()[item.key()].grad().to(torch::kFloat);
+    ASSERT_EQ(item.value().scalar_type(), torch::kFloat) << item.key();
+    EXPECT_TRUE(torch::allclose(item.value(), want, 1e-6, 1e-7)) << item.key();
+  }
+  std::map<std::string, torch::Tensor> masters;
+  for (const auto& item : model->named_parameters()) masters[item.key()] = item.value().clone();
+  EXPECT_FALSE((*engine)->ExposeMasterWeights().ok()) << "a second Expose is refused";
+  ASSERT_TRUE((*engine)->RestoreWorkingWeights().ok());
+  for (const auto& item : model->named_parameters()) {
+    EXPECT_TRUE(item.value().equal(masters.at(item.key()).to(torch::kBFloat16))) << item.key();
+  }
+}
+
+TEST(LocalEngineTest, Bf16WorkingCopiesCanBeTurnedOff) {
+  auto model = std::make_shared<TiedBlocks>(1);
+  proto::LocalEngineConfig config = CpuConfig();
+  config.set_bf16_working_copies(false);
+  auto engine = LocalEngine::Create(config, MixedPrecision::kBf16);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  ASSERT_TRUE((*engine)->PrepareForTraining(model, testing::SgdFactory(0.5)).ok());
+  EXPECT_EQ(model->named_parameters()["a.w"].scalar_type(), torch::kFloat);
 }
 
 }  // namespace

@@ -1,0 +1,186 @@
+#include "engines/working_parameters.h"
+
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace cpptrain {
+namespace {
+
+class MoveGradientHook : public torch::autograd::FunctionPostHook {
+ public:
+  MoveGradientHook(WorkingParameters* owner, int index) : owner_(owner), index_(index) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list&) override {
+    owner_->MoveGradient(index_);
+    return outputs;
+  }
+
+ private:
+  WorkingParameters* owner_;
+  int index_;
+};
+
+absl::Status CheckOrder(const std::vector<int>& order, size_t n) {
+  std::vector<char> seen(n, 0);
+  for (int i : order) {
+    if (i < 0 || static_cast<size_t>(i) >= n || seen[i]) {
+      return absl::InvalidArgumentError(absl::StrCat("WorkingParameters: order holds ", i,
+                                                     ", which is not a new index below ", n,
+                                                     ": give each parameter's index once"));
+    }
+    seen[i] = 1;
+  }
+  if (order.size() != n) {
+    return absl::InvalidArgumentError(absl::StrCat("WorkingParameters: order has ", order.size(),
+                                                   " indices for ", n, " parameters"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<WorkingParameters>> WorkingParameters::Create(
+    Named params, std::vector<int> order) {
+  if (order.empty()) {
+    for (size_t i = 0; i < params.size(); ++i) order.push_back(static_cast<int>(i));
+  }
+  if (absl::Status status = CheckOrder(order, params.size()); !status.ok()) return status;
+  for (const auto& [name, p] : params) {
+    if (p.scalar_type() != at::kFloat || p.device() != params[0].second.device()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("bf16 working copies: parameter ", name, " is ",
+                       c10::toString(p.scalar_type()), " on ", p.device().str(),
+                       " but the masters are the fp32 model on one device: build "
+                       "the model in fp32, or turn bf16_working_copies off"));
+    }
+  }
+  std::unique_ptr<WorkingParameters> w(new WorkingParameters());
+  w->offsets_.assign(params.size(), 0);
+  int64_t total = 0;
+  for (int i : order) {
+    w->offsets_[i] = total;
+    total += params[i].second.numel();
+  }
+  torch::NoGradGuard no_grad;
+  const auto options = torch::TensorOptions().device(params.empty() ? c10::Device(c10::kCPU)
+                                                                    : params[0].second.device());
+  w->master_ = torch::empty({total}, options.dtype(at::kFloat));
+  w->gradients_ = torch::zeros({total}, options.dtype(at::kFloat));
+  w->working_ = torch::empty({total}, options.dtype(at::kBFloat16));
+  for (size_t i = 0; i < params.size(); ++i) {
+    const at::Tensor& p = params[i].second;
+    at::Tensor master = w->master_.narrow(0, w->offsets_[i], p.numel()).view(p.sizes());
+    master.copy_(p.detach());
+    at::Tensor leaf = torch::empty({0}, master.options());
+    leaf.set_data(master);
+    leaf.set_requires_grad(true);
+    w->masters_.emplace_back(params[i].first, leaf);
+    w->params_.push_back(p);
+  }
+  w->working_.copy_(w->master_);
+  w->PointParametersAt(w->working_);
+  w->fresh_.assign(params.size(), 1);
+  w->refreshed_version_ = w->WorkingVersion();
+  return w;
+}
+
+WorkingParameters::~WorkingParameters() = default;
+
+void WorkingParameters::PointParametersAt(const at::Tensor& flat) {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    params_[i].set_data(flat.narrow(0, offsets_[i], params_[i].numel()).view(params_[i].sizes()));
+  }
+}
+
+int64_t WorkingParameters::WorkingVersion() const {
+  int64_t version = 0;
+  for (const at::Tensor& p : params_) version += static_cast<int64_t>(p._version());
+  return version;
+}
+
+void WorkingParameters::InstallHooks(std::function<void(int)> after_move) {
+  after_move_ = std::move(after_move);
+  accumulators_.clear();
+  for (size_t i = 0; i < params_.size(); ++i) {
+    std::shared_ptr<torch::autograd::Node> acc =
+        torch::autograd::impl::grad_accumulator(params_[i]);
+    acc->add_post_hook(std::make_unique<MoveGradientHook>(this, static_cast<int>(i)));
+    accumulators_.push_back(std::move(acc));
+  }
+}
+
+// Runs on the stream autograd ran the accumulation on, so the copy is ordered after it.
+void WorkingParameters::MoveGradient(int i) {
+  at::Tensor& param = params_[i];
+  if (!param.grad().defined()) return;
+  {
+    torch::NoGradGuard no_grad;
+    at::Tensor master = masters_[i].second;
+    if (fresh_[i]) {
+      master.mutable_grad() = gradients_.narrow(0, offsets_[i], param.numel()).view(param.sizes());
+      master.mutable_grad().copy_(param.grad());
+      fresh_[i] = 0;
+    } else {
+      master.mutable_grad().add_(param.grad());
+    }
+  }
+  param.mutable_grad() = at::Tensor();
+  if (after_move_) after_move_(i);
+}
+
+void WorkingParameters::BeginAccumulation() {
+  std::fill(fresh_.begin(), fresh_.end(), 1);
+  for (at::Tensor& p : params_) p.mutable_grad() = at::Tensor();  // a backward cut short's
+}
+
+void WorkingParameters::ZeroUnmoved() {
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!fresh_[i]) continue;
+    at::Tensor master = masters_[i].second;
+    master.mutable_grad() =
+        gradients_.narrow(0, offsets_[i], params_[i].numel()).view(params_[i].sizes());
+    master.mutable_grad().zero_();
+    fresh_[i] = 0;
+  }
+}
+
+void WorkingParameters::AdoptWrittenWorkingCopies() {
+  if (exposed_ || WorkingVersion() == refreshed_version_) return;
+  torch::NoGradGuard no_grad;
+  master_.copy_(working_);
+  refreshed_version_ = WorkingVersion();
+}
+
+void WorkingParameters::Refresh() {
+  if (exposed_) return;
+  torch::NoGradGuard no_grad;
+  working_.copy_(master_);
+  refreshed_version_ = WorkingVersion();
+}
+
+void WorkingParameters::Expose() {
+  if (exposed_) return;
+  AdoptWrittenWorkingCopies();
+  PointParametersAt(master_);
+  exposed_ = true;
+}
+
+void WorkingParameters::Restore() {
+  if (!exposed_) return;
+  exposed_ = false;
+  {
+    torch::NoGradGuard no_grad;
+    working_.copy_(master_);
+  }
+  PointParametersAt(working_);
+  InstallHooks(after_move_);
+  refreshed_version_ = WorkingVersion();
+}
+
+}  // namespace cpptrain

@@ -1,0 +1,102 @@
+// bf16 working copies of fp32 master parameters, for the engines that keep the whole model on
+// every rank (local, DDP) under bf16: the forward reads bf16 weights that were rounded once per
+// optimizer step, instead of autocast casting every fp32 weight at every use (in the forward,
+// again in a recomputed forward, and the cast's gradient back to fp32). The optimizer steps fp32
+// masters; its state is unchanged. Both live in flat buffers in one order, so refreshing the
+// working copies after a step is one rounding pass. Gradients reach the masters in fp32: a hook
+// on each parameter's gradient accumulator moves the bf16 .grad into its master's fp32 .grad
+// (copies it the first time since BeginAccumulation, then adds) and drops the bf16 one, so
+// accumulation over micro-batches is in fp32 as before. The master's .grad is undefined until a
+// gradient arrives, as a parameter's is. DeepSpeed's bf16 and ZeRO stages 1/2 here keep the same
+// layout (engines/zero/zero_engine.h).
+//
+//   CT_ASSIGN_OR_RETURN(auto working, WorkingParameters::Create(UniqueTrainableParameters(m)));
+//   working->InstallHooks(nullptr);              // or a callback after each gradient moved
+//   optimizer = factory(working->masters());     // same names and shapes, fp32
+//   ... backward ...; optimizer->step(); working->Refresh();
+//   ClearGradients(*optimizer); working->BeginAccumulation();
+#ifndef CPPTRAIN_ENGINES_WORKING_PARAMETERS_H_
+#define CPPTRAIN_ENGINES_WORKING_PARAMETERS_H_
+
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace torch::autograd {
+struct Node;
+}
+
+namespace cpptrain {
+
+class WorkingParameters {
+ public:
+  using Named = std::vector<std::pair<std::string, at::Tensor>>;
+
+  // `params`: the trainable parameters, each tensor once, all fp32 on one device. `order`: the
+  // indices of `params` in the order the flat buffers hold them (each once); empty means as
+  // given. The parameters become bf16 views of the working buffer (their values rounded);
+  // the masters keep the fp32 values. Errors: a parameter that is not fp32, a bad order.
+  static absl::StatusOr<std::unique_ptr<WorkingParameters>> Create(Named params,
+                                                                   std::vector<int> order = {});
+  ~WorkingParameters();
+
+  // The fp32 masters, under the parameters' names, in the order given to Create.
+  const Named& masters() const { return masters_; }
+  // [total numel] fp32: every master's gradient is a view of it, in the flat order.
+  at::Tensor& gradients() { return gradients_; }
+  // Where parameter i (Create's index) starts in the flat buffers.
+  int64_t offset(int i) const { return offsets_[i]; }
+
+  // Installs the hooks on the parameters' current gradient accumulators; `after_move(i)`, if
+  // set, runs after parameter i's gradient moved (on the thread autograd calls it from).
+  void InstallHooks(std::function<void(int)> after_move);
+  // Starts an accumulation: the next gradient of each parameter overwrites its master's (the
+  // caller clears the masters' .grad, as the optimizer's zero_grad does); drops any bf16 .grad
+  // a failed backward left on a parameter.
+  void BeginAccumulation();
+  // Gives every master no gradient reached since BeginAccumulation a zero one (DDP sums every
+  // bucket, used or not).
+  void ZeroUnmoved();
+  // Before a step: when someone wrote the working copies since the last Refresh (their version
+  // counters say so; a step's own Refresh writes them too but is recorded), the masters take
+  // their values.
+  void AdoptWrittenWorkingCopies();
+  // After the optimizer stepped the masters: the working copies become their bf16 rounding.
+  void Refresh();
+  // Between the two, the parameters are the masters themselves (fp32), for checkpoints; what is
+  // written into them is kept, and Restore rounds it into the working copies and reinstalls the
+  // hooks (a dtype change gives a parameter a new gradient accumulator).
+  void Expose();
+  void Restore();
+  bool exposed() const { return exposed_; }
+
+  // For the hook.
+  void MoveGradient(int i);
+
+ private:
+  WorkingParameters() = default;
+  void PointParametersAt(const at::Tensor& flat);
+  int64_t WorkingVersion() const;
+
+  Named masters_;
+  std::vector<at::Tensor> params_;
+  std::vector<int64_t> offsets_;
+  at::Tensor working_;       // bf16 [total]: the parameters' storage
+  at::Tensor master_;        // fp32 [total]: the masters' storage
+  at::Tensor gradients_;     // fp32 [total]
+  std::vector<char> fresh_;  // per parameter: no gradient moved since BeginAccumulation
+  std::function<void(int)> after_move_;
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
+  int64_t refreshed_version_ = -1;
+  bool exposed_ = false;
+};
+
+}  // namespace cpptrain
+
+#endif  // CPPTRAIN_ENGINES_WORKING_PARAMETERS_H_

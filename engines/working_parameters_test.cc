@@ -1,0 +1,156 @@
+// WorkingParameters on the CPU: the parameters become bf16 roundings of fp32 masters laid out in
+// the order asked for, gradients reach the masters in fp32 (overwritten at the start of an
+// accumulation, added after), a step's refresh and someone else's write of the working copies
+// both reach the right side, and Expose/Restore hand checkpoints the masters.
+#include "engines/working_parameters.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+namespace cpptrain {
+namespace {
+
+// Values with bits below bf16's 8-bit mantissa, so a rounding shows.
+WorkingParameters::Named TwoParameters() {
+  torch::manual_seed(3);
+  at::Tensor w = (torch::randn({3, 5}) * 1.001).set_requires_grad(true);
+  at::Tensor b = (torch::randn({5}) + 1e-3).set_requires_grad(true);
+  return {{"w", w}, {"b", b}};
+}
+
+// sum((x W + b) * c) in bf16, c fixed: dW = x^T c, db = sum of c's rows.
+at::Tensor Loss(const WorkingParameters::Named& params, const at::Tensor& x) {
+  const at::Tensor& w = params[0].second;
+  const at::Tensor& b = params[1].second;
+  at::Tensor c = torch::linspace(-1, 1, 5).to(at::kBFloat16);
+  return ((x.to(at::kBFloat16).matmul(w) + b) * c).sum();
+}
+
+TEST(WorkingParametersTest, ParametersBecomeBf16RoundingsOfFp32MastersInTheOrderAsked) {
+  WorkingParameters::Named params = TwoParameters();
+  const at::Tensor w0 = params[0].second.detach().clone();
+  const at::Tensor b0 = params[1].second.detach().clone();
+  auto working = WorkingParameters::Create(params, /*order=*/{1, 0});
+  ASSERT_TRUE(working.ok()) << working.status();
+  EXPECT_EQ((*working)->offset(1), 0);
+  EXPECT_EQ((*working)->offset(0), 5);
+  EXPECT_EQ(params[0].second.scalar_type(), at::kBFloat16);
+  EXPECT_TRUE(params[0].second.equal(w0.to(at::kBFloat16)));
+  EXPECT_TRUE(params[1].second.equal(b0.to(at::kBFloat16)));
+  const auto& masters = (*working)->masters();
+  ASSERT_EQ(masters.size(), 2u);
+  EXPECT_EQ(masters[0].first, "w");
+  EXPECT_EQ(masters[0].second.scalar_type(), at::kFloat);
+  EXPECT_TRUE(masters[0].second.equal(w0)) << "the master keeps the unrounded values";
+  EXPECT_FALSE(masters[0].second.equal(w0.to(at::kBFloat16).to(at::kFloat)));
+  EXPECT_TRUE(masters[1].second.equal(b0));
+  EXPECT_TRUE(masters[0].second.requires_grad());
+}
+
+TEST(WorkingParametersTest, GradientsMoveIntoTheMastersInFp32AndAccumulate) {
+  WorkingParameters::Named params = TwoParameters();
+  auto working = WorkingParameters::Create(params);
+  ASSERT_TRUE(working.ok()) << working.status();
+  (*working)->InstallHooks(nullptr);
+  const at::Tensor& master_w = (*working)->masters()[0].second;
+  EXPECT_FALSE(master_w.grad().defined()) << "no gradient before a backward";
+
+  const at::Tensor x1 = torch::randn({4, 3}), x2 = torch::randn({4, 3});
+  Loss(params, x1).backward();
+  EXPECT_FALSE(params[0].second.grad().defined()) << "the bf16 gradient was moved out";
+  ASSERT_TRUE(master_w.grad().defined());
+  EXPECT_EQ(master_w.grad().scalar_type(), at::kFloat);
+  // The same backward on a plain bf16 copy gives the bf16 gradients to compare with.
+  at::Tensor w_ref = params[0].second.detach().clone().set_requires_grad(true);
+  at::Tensor b_ref = params[1].second.detach().clone().set_requires_grad(true);
+  const WorkingParameters::Named ref = {{"w", w_ref}, {"b", b_ref}};
+  Loss(ref, x1).backward();
+  const at::Tensor g1 = w_ref.grad().to(at::kFloat);
+  EXPECT_TRUE(master_w.grad().equal(g1));
+
+  Loss(params, x2).backward();  // a second micro-batch adds, in fp32
+  w_ref.mutable_grad() = at::Tensor();
+  Loss(ref, x2).backward();
+  EXPECT_TRUE(master_w.grad().equal(g1 + w_ref.grad().to(at::kFloat)));
+  EXPECT_TRUE((*working)->gradients().narrow(0, 0, 15).view({3, 5}).equal(master_w.grad()))
+      << "the master's gradient is a view of the flat buffer";
+
+  (*working)->masters()[0].second.mutable_grad() = at::Tensor();  // the optimizer's zero_grad
+  (*working)->masters()[1].second.mutable_grad() = at::Tensor();
+  (*working)->BeginAccumulation();
+  Loss(params, x2).backward();  // a new accumulation overwrites
+  EXPECT_TRUE(master_w.grad().equal(w_ref.grad().to(at::kFloat)));
+}
+
+TEST(WorkingParametersTest, ZeroUnmovedGivesUntouchedMastersZeroGradients) {
+  WorkingParameters::Named params = TwoParameters();
+  auto working = WorkingParameters::Create(params);
+  ASSERT_TRUE(working.ok()) << working.status();
+  (*working)->InstallHooks(nullptr);
+  (*working)->gradients().fill_(7);         // what a previous step left
+  (params[0].second.sum() * 2).backward();  // only w takes part
+  (*working)->ZeroUnmoved();
+  const auto& masters = (*working)->masters();
+  EXPECT_TRUE(masters[0].second.grad().equal(torch::full({3, 5}, 2.0)));
+  ASSERT_TRUE(masters[1].second.grad().defined());
+  EXPECT_TRUE(masters[1].second.grad().equal(torch::zeros({5})));
+}
+
+TEST(WorkingParametersTest, RefreshRoundsTheSteppedMastersAndWrittenCopiesAreAdopted) {
+  WorkingParameters::Named params = TwoParameters();
+  auto working = WorkingParameters::Create(params);
+  ASSERT_TRUE(working.ok()) << working.status();
+  at::Tensor master_w = (*working)->masters()[0].second;
+  {
+    torch::NoGradGuard no_grad;
+    master_w.add_(1e-3);  // a step
+  }
+  (*working)->Refresh();
+  EXPECT_TRUE(params[0].second.equal(master_w.to(at::kBFloat16)));
+  (*working)->AdoptWrittenWorkingCopies();  // nobody wrote them: the masters stay unrounded
+  EXPECT_FALSE(master_w.equal(master_w.to(at::kBFloat16).to(at::kFloat)));
+
+  {
+    torch::NoGradGuard no_grad;
+    params[0].second.fill_(0.5);  // a write from outside the step
+  }
+  (*working)->AdoptWrittenWorkingCopies();
+  EXPECT_TRUE(master_w.equal(torch::full({3, 5}, 0.5)));
+}
+
+TEST(WorkingParametersTest, ExposeHandsOutTheMastersAndRestoreKeepsWhatWasWritten) {
+  WorkingParameters::Named params = TwoParameters();
+  const at::Tensor w0 = params[0].second.detach().clone();
+  auto working = WorkingParameters::Create(params);
+  ASSERT_TRUE(working.ok()) << working.status();
+  (*working)->InstallHooks(nullptr);
+  (*working)->Expose();
+  EXPECT_EQ(params[0].second.scalar_type(), at::kFloat);
+  EXPECT_TRUE(params[0].second.equal(w0));
+  const at::Tensor loaded = torch::randn({3, 5});
+  {
+    torch::NoGradGuard no_grad;
+    params[0].second.copy_(loaded);  // a checkpoint load
+  }
+  (*working)->Restore();
+  EXPECT_EQ(params[0].second.scalar_type(), at::kBFloat16);
+  EXPECT_TRUE(params[0].second.equal(loaded.to(at::kBFloat16)));
+  EXPECT_TRUE((*working)->masters()[0].second.equal(loaded));
+  Loss(params, torch::randn({2, 3})).backward();  // the hooks came back with the dtype
+  EXPECT_FALSE(params[0].second.grad().defined());
+  EXPECT_TRUE((*working)->masters()[0].second.grad().defined());
+}
+
+TEST(WorkingParametersTest, RefusesANonFp32ParameterAndABadOrder) {
+  WorkingParameters::Named half = {{"h", torch::zeros({2}, at::kBFloat16).set_requires_grad(true)}};
+  auto refused = WorkingParameters::Create(half);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("parameter h is BFloat16"), std::string::npos)
+      << refused.status();
+  auto bad = WorkingParameters::Create(TwoParameters(), {0, 0});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("order"), std::string::npos) << bad.status();
+}
+
+}  // namespace
+}  // namespace cpptrain

@@ -82,11 +82,12 @@ bool FusedAdamWStep(const std::vector<at::Tensor>& params, const std::vector<at:
                     const std::vector<at::Tensor>& exp_avgs,
                     const std::vector<at::Tensor>& exp_avg_sqs,
                     const std::vector<at::Tensor>& steps, double lr, double beta1, double beta2,
-                    double weight_decay, double eps) {
+                    double weight_decay, double eps, const at::Tensor& grad_scale) {
   if (params.empty()) return true;
   at::_foreach_add_(steps, 1);
   at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, steps, lr,
-                    beta1, beta2, weight_decay, eps, /*amsgrad=*/false, /*maximize=*/false);
+                    beta1, beta2, weight_decay, eps, /*amsgrad=*/false, /*maximize=*/false,
+                    grad_scale.defined() ? std::optional<at::Tensor>(grad_scale) : std::nullopt);
   return true;
 }
 
@@ -141,7 +142,8 @@ bool AutocastEnabled(at::DeviceType device_type) {
 
 bool FusedAdamWStep(const std::vector<at::Tensor>&, const std::vector<at::Tensor>&,
                     const std::vector<at::Tensor>&, const std::vector<at::Tensor>&,
-                    const std::vector<at::Tensor>&, double, double, double, double, double) {
+                    const std::vector<at::Tensor>&, double, double, double, double, double,
+                    const at::Tensor&) {
   return false;
 }
 

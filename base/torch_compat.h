@@ -56,12 +56,14 @@ void SynchronizeDevice(const at::Device& device);
 // One fused AdamW step over same-device tensor lists (PyTorch's _fused_adamw_: decoupled
 // weight decay, bias correction from `steps`, which are float32 scalars on the parameters'
 // device and are incremented here). Returns false, doing nothing, where this LibTorch has no
-// fused kernel (1.13): the caller then steps per parameter.
+// fused kernel (1.13): the caller then steps per parameter. A defined `grad_scale` (one fp32
+// element on the parameters' device) divides every gradient as the kernel reads it, and the
+// kernel writes the divided gradient back.
 bool FusedAdamWStep(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
                     const std::vector<at::Tensor>& exp_avgs,
                     const std::vector<at::Tensor>& exp_avg_sqs,
                     const std::vector<at::Tensor>& steps, double lr, double beta1, double beta2,
-                    double weight_decay, double eps);
+                    double weight_decay, double eps, const at::Tensor& grad_scale = {});
 
 // Causal self-attention. q: [B, H, T, D]; k, v: [B, Hkv, T, D] with H a multiple of Hkv
 // (grouped-query attention). Returns [B, H, T, D]. Uses the fused kernel where LibTorch has

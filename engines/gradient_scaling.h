@@ -1,6 +1,7 @@
 // An optimizer that can multiply the gradients by a factor as its next step reads them, so that
-// clipping costs no pass of its own over them. ZeRO-Offload clips its host gradients this way
-// (trainer/optimizer.h's FusedAdamW does it in its CPU AdamW kernel):
+// clipping costs no pass of its own over them. ZeRO-Offload clips its host gradients this way,
+// and the local and DDP engines their device gradients (trainer/optimizer.h's FusedAdamW does
+// it in its CPU AdamW kernel and in PyTorch's fused CUDA kernel):
 //
 //   auto* scaling = dynamic_cast<ScalesGradientsInStep*>(&optimizer);
 //   if (scaling == nullptr || !scaling->ScaleGradientsInNextStep(coefficient)) {
@@ -18,9 +19,10 @@ class ScalesGradientsInStep {
  public:
   virtual ~ScalesGradientsInStep() = default;
 
-  // The next step() reads each gradient g as g * scale, rounded to its dtype first (exactly what
-  // g.mul_(scale) would have left), then forgets the scale; 1 cancels a pending scale. False
-  // when it cannot for its current parameters: then nothing is pending.
+  // The next step() reads each gradient g as g * scale, rounded to its dtype first (what
+  // g.mul_(scale) would have left: exactly, or, where an optimizer says so, within one rounding
+  // of it), then forgets the scale; 1 cancels a pending scale. False when it cannot for its
+  // current parameters: then nothing is pending.
   virtual bool ScaleGradientsInNextStep(double scale) = 0;
 };
 

@@ -45,7 +45,7 @@ absl::Status CheckOrder(const std::vector<int>& order, size_t n) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<WorkingParameters>> WorkingParameters::Create(
-    Named params, std::vector<int> order) {
+    Named params, std::vector<int> order, bool flat_gradients) {
   if (order.empty()) {
     for (size_t i = 0; i < params.size(); ++i) order.push_back(static_cast<int>(i));
   }
@@ -70,7 +70,7 @@ absl::StatusOr<std::unique_ptr<WorkingParameters>> WorkingParameters::Create(
   const auto options = torch::TensorOptions().device(params.empty() ? c10::Device(c10::kCPU)
                                                                     : params[0].second.device());
   w->master_ = torch::empty({total}, options.dtype(at::kFloat));
-  w->gradients_ = torch::zeros({total}, options.dtype(at::kFloat));
+  if (flat_gradients) w->gradients_ = torch::zeros({total}, options.dtype(at::kFloat));
   w->working_ = torch::empty({total}, options.dtype(at::kBFloat16));
   for (size_t i = 0; i < params.size(); ++i) {
     const at::Tensor& p = params[i].second;
@@ -114,6 +114,10 @@ void WorkingParameters::InstallHooks(std::function<void(int)> after_move) {
   }
 }
 
+at::Tensor WorkingParameters::GradientView(int i) {
+  return gradients_.narrow(0, offsets_[i], params_[i].numel()).view(params_[i].sizes());
+}
+
 // Runs on the stream autograd ran the accumulation on, so the copy is ordered after it.
 void WorkingParameters::MoveGradient(int i) {
   at::Tensor& param = params_[i];
@@ -121,13 +125,15 @@ void WorkingParameters::MoveGradient(int i) {
   {
     torch::NoGradGuard no_grad;
     at::Tensor master = masters_[i].second;
-    if (fresh_[i]) {
-      master.mutable_grad() = gradients_.narrow(0, offsets_[i], param.numel()).view(param.sizes());
+    if (fresh_[i] && gradients_.defined()) {
+      master.mutable_grad() = GradientView(i);
       master.mutable_grad().copy_(param.grad());
-      fresh_[i] = 0;
+    } else if (fresh_[i]) {
+      master.mutable_grad() = param.grad().to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
     } else {
       master.mutable_grad().add_(param.grad());
     }
+    fresh_[i] = 0;
   }
   param.mutable_grad() = at::Tensor();
   if (after_move_) after_move_(i);
@@ -143,9 +149,12 @@ void WorkingParameters::ZeroUnmoved() {
   for (size_t i = 0; i < params_.size(); ++i) {
     if (!fresh_[i]) continue;
     at::Tensor master = masters_[i].second;
-    master.mutable_grad() =
-        gradients_.narrow(0, offsets_[i], params_[i].numel()).view(params_[i].sizes());
-    master.mutable_grad().zero_();
+    if (gradients_.defined()) {
+      master.mutable_grad() = GradientView(i);
+      master.mutable_grad().zero_();
+    } else {
+      master.mutable_grad() = torch::zeros_like(master);
+    }
     fresh_[i] = 0;
   }
 }

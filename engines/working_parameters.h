@@ -5,9 +5,11 @@
 // masters; its state is unchanged. Both live in flat buffers in one order, so refreshing the
 // working copies after a step is one rounding pass. Gradients reach the masters in fp32: a hook
 // on each parameter's gradient accumulator moves the bf16 .grad into its master's fp32 .grad
-// (copies it the first time since BeginAccumulation, then adds) and drops the bf16 one, so
+// (widens it the first time since BeginAccumulation, then adds) and drops the bf16 one, so
 // accumulation over micro-batches is in fp32 as before. The master's .grad is undefined until a
-// gradient arrives, as a parameter's is. DeepSpeed's bf16 and ZeRO stages 1/2 here keep the same
+// gradient arrives, as a parameter's is, and is its own allocation (freed when the optimizer
+// clears it, so the activations' peak does not meet a full gradient), or, with
+// `flat_gradients`, a view of one persistent fp32 buffer in the flat order (DDP's buckets). DeepSpeed's bf16 and ZeRO stages 1/2 here keep the same
 // layout (engines/zero/zero_engine.h).
 //
 //   CT_ASSIGN_OR_RETURN(auto working, WorkingParameters::Create(UniqueTrainableParameters(m)));
@@ -43,12 +45,14 @@ class WorkingParameters {
   // given. The parameters become bf16 views of the working buffer (their values rounded);
   // the masters keep the fp32 values. Errors: a parameter that is not fp32, a bad order.
   static absl::StatusOr<std::unique_ptr<WorkingParameters>> Create(Named params,
-                                                                   std::vector<int> order = {});
+                                                                   std::vector<int> order = {},
+                                                                   bool flat_gradients = false);
   ~WorkingParameters();
 
   // The fp32 masters, under the parameters' names, in the order given to Create.
   const Named& masters() const { return masters_; }
-  // [total numel] fp32: every master's gradient is a view of it, in the flat order.
+  // With flat_gradients, [total numel] fp32: every master's gradient is a view of it, in the
+  // flat order; else undefined.
   at::Tensor& gradients() { return gradients_; }
   // Where parameter i (Create's index) starts in the flat buffers.
   int64_t offset(int i) const { return offsets_[i]; }
@@ -82,6 +86,7 @@ class WorkingParameters {
  private:
   WorkingParameters() = default;
   void PointParametersAt(const at::Tensor& flat);
+  at::Tensor GradientView(int i);
   int64_t WorkingVersion() const;
 
   Named masters_;

@@ -47,9 +47,12 @@ TEST(WorkingParametersTest, ParametersBecomeBf16RoundingsOfFp32MastersInTheOrder
   EXPECT_TRUE(masters[0].second.requires_grad());
 }
 
-TEST(WorkingParametersTest, GradientsMoveIntoTheMastersInFp32AndAccumulate) {
+class GradientsTest : public ::testing::TestWithParam<bool> {};  // flat_gradients
+
+TEST_P(GradientsTest, MoveIntoTheMastersInFp32AndAccumulate) {
+  const bool flat = GetParam();
   WorkingParameters::Named params = TwoParameters();
-  auto working = WorkingParameters::Create(params);
+  auto working = WorkingParameters::Create(params, {}, flat);
   ASSERT_TRUE(working.ok()) << working.status();
   (*working)->InstallHooks(nullptr);
   const at::Tensor& master_w = (*working)->masters()[0].second;
@@ -72,8 +75,13 @@ TEST(WorkingParametersTest, GradientsMoveIntoTheMastersInFp32AndAccumulate) {
   w_ref.mutable_grad() = at::Tensor();
   Loss(ref, x2).backward();
   EXPECT_TRUE(master_w.grad().equal(g1 + w_ref.grad().to(at::kFloat)));
-  EXPECT_TRUE((*working)->gradients().narrow(0, 0, 15).view({3, 5}).equal(master_w.grad()))
-      << "the master's gradient is a view of the flat buffer";
+  if (flat) {
+    EXPECT_TRUE((*working)->gradients().narrow(0, 0, 15).view({3, 5}).equal(master_w.grad()));
+    EXPECT_EQ(master_w.grad().data_ptr(), (*working)->gradients().data_ptr())
+        << "the master's gradient is a view of the flat buffer";
+  } else {
+    EXPECT_FALSE((*working)->gradients().defined()) << "no persistent gradient buffer";
+  }
 
   (*working)->masters()[0].second.mutable_grad() = at::Tensor();  // the optimizer's zero_grad
   (*working)->masters()[1].second.mutable_grad() = at::Tensor();
@@ -82,12 +90,13 @@ TEST(WorkingParametersTest, GradientsMoveIntoTheMastersInFp32AndAccumulate) {
   EXPECT_TRUE(master_w.grad().equal(w_ref.grad().to(at::kFloat)));
 }
 
-TEST(WorkingParametersTest, ZeroUnmovedGivesUntouchedMastersZeroGradients) {
+TEST_P(GradientsTest, ZeroUnmovedGivesUntouchedMastersZeroGradients) {
+  const bool flat = GetParam();
   WorkingParameters::Named params = TwoParameters();
-  auto working = WorkingParameters::Create(params);
+  auto working = WorkingParameters::Create(params, {}, flat);
   ASSERT_TRUE(working.ok()) << working.status();
   (*working)->InstallHooks(nullptr);
-  (*working)->gradients().fill_(7);         // what a previous step left
+  if (flat) (*working)->gradients().fill_(7);  // what a previous step left
   (params[0].second.sum() * 2).backward();  // only w takes part
   (*working)->ZeroUnmoved();
   const auto& masters = (*working)->masters();
@@ -95,6 +104,11 @@ TEST(WorkingParametersTest, ZeroUnmovedGivesUntouchedMastersZeroGradients) {
   ASSERT_TRUE(masters[1].second.grad().defined());
   EXPECT_TRUE(masters[1].second.grad().equal(torch::zeros({5})));
 }
+
+INSTANTIATE_TEST_SUITE_P(WorkingParametersTest, GradientsTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "Flat" : "OwnAllocations";
+                         });
 
 TEST(WorkingParametersTest, RefreshRoundsTheSteppedMastersAndWrittenCopiesAreAdopted) {
   WorkingParameters::Named params = TwoParameters();

@@ -187,10 +187,20 @@ bool FusedAdamW::WriteBf16CopiesInNextStep(Bf16CopyOf copy_of) {
   return true;
 }
 
+bool FusedAdamW::UsesFusedCudaKernel() {
+  if (!fused_) return false;
+  for (const auto& group : param_groups()) {
+    for (const torch::Tensor& p : group.params()) {
+      if (!p.is_cuda()) return false;
+    }
+  }
+  return true;
+}
+
 bool FusedAdamW::ScaleGradientsInNextStep(double scale) {
   grad_scale_ = 1.0;
   if (scale == 1.0) return true;
-  if (!UsesCpuKernel()) return false;
+  if (!UsesCpuKernel() && !UsesFusedCudaKernel()) return false;
   for (const auto& group : param_groups()) {
     for (const torch::Tensor& p : group.params()) {
       // The kernel scales in fp32: a bf16 gradient scaled by mul_ would be rounded to bf16.
@@ -216,11 +226,28 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
     CpuKernelStep();
     return loss;
   }
-  grad_scale_ = 1.0;  // ScaleGradientsInNextStep said no to any other path
-  report_ = nullptr;  // and so did ReportEachParameterInNextStep
+  const double scale = std::exchange(grad_scale_, 1.0);  // pending only on the two fused paths
+  report_ = nullptr;  // ReportEachParameterInNextStep said no to any other path
   bf16_copy_of_ = nullptr;  // and WriteBf16CopiesInNextStep
   if (!fused_ || !all_cuda) return torch::optim::AdamW::step(std::move(closure));
   torch::NoGradGuard no_grad;
+  if (FusedCudaStep(scale)) return {};
+  fused_ = false;  // this LibTorch has no fused kernel: per-parameter from now on
+  state_.clear();
+  if (scale != 1.0) {
+    std::vector<torch::Tensor> grads;
+    for (auto& group : param_groups()) {
+      for (torch::Tensor& p : group.params()) {
+        if (p.grad().defined()) grads.push_back(p.grad());
+      }
+    }
+    at::_foreach_mul_(grads, scale);
+  }
+  return torch::optim::AdamW::step(std::move(closure));
+}
+
+bool FusedAdamW::FusedCudaStep(double scale) {
+  torch::Tensor grad_scale;  // the kernel divides: the reciprocal of the coefficient
   for (auto& group : param_groups()) {
     const auto& options = static_cast<const torch::optim::AdamWOptions&>(group.options());
     std::vector<torch::Tensor> params, grads, exp_avgs, exp_avg_sqs, steps;
@@ -238,15 +265,16 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
       exp_avg_sqs.push_back(s.exp_avg_sq);
       steps.push_back(s.step);
     }
+    if (scale != 1.0 && !grad_scale.defined() && !params.empty()) {
+      grad_scale = torch::full({}, 1.0 / scale, params[0].options().dtype(torch::kFloat));
+    }
     if (!FusedAdamWStep(params, grads, exp_avgs, exp_avg_sqs, steps, options.lr(),
                         std::get<0>(options.betas()), std::get<1>(options.betas()),
-                        options.weight_decay(), options.eps())) {
-      fused_ = false;  // this LibTorch has no fused kernel: per-parameter from now on
-      state_.clear();
-      return torch::optim::AdamW::step(std::move(closure));
+                        options.weight_decay(), options.eps(), grad_scale)) {
+      return false;
     }
   }
-  return {};
+  return true;
 }
 
 std::map<std::string, at::Tensor> FusedAdamW::ExportState(const at::Tensor& param) {

@@ -35,8 +35,10 @@ OptimizerFactory MakeAdamWFactory(const proto::TrainingArguments& args);
 // CUDA tensor and the kernel exists; kernels/cpu_adamw.h (multithreaded, vectorized, bitwise
 // equal to LibTorch 1.13's, a few ulp of the update from 2.x's) when every parameter is a dense contiguous
 // fp32 CPU tensor with an fp32 or bf16 gradient and amsgrad is off; the per-parameter AdamW
-// otherwise (same arithmetic). On the CPU kernel's path it also takes a clipping coefficient
-// into the step (engines/gradient_scaling.h) instead of a pass over the gradients.
+// otherwise (same arithmetic). On the CPU kernel's and the fused kernel's paths it also takes a
+// clipping coefficient into the step (engines/gradient_scaling.h) instead of a pass over the
+// gradients: the CPU kernel multiplies (bitwise what mul_ would leave), the fused CUDA kernel
+// divides by the coefficient's reciprocal, a device scalar (within a rounding of mul_).
 class FusedAdamW : public torch::optim::AdamW,
                    public CheckpointableOptimizer,
                    public ScalesGradientsInStep,
@@ -45,8 +47,8 @@ class FusedAdamW : public torch::optim::AdamW,
   using torch::optim::AdamW::AdamW;
   torch::Tensor step(LossClosure closure = nullptr) override;
 
-  // True (and pending until the next step) where that step runs the CPU kernel and every
-  // gradient is fp32.
+  // True (and pending until the next step) where that step runs the CPU kernel or the fused
+  // CUDA kernel and every gradient is fp32.
   bool ScaleGradientsInNextStep(double scale) override;
   // True (and pending until the next step) where that step runs the CPU kernel, which then
   // steps the parameters in the order of their addresses and reports each, or writes the bf16
@@ -76,8 +78,13 @@ class FusedAdamW : public torch::optim::AdamW,
 
   // Every parameter is on the CPU and the CPU kernel applies.
   bool UsesCpuKernel();
+  // Every parameter is on CUDA and the fused kernel has not been found missing.
+  bool UsesFusedCudaKernel();
+  // The fused path's step over every group, each gradient read as gradient * scale. False
+  // where this LibTorch has no fused kernel.
+  bool FusedCudaStep(double scale);
 
-  double grad_scale_ = 1.0;  // ScaleGradientsInNextStep's, for the next CPU kernel step
+  double grad_scale_ = 1.0;  // ScaleGradientsInNextStep's, for the next CPU or fused step
   Callback report_;          // ReportEachParameterInNextStep's, for the next CPU kernel step
   Bf16CopyOf bf16_copy_of_;  // WriteBf16CopiesInNextStep's, likewise
   bool fused_ = true;        // until a step finds it unavailable

@@ -167,6 +167,53 @@ TEST(OptimizerTest, GradientScaleInTheStepEqualsClippingFirst) {
   EXPECT_TRUE(libtorch_path.ScaleGradientsInNextStep(1.0));
 }
 
+// On CUDA the fused kernel takes the coefficient too (as a device scalar it divides by): within
+// a rounding of clipping first, for one step. Runs on GPU hosts only.
+TEST(OptimizerTest, FusedCudaStepTakesTheClipCoefficient) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "SKIPPED: needs a CUDA device";
+  const auto cuda = torch::TensorOptions().device(torch::kCUDA);
+  torch::manual_seed(11);
+  std::vector<torch::Tensor> mine, clipped_first;
+  for (int64_t n : {1000003, 7, 1}) {
+    torch::Tensor p = torch::randn({n}, cuda);
+    mine.push_back(p.clone().requires_grad_());
+    clipped_first.push_back(p.clone().requires_grad_());
+  }
+  auto scaled = TwinOptimizers::Make(mine);
+  auto reference = TwinOptimizers::Make(clipped_first);
+  for (int64_t step = 0; step < 3; ++step) {
+    std::vector<torch::Tensor> grads;
+    for (size_t i = 0; i < mine.size(); ++i) {
+      torch::Tensor g = torch::randn_like(mine[i]);
+      mine[i].mutable_grad() = g.clone();
+      clipped_first[i].mutable_grad() = g.clone();
+      grads.push_back(clipped_first[i].grad());
+    }
+    const double coefficient = step == 1 ? 1.0 : 0.173;
+    if (coefficient < 1.0) at::_foreach_mul_(grads, coefficient);
+    ASSERT_TRUE(scaled->ScaleGradientsInNextStep(coefficient));
+    scaled->step();
+    reference->step();
+    for (size_t i = 0; i < mine.size(); ++i) {
+      ASSERT_TRUE(torch::allclose(mine[i], clipped_first[i], 1e-6, 1e-7))
+          << "step " << step << " param " << i << ": "
+          << (mine[i] - clipped_first[i]).abs().max().item<double>();
+      auto a = scaled->ExportState(mine[i]), b = reference->ExportState(clipped_first[i]);
+      ASSERT_TRUE(torch::allclose(a.at("exp_avg_sq"), b.at("exp_avg_sq"), 1e-5, 1e-12));
+    }
+  }
+  for (size_t i = 0; i < mine.size(); ++i) {  // the scale lasted one step
+    torch::Tensor g = torch::randn_like(mine[i]);
+    mine[i].mutable_grad() = g.clone();
+    clipped_first[i].mutable_grad() = g.clone();
+  }
+  scaled->step();
+  reference->step();
+  for (size_t i = 0; i < mine.size(); ++i) {
+    EXPECT_TRUE(torch::allclose(mine[i], clipped_first[i], 1e-6, 1e-7)) << "param " << i;
+  }
+}
+
 // On the CPU kernel's path a step can report each parameter once, in the order of their
 // addresses, each already holding its final value; the values are those of a step that reports
 // nothing, and the report lasts one step. LibTorch's path says no.

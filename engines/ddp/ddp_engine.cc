@@ -270,10 +270,12 @@ absl::Status DdpEngine::PrepareForTraining(std::shared_ptr<TrainableModel> model
   const std::vector<std::vector<int>> groups = GroupIntoBuckets(reducer->params, cap_bytes);
   if (WantsWorkingCopies()) {
     std::vector<int> order;
-    for (const std::vector<int>& group : groups) order.insert(order.end(), group.begin(), group.end());
+    for (const std::vector<int>& group : groups) {
+      order.insert(order.end(), group.begin(), group.end());
+    }
     Reducer* r = reducer.get();
-    CT_RETURN_IF_ERROR(
-        MakeWorkingCopies(std::move(order), [r](int i) { r->OnGradientAccumulated(i); }));
+    CT_RETURN_IF_ERROR(MakeWorkingCopies(std::move(order), /*flat_gradients=*/true,
+                                         [r](int i) { r->OnGradientAccumulated(i); }));
     reducer->working = working_.get();
   }
   CT_RETURN_IF_ERROR(CatchTorch([&] { BuildBuckets(*reducer, groups); }));

@@ -1,5 +1,6 @@
 #include "engines/local/local_engine.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 #include <utility>
@@ -13,6 +14,7 @@
 #include "base/torch_compat.h"
 #include "base/torch_status.h"
 #include "engines/grad_utils.h"
+#include "engines/gradient_scaling.h"
 #include "module/deferred.h"
 
 namespace cpptrain {
@@ -90,7 +92,7 @@ absl::Status LocalEngine::PrepareForTraining(std::shared_ptr<TrainableModel> mod
   CT_RETURN_IF_ERROR(PrepareForInference(std::move(model)));
   if (optimizer_ != nullptr) return absl::OkStatus();
   if (working_ == nullptr && WantsWorkingCopies()) {
-    CT_RETURN_IF_ERROR(MakeWorkingCopies({}, nullptr));
+    CT_RETURN_IF_ERROR(MakeWorkingCopies({}, /*flat_gradients=*/false, nullptr));
   }
   CT_ASSIGN_OR_RETURN(optimizer_, factory(working_ != nullptr ? working_->masters()
                                                               : UniqueTrainableParameters(*model_)));
@@ -105,16 +107,16 @@ bool LocalEngine::WantsWorkingCopies() const {
   return true;
 }
 
-absl::Status LocalEngine::MakeWorkingCopies(std::vector<int> order,
+absl::Status LocalEngine::MakeWorkingCopies(std::vector<int> order, bool flat_gradients,
                                             std::function<void(int)> after_move) {
   CT_ASSIGN_OR_RETURN(auto working, CatchTorch([&] {
                         return WorkingParameters::Create(UniqueTrainableParameters(*model_),
-                                                         std::move(order));
+                                                         std::move(order), flat_gradients);
                       }));
   CT_ASSIGN_OR_RETURN(working_, std::move(working));
   CT_RETURN_IF_ERROR(CatchTorch([&] { working_->InstallHooks(std::move(after_move)); }));
   CT_LOG_RANK0(INFO) << name() << ": bf16 working copies of " << working_->masters().size()
-                     << " fp32 parameters (" << working_->gradients().numel() << " elements)";
+                     << " fp32 parameters";
   return absl::OkStatus();
 }
 
@@ -171,9 +173,19 @@ absl::StatusOr<double> LocalEngine::ClipGradNorm(double max_norm) {
   std::vector<torch::Tensor> grads = Gradients(*optimizer_);
   return CatchTorch([&] {
     const double norm = GlobalNorm(grads).item<double>();
-    if (max_norm > 0) ClipByNorm(grads, norm, max_norm);
+    if (max_norm > 0) ClipOrDefer(grads, norm, max_norm);
     return norm;
   });
+}
+
+// With an optimizer that can scale the gradients as its step reads them, the coefficient goes
+// there (no pass of its own over them); otherwise ClipByNorm. Clipping again replaces it.
+void LocalEngine::ClipOrDefer(const std::vector<torch::Tensor>& grads, double norm,
+                              double max_norm) {
+  auto* scaling = dynamic_cast<ScalesGradientsInStep*>(optimizer_.get());
+  const double coefficient = ClipCoefficient(norm, max_norm);
+  if (scaling != nullptr && scaling->ScaleGradientsInNextStep(std::min(coefficient, 1.0))) return;
+  ClipByNorm(grads, norm, max_norm);
 }
 
 absl::StatusOr<bool> LocalEngine::OptimizerStep() {
@@ -200,6 +212,9 @@ absl::StatusOr<bool> LocalEngine::OptimizerStep() {
 
 void LocalEngine::ZeroGrad() {
   if (optimizer_ != nullptr) ClearGradients(*optimizer_);
+  if (auto* scaling = dynamic_cast<ScalesGradientsInStep*>(optimizer_.get())) {
+    scaling->ScaleGradientsInNextStep(1.0);  // a clip whose step was skipped
+  }
   if (working_ != nullptr) working_->BeginAccumulation();
 }
 

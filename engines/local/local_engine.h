@@ -67,9 +67,11 @@ class LocalEngine : public Engine {
   // parameter fp32 (a model built in bf16 has nothing to copy).
   bool WantsWorkingCopies() const;
   // Makes the working copies in `order` (WorkingParameters::Create) and installs their hooks.
-  absl::Status MakeWorkingCopies(std::vector<int> order, std::function<void(int)> after_move);
+  absl::Status MakeWorkingCopies(std::vector<int> order, bool flat_gradients,
+                                 std::function<void(int)> after_move);
   // Unscales (fp16) once per step and records whether the step may proceed.
   absl::Status UnscaleOnce();
+  void ClipOrDefer(const std::vector<torch::Tensor>& grads, double norm, double max_norm);
 
   c10::Device device_;
   MixedPrecision precision_;

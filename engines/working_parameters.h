@@ -9,8 +9,8 @@
 // accumulation over micro-batches is in fp32 as before. The master's .grad is undefined until a
 // gradient arrives, as a parameter's is, and is its own allocation (freed when the optimizer
 // clears it, so the activations' peak does not meet a full gradient), or, with
-// `flat_gradients`, a view of one persistent fp32 buffer in the flat order (DDP's buckets). DeepSpeed's bf16 and ZeRO stages 1/2 here keep the same
-// layout (engines/zero/zero_engine.h).
+// `flat_gradients`, a view of one persistent fp32 buffer in the flat order (DDP's buckets).
+// DeepSpeed's bf16 and ZeRO stages 1/2 here keep the same layout (engines/zero/zero_engine.h).
 //
 //   CT_ASSIGN_OR_RETURN(auto working, WorkingParameters::Create(UniqueTrainableParameters(m)));
 //   working->InstallHooks(nullptr);              // or a callback after each gradient moved

@@ -174,7 +174,8 @@ void BuildBuckets(DdpEngine::Reducer& reducer, const std::vector<std::vector<int
     int64_t numel = 0;
     for (int i : group) numel += reducer.params[i].numel();
     if (reducer.working != nullptr) {
-      bucket.buffer = reducer.working->gradients().narrow(0, reducer.working->offset(group[0]), numel);
+      const int64_t begin = reducer.working->offset(group[0]);
+      bucket.buffer = reducer.working->gradients().narrow(0, begin, numel);
     } else {
       bucket.buffer = torch::zeros({numel}, reducer.params[group[0]].options());
     }

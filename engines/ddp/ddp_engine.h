@@ -7,8 +7,11 @@
 // never from inside autograd: a recomputed layer's nested backward ends before the outer one,
 // so the first gradient hook cannot tell when backward is over). With broadcast_buffers,
 // rank 0's buffers are broadcast before every training forward. With gradient synchronization
-// off (non-final micro-batches of an accumulation) there is no communication at all. Gradients are summed, not averaged: the
-// Trainer divides the loss by the global number of targets.
+// off (non-final micro-batches of an accumulation) there is no communication at all. Gradients
+// are summed, not averaged: the Trainer divides the loss by the global number of targets.
+// Under bf16 with ddp.bf16_working_copies (the default) the parameters are bf16 working copies
+// (engines/working_parameters.h) and the buckets hold the fp32 masters' gradients, laid out in
+// bucket order, which the hooks move the bf16 gradients into.
 //
 //   CT_ASSIGN_OR_RETURN(auto engine, DdpEngine::Create(config, precision, device, comm));
 //   CT_RETURN_IF_ERROR(engine->PrepareForTraining(model, factory));

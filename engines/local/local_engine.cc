@@ -94,8 +94,9 @@ absl::Status LocalEngine::PrepareForTraining(std::shared_ptr<TrainableModel> mod
   if (working_ == nullptr && WantsWorkingCopies()) {
     CT_RETURN_IF_ERROR(MakeWorkingCopies({}, /*flat_gradients=*/false, nullptr));
   }
-  CT_ASSIGN_OR_RETURN(optimizer_, factory(working_ != nullptr ? working_->masters()
-                                                              : UniqueTrainableParameters(*model_)));
+  const NamedParameters params =
+      working_ != nullptr ? working_->masters() : UniqueTrainableParameters(*model_);
+  CT_ASSIGN_OR_RETURN(optimizer_, factory(params));
   return absl::OkStatus();
 }
 

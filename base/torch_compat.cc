@@ -87,7 +87,7 @@ bool FusedAdamWStep(const std::vector<at::Tensor>& params, const std::vector<at:
   at::_foreach_add_(steps, 1);
   at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, steps, lr,
                     beta1, beta2, weight_decay, eps, /*amsgrad=*/false, /*maximize=*/false,
-                    grad_scale.defined() ? std::optional<at::Tensor>(grad_scale) : std::nullopt);
+                    grad_scale.defined() ? c10::optional<at::Tensor>(grad_scale) : c10::nullopt);
   return true;
 }
 

@@ -105,12 +105,26 @@ absl::Status ImportTorchOptimizerState(torch::optim::Optimizer& optimizer, const
 
 std::map<std::string, at::Tensor> ExportOptimizerState(torch::optim::Optimizer& optimizer,
                                                        const at::Tensor& param) {
+  if (auto* w = dynamic_cast<StepsStandIns*>(&optimizer)) {
+    const StepsStandIns::StandIn in = w->StandInFor(param);
+    if (in.optimizer == nullptr) return {};
+    return ExportOptimizerState(*in.optimizer, in.tensor);
+  }
   if (auto* c = dynamic_cast<CheckpointableOptimizer*>(&optimizer)) return c->ExportState(param);
   return ExportTorchOptimizerState(optimizer, param);
 }
 
 absl::Status ImportOptimizerState(torch::optim::Optimizer& optimizer, const at::Tensor& param,
                                   const std::map<std::string, at::Tensor>& state) {
+  if (auto* w = dynamic_cast<StepsStandIns*>(&optimizer)) {
+    const StepsStandIns::StandIn in = w->StandInFor(param);
+    if (in.optimizer == nullptr) {
+      return absl::InvalidArgumentError(
+          "optimizer state for a tensor the optimizer does not train (the checkpoint was "
+          "written for another model, or with other parameters frozen)");
+    }
+    return ImportOptimizerState(*in.optimizer, in.tensor, state);
+  }
   if (auto* c = dynamic_cast<CheckpointableOptimizer*>(&optimizer)) {
     return c->ImportState(param, state);
   }

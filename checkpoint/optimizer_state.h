@@ -19,7 +19,8 @@
 namespace cpptrain {
 
 // Optimizers that keep state outside torch::optim::Optimizer::state() implement
-// CheckpointableOptimizer (module/checkpointable_optimizer.h); the functions below ask it first.
+// CheckpointableOptimizer (module/checkpointable_optimizer.h), and wrappers that step stand-ins
+// for the parameters StepsStandIns; the functions below ask those first.
 
 // Empty when the optimizer holds no state for `param` yet (before its first step).
 std::map<std::string, at::Tensor> ExportOptimizerState(torch::optim::Optimizer& optimizer,

@@ -85,7 +85,7 @@ absl::StatusOr<std::unique_ptr<WorkingParameters>> WorkingParameters::Create(
   w->working_.copy_(w->master_);
   w->PointParametersAt(w->working_);
   w->fresh_.assign(params.size(), 1);
-  w->refreshed_version_ = w->WorkingVersion();
+  w->RecordVersions();
   return w;
 }
 
@@ -97,10 +97,9 @@ void WorkingParameters::PointParametersAt(const at::Tensor& flat) {
   }
 }
 
-int64_t WorkingParameters::WorkingVersion() const {
-  int64_t version = 0;
-  for (const at::Tensor& p : params_) version += static_cast<int64_t>(p._version());
-  return version;
+void WorkingParameters::RecordVersions() {
+  versions_.resize(params_.size());
+  for (size_t i = 0; i < params_.size(); ++i) versions_[i] = params_[i]._version();
 }
 
 void WorkingParameters::InstallHooks(std::function<void(int)> after_move) {
@@ -121,14 +120,20 @@ at::Tensor WorkingParameters::GradientView(int i) {
 // Runs on the stream autograd ran the accumulation on, so the copy is ordered after it.
 void WorkingParameters::MoveGradient(int i) {
   at::Tensor& param = params_[i];
-  if (!param.grad().defined()) return;
+  if (!param.grad().defined()) {  // no gradient reached it, but its accumulation ran
+    if (after_move_) after_move_(i);
+    return;
+  }
   {
     torch::NoGradGuard no_grad;
     at::Tensor master = masters_[i].second;
-    if (fresh_[i] && gradients_.defined()) {
+    // Undefined although not fresh: someone cleared the masters' gradients without
+    // BeginAccumulation (optimizer()->zero_grad() by hand).
+    const bool first = fresh_[i] || !master.grad().defined();
+    if (first && gradients_.defined()) {
       master.mutable_grad() = GradientView(i);
       master.mutable_grad().copy_(param.grad());
-    } else if (fresh_[i]) {
+    } else if (first) {
       master.mutable_grad() = param.grad().to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
     } else {
       master.mutable_grad().add_(param.grad());
@@ -160,17 +165,20 @@ void WorkingParameters::ZeroUnmoved() {
 }
 
 void WorkingParameters::AdoptWrittenWorkingCopies() {
-  if (exposed_ || WorkingVersion() == refreshed_version_) return;
+  if (exposed_) return;
   torch::NoGradGuard no_grad;
-  master_.copy_(working_);
-  refreshed_version_ = WorkingVersion();
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (params_[i]._version() == versions_[i]) continue;
+    masters_[i].second.copy_(params_[i]);
+    versions_[i] = params_[i]._version();
+  }
 }
 
 void WorkingParameters::Refresh() {
   if (exposed_) return;
   torch::NoGradGuard no_grad;
   working_.copy_(master_);
-  refreshed_version_ = WorkingVersion();
+  RecordVersions();
 }
 
 void WorkingParameters::Expose() {
@@ -182,14 +190,14 @@ void WorkingParameters::Expose() {
 
 void WorkingParameters::Restore() {
   if (!exposed_) return;
-  exposed_ = false;
   {
     torch::NoGradGuard no_grad;
     working_.copy_(master_);
   }
   PointParametersAt(working_);
   InstallHooks(after_move_);
-  refreshed_version_ = WorkingVersion();
+  RecordVersions();
+  exposed_ = false;  // only now: a throw above leaves it exposed, and Restore can be retried
 }
 
 }  // namespace cpptrain

@@ -51,6 +51,8 @@ class WorkingParameters {
 
   // The fp32 masters, under the parameters' names, in the order given to Create.
   const Named& masters() const { return masters_; }
+  // The model's parameters (the working copies), in the same order.
+  const std::vector<at::Tensor>& parameters() const { return params_; }
   // With flat_gradients, [total numel] fp32: every master's gradient is a view of it, in the
   // flat order; else undefined.
   at::Tensor& gradients() { return gradients_; }
@@ -67,9 +69,9 @@ class WorkingParameters {
   // Gives every master no gradient reached since BeginAccumulation a zero one (DDP sums every
   // bucket, used or not).
   void ZeroUnmoved();
-  // Before a step: when someone wrote the working copies since the last Refresh (their version
-  // counters say so; a step's own Refresh writes them too but is recorded), the masters take
-  // their values.
+  // Before a step: the masters of working copies someone wrote since the last Refresh (their
+  // version counters say so; Refresh writes the flat buffer, which bumps none of them) take
+  // those values; the others keep theirs.
   void AdoptWrittenWorkingCopies();
   // After the optimizer stepped the masters: the working copies become their bf16 rounding.
   void Refresh();
@@ -87,7 +89,7 @@ class WorkingParameters {
   WorkingParameters() = default;
   void PointParametersAt(const at::Tensor& flat);
   at::Tensor GradientView(int i);
-  int64_t WorkingVersion() const;
+  void RecordVersions();
 
   Named masters_;
   std::vector<at::Tensor> params_;
@@ -98,7 +100,7 @@ class WorkingParameters {
   std::vector<char> fresh_;  // per parameter: no gradient moved since BeginAccumulation
   std::function<void(int)> after_move_;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
-  int64_t refreshed_version_ = -1;
+  std::vector<int64_t> versions_;  // per parameter, at the last Refresh
   bool exposed_ = false;
 };
 

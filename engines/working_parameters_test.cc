@@ -128,8 +128,22 @@ TEST(WorkingParametersTest, RefreshRoundsTheSteppedMastersAndWrittenCopiesAreAdo
     torch::NoGradGuard no_grad;
     params[0].second.fill_(0.5);  // a write from outside the step
   }
+  const at::Tensor master_b = (*working)->masters()[1].second.clone();
   (*working)->AdoptWrittenWorkingCopies();
   EXPECT_TRUE(master_w.equal(torch::full({3, 5}, 0.5)));
+  EXPECT_TRUE((*working)->masters()[1].second.equal(master_b))
+      << "only the written parameter's master takes its working copy's rounding";
+}
+
+TEST(WorkingParametersTest, MastersGradientsClearedByHandStartAFreshAccumulation) {
+  WorkingParameters::Named params = TwoParameters();
+  auto working = WorkingParameters::Create(params);
+  ASSERT_TRUE(working.ok()) << working.status();
+  (*working)->InstallHooks(nullptr);
+  (params[0].second.sum() * 2).backward();
+  (*working)->masters()[0].second.mutable_grad() = at::Tensor();  // zero_grad, not ZeroGrad
+  (params[0].second.sum() * 3).backward();
+  EXPECT_TRUE((*working)->masters()[0].second.grad().equal(torch::full({3, 5}, 3.0)));
 }
 
 TEST(WorkingParametersTest, ExposeHandsOutTheMastersAndRestoreKeepsWhatWasWritten) {

@@ -6,6 +6,13 @@
 //
 //   class MyOptimizer : public torch::optim::Optimizer, public CheckpointableOptimizer { ... };
 //   std::map<std::string, at::Tensor> state = optimizer.ExportState(param);  // exp_avg, ...
+//
+// An optimizer that wraps another which steps other tensors in place of the model's parameters
+// (the fp32 masters of bf16 working copies, same shapes) implements StepsStandIns instead: the
+// checkpointer reads and writes a parameter's state as the inner optimizer's state of its
+// stand-in, whatever kind of optimizer that is.
+//
+//   StepsStandIns::StandIn s = wrapper.StandInFor(param);  // s.optimizer null: not trained
 #ifndef CPPTRAIN_MODULE_CHECKPOINTABLE_OPTIMIZER_H_
 #define CPPTRAIN_MODULE_CHECKPOINTABLE_OPTIMIZER_H_
 
@@ -15,6 +22,10 @@
 #include <string>
 
 #include "absl/status/status.h"
+
+namespace torch::optim {
+class Optimizer;
+}
 
 namespace cpptrain {
 
@@ -26,6 +37,16 @@ class CheckpointableOptimizer {
   virtual std::map<std::string, at::Tensor> ExportState(const at::Tensor& param) = 0;
   virtual absl::Status ImportState(const at::Tensor& param,
                                    const std::map<std::string, at::Tensor>& state) = 0;
+};
+
+class StepsStandIns {
+ public:
+  struct StandIn {
+    torch::optim::Optimizer* optimizer = nullptr;  // holds the state; null when not trained
+    at::Tensor tensor;                             // the one it steps for the parameter
+  };
+  virtual ~StepsStandIns() = default;
+  virtual StandIn StandInFor(const at::Tensor& param) = 0;
 };
 
 }  // namespace cpptrain

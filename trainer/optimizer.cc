@@ -265,7 +265,8 @@ bool FusedAdamW::FusedCudaStep(double scale) {
       exp_avg_sqs.push_back(s.exp_avg_sq);
       steps.push_back(s.step);
     }
-    if (scale != 1.0 && !grad_scale.defined() && !params.empty()) {
+    if (scale != 1.0 && !params.empty() &&
+        (!grad_scale.defined() || grad_scale.device() != params[0].device())) {
       grad_scale = torch::full({}, 1.0 / scale, params[0].options().dtype(torch::kFloat));
     }
     if (!FusedAdamWStep(params, grads, exp_avgs, exp_avg_sqs, steps, options.lr(),

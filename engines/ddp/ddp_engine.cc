@@ -332,6 +332,7 @@ void DdpEngine::ZeroGrad() {
     LocalEngine::ZeroGrad();
     return;
   }
+  CancelPendingClip();
   torch::NoGradGuard no_grad;
   for (auto& bucket : reducer_->buckets) bucket.buffer.zero_();
 }

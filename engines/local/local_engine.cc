@@ -15,6 +15,7 @@
 #include "base/torch_status.h"
 #include "engines/grad_utils.h"
 #include "engines/gradient_scaling.h"
+#include "engines/master_optimizer.h"
 #include "module/deferred.h"
 
 namespace cpptrain {
@@ -94,9 +95,16 @@ absl::Status LocalEngine::PrepareForTraining(std::shared_ptr<TrainableModel> mod
   if (working_ == nullptr && WantsWorkingCopies()) {
     CT_RETURN_IF_ERROR(MakeWorkingCopies({}, /*flat_gradients=*/false, nullptr));
   }
-  const NamedParameters params =
-      working_ != nullptr ? working_->masters() : UniqueTrainableParameters(*model_);
-  CT_ASSIGN_OR_RETURN(optimizer_, factory(params));
+  if (working_ == nullptr) {
+    CT_ASSIGN_OR_RETURN(optimizer_, factory(UniqueTrainableParameters(*model_)));
+    return absl::OkStatus();
+  }
+  CT_ASSIGN_OR_RETURN(std::unique_ptr<torch::optim::Optimizer> inner, factory(working_->masters()));
+  std::vector<std::pair<at::Tensor, at::Tensor>> masters;
+  for (size_t i = 0; i < working_->masters().size(); ++i) {
+    masters.emplace_back(working_->parameters()[i], working_->masters()[i].second);
+  }
+  optimizer_ = std::make_unique<MasterOptimizer>(std::move(inner), masters);
   return absl::OkStatus();
 }
 
@@ -211,11 +219,15 @@ absl::StatusOr<bool> LocalEngine::OptimizerStep() {
   return true;
 }
 
+void LocalEngine::CancelPendingClip() {
+  if (auto* scaling = dynamic_cast<ScalesGradientsInStep*>(optimizer_.get())) {
+    scaling->ScaleGradientsInNextStep(1.0);
+  }
+}
+
 void LocalEngine::ZeroGrad() {
   if (optimizer_ != nullptr) ClearGradients(*optimizer_);
-  if (auto* scaling = dynamic_cast<ScalesGradientsInStep*>(optimizer_.get())) {
-    scaling->ScaleGradientsInNextStep(1.0);  // a clip whose step was skipped
-  }
+  CancelPendingClip();  // a clip whose step was skipped
   if (working_ != nullptr) working_->BeginAccumulation();
 }
 

@@ -72,6 +72,8 @@ class LocalEngine : public Engine {
   // Unscales (fp16) once per step and records whether the step may proceed.
   absl::Status UnscaleOnce();
   void ClipOrDefer(const std::vector<torch::Tensor>& grads, double norm, double max_norm);
+  // Drops a clip coefficient handed to the optimizer's next step (ZeroGrad after a skipped step).
+  void CancelPendingClip();
 
   c10::Device device_;
   MixedPrecision precision_;

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "engines/testing/engine_testing.h"
+#include "module/checkpointable_optimizer.h"
 #include "module/testing/tied_blocks.h"
 
 namespace cpptrain {
@@ -123,6 +124,16 @@ TEST(LocalEngineTest, Bf16WorkingCopiesStepFp32Masters) {
   std::map<std::string, torch::Tensor> masters;
   for (const auto& item : model->named_parameters()) masters[item.key()] = item.value().clone();
   EXPECT_FALSE((*engine)->ExposeMasterWeights().ok()) << "a second Expose is refused";
+  // Checkpoints find each parameter's optimizer state under its master.
+  auto* stand_ins = dynamic_cast<StepsStandIns*>((*engine)->optimizer());
+  ASSERT_NE(stand_ins, nullptr);
+  const StepsStandIns::StandIn a_w = stand_ins->StandInFor(model->named_parameters()["a.w"]);
+  ASSERT_NE(a_w.optimizer, nullptr);
+  EXPECT_EQ(a_w.tensor.scalar_type(), torch::kFloat);
+  EXPECT_TRUE(a_w.tensor.equal(masters.at("a.w")));
+  EXPECT_NE(a_w.tensor.unsafeGetTensorImpl(),
+            model->named_parameters()["a.w"].unsafeGetTensorImpl());
+  EXPECT_EQ(stand_ins->StandInFor(torch::zeros({2})).optimizer, nullptr);
   ASSERT_TRUE((*engine)->RestoreWorkingWeights().ok());
   for (const auto& item : model->named_parameters()) {
     EXPECT_TRUE(item.value().equal(masters.at(item.key()).to(torch::kBFloat16))) << item.key();

@@ -26,7 +26,7 @@ ABSL_FLAG(std::string, resume, "", "resume_from_checkpoint");
 ABSL_FLAG(int, max_steps, 10, "optimizer steps in all");
 ABSL_FLAG(bool, use_cpu, false, "train on the CPU even where CUDA is available");
 ABSL_FLAG(bool, bf16, false,
-          "TrainingArguments.bf16 (ZeRO 1/2: bf16 working copies of fp32 masters)");
+          "TrainingArguments.bf16 (local, DDP and ZeRO 1/2: bf16 working copies of fp32 masters)");
 ABSL_FLAG(int, sigterm_at_step, 0, "the last rank raises SIGTERM on itself after this step");
 ABSL_FLAG(int, kill_at_step, 0,
           "the last rank raises SIGKILL on itself after this step, on the launcher's first "

@@ -8,7 +8,7 @@
 # must hold the masters (F32, not their bf16 rounding) for a resume to continue the run:
 #   ZeRO-2 bf16 2 -> ZeRO-1 bf16 2 (offload), and -> ZeRO-2 bf16 2 (offload), at one world
 #   size so the bf16 gradients are the same and only a lost master would show (a cross-size
-#   bf16 resume differs by ~1e-4 anyway)
+#   bf16 resume differs by ~1e-4 anyway); the local and DDP engines' bf16 working copies too
 # Stages 1 and 2 write what DDP writes (rank 0, whole tensors: the optimizer state gathered
 # from its owners); stage 3 writes what FSDP1 writes (rows split over the ranks).
 set -uo pipefail
@@ -38,6 +38,23 @@ for resumed in zero1bf_2 zero2obf_2; do
     echo "FAIL: $resumed does not continue the 2-rank bf16 ZeRO-2 run exactly"; fail=1
   fi
 done
+# bf16 working copies in the local and DDP engines: their checkpoints hold the fp32 masters and
+# each parameter's AdamW state (kept under its master), so a local resume continues its own run
+# exactly, and DDP resumed from the ZeRO-2 bf16 checkpoint (same world size and bf16 gradients;
+# the clip norm is summed in another order, so bf16 roundings drift apart by ~1e-4 as a
+# cross-size resume does) continues that run within the matrix's 1e-4.
+leg localbf_1 1 --engine=local --bf16
+leg localbf_1r 1 --engine=local --bf16 --resume="$TEST_TMPDIR/localbf_1/checkpoint-2"
+leg ddpbf_2 2 --engine=ddp --bf16 --resume="$TEST_TMPDIR/zero2bf_2/checkpoint-2"
+continues localbf_1 localbf_1r 0 ||
+  { echo "FAIL: local bf16 resumed does not continue its run exactly"; fail=1; }
+continues zero2bf_2 ddpbf_2 ||
+  { echo "FAIL: DDP bf16 resumed from ZeRO-2 bf16 does not continue that run"; fail=1; }
+grep -q "exp_avg_sq" "$TEST_TMPDIR/localbf_1/checkpoint-2/manifest.pb" ||
+  { echo "FAIL: the local bf16 checkpoint should hold the optimizer state"; fail=1; }
+header=$(head -c 100000 "$TEST_TMPDIR/localbf_1/checkpoint-2/model.safetensors" | tr -d '\0')
+[[ "$header" == *'"F32"'* && "$header" != *'"BF16"'* ]] ||
+  { echo "FAIL: the local bf16 checkpoint should hold the fp32 masters (F32), not BF16"; fail=1; }
 # The safetensors header (JSON after an 8-byte length) names each tensor's dtype.
 header=$(head -c 100000 "$TEST_TMPDIR/zero2bf_2/checkpoint-4/model.safetensors" | tr -d '\0')
 if [[ "$header" != *'"F32"'* || "$header" == *'"BF16"'* ]]; then

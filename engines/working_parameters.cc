@@ -13,15 +13,16 @@ namespace {
 
 class MoveGradientHook : public torch::autograd::FunctionPostHook {
  public:
-  MoveGradientHook(WorkingParameters* owner, int index) : owner_(owner), index_(index) {}
+  MoveGradientHook(HookOwner<WorkingParameters>::Handle owner, int index)
+      : owner_(std::move(owner)), index_(index) {}
   torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
                                             const torch::autograd::variable_list&) override {
-    owner_->MoveGradient(index_);
+    if (WorkingParameters* owner = owner_->load()) owner->MoveGradient(index_);
     return outputs;
   }
 
  private:
-  WorkingParameters* owner_;
+  HookOwner<WorkingParameters>::Handle owner_;
   int index_;
 };
 
@@ -89,7 +90,15 @@ absl::StatusOr<std::unique_ptr<WorkingParameters>> WorkingParameters::Create(
   return w;
 }
 
-WorkingParameters::~WorkingParameters() = default;
+// The model outlives its engine: it gets the masters back as its fp32 parameters (the trained
+// values at full precision), and the hooks on the old accumulators find no owner.
+WorkingParameters::~WorkingParameters() {
+  try {
+    if (!exposed_) PointParametersAt(master_);
+    for (at::Tensor& p : params_) p.mutable_grad() = at::Tensor();
+  } catch (const std::exception&) {  // nothing to do about it in a destructor
+  }
+}
 
 void WorkingParameters::PointParametersAt(const at::Tensor& flat) {
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -108,7 +117,7 @@ void WorkingParameters::InstallHooks(std::function<void(int)> after_move) {
   for (size_t i = 0; i < params_.size(); ++i) {
     std::shared_ptr<torch::autograd::Node> acc =
         torch::autograd::impl::grad_accumulator(params_[i]);
-    acc->add_post_hook(std::make_unique<MoveGradientHook>(this, static_cast<int>(i)));
+    acc->add_post_hook(std::make_unique<MoveGradientHook>(hooks_.handle(), static_cast<int>(i)));
     accumulators_.push_back(std::move(acc));
   }
 }

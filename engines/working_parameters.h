@@ -17,6 +17,7 @@
 //   optimizer = factory(working->masters());     // same names and shapes, fp32
 //   ... backward ...; optimizer->step(); working->Refresh();
 //   ClearGradients(*optimizer); working->BeginAccumulation();
+// When it is destroyed the model's parameters become the fp32 masters again.
 #ifndef CPPTRAIN_ENGINES_WORKING_PARAMETERS_H_
 #define CPPTRAIN_ENGINES_WORKING_PARAMETERS_H_
 
@@ -29,6 +30,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "engines/hook_owner.h"
 
 namespace torch::autograd {
 struct Node;
@@ -102,6 +104,7 @@ class WorkingParameters {
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
   std::vector<int64_t> versions_;  // per parameter, at the last Refresh
   bool exposed_ = false;
+  HookOwner<WorkingParameters> hooks_{this};  // last: cleared first
 };
 
 }  // namespace cpptrain

@@ -169,6 +169,27 @@ TEST(WorkingParametersTest, ExposeHandsOutTheMastersAndRestoreKeepsWhatWasWritte
   EXPECT_TRUE((*working)->masters()[0].second.grad().defined());
 }
 
+// The model outlives the engine: destroying the working copies gives it the fp32 masters back
+// as its parameters, and a backward afterwards (a second Trainer) runs no hook of theirs.
+TEST(WorkingParametersTest, DestroyingThemGivesTheModelItsFp32MastersBack) {
+  WorkingParameters::Named params = TwoParameters();
+  auto working = WorkingParameters::Create(params);
+  ASSERT_TRUE(working.ok()) << working.status();
+  (*working)->InstallHooks(nullptr);
+  at::Tensor master_w = (*working)->masters()[0].second;
+  {
+    torch::NoGradGuard no_grad;
+    master_w.add_(1e-3);  // a step, not refreshed into the working copy
+  }
+  const at::Tensor want = master_w.clone();
+  working->reset();
+  EXPECT_EQ(params[0].second.scalar_type(), at::kFloat);
+  EXPECT_TRUE(params[0].second.equal(want));
+  (params[0].second.sum() * 2).backward();  // the old hooks are gone with the accumulator
+  ASSERT_TRUE(params[0].second.grad().defined()) << "the gradient stays where autograd put it";
+  EXPECT_TRUE(params[0].second.grad().equal(torch::full({3, 5}, 2.0)));
+}
+
 TEST(WorkingParametersTest, RefusesANonFp32ParameterAndABadOrder) {
   WorkingParameters::Named half = {{"h", torch::zeros({2}, at::kBFloat16).set_requires_grad(true)}};
   auto refused = WorkingParameters::Create(half);

@@ -13,6 +13,7 @@
 #include "base/status.h"
 #include "base/torch_status.h"
 #include "engines/grad_utils.h"
+#include "engines/hook_owner.h"
 #include "engines/host_collectives.h"
 #include "engines/working_parameters.h"
 
@@ -42,6 +43,7 @@ struct DdpEngine::Reducer {
   bool in_backward = false;     // inside a synchronized Engine::Backward
   bool stray_backward = false;  // gradients came from a backward that bypassed Backward()
   absl::Status error;
+  HookOwner<Reducer> hooks{this};  // last: cleared first, so hooks outliving the engine stop
 
   // Nothing ready, nothing launched: the state at the start of a synchronized backward.
   void BeginLocked() {
@@ -132,15 +134,16 @@ namespace {
 
 class GradientReadyHook : public torch::autograd::FunctionPostHook {
  public:
-  GradientReadyHook(DdpEngine::Reducer* reducer, int index) : reducer_(reducer), index_(index) {}
+  GradientReadyHook(HookOwner<DdpEngine::Reducer>::Handle reducer, int index)
+      : reducer_(std::move(reducer)), index_(index) {}
   torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
                                             const torch::autograd::variable_list&) override {
-    reducer_->OnGradientAccumulated(index_);
+    if (DdpEngine::Reducer* reducer = reducer_->load()) reducer->OnGradientAccumulated(index_);
     return outputs;
   }
 
  private:
-  DdpEngine::Reducer* reducer_;
+  HookOwner<DdpEngine::Reducer>::Handle reducer_;
   int index_;
 };
 
@@ -196,7 +199,7 @@ void BuildBuckets(DdpEngine::Reducer& reducer, const std::vector<std::vector<int
     std::shared_ptr<torch::autograd::Node> accumulator =
         torch::autograd::impl::grad_accumulator(reducer.params[i]);
     accumulator->add_post_hook(
-        std::make_unique<GradientReadyHook>(&reducer, static_cast<int>(i)));
+        std::make_unique<GradientReadyHook>(reducer.hooks.handle(), static_cast<int>(i)));
     reducer.accumulators.push_back(std::move(accumulator));
   }
 }

@@ -5,6 +5,7 @@
 #include <atomic>
 
 #include <gtest/gtest.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/torch.h>
 
 #include "base/status.h"
@@ -262,6 +263,41 @@ TEST(DdpEngineTest, Bf16WorkingCopiesEqualOneProcessAccumulatingBothBatches) {
     }
     return absl::OkStatus();
   }).ok());
+}
+
+// A model outlives its engine: after the first DDP engine is gone, a second trains the same
+// model (two Trainers in turn) and its gradients are summed once, by the second's buckets.
+TEST(DdpEngineTest, ASecondEngineTrainsTheModelTheFirstLeft) {
+  for (MixedPrecision precision : {MixedPrecision::kNone, MixedPrecision::kBf16}) {
+    ASSERT_TRUE(RunRanksAsThreads(2, [&](int rank, c10::intrusive_ptr<c10d::Store> store) {
+      auto model = std::make_shared<testing::TiedBlocks>(1);
+      const Batch batch = testing::TiedBlocks::Inputs(3, 30 + rank);
+      for (int round = 0; round < 2; ++round) {
+        auto round_store =
+            c10::make_intrusive<c10d::PrefixStore>("round" + std::to_string(round), store);
+        auto comm = GlooCommunicator::Create(round_store, rank, 2, std::chrono::seconds(30));
+        if (!comm.ok()) return comm.status();
+        auto engine = DdpEngine::Create(proto::DdpConfig(), precision, c10::Device(c10::kCPU),
+                                        std::move(*comm));
+        if (!engine.ok()) return engine.status();
+        CT_RETURN_IF_ERROR((*engine)->PrepareForTraining(model, testing::SgdFactory(0.5)));
+        EXPECT_EQ(model->named_parameters()["a.w"].scalar_type(),
+                  precision == MixedPrecision::kBf16 ? torch::kBFloat16 : torch::kFloat);
+        torch::Tensor loss;
+        {
+          auto scope = (*engine)->EnterForward();
+          loss = model->LossSum(model->Forward(batch), batch);
+        }
+        CT_RETURN_IF_ERROR((*engine)->Backward(loss));
+        CT_ASSIGN_OR_RETURN(double norm, (*engine)->ClipGradNorm(0));
+        EXPECT_GT(norm, 0) << "round " << round;
+        CT_RETURN_IF_ERROR((*engine)->OptimizerStep().status());
+      }
+      EXPECT_EQ(model->named_parameters()["a.w"].scalar_type(), torch::kFloat)
+          << "with the engines gone the model holds its fp32 values";
+      return absl::OkStatus();
+    }).ok());
+  }
 }
 
 // broadcast_buffers: a buffer a rank changed (running statistics) is rank 0's again at the

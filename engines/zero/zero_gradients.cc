@@ -14,15 +14,16 @@ namespace {
 
 class GradientHook : public torch::autograd::FunctionPostHook {
  public:
-  GradientHook(ZeroGradients* owner, int index) : owner_(owner), index_(index) {}
+  GradientHook(HookOwner<ZeroGradients>::Handle owner, int index)
+      : owner_(std::move(owner)), index_(index) {}
   torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
                                             const torch::autograd::variable_list&) override {
-    owner_->OnGradient(index_);
+    if (ZeroGradients* owner = owner_->load()) owner->OnGradient(index_);
     return outputs;
   }
 
  private:
-  ZeroGradients* owner_;
+  HookOwner<ZeroGradients>::Handle owner_;
   int index_;
 };
 
@@ -63,7 +64,7 @@ void ZeroGradients::Install() {
   for (size_t i = 0; i < params_.size(); ++i) {
     std::shared_ptr<torch::autograd::Node> acc =
         torch::autograd::impl::grad_accumulator(params_[i]);
-    acc->add_post_hook(std::make_unique<GradientHook>(this, static_cast<int>(i)));
+    acc->add_post_hook(std::make_unique<GradientHook>(hooks_.handle(), static_cast<int>(i)));
     accumulators_.push_back(std::move(acc));
   }
 }

@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "engines/hook_owner.h"
 #include "engines/zero/host_copies.h"
 #include "engines/zero/zero_layout.h"
 #include "sharding/communicator.h"
@@ -127,6 +128,7 @@ class ZeroGradients {
   std::unique_ptr<Work> work_;
   absl::Status error_;
   int64_t peak_buffer_bytes_ = 0;
+  HookOwner<ZeroGradients> hooks_{this};  // last: cleared first, so hooks outliving it stop
 };
 
 }  // namespace cpptrain

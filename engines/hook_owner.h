@@ -4,13 +4,17 @@
 // as its last member; when the owner goes, the hooks left behind find nothing and do nothing.
 //
 //   HookOwner<Reducer> hooks{this};                        // the owner's last member
-//   accumulator->add_post_hook(std::make_unique<MyHook>(hooks.handle(), i));
-//   ... in the hook:  if (Reducer* r = handle->load()) r->OnGradient(i);
+//   accumulators_ = InstallGradientHooks<Reducer, &Reducer::OnGradient>(params, hooks.handle());
+//   ... after each accumulation into params[i].grad, while the owner lives: OnGradient(i)
 #ifndef CPPTRAIN_ENGINES_HOOK_OWNER_H_
 #define CPPTRAIN_ENGINES_HOOK_OWNER_H_
 
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
 #include <atomic>
 #include <memory>
+#include <vector>
 
 namespace cpptrain {
 
@@ -29,6 +33,43 @@ class HookOwner {
  private:
   std::shared_ptr<std::atomic<T*>> cell_;
 };
+
+namespace internal {
+
+template <typename T, void (T::*OnGradient)(int)>
+class OwnedGradientHook : public torch::autograd::FunctionPostHook {
+ public:
+  OwnedGradientHook(typename HookOwner<T>::Handle owner, int index)
+      : owner_(std::move(owner)), index_(index) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list&) override {
+    if (T* owner = owner_->load()) (owner->*OnGradient)(index_);
+    return outputs;
+  }
+
+ private:
+  typename HookOwner<T>::Handle owner_;
+  int index_;
+};
+
+}  // namespace internal
+
+// A post-hook on each parameter's current gradient accumulator that calls
+// (owner->*OnGradient)(i) for params[i] while the owner lives. The accumulators returned keep
+// the hooks; a parameter given another dtype or device by set_data gets a new accumulator
+// without them (install again).
+template <typename T, void (T::*OnGradient)(int)>
+std::vector<std::shared_ptr<torch::autograd::Node>> InstallGradientHooks(
+    const std::vector<at::Tensor>& params, typename HookOwner<T>::Handle owner) {
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;
+  for (size_t i = 0; i < params.size(); ++i) {
+    std::shared_ptr<torch::autograd::Node> acc = torch::autograd::impl::grad_accumulator(params[i]);
+    acc->add_post_hook(
+        std::make_unique<internal::OwnedGradientHook<T, OnGradient>>(owner, static_cast<int>(i)));
+    accumulators.push_back(std::move(acc));
+  }
+  return accumulators;
+}
 
 }  // namespace cpptrain
 

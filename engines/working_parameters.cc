@@ -1,6 +1,5 @@
 #include "engines/working_parameters.h"
 
-#include <torch/csrc/autograd/function_hook.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -10,21 +9,6 @@
 
 namespace cpptrain {
 namespace {
-
-class MoveGradientHook : public torch::autograd::FunctionPostHook {
- public:
-  MoveGradientHook(HookOwner<WorkingParameters>::Handle owner, int index)
-      : owner_(std::move(owner)), index_(index) {}
-  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
-                                            const torch::autograd::variable_list&) override {
-    if (WorkingParameters* owner = owner_->load()) owner->MoveGradient(index_);
-    return outputs;
-  }
-
- private:
-  HookOwner<WorkingParameters>::Handle owner_;
-  int index_;
-};
 
 absl::Status CheckOrder(const std::vector<int>& order, size_t n) {
   std::vector<char> seen(n, 0);
@@ -113,13 +97,8 @@ void WorkingParameters::RecordVersions() {
 
 void WorkingParameters::InstallHooks(std::function<void(int)> after_move) {
   after_move_ = std::move(after_move);
-  accumulators_.clear();
-  for (size_t i = 0; i < params_.size(); ++i) {
-    std::shared_ptr<torch::autograd::Node> acc =
-        torch::autograd::impl::grad_accumulator(params_[i]);
-    acc->add_post_hook(std::make_unique<MoveGradientHook>(hooks_.handle(), static_cast<int>(i)));
-    accumulators_.push_back(std::move(acc));
-  }
+  accumulators_ = InstallGradientHooks<WorkingParameters, &WorkingParameters::MoveGradient>(
+      params_, hooks_.handle());
 }
 
 at::Tensor WorkingParameters::GradientView(int i) {

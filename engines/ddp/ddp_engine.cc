@@ -4,7 +4,6 @@
 #include <mutex>
 #include <utility>
 
-#include <torch/csrc/autograd/function_hook.h>
 #include <torch/torch.h>
 
 #include "absl/strings/str_cat.h"
@@ -132,21 +131,6 @@ struct DdpEngine::Reducer {
 
 namespace {
 
-class GradientReadyHook : public torch::autograd::FunctionPostHook {
- public:
-  GradientReadyHook(HookOwner<DdpEngine::Reducer>::Handle reducer, int index)
-      : reducer_(std::move(reducer)), index_(index) {}
-  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
-                                            const torch::autograd::variable_list&) override {
-    if (DdpEngine::Reducer* reducer = reducer_->load()) reducer->OnGradientAccumulated(index_);
-    return outputs;
-  }
-
- private:
-  HookOwner<DdpEngine::Reducer>::Handle reducer_;
-  int index_;
-};
-
 // Parameters in reverse registration order (roughly the order backward produces gradients),
 // grouped into buckets of up to `cap_bytes` and of one dtype.
 std::vector<std::vector<int>> GroupIntoBuckets(const std::vector<at::Tensor>& params,
@@ -195,13 +179,9 @@ void BuildBuckets(DdpEngine::Reducer& reducer, const std::vector<std::vector<int
     reducer.buckets.push_back(std::move(bucket));
   }
   if (reducer.working != nullptr) return;
-  for (size_t i = 0; i < reducer.params.size(); ++i) {
-    std::shared_ptr<torch::autograd::Node> accumulator =
-        torch::autograd::impl::grad_accumulator(reducer.params[i]);
-    accumulator->add_post_hook(
-        std::make_unique<GradientReadyHook>(reducer.hooks.handle(), static_cast<int>(i)));
-    reducer.accumulators.push_back(std::move(accumulator));
-  }
+  reducer.accumulators =
+      InstallGradientHooks<DdpEngine::Reducer, &DdpEngine::Reducer::OnGradientAccumulated>(
+          reducer.params, reducer.hooks.handle());
 }
 
 }  // namespace

@@ -1,6 +1,5 @@
 #include "engines/zero/zero_gradients.h"
 
-#include <torch/csrc/autograd/function_hook.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -10,24 +9,6 @@
 #include "kernels/cpu_adamw.h"
 
 namespace cpptrain {
-namespace {
-
-class GradientHook : public torch::autograd::FunctionPostHook {
- public:
-  GradientHook(HookOwner<ZeroGradients>::Handle owner, int index)
-      : owner_(std::move(owner)), index_(index) {}
-  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
-                                            const torch::autograd::variable_list&) override {
-    if (ZeroGradients* owner = owner_->load()) owner->OnGradient(index_);
-    return outputs;
-  }
-
- private:
-  HookOwner<ZeroGradients>::Handle owner_;
-  int index_;
-};
-
-}  // namespace
 
 ZeroGradients::ZeroGradients(const ZeroLayout& layout, std::vector<at::Tensor> params,
                              Communicator* comm, c10::Device device, bool keep_full,
@@ -61,12 +42,8 @@ ZeroGradients::~ZeroGradients() {
 
 void ZeroGradients::Install() {
   if (!accumulators_.empty()) return;
-  for (size_t i = 0; i < params_.size(); ++i) {
-    std::shared_ptr<torch::autograd::Node> acc =
-        torch::autograd::impl::grad_accumulator(params_[i]);
-    acc->add_post_hook(std::make_unique<GradientHook>(hooks_.handle(), static_cast<int>(i)));
-    accumulators_.push_back(std::move(acc));
-  }
+  accumulators_ =
+      InstallGradientHooks<ZeroGradients, &ZeroGradients::OnGradient>(params_, hooks_.handle());
 }
 
 void ZeroGradients::Reinstall() {

@@ -189,7 +189,7 @@ TEST(OptimizerTest, GradientScaleInTheStepEqualsClippingFirst) {
 // On CUDA the fused kernel takes the coefficient too (as a device scalar it divides by): within
 // a rounding of clipping first, for one step. Runs on GPU hosts only.
 TEST(OptimizerTest, FusedCudaStepTakesTheClipCoefficient) {
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "SKIPPED: needs a CUDA device";
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "needs a CUDA device";
   const auto cuda = torch::TensorOptions().device(torch::kCUDA);
   torch::manual_seed(11);
   std::vector<torch::Tensor> mine, clipped_first;

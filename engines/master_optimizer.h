@@ -1,8 +1,8 @@
 // The optimizer the local and DDP engines hand out when they train bf16 working copies
 // (engines/working_parameters.h): the real one, built by the Trainer's factory, steps the fp32
 // masters; this wrapper is what the Trainer, its callbacks and the checkpointer see. Its
-// parameter groups are the inner optimizer's (the masters; the learning rate the Trainer sets
-// is copied in at every step), a model parameter's optimizer state is its master's
+// parameter groups are the inner optimizer's (the masters; engines/wrapping_optimizer.h), a
+// model parameter's optimizer state is its master's
 // (StepsStandIns: checkpoints are the ones an fp32 run writes), and a clip coefficient passes
 // through to the inner optimizer (ScalesGradientsInStep).
 //
@@ -20,11 +20,12 @@
 #include <vector>
 
 #include "engines/gradient_scaling.h"
+#include "engines/wrapping_optimizer.h"
 #include "module/checkpointable_optimizer.h"
 
 namespace cpptrain {
 
-class MasterOptimizer : public torch::optim::Optimizer,
+class MasterOptimizer : public WrappingOptimizer,
                         public StepsStandIns,
                         public ScalesGradientsInStep {
  public:
@@ -32,15 +33,11 @@ class MasterOptimizer : public torch::optim::Optimizer,
   MasterOptimizer(std::unique_ptr<torch::optim::Optimizer> inner,
                   const std::vector<std::pair<at::Tensor, at::Tensor>>& masters);
 
-  torch::Tensor step(LossClosure closure = nullptr) override;
-  torch::optim::Optimizer& inner() { return *inner_; }
-
   StandIn StandInFor(const at::Tensor& param) override;
   // False when the inner optimizer cannot take it.
   bool ScaleGradientsInNextStep(double scale) override;
 
  private:
-  std::unique_ptr<torch::optim::Optimizer> inner_;
   std::unordered_map<const c10::TensorImpl*, at::Tensor> master_of_;
 };
 

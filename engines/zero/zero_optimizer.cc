@@ -10,14 +10,6 @@
 namespace cpptrain {
 namespace {
 
-std::vector<torch::optim::OptimizerParamGroup> MirrorGroups(torch::optim::Optimizer& inner) {
-  std::vector<torch::optim::OptimizerParamGroup> groups;
-  for (auto& group : inner.param_groups()) {
-    groups.emplace_back(group.params(), group.options().clone());
-  }
-  return groups;
-}
-
 // State shaped like the piece (exp_avg, ...), as opposed to scalars (step).
 bool ShapedLikePiece(const at::Tensor& value, const at::Tensor& piece) {
   return value.dim() == 1 && value.numel() == piece.numel();
@@ -27,8 +19,7 @@ bool ShapedLikePiece(const at::Tensor& value, const at::Tensor& piece) {
 
 ZeroOptimizer::ZeroOptimizer(std::unique_ptr<torch::optim::Optimizer> inner,
                              std::vector<Piece> pieces, Communicator* comm, c10::Device device)
-    : torch::optim::Optimizer(MirrorGroups(*inner), inner->defaults().clone()),
-      inner_(std::move(inner)),
+    : WrappingOptimizer(std::move(inner)),
       pieces_(std::move(pieces)),
       comm_(comm),
       device_(device) {
@@ -40,14 +31,6 @@ ZeroOptimizer::ZeroOptimizer(std::unique_ptr<torch::optim::Optimizer> inner,
     LOG(WARNING) << "ZeRO: the optimizer does not implement CheckpointableOptimizer, so "
                     "checkpoints will hold no optimizer state (the Trainer's AdamW does)";
   }
-}
-
-torch::Tensor ZeroOptimizer::step(LossClosure closure) {
-  auto& inner_groups = inner_->param_groups();
-  for (size_t i = 0; i < inner_groups.size() && i < param_groups_.size(); ++i) {
-    inner_groups[i].set_options(param_groups_[i].options().clone());
-  }
-  return inner_->step(std::move(closure));
 }
 
 const ZeroOptimizer::Piece* ZeroOptimizer::Find(const at::Tensor& param) const {

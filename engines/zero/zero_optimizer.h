@@ -1,8 +1,7 @@
 // The optimizer ZeRO stages 1 and 2 hand to the Trainer and the checkpointer. The real
 // optimizer (built by the Trainer's factory) steps 1-d pieces: each rank's owned range of
 // each parameter (engines/zero/zero_layout.h). This wrapper keeps the Trainer's view: its
-// parameter groups mirror the inner optimizer's (the learning rate the Trainer sets is copied
-// in at every step), and as a CheckpointableOptimizer it exports and imports state per *model*
+// parameter groups mirror the inner optimizer's (engines/wrapping_optimizer.h), and as a CheckpointableOptimizer it exports and imports state per *model*
 // parameter at the parameter's full shape, so a ZeRO checkpoint is the one a local or DDP run
 // writes (rank 0 writes it whole) and any engine at any world size reads it.
 //
@@ -26,12 +25,13 @@
 #include <unordered_map>
 #include <vector>
 
+#include "engines/wrapping_optimizer.h"
 #include "module/checkpointable_optimizer.h"
 #include "sharding/communicator.h"
 
 namespace cpptrain {
 
-class ZeroOptimizer : public torch::optim::Optimizer, public CheckpointableOptimizer {
+class ZeroOptimizer : public WrappingOptimizer, public CheckpointableOptimizer {
  public:
   struct Piece {
     at::Tensor param;   // the model's (replicated) parameter
@@ -42,9 +42,6 @@ class ZeroOptimizer : public torch::optim::Optimizer, public CheckpointableOptim
   // `comm` (not owned) serves tensors on `device`; it must outlive this.
   ZeroOptimizer(std::unique_ptr<torch::optim::Optimizer> inner, std::vector<Piece> pieces,
                 Communicator* comm, c10::Device device);
-
-  torch::Tensor step(LossClosure closure = nullptr) override;
-  torch::optim::Optimizer& inner() { return *inner_; }
 
   // Full-shaped state of a model parameter (collective); empty before the first step.
   std::map<std::string, at::Tensor> ExportState(const at::Tensor& param) override;
@@ -59,7 +56,6 @@ class ZeroOptimizer : public torch::optim::Optimizer, public CheckpointableOptim
  private:
   const Piece* Find(const at::Tensor& param) const;
 
-  std::unique_ptr<torch::optim::Optimizer> inner_;
   std::vector<Piece> pieces_;
   std::unordered_map<const c10::TensorImpl*, size_t> by_param_;
   CheckpointableOptimizer* checkpointable_ = nullptr;  // inner_, when it is one

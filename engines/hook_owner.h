@@ -9,6 +9,7 @@
 #ifndef CPPTRAIN_ENGINES_HOOK_OWNER_H_
 #define CPPTRAIN_ENGINES_HOOK_OWNER_H_
 
+#include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 

@@ -91,8 +91,30 @@ bool FusedAdamWStep(const std::vector<at::Tensor>& params, const std::vector<at:
   return true;
 }
 
+bool HasFusedAdamWWithDeviceLr() { return true; }
+
+bool FusedAdamWStepWithDeviceLr(const std::vector<at::Tensor>& params,
+                                const std::vector<at::Tensor>& grads,
+                                const std::vector<at::Tensor>& exp_avgs,
+                                const std::vector<at::Tensor>& exp_avg_sqs,
+                                const std::vector<at::Tensor>& steps, const at::Tensor& lr,
+                                double beta1, double beta2, double weight_decay, double eps,
+                                const at::Tensor& grad_scale) {
+  if (params.empty()) return true;
+  at::_foreach_add_(steps, 1);
+  at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, steps, lr,
+                    beta1, beta2, weight_decay, eps, /*amsgrad=*/false, /*maximize=*/false,
+                    grad_scale.defined() ? c10::optional<at::Tensor>(grad_scale) : c10::nullopt);
+  return true;
+}
+
 at::ScalarType AutocastDtype(at::DeviceType device_type) {
   return at::autocast::get_autocast_dtype(device_type);
+}
+
+void MultiplyByDeviceScalar(const std::vector<at::Tensor>& tensors, const at::Tensor& scalar) {
+  if (tensors.empty()) return;
+  at::_foreach_mul_(tensors, scalar.to(tensors[0].device(), tensors[0].scalar_type()));
 }
 
 at::Tensor CausalAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
@@ -147,9 +169,22 @@ bool FusedAdamWStep(const std::vector<at::Tensor>&, const std::vector<at::Tensor
   return false;
 }
 
+bool HasFusedAdamWWithDeviceLr() { return false; }
+
+bool FusedAdamWStepWithDeviceLr(const std::vector<at::Tensor>&, const std::vector<at::Tensor>&,
+                                const std::vector<at::Tensor>&, const std::vector<at::Tensor>&,
+                                const std::vector<at::Tensor>&, const at::Tensor&, double, double,
+                                double, double, const at::Tensor&) {
+  return false;
+}
+
 at::ScalarType AutocastDtype(at::DeviceType device_type) {
   return device_type == at::kCPU ? at::autocast::get_autocast_cpu_dtype()
                                  : at::autocast::get_autocast_gpu_dtype();
+}
+
+void MultiplyByDeviceScalar(const std::vector<at::Tensor>& tensors, const at::Tensor& scalar) {
+  for (const at::Tensor& t : tensors) t.mul_(scalar.to(t.device(), t.scalar_type()));
 }
 
 at::Tensor CausalAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {

@@ -65,6 +65,23 @@ bool FusedAdamWStep(const std::vector<at::Tensor>& params, const std::vector<at:
                     const std::vector<at::Tensor>& steps, double lr, double beta1, double beta2,
                     double weight_decay, double eps, const at::Tensor& grad_scale = {});
 
+// FusedAdamWStep with the learning rate read from `lr` (one fp32 element on the parameters'
+// device) as the kernel runs, so a CUDA graph of the step replays with whatever `lr` holds then.
+// False where this LibTorch has no such kernel (1.13), which HasFusedAdamWWithDeviceLr says.
+bool HasFusedAdamWWithDeviceLr();
+bool FusedAdamWStepWithDeviceLr(const std::vector<at::Tensor>& params,
+                                const std::vector<at::Tensor>& grads,
+                                const std::vector<at::Tensor>& exp_avgs,
+                                const std::vector<at::Tensor>& exp_avg_sqs,
+                                const std::vector<at::Tensor>& steps, const at::Tensor& lr,
+                                double beta1, double beta2, double weight_decay, double eps,
+                                const at::Tensor& grad_scale = {});
+
+// Multiplies every tensor of `tensors` (one device, one dtype) in place by `scalar`, a 0-dim
+// tensor on that device, without reading it on the host: one multi-tensor kernel in 2.x, which
+// takes the scalar in the tensors' dtype (so it is rounded to it first); a mul_ each in 1.13.
+void MultiplyByDeviceScalar(const std::vector<at::Tensor>& tensors, const at::Tensor& scalar);
+
 // Causal self-attention. q: [B, H, T, D]; k, v: [B, Hkv, T, D] with H a multiple of Hkv
 // (grouped-query attention). Returns [B, H, T, D]. Uses the fused kernel where LibTorch has
 // one (2.x), a reference implementation otherwise.

@@ -11,7 +11,7 @@
 //     loss = ComputeLoss(*model, batch, num_items);
 //   }
 //   CT_RETURN_IF_ERROR(engine->Backward(loss));
-//   CT_ASSIGN_OR_RETURN(double norm, engine->ClipGradNorm(1.0));
+//   CT_ASSIGN_OR_RETURN(torch::Tensor norm, engine->ClipGradNorm(1.0));   // on the device
 //   CT_ASSIGN_OR_RETURN(bool stepped, engine->OptimizerStep());
 //   engine->ZeroGrad();
 #ifndef CPPTRAIN_ENGINES_ENGINE_H_
@@ -69,11 +69,13 @@ class Engine : public HostGroup {
   // Off for the non-final micro-batches of an accumulation: no gradient communication.
   virtual void SetGradientSync(bool enabled) = 0;
 
-  // The global L2 norm of all gradients (over every rank's part), before clipping. When
-  // max_norm > 0, gradients are scaled so their norm is at most max_norm, by the next
-  // OptimizerStep at the latest: ZeRO-Offload hands the coefficient to the optimizer's step
-  // (engines/gradient_scaling.h), so until then its gradients read unclipped.
-  virtual absl::StatusOr<double> ClipGradNorm(double max_norm) = 0;
+  // The global L2 norm of all gradients (over every rank's part), before clipping, as a
+  // one-element floating tensor, on the engine's device where it was computed there: the host
+  // does not wait for it (read it when it is needed, e.g. to log it). When max_norm > 0,
+  // gradients are scaled so their norm is at most max_norm, by the next OptimizerStep at the
+  // latest: engines whose optimizer can scale the gradients as it reads them hand it the
+  // coefficient (engines/gradient_scaling.h), so until then their gradients read unclipped.
+  virtual absl::StatusOr<torch::Tensor> ClipGradNorm(double max_norm) = 0;
 
   // Applies the optimizer. Returns false when the step was skipped on every rank (for
   // example an fp16 overflow).

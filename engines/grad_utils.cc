@@ -1,8 +1,12 @@
 #include "engines/grad_utils.h"
 
+#include <map>
+#include <string>
 #include <unordered_set>
 
 #include <ATen/ATen.h>
+
+#include "base/torch_compat.h"
 
 namespace cpptrain {
 
@@ -44,6 +48,25 @@ void ClipByNorm(const std::vector<at::Tensor>& grads, double norm, double max_no
   const double coefficient = ClipCoefficient(norm, max_norm);
   if (coefficient >= 1.0 || grads.empty()) return;
   at::_foreach_mul_(grads, coefficient);
+}
+
+at::Tensor ClipCoefficient(const at::Tensor& norm, double max_norm) {
+  const at::Tensor norm64 = norm.reshape({}).to(at::kDouble);
+  // A division of two tensors, so the quotient is rounded once as max_norm / (norm + 1e-6) is
+  // on the host (dividing a Scalar by a tensor multiplies by the reciprocal).
+  return at::full({}, max_norm, norm64.options()).div(norm64 + 1e-6).clamp_max(1.0);
+}
+
+void ScaleGradients(const std::vector<at::Tensor>& grads, const at::Tensor& coefficient) {
+  if (grads.empty()) return;
+  if (coefficient.device().is_cpu() && grads[0].device().is_cpu()) {
+    const double value = coefficient.item<double>();
+    if (value < 1.0) at::_foreach_mul_(grads, value);
+    return;
+  }
+  std::map<std::pair<std::string, at::ScalarType>, std::vector<at::Tensor>> groups;
+  for (const at::Tensor& g : grads) groups[{g.device().str(), g.scalar_type()}].push_back(g);
+  for (const auto& [key, tensors] : groups) MultiplyByDeviceScalar(tensors, coefficient);
 }
 
 void ClearGradients(torch::optim::Optimizer& optimizer) {

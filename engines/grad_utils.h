@@ -1,11 +1,13 @@
 // Parameter and gradient helpers every engine shares: the trainable parameters of a model
 // with each tensor once (tied weights are registered under several names), the gradients an
 // optimizer steps, their global L2 norm, clipping by a precomputed norm, and clearing them.
+// Clipping by a norm that stays on the device (ClipCoefficient of a tensor, ScaleGradients)
+// never waits for the device; ClipByNorm takes the norm's host value.
 //
 //   NamedParameters params = UniqueTrainableParameters(*model);   // optimizer factory input
 //   std::vector<at::Tensor> grads = Gradients(optimizer);
 //   at::Tensor norm = GlobalNorm(grads);       // fp32 scalar on the gradients' device
-//   ClipByNorm(grads, norm.item<double>(), 1.0);
+//   ScaleGradients(grads, ClipCoefficient(norm, 1.0));            // no host sync
 #ifndef CPPTRAIN_ENGINES_GRAD_UTILS_H_
 #define CPPTRAIN_ENGINES_GRAD_UTILS_H_
 
@@ -39,6 +41,17 @@ double ClipCoefficient(double norm, double max_norm);
 
 // Multiplies every gradient by ClipCoefficient(norm, max_norm) when that is below 1.
 void ClipByNorm(const std::vector<at::Tensor>& grads, double norm, double max_norm);
+
+// min(ClipCoefficient(norm, max_norm), 1) as a 0-dim float64 tensor on `norm`'s device (norm: a
+// one-element tensor of any floating dtype), computed there in double from the norm's value, so
+// bitwise the host function's result, without reading the norm on the host.
+at::Tensor ClipCoefficient(const at::Tensor& norm, double max_norm);
+
+// Multiplies every gradient by `coefficient` (a 0-dim tensor, ClipCoefficient's): CPU gradients
+// through its host value exactly as ClipByNorm does (nothing when it is 1), device gradients
+// without reading it back, one multi-tensor kernel per dtype with the coefficient rounded to it
+// (bitwise ClipByNorm's for fp32 gradients; PyTorch's clip_grad_norm_ does the same).
+void ScaleGradients(const std::vector<at::Tensor>& grads, const at::Tensor& coefficient);
 
 // Sets every parameter's gradient to none (undefined), releasing its memory.
 void ClearGradients(torch::optim::Optimizer& optimizer);

@@ -1,17 +1,21 @@
 // An optimizer that can multiply the gradients by a factor as its next step reads them, so that
 // clipping costs no pass of its own over them. ZeRO-Offload clips its host gradients this way,
 // and the local and DDP engines their device gradients (trainer/optimizer.h's FusedAdamW does
-// it in its CPU AdamW kernel and in PyTorch's fused CUDA kernel):
+// it in its CPU AdamW kernel and in PyTorch's fused CUDA kernel). The factor is a 0-dim tensor,
+// so a clip coefficient computed on the device reaches the device step without a host sync:
 //
+//   at::Tensor coefficient = ClipCoefficient(norm, max_norm);    // engines/grad_utils.h
 //   auto* scaling = dynamic_cast<ScalesGradientsInStep*>(&optimizer);
 //   if (scaling == nullptr || !scaling->ScaleGradientsInNextStep(coefficient)) {
-//     at::_foreach_mul_(grads, coefficient);   // scale them yourself
+//     ScaleGradients(grads, coefficient);   // scale them yourself
 //   }
 //   optimizer.step();   // reads every gradient g as g * coefficient
 //
 // Until that step the gradients themselves hold their unscaled values.
 #ifndef CPPTRAIN_ENGINES_GRADIENT_SCALING_H_
 #define CPPTRAIN_ENGINES_GRADIENT_SCALING_H_
+
+#include <ATen/core/Tensor.h>
 
 namespace cpptrain {
 
@@ -21,9 +25,11 @@ class ScalesGradientsInStep {
 
   // The next step() reads each gradient g as g * scale, rounded to its dtype first (what
   // g.mul_(scale) would have left: exactly, or, where an optimizer says so, within one rounding
-  // of it), then forgets the scale; 1 cancels a pending scale. False when it cannot for its
-  // current parameters: then nothing is pending.
-  virtual bool ScaleGradientsInNextStep(double scale) = 0;
+  // of it), then forgets the scale. `scale` is a 0-dim float64 tensor on the CPU or on the
+  // parameters' device (an optimizer stepping on the host reads its value there; one stepping on
+  // the device never does); an undefined tensor cancels a pending scale and returns true. False
+  // when it cannot for its current parameters: then nothing is pending.
+  virtual bool ScaleGradientsInNextStep(const at::Tensor& scale) = 0;
 };
 
 }  // namespace cpptrain

@@ -16,9 +16,26 @@ StepsStandIns::StandIn MasterOptimizer::StandInFor(const at::Tensor& param) {
   return {inner_.get(), it->second};
 }
 
-bool MasterOptimizer::ScaleGradientsInNextStep(double scale) {
+bool MasterOptimizer::ScaleGradientsInNextStep(const at::Tensor& scale) {
   auto* scaling = dynamic_cast<ScalesGradientsInStep*>(inner_.get());
-  return scaling != nullptr ? scaling->ScaleGradientsInNextStep(scale) : scale == 1.0;
+  return scaling != nullptr ? scaling->ScaleGradientsInNextStep(scale) : !scale.defined();
+}
+
+std::string MasterOptimizer::StepCaptureBlocker() {
+  auto* capturable = dynamic_cast<CapturableOptimizer*>(inner_.get());
+  if (capturable == nullptr) {
+    return "the optimizer has no capturable step (fused AdamW on CUDA parameters has)";
+  }
+  return capturable->StepCaptureBlocker();
+}
+
+void MasterOptimizer::LoadDeviceHyperparameters() {
+  // The options the Trainer set on this wrapper reach the inner optimizer at step(); a replay
+  // runs no step(), so they go over here.
+  CopyOptionsToInner();
+  if (auto* capturable = dynamic_cast<CapturableOptimizer*>(inner_.get())) {
+    capturable->LoadDeviceHyperparameters();
+  }
 }
 
 }  // namespace cpptrain

@@ -3,8 +3,8 @@
 // masters; this wrapper is what the Trainer, its callbacks and the checkpointer see. Its
 // parameter groups are the inner optimizer's (the masters; engines/wrapping_optimizer.h), a
 // model parameter's optimizer state is its master's
-// (StepsStandIns: checkpoints are the ones an fp32 run writes), and a clip coefficient passes
-// through to the inner optimizer (ScalesGradientsInStep).
+// (StepsStandIns: checkpoints are the ones an fp32 run writes), and a clip coefficient and the
+// step's capture (engines/step_capture.h) pass through to the inner optimizer.
 //
 //   auto wrapped = std::make_unique<MasterOptimizer>(std::move(inner), {{param, master}, ...});
 //   SetLearningRate(*wrapped, lr);   // reaches the inner optimizer at the next step()
@@ -15,11 +15,13 @@
 #include <torch/optim/optimizer.h>
 
 #include <memory>
+#include <string>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
 #include "engines/gradient_scaling.h"
+#include "engines/step_capture.h"
 #include "engines/wrapping_optimizer.h"
 #include "module/checkpointable_optimizer.h"
 
@@ -27,7 +29,8 @@ namespace cpptrain {
 
 class MasterOptimizer : public WrappingOptimizer,
                         public StepsStandIns,
-                        public ScalesGradientsInStep {
+                        public ScalesGradientsInStep,
+                        public CapturableOptimizer {
  public:
   // Each pair is a model parameter and the master `inner` steps for it.
   MasterOptimizer(std::unique_ptr<torch::optim::Optimizer> inner,
@@ -35,7 +38,10 @@ class MasterOptimizer : public WrappingOptimizer,
 
   StandIn StandInFor(const at::Tensor& param) override;
   // False when the inner optimizer cannot take it.
-  bool ScaleGradientsInNextStep(double scale) override;
+  bool ScaleGradientsInNextStep(const at::Tensor& scale) override;
+  // The inner optimizer's answers; not capturable when it is not.
+  std::string StepCaptureBlocker() override;
+  void LoadDeviceHyperparameters() override;
 
  private:
   std::unordered_map<const c10::TensorImpl*, at::Tensor> master_of_;

@@ -21,11 +21,15 @@ WrappingOptimizer::WrappingOptimizer(std::unique_ptr<torch::optim::Optimizer> in
       inner_(std::move(inner)) {}
 
 torch::Tensor WrappingOptimizer::step(LossClosure closure) {
+  CopyOptionsToInner();
+  return inner_->step(std::move(closure));
+}
+
+void WrappingOptimizer::CopyOptionsToInner() {
   auto& inner_groups = inner_->param_groups();
   for (size_t i = 0; i < inner_groups.size() && i < param_groups_.size(); ++i) {
     inner_groups[i].set_options(param_groups_[i].options().clone());
   }
-  return inner_->step(std::move(closure));
 }
 
 }  // namespace cpptrain

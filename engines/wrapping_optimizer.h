@@ -22,6 +22,9 @@ class WrappingOptimizer : public torch::optim::Optimizer {
   torch::optim::Optimizer& inner() { return *inner_; }
 
  protected:
+  // The groups' options (the learning rate the Trainer set) into the inner optimizer's groups.
+  void CopyOptionsToInner();
+
   std::unique_ptr<torch::optim::Optimizer> inner_;
 };
 

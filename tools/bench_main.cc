@@ -72,6 +72,9 @@ ABSL_FLAG(std::string, init_dir, "",
           "Hugging Face model directory to start from (written there first when it holds none), "
           "and where each rank's token ids go for tools/bench_torch.py");
 ABSL_FLAG(double, learning_rate, 1e-4, "AdamW learning rate (constant)");
+ABSL_FLAG(bool, cuda_graphs, false,
+          "TrainingArguments.cuda_graphs: replay the step as a CUDA graph once its shapes settle "
+          "(the warm-up must cover the two eager steps and the captured one)");
 ABSL_FLAG(bool, fused_kernels, true,
           "the model's fused kernels (TrainingArguments.fused_kernels; false: the eager path)");
 ABSL_FLAG(int64_t, profile_steps, 0,
@@ -146,8 +149,9 @@ class ProfileWindow : public TrainerCallback {
   KernelProfile profile_;
 };
 
-// Keeps, on the device, what the verification needs without a host sync in the timed steps:
-// this rank's share of the first and the last step's loss, and every micro-batch's token ids.
+// Keeps what the verification needs without a host sync in the timed steps: this rank's share
+// of the first and the last step's loss (device scalars) and every micro-batch's token ids (as
+// the loader gave them), for replayed steps (--cuda_graphs) too.
 class BenchTrainer : public Trainer {
  public:
   using Trainer::Trainer;
@@ -163,14 +167,12 @@ class BenchTrainer : public Trainer {
   }
 
  protected:
-  absl::StatusOr<torch::Tensor> TrainingStep(const Batch& batch,
-                                             int64_t num_items_in_batch) override {
-    CT_ASSIGN_OR_RETURN(torch::Tensor loss, Trainer::TrainingStep(batch, num_items_in_batch));
-    const int64_t step = state().global_step;  // optimizer steps finished before this one
-    if (step == 0) first_loss_ = first_loss_.defined() ? first_loss_ + loss : loss;
-    if (step + 1 == state().max_steps) last_loss_ = last_loss_.defined() ? last_loss_ + loss : loss;
-    inputs_.push_back(batch.inputs);
-    return loss;
+  void StepFinished(const std::vector<Batch>& micro_batches,
+                    const torch::Tensor& step_loss) override {
+    const int64_t step = state().global_step;  // optimizer steps finished, this one included
+    if (step == 1) first_loss_ = step_loss;
+    if (step == state().max_steps) last_loss_ = step_loss;
+    for (const Batch& batch : micro_batches) inputs_.push_back(batch.inputs);
   }
 
  private:
@@ -238,6 +240,7 @@ absl::StatusOr<proto::TrainingArguments> BenchArgs(int rank,
   args.set_use_cpu(absl::GetFlag(FLAGS_use_cpu));
   args.set_gradient_checkpointing(absl::GetFlag(FLAGS_activation_checkpointing));
   args.set_fused_kernels(absl::GetFlag(FLAGS_fused_kernels));
+  args.set_cuda_graphs(absl::GetFlag(FLAGS_cuda_graphs));
   args.set_disable_tqdm(true);
   args.set_dataloader_num_workers(2);
   const std::string engine_name = absl::GetFlag(FLAGS_engine);
@@ -330,7 +333,9 @@ absl::Status Run(const std::vector<std::string>& overrides) {
   if (profile_steps > 0) {
     trainer.AddCallback(std::make_shared<ProfileWindow>(profile_steps, device, env.rank));
   }
-  CT_RETURN_IF_ERROR(trainer.Train().status());
+  CT_ASSIGN_OR_RETURN(TrainOutput trained, trainer.Train());
+  const auto replays = trained.metrics.find("cuda_graph_replays");
+  const double graph_replays = replays == trained.metrics.end() ? 0 : replays->second;
 
   // The slowest rank's time and the largest peak memory count.
   at::Tensor figures =
@@ -358,7 +363,8 @@ absl::Status Run(const std::vector<std::string>& overrides) {
     std::printf(
         "{\"model\":\"%s\",\"engine\":\"%s\",\"gpus\":%d,\"device\":\"%s\",\"seq_len\":%lld,"
         "\"micro_batch\":%lld,\"grad_accum\":%lld,\"steps\":%lld,\"warmup\":%lld,\"bf16\":%s,"
-        "\"activation_checkpointing\":%s,\"fused_kernels\":%s,\"profiled_steps\":%lld,"
+        "\"activation_checkpointing\":%s,\"fused_kernels\":%s,\"cuda_graphs\":%s,"
+        "\"graph_replays\":%.0f,\"profiled_steps\":%lld,"
         "\"skip_collectives\":%s,\"learning_rate\":%.17g,"
         "\"weight_decay\":%.17g,\"init_dir\":\"%s\",\"seconds\":%.3f,"
         "\"tokens_per_s\":%.1f,\"tokens_per_s_per_gpu\":%.1f,\"flops_per_token\":%.4g,"
@@ -371,7 +377,8 @@ absl::Status Run(const std::vector<std::string>& overrides) {
         static_cast<long long>(steps), static_cast<long long>(warmup),
         args.bf16() ? "true" : "false",
         absl::GetFlag(FLAGS_activation_checkpointing) ? "true" : "false",
-        args.fused_kernels() ? "true" : "false", static_cast<long long>(profile_steps),
+        args.fused_kernels() ? "true" : "false", args.cuda_graphs() ? "true" : "false",
+        graph_replays, static_cast<long long>(profile_steps),
         absl::GetFlag(FLAGS_skip_collectives) ? "true" : "false", args.learning_rate(),
         args.weight_decay(), init_dir.c_str(), seconds, tokens_per_s, tokens_per_s / world,
         flops_per_token, tflops_per_gpu, tflops_per_gpu / absl::GetFlag(FLAGS_peak_tflops),

@@ -8,7 +8,9 @@
 #   STEPS=15 WARMUP=3 PROFILE=0 tools/gpu_kernels_check.sh   # timings only
 # ENGINES (default "local"), MICRO (default 4) and MODEL (default qwen3-0.6b) pick the timed
 # runs; COMPARE (below) the runs beside PyTorch with torch.compile. TESTS=0 skips the kernel
-# tests and norm_kernel_bench (a second invocation in the same call).
+# tests and norm_kernel_bench (a second invocation in the same call). GRAPHS=1 runs ours with
+# --cuda_graphs (the step replayed as a CUDA graph) in the timed and compared runs; GRAPHS=both
+# times each engine both ways (the compared runs then use graphs).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 final="${OUT:-/tmp/gpu_out}"
@@ -31,7 +33,8 @@ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   >"$out/build.log" 2>&1 &&
   cmake --build "$build" -j "$(nproc)" --target tools_bench tools_launch kernels_fused_ops_test \
     models_decoder_test tools_kernel_profile_test tools_train tools_norm_kernel_bench \
-    >>"$out/build.log" 2>&1
+    trainer_cuda_graph_test trainer_step_graph_test engines_grad_utils_test \
+    trainer_optimizer_test >>"$out/build.log" 2>&1
 code=$?
 grep -E "cpptrain: Gloo|CUDA kernels" "$out/build.log" | tee -a "$summary"
 echo "build exit $code in $((SECONDS - start)) s" | tee -a "$summary"
@@ -40,7 +43,8 @@ if ((code != 0)); then
   exit 1
 fi
 find_bin() { find "$build" -type f -name "$1" -perm -u+x | head -1; }
-kernel_tests="kernels_fused_ops_test models_decoder_test tools_kernel_profile_test"
+kernel_tests="kernels_fused_ops_test models_decoder_test tools_kernel_profile_test
+  trainer_cuda_graph_test trainer_step_graph_test engines_grad_utils_test trainer_optimizer_test"
 [[ "${TESTS:-1}" == 0 ]] && kernel_tests=""
 for test in $kernel_tests; do
   bin=$(find_bin "$test")
@@ -100,16 +104,22 @@ run_bench() {  # name, flags...
   grep '^profile:' "$out/$name.log" >>"$summary"
   ((code != 0)) && tail -5 "$out/$name.log" >>"$summary"
 }
+graph_modes=false
+[[ "${GRAPHS:-0}" == 1 ]] && graph_modes=true
+[[ "${GRAPHS:-0}" == both ]] && graph_modes="false true"
 for engine in ${ENGINES:-local}; do
   for micro in ${MICRO:-4}; do
     for fused in ${FUSED:-false true}; do
-      if [[ "${PROFILE:-1}" != 0 ]]; then
-        run_bench "profile_${engine}_mb${micro}_fused_${fused}" --engine="$engine" \
-          --micro_batch="$micro" --fused_kernels="$fused" --profile_steps=3
-      fi
-      for repeat in $(seq 1 "${REPEATS:-1}"); do
-        run_bench "time_${engine}_mb${micro}_fused_${fused}_$repeat" --engine="$engine" \
-          --micro_batch="$micro" --fused_kernels="$fused"
+      for graphs in $graph_modes; do
+        tag="${engine}_mb${micro}_fused_${fused}_graphs_${graphs}"
+        if [[ "${PROFILE:-1}" != 0 ]]; then
+          run_bench "profile_$tag" --engine="$engine" --micro_batch="$micro" \
+            --fused_kernels="$fused" --cuda_graphs="$graphs" --profile_steps=3
+        fi
+        for repeat in $(seq 1 "${REPEATS:-1}"); do
+          run_bench "time_${tag}_$repeat" --engine="$engine" --micro_batch="$micro" \
+            --fused_kernels="$fused" --cuda_graphs="$graphs"
+        done
       done
     done
   done
@@ -129,8 +139,10 @@ for engine in ${COMPARE:-}; do
     [[ "${COMPARE_COMPILE:-1}" == 0 ]] && compile="" name="eager_${engine}_mb${micro}"
     model=${MODEL_COMPARE:-qwen3-0.6b}
     [[ "$model" != qwen3-0.6b ]] && name="${name}_$model"
+    graph_arg=""
+    [[ "${GRAPHS:-0}" != 0 ]] && graph_arg="--ours_arg=--cuda_graphs" name="${name}_graphs"
     timeout 900 python3 tools/bench_compare.py --launch "$launch" --bench "$bench" --nproc 1 \
-      --engine "$engine" $compile --micro_batch "$micro" --model "$model" \
+      --engine "$engine" $compile $graph_arg --micro_batch "$micro" --model "$model" \
       --init_dir "/tmp/cpptrain_bench_init_$model" --jsonl "$jsonl" --log_dir "$out/$name" \
       --runs "${REPEATS_COMPARE:-3}" --steps "${STEPS_COMPARE:-15}" --warmup 3 --timeout 300 \
       >"$out/$name.log" 2>&1

@@ -14,6 +14,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "base/cuda_graph.h"
 #include "base/torch_compat.h"
 #include "base/torch_status.h"
 #include "kernels/cpu_adamw.h"
@@ -122,7 +123,8 @@ void FusedAdamW::CpuKernelStep() {
   // Taken for this step alone, so that nothing stays pending if it throws.
   const Callback report = std::exchange(report_, nullptr);
   const Bf16CopyOf copy_of = std::exchange(bf16_copy_of_, nullptr);
-  const double grad_scale = std::exchange(grad_scale_, 1.0);
+  const torch::Tensor scale = std::exchange(grad_scale_, torch::Tensor());
+  const double grad_scale = scale.defined() ? scale.item<double>() : 1.0;
   for (auto& [param, options] : order) {
     CpuKernelStepOne(*param, HyperOf(*options, grad_scale), copy_of);
     if (report) report(*param);
@@ -197,9 +199,9 @@ bool FusedAdamW::UsesFusedCudaKernel() {
   return true;
 }
 
-bool FusedAdamW::ScaleGradientsInNextStep(double scale) {
-  grad_scale_ = 1.0;
-  if (scale == 1.0) return true;
+bool FusedAdamW::ScaleGradientsInNextStep(const torch::Tensor& scale) {
+  grad_scale_ = torch::Tensor();
+  if (!scale.defined()) return true;
   if (!UsesCpuKernel() && !UsesFusedCudaKernel()) return false;
   for (const auto& group : param_groups()) {
     for (const torch::Tensor& p : group.params()) {
@@ -226,7 +228,8 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
     CpuKernelStep();
     return loss;
   }
-  const double scale = std::exchange(grad_scale_, 1.0);  // pending only on the two fused paths
+  // Pending only on the two fused paths.
+  const torch::Tensor scale = std::exchange(grad_scale_, torch::Tensor());
   report_ = nullptr;  // ReportEachParameterInNextStep said no to any other path
   bf16_copy_of_ = nullptr;  // and WriteBf16CopiesInNextStep
   if (!fused_ || !all_cuda) return torch::optim::AdamW::step(std::move(closure));
@@ -234,21 +237,22 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
   if (FusedCudaStep(scale)) return {};
   fused_ = false;  // this LibTorch has no fused kernel: per-parameter from now on
   state_.clear();
-  if (scale != 1.0) {
+  if (scale.defined()) {  // fp32 gradients on one device, as ScaleGradientsInNextStep checked
     std::vector<torch::Tensor> grads;
     for (auto& group : param_groups()) {
       for (torch::Tensor& p : group.params()) {
         if (p.grad().defined()) grads.push_back(p.grad());
       }
     }
-    at::_foreach_mul_(grads, scale);
+    MultiplyByDeviceScalar(grads, scale);
   }
   return torch::optim::AdamW::step(std::move(closure));
 }
 
-bool FusedAdamW::FusedCudaStep(double scale) {
+bool FusedAdamW::FusedCudaStep(const torch::Tensor& scale) {
   torch::Tensor grad_scale;  // the kernel divides: the reciprocal of the coefficient
-  for (auto& group : param_groups()) {
+  for (size_t g = 0; g < param_groups().size(); ++g) {
+    auto& group = param_groups()[g];
     const auto& options = static_cast<const torch::optim::AdamWOptions&>(group.options());
     std::vector<torch::Tensor> params, grads, exp_avgs, exp_avg_sqs, steps;
     for (torch::Tensor& p : group.params()) {
@@ -265,17 +269,67 @@ bool FusedAdamW::FusedCudaStep(double scale) {
       exp_avg_sqs.push_back(s.exp_avg_sq);
       steps.push_back(s.step);
     }
-    if (scale != 1.0 && !params.empty() &&
+    if (scale.defined() && !params.empty() &&
         (!grad_scale.defined() || grad_scale.device() != params[0].device())) {
-      grad_scale = torch::full({}, 1.0 / scale, params[0].options().dtype(torch::kFloat));
+      // 1 / scale in double, rounded once to fp32, on the device: no host sync.
+      const torch::Tensor scale64 = scale.reshape({}).to(params[0].device(), torch::kDouble);
+      grad_scale = torch::ones_like(scale64).div(scale64).to(torch::kFloat);
     }
-    if (!FusedAdamWStep(params, grads, exp_avgs, exp_avg_sqs, steps, options.lr(),
-                        std::get<0>(options.betas()), std::get<1>(options.betas()),
+    const double beta1 = std::get<0>(options.betas()), beta2 = std::get<1>(options.betas());
+    if (!params.empty() && IsCapturingCudaGraph(params[0].device())) {
+      // A graph replays launch arguments as captured: the learning rate comes from memory.
+      TORCH_CHECK(g < device_lr_.size() && device_lr_[g].defined(),
+                  "FusedAdamW: a CUDA graph is capturing its step but LoadDeviceHyperparameters "
+                  "did not run first, so the graph would keep this step's learning rate");
+      if (!FusedAdamWStepWithDeviceLr(params, grads, exp_avgs, exp_avg_sqs, steps, device_lr_[g],
+                                      beta1, beta2, options.weight_decay(), options.eps(),
+                                      grad_scale)) {
+        return false;
+      }
+      continue;
+    }
+    if (!FusedAdamWStep(params, grads, exp_avgs, exp_avg_sqs, steps, options.lr(), beta1, beta2,
                         options.weight_decay(), options.eps(), grad_scale)) {
       return false;
     }
   }
   return true;
+}
+
+std::string FusedAdamW::StepCaptureBlocker() {
+  if (!UsesFusedCudaKernel()) {
+    return "the optimizer's parameters are not all on CUDA (fused AdamW's CUDA step is what a "
+           "graph captures)";
+  }
+  if (!HasFusedAdamWWithDeviceLr()) {
+    return "this LibTorch has no fused AdamW that reads its learning rate from the device";
+  }
+  for (const auto& group : param_groups()) {
+    if (static_cast<const torch::optim::AdamWOptions&>(group.options()).amsgrad()) {
+      return "amsgrad is on (the fused step here has no amsgrad)";
+    }
+    for (const torch::Tensor& p : group.params()) {
+      if (state_.count(p.unsafeGetTensorImpl()) == 0) {
+        return "the optimizer has not stepped every parameter yet (its state is made at the "
+               "first step, which must not be captured)";
+      }
+    }
+  }
+  return "";
+}
+
+void FusedAdamW::LoadDeviceHyperparameters() {
+  torch::NoGradGuard no_grad;
+  device_lr_.resize(param_groups().size());
+  for (size_t g = 0; g < param_groups().size(); ++g) {
+    const auto& group = param_groups()[g];
+    if (group.params().empty()) continue;
+    const c10::Device device = group.params()[0].device();
+    if (!device_lr_[g].defined() || device_lr_[g].device() != device) {
+      device_lr_[g] = torch::empty({}, torch::TensorOptions().dtype(torch::kFloat).device(device));
+    }
+    device_lr_[g].fill_(static_cast<const torch::optim::AdamWOptions&>(group.options()).lr());
+  }
 }
 
 std::map<std::string, at::Tensor> FusedAdamW::ExportState(const at::Tensor& param) {

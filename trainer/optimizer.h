@@ -12,10 +12,12 @@
 #include <map>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "checkpoint/optimizer_state.h"
 #include "engines/engine.h"
 #include "engines/gradient_scaling.h"
+#include "engines/step_capture.h"
 #include "engines/stepped_parameters.h"
 #include "kernels/cpu_adamw.h"
 #include "proto/training_args.pb.h"
@@ -38,23 +40,35 @@ OptimizerFactory MakeAdamWFactory(const proto::TrainingArguments& args);
 // otherwise (same arithmetic). On the CPU kernel's and the fused kernel's paths it also takes a
 // clipping coefficient into the step (engines/gradient_scaling.h) instead of a pass over the
 // gradients: the CPU kernel multiplies (bitwise what mul_ would leave), the fused CUDA kernel
-// divides by the coefficient's reciprocal, a device scalar (within a rounding of mul_).
+// divides by the coefficient's reciprocal, a device scalar formed on the device from the
+// coefficient's tensor (within a rounding of mul_; no host sync).
+//
+// Its fused CUDA step can be captured in a CUDA graph (engines/step_capture.h): while the current
+// stream is being captured it reads each group's learning rate from a device scalar, which
+// LoadDeviceHyperparameters fills from the group's options before the capture and each replay
+// (betas, eps and weight decay are captured as they are).
 class FusedAdamW : public torch::optim::AdamW,
                    public CheckpointableOptimizer,
                    public ScalesGradientsInStep,
-                   public ReportsSteppedParameters {
+                   public ReportsSteppedParameters,
+                   public CapturableOptimizer {
  public:
   using torch::optim::AdamW::AdamW;
   torch::Tensor step(LossClosure closure = nullptr) override;
 
   // True (and pending until the next step) where that step runs the CPU kernel or the fused
   // CUDA kernel and every gradient is fp32.
-  bool ScaleGradientsInNextStep(double scale) override;
+  bool ScaleGradientsInNextStep(const at::Tensor& scale) override;
   // True (and pending until the next step) where that step runs the CPU kernel, which then
   // steps the parameters in the order of their addresses and reports each, or writes the bf16
   // copies in the kernel's pass.
   bool ReportEachParameterInNextStep(Callback callback) override;
   bool WriteBf16CopiesInNextStep(Bf16CopyOf copy_of) override;
+
+  // "" once every parameter is on CUDA, the fused kernel has stepped them (its state exists)
+  // and this LibTorch reads a device learning rate.
+  std::string StepCaptureBlocker() override;
+  void LoadDeviceHyperparameters() override;
 
   // Off: CPU parameters step through torch::optim::AdamW (for comparing the two paths).
   void UseCpuKernel(bool on) { cpu_kernel_ = on; }
@@ -80,14 +94,16 @@ class FusedAdamW : public torch::optim::AdamW,
   bool UsesCpuKernel();
   // Every parameter is on CUDA and the fused kernel has not been found missing.
   bool UsesFusedCudaKernel();
-  // The fused path's step over every group, each gradient read as gradient * scale. False
-  // where this LibTorch has no fused kernel.
-  bool FusedCudaStep(double scale);
+  // The fused path's step over every group, each gradient read as gradient * scale (none when
+  // `scale` is undefined). False where this LibTorch has no fused kernel.
+  bool FusedCudaStep(const torch::Tensor& scale);
 
-  double grad_scale_ = 1.0;  // ScaleGradientsInNextStep's, for the next CPU or fused step
+  torch::Tensor grad_scale_;  // ScaleGradientsInNextStep's, for the next CPU or fused step
   Callback report_;          // ReportEachParameterInNextStep's, for the next CPU kernel step
   Bf16CopyOf bf16_copy_of_;  // WriteBf16CopiesInNextStep's, likewise
   bool fused_ = true;        // until a step finds it unavailable
+  // Per group, LoadDeviceHyperparameters' fp32 learning rate on the parameters' device.
+  std::vector<torch::Tensor> device_lr_;
   bool cpu_kernel_ = true;
   std::unordered_map<const c10::TensorImpl*, State> state_;
 };

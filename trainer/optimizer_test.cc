@@ -172,7 +172,8 @@ TEST(OptimizerTest, GradientScaleInTheStepEqualsClippingFirst) {
     std::vector<torch::Tensor> grads;
     for (const torch::Tensor& p : twins.torch_params) grads.push_back(p.grad());
     if (coefficient < 1.0) at::_foreach_mul_(grads, coefficient);
-    ASSERT_TRUE(twins.kernel->ScaleGradientsInNextStep(coefficient));
+    ASSERT_TRUE(
+        twins.kernel->ScaleGradientsInNextStep(torch::scalar_tensor(coefficient, torch::kDouble)));
     twins.kernel->step();
     twins.reference->step();
     for (size_t i = 0; i < twins.kernel_params.size(); ++i) {
@@ -182,12 +183,13 @@ TEST(OptimizerTest, GradientScaleInTheStepEqualsClippingFirst) {
   }
   FusedAdamW libtorch_path({torch::zeros({3}, torch::requires_grad())}, {});
   libtorch_path.UseCpuKernel(false);
-  EXPECT_FALSE(libtorch_path.ScaleGradientsInNextStep(0.5));
-  EXPECT_TRUE(libtorch_path.ScaleGradientsInNextStep(1.0));
+  EXPECT_FALSE(libtorch_path.ScaleGradientsInNextStep(torch::scalar_tensor(0.5, torch::kDouble)));
+  EXPECT_TRUE(libtorch_path.ScaleGradientsInNextStep(torch::Tensor())) << "cancelling always works";
 }
 
-// On CUDA the fused kernel takes the coefficient too (as a device scalar it divides by): within
-// a rounding of clipping first, for one step. Runs on GPU hosts only.
+// On CUDA the fused kernel takes the coefficient too, as a device tensor (it divides by its
+// reciprocal, formed on the device): within a rounding of clipping first, for one step. Runs on
+// GPU hosts only.
 TEST(OptimizerTest, FusedCudaStepTakesTheClipCoefficient) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "needs a CUDA device";
   const auto cuda = torch::TensorOptions().device(torch::kCUDA);
@@ -210,7 +212,8 @@ TEST(OptimizerTest, FusedCudaStepTakesTheClipCoefficient) {
     }
     const double coefficient = step == 1 ? 1.0 : 0.173;
     if (coefficient < 1.0) at::_foreach_mul_(grads, coefficient);
-    ASSERT_TRUE(scaled->ScaleGradientsInNextStep(coefficient));
+    ASSERT_TRUE(scaled->ScaleGradientsInNextStep(
+        torch::scalar_tensor(coefficient, cuda.dtype(torch::kDouble))));
     scaled->step();
     reference->step();
     for (size_t i = 0; i < mine.size(); ++i) {

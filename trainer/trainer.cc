@@ -10,6 +10,7 @@
 
 #include <torch/torch.h>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/clock.h"
@@ -19,7 +20,9 @@
 #include "config/training_args.h"
 #include "engines/engine_factory.h"
 #include "engines/grad_utils.h"
+#include "engines/step_capture.h"
 #include "trainer/data/data_loader.h"
+#include "trainer/internal/step_graph.h"
 #include "trainer/label_smoothing.h"
 #include "trainer/metrics_log.h"
 #include "trainer/optimizer.h"
@@ -33,6 +36,10 @@ namespace {
 bool IsOutOfMemory(const absl::Status& status) {
   return absl::StrContains(status.message(), "out of memory");
 }
+
+// With cuda_graphs, eager steps of one shape before the step is captured: the first builds the
+// optimizer's state and the libraries' plans and workspaces, the second runs as later steps do.
+constexpr int64_t kCudaGraphWarmupSteps = 2;
 
 }  // namespace
 
@@ -234,6 +241,12 @@ absl::StatusOr<TrainOutput> Trainer::InnerTrainingLoop(int64_t batch_size) {
   CT_RETURN_IF_ERROR(SnapshotInitialParameters());
   CT_ASSIGN_OR_RETURN(std::unique_ptr<DataLoader> loader,
                       MakeLoader(train_dataset_, /*train=*/true, batch_size));
+  // The graph (and the memory it keeps) lives while this loop trains.
+  if (args_.cuda_graphs()) {
+    step_graph_ =
+        std::make_unique<trainer_internal::StepGraph>(engine_->device(), kCudaGraphWarmupSteps);
+  }
+  absl::Cleanup drop_graph = [this] { step_graph_.reset(); };
 
   const int64_t ga = ResolvedGradientAccumulationSteps(args_);
   // Every rank counts the busiest rank's batches (without even_batches some have fewer and
@@ -323,6 +336,10 @@ absl::StatusOr<TrainOutput> Trainer::InnerTrainingLoop(int64_t batch_size) {
                  {"train_samples_per_second", samples / std::max(runtime, 1e-9)},
                  {"train_steps_per_second", steps_run / std::max(runtime, 1e-9)},
                  {"train_loss", out.training_loss}};
+  if (step_graph_ != nullptr) {
+    out.metrics["cuda_graph_captures"] = static_cast<double>(step_graph_->captures());
+    out.metrics["cuda_graph_replays"] = static_cast<double>(step_graph_->replays());
+  }
   if (args_.load_best_model_at_end()) CT_RETURN_IF_ERROR(LoadBestModel());
   Log(out.metrics);
   return out;
@@ -355,17 +372,16 @@ int64_t NonPaddingTokens(const Batch& batch) {
 
 }  // namespace
 
-absl::Status Trainer::RunOptimizerStep(MicroBatches& step) {
-  std::vector<Batch>& micro_batches = step.batches;
-  const size_t real = micro_batches.size() - static_cast<size_t>(step.joined);
+absl::StatusOr<int64_t> Trainer::CountStep(const MicroBatches& step) {
+  const size_t real = step.batches.size() - static_cast<size_t>(step.joined);
   // Exact normalization: every micro-batch's summed loss is divided by the number of counted
   // targets in the whole accumulated batch, summed over ranks; one all-reduce per step sums
-  // them with the tokens seen.
+  // them with the tokens seen. The batches are on the host: counting waits for no device.
   int64_t local_targets = 0;
   int64_t local_tokens = 0;
   for (size_t i = 0; i < real; ++i) {
-    local_targets += model_->CountLossTargets(micro_batches[i]);
-    local_tokens += NonPaddingTokens(micro_batches[i]);
+    local_targets += model_->CountLossTargets(step.batches[i]);
+    local_tokens += NonPaddingTokens(step.batches[i]);
   }
   // A stop signal any rank received rides along, so every rank stops after the same step.
   const int local_signal = StopSignals::Requested();
@@ -378,37 +394,84 @@ absl::Status Trainer::RunOptimizerStep(MicroBatches& step) {
   int64_t normalizer = args_.average_tokens_across_devices()
                            ? static_cast<int64_t>(global[0].item<double>())
                            : local_targets * engine_->world_size();
-  normalizer = std::max<int64_t>(1, normalizer);
   state_.num_input_tokens_seen += static_cast<int64_t>(global[1].item<double>());
+  return std::max<int64_t>(1, normalizer);
+}
 
-  last_lr_ = plateau_ ? plateau_->learning_rate() : schedule_->LearningRate(state_.global_step);
-  torch::optim::Optimizer* optimizer = engine_->optimizer();
-  SetLearningRate(*optimizer, last_lr_);
-
+absl::StatusOr<Trainer::StepResult> Trainer::StepDeviceWork(const std::vector<Batch>& on_device,
+                                                            int64_t normalizer, bool callbacks) {
   const bool sync_each =
       args_.accelerator_config().gradient_accumulation_kwargs().sync_each_batch();
-  const bool non_blocking = args_.accelerator_config().non_blocking();
-  torch::Tensor step_loss =
+  StepResult out;
+  out.loss =
       torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat64).device(engine_->device()));
-  for (size_t i = 0; i < micro_batches.size(); ++i) {
-    const bool last = i + 1 == micro_batches.size();
+  for (size_t i = 0; i < on_device.size(); ++i) {
+    const bool last = i + 1 == on_device.size();
     engine_->SetGradientSync(last || sync_each);
-    Batch on_device = micro_batches[i].To(engine_->device(), non_blocking);
-    CT_ASSIGN_OR_RETURN(torch::Tensor loss, TrainingStep(on_device, normalizer));
-    step_loss += loss;
-    if (!last) callbacks_.SubstepEnd(Context());
+    CT_ASSIGN_OR_RETURN(torch::Tensor loss, TrainingStep(on_device[i], normalizer));
+    out.loss += loss;
+    if (!last && callbacks) callbacks_.SubstepEnd(Context());
   }
   // Hugging Face computes (and logs) the norm only when it clips.
-  last_grad_norm_.reset();
   if (args_.max_grad_norm() > 0) {
-    CT_ASSIGN_OR_RETURN(last_grad_norm_, engine_->ClipGradNorm(args_.max_grad_norm()));
+    CT_ASSIGN_OR_RETURN(out.grad_norm, engine_->ClipGradNorm(args_.max_grad_norm()));
   }
-  callbacks_.PreOptimizerStep(Context());
+  if (callbacks) callbacks_.PreOptimizerStep(Context());
   CT_ASSIGN_OR_RETURN(bool stepped, engine_->OptimizerStep());
   (void)stepped;  // a skipped step still counts as a step, as in Hugging Face
+  return out;
+}
+
+// Under cuda_graphs the step's device work may be a replay, which runs no host code: the
+// callbacks that would fall between its parts run after it, for every step alike.
+absl::StatusOr<Trainer::StepResult> Trainer::RunGraphStep(const MicroBatches& step,
+                                                          int64_t normalizer) {
+  auto* capturable = dynamic_cast<CapturableStep*>(engine_.get());
+  trainer_internal::StepGraph::Functions f;
+  f.blocker = [&] {
+    return capturable != nullptr ? capturable->StepCaptureBlocker()
+                                 : engine_->name() + " has no capturable step";
+  };
+  f.prepare_replay = [&] { return capturable->PrepareStepReplay(); };
+  f.work = [&](const std::vector<Batch>& on_device)
+      -> absl::StatusOr<trainer_internal::StepGraph::Outputs> {
+    CT_ASSIGN_OR_RETURN(StepResult r, StepDeviceWork(on_device, normalizer, /*callbacks=*/false));
+    return trainer_internal::StepGraph::Outputs{r.loss, r.grad_norm};
+  };
+  f.discard = [&] { engine_->ZeroGrad(); };
+  // What the captured work bakes in besides the shapes: the divisor of the loss and which
+  // micro-batches synchronize.
+  const std::string key = absl::StrCat(
+      "normalizer ", normalizer, " sync_each ",
+      args_.accelerator_config().gradient_accumulation_kwargs().sync_each_batch());
+  CT_ASSIGN_OR_RETURN(trainer_internal::StepGraph::Outputs out,
+                      step_graph_->Run(step.batches, key, f,
+                                       args_.accelerator_config().non_blocking()));
+  for (size_t i = 0; i + 1 < step.batches.size(); ++i) callbacks_.SubstepEnd(Context());
+  callbacks_.PreOptimizerStep(Context());
+  return StepResult{out.loss, out.grad_norm};
+}
+
+absl::Status Trainer::RunOptimizerStep(MicroBatches& step) {
+  CT_ASSIGN_OR_RETURN(const int64_t normalizer, CountStep(step));
+  last_lr_ = plateau_ ? plateau_->learning_rate() : schedule_->LearningRate(state_.global_step);
+  SetLearningRate(*engine_->optimizer(), last_lr_);
+
+  StepResult result;
+  if (step_graph_ != nullptr) {
+    CT_ASSIGN_OR_RETURN(result, RunGraphStep(step, normalizer));
+  } else {
+    const bool non_blocking = args_.accelerator_config().non_blocking();
+    std::vector<Batch> on_device;
+    for (const Batch& b : step.batches) on_device.push_back(b.To(engine_->device(), non_blocking));
+    CT_ASSIGN_OR_RETURN(result, StepDeviceWork(on_device, normalizer, /*callbacks=*/true));
+  }
+  last_grad_norm_ = result.grad_norm;
   callbacks_.OptimizerStep(Context());
   engine_->ZeroGrad();
   ++state_.global_step;
+  StepFinished(step.batches, result.loss);
+  torch::Tensor step_loss = result.loss;
   if (!loss_total_.defined()) {
     loss_total_ = torch::zeros_like(step_loss);
     loss_since_log_ = torch::zeros_like(step_loss);
@@ -430,7 +493,7 @@ absl::Status Trainer::MaybeLogEvaluateSave() {
     CT_ASSIGN_OR_RETURN(torch::Tensor loss_sum,
                         engine_->AllReduceSum(loss_since_log_.cpu().reshape({1})));
     Metrics logs = {{"loss", loss_sum.item<double>() / logged_steps_}, {"learning_rate", last_lr_}};
-    if (last_grad_norm_.has_value()) logs["grad_norm"] = *last_grad_norm_;
+    if (last_grad_norm_.defined()) logs["grad_norm"] = last_grad_norm_.item<double>();
     loss_since_log_.zero_();
     logged_steps_ = 0;
     Log(std::move(logs));

@@ -35,6 +35,9 @@
 namespace cpptrain {
 
 class DataLoader;
+namespace trainer_internal {
+class StepGraph;
+}  // namespace trainer_internal
 
 struct EvalPrediction {
   at::Tensor predictions;  // logits, padded along dim 1 with -100 across batches
@@ -131,9 +134,17 @@ class Trainer {
   virtual torch::Tensor ComputeLoss(TrainableModel& model, const Batch& batch,
                                     int64_t num_items_in_batch);
   // Forward and backward of one micro-batch already on the device; returns the detached loss
-  // (kept on the device: reading it would synchronize the host every micro-batch).
+  // (kept on the device: reading it would synchronize the host every micro-batch). With
+  // cuda_graphs, a step replayed from a CUDA graph runs none of this host code: it runs for the
+  // warm-up steps, the captured step and steps of other shapes only, and the batch it gets for
+  // the captured step is the graph's input buffer (refilled at every replay).
   virtual absl::StatusOr<torch::Tensor> TrainingStep(const Batch& batch,
                                                      int64_t num_items_in_batch);
+  // After every optimizer step (replayed or not): its micro-batches as the loader gave them
+  // (on the host) and this rank's share of the step's loss (a device scalar of its own; reading
+  // it waits for the step). For subclasses that record what each step trained on.
+  virtual void StepFinished(const std::vector<Batch>& micro_batches,
+                            const torch::Tensor& step_loss) {}
   // Forward of one evaluation batch (no grad).
   virtual PredictionStepOutput PredictionStep(const Batch& batch, bool loss_only);
   virtual absl::StatusOr<std::unique_ptr<torch::optim::Optimizer>> CreateOptimizer(
@@ -166,6 +177,19 @@ class Trainer {
   absl::StatusOr<TrainOutput> InnerTrainingLoop(int64_t batch_size);
   absl::StatusOr<MicroBatches> NextMicroBatches(DataLoader& loader, int64_t count);
   absl::Status RunOptimizerStep(MicroBatches& step);
+  // The step's loss normalizer (its counted targets over every rank), after adding its tokens
+  // to num_input_tokens_seen and agreeing on a stop signal.
+  absl::StatusOr<int64_t> CountStep(const MicroBatches& step);
+  struct StepResult {
+    torch::Tensor loss;       // this rank's share, a device scalar
+    torch::Tensor grad_norm;  // undefined without clipping
+  };
+  // Forward and backward of each micro-batch (already on the device), clipping, the optimizer
+  // step; with `callbacks`, on_substep_end and on_pre_optimizer_step between the parts.
+  absl::StatusOr<StepResult> StepDeviceWork(const std::vector<Batch>& on_device,
+                                            int64_t normalizer, bool callbacks);
+  // The same through step_graph_ (eager, captured or replayed).
+  absl::StatusOr<StepResult> RunGraphStep(const MicroBatches& step, int64_t normalizer);
   absl::Status SnapshotInitialParameters();
   // After an out-of-memory failure: initial weights, fresh optimizer, nothing left over.
   absl::Status ResetForRetry();
@@ -228,6 +252,8 @@ class Trainer {
   TrainerState state_;
   TrainerControl control_;
   std::unique_ptr<LrSchedule> schedule_;
+  // With cuda_graphs, during Train: the step's CUDA graph (trainer/internal/step_graph.h).
+  std::unique_ptr<trainer_internal::StepGraph> step_graph_;
   std::optional<ReduceLrOnPlateau> plateau_;
 
   // Summed step losses, kept on the device until a log reads them (this rank's share of the
@@ -243,7 +269,9 @@ class Trainer {
   int64_t train_loss_from_step_ = 0;
   // What the checkpoint being written records as loss_total (all ranks, all steps).
   double loss_total_to_save_ = 0;
-  std::optional<double> last_grad_norm_;  // unset when max_grad_norm is 0 (none computed)
+  // The last step's gradient norm, on the device until a log reads it; undefined when
+  // max_grad_norm is 0 (none computed).
+  torch::Tensor last_grad_norm_;
   double last_lr_ = 0;
   std::string best_model_checkpoint_;  // "" until a checkpoint holds the best metric
   int stop_signal_ = 0;                // agreed by all ranks in the step's all-reduce

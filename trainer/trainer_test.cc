@@ -412,6 +412,40 @@ TEST(TrainerTest, CallbacksSeeEventsInOrderAndCanStopTraining) {
   EXPECT_EQ(recorder->events, expected);
 }
 
+// cuda_graphs on a device where nothing can be captured (the CPU): every step runs eagerly
+// through the graph's path, which trains exactly as the plain path does, with the callbacks in
+// the same order, and the run reports no capture. (tools/test runs the GPU side in
+// trainer/cuda_graph_test.cc on GPU hosts.)
+TEST(TrainerTest, CudaGraphsWhereNothingCanBeCapturedTrainAsWithout) {
+  std::vector<std::vector<torch::Tensor>> params;
+  std::vector<std::vector<std::string>> events;
+  std::vector<TrainOutput> outs;
+  for (bool graphs : {false, true}) {
+    auto model = TinyDecoder(7);
+    proto::TrainingArguments args = BaseArgs(graphs ? "graphs_cpu_on" : "graphs_cpu_off");
+    args.set_per_device_train_batch_size(4);
+    args.set_gradient_accumulation_steps(2);
+    args.set_max_steps(5);
+    args.set_max_grad_norm(0.3);
+    args.set_cuda_graphs(graphs);
+    Trainer trainer(args, model, VariableLengthTokens(40, 9));
+    auto recorder = std::make_shared<EventRecorder>();
+    trainer.AddCallback(recorder);
+    auto out = trainer.Train();
+    ASSERT_TRUE(out.ok()) << out.status();
+    params.push_back(Parameters(*model));
+    events.push_back(recorder->events);
+    outs.push_back(*out);
+  }
+  EXPECT_EQ(outs[1].global_step, 2) << "the recorder stops after step 2";
+  EXPECT_EQ(outs[1].training_loss, outs[0].training_loss);
+  EXPECT_EQ(MaxRelativeDifference(params[1], params[0]), 0);
+  EXPECT_EQ(events[1], events[0]);
+  EXPECT_EQ(outs[1].metrics.at("cuda_graph_captures"), 0);
+  EXPECT_EQ(outs[1].metrics.at("cuda_graph_replays"), 0);
+  EXPECT_EQ(outs[0].metrics.count("cuda_graph_captures"), 0u);
+}
+
 TEST(TrainerTest, EvalStrategyWithoutEvalDatasetIsAClearError) {
   auto model = TinyDecoder(7);
   proto::TrainingArguments args = BaseArgs("no_eval");

@@ -298,7 +298,7 @@ absl::Status DdpEngine::CheckGradientsSynchronized() {
       "loss.backward() (a Trainer subclass overriding TrainingStep must too)"));
 }
 
-absl::StatusOr<double> DdpEngine::ClipGradNorm(double max_norm) {
+absl::StatusOr<torch::Tensor> DdpEngine::ClipGradNorm(double max_norm) {
   CT_RETURN_IF_ERROR(CheckGradientsSynchronized());
   return LocalEngine::ClipGradNorm(max_norm);
 }

@@ -49,7 +49,12 @@ class DdpEngine : public LocalEngine {
   std::unique_ptr<ForwardScope> EnterForward() override;
   absl::Status Backward(const torch::Tensor& loss) override;
   void SetGradientSync(bool enabled) override { sync_ = enabled; }
-  absl::StatusOr<double> ClipGradNorm(double max_norm) override;
+  absl::StatusOr<torch::Tensor> ClipGradNorm(double max_norm) override;
+  // Not captured yet (engines/step_capture.h).
+  std::string StepCaptureBlocker() override {
+    return "DDP reduces its buckets from gradient hooks whose host-side bookkeeping a graph "
+           "would not replay";
+  }
   absl::StatusOr<bool> OptimizerStep() override;
   // Zeroes the buckets and forgets any backward that did not complete.
   void ZeroGrad() override;

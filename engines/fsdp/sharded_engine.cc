@@ -78,7 +78,7 @@ void ShardedEngine::SetGradientSync(bool enabled) {
   if (core_ != nullptr) core_->SetGradientSync(enabled);
 }
 
-absl::StatusOr<double> ShardedEngine::ClipGradNorm(double max_norm) {
+absl::StatusOr<torch::Tensor> ShardedEngine::ClipGradNorm(double max_norm) {
   if (optimizer_ == nullptr) {
     return absl::FailedPreconditionError("ClipGradNorm before PrepareForTraining");
   }
@@ -91,10 +91,11 @@ absl::StatusOr<double> ShardedEngine::ClipGradNorm(double max_norm) {
                         return (norm * norm).reshape({1}).to(device_);
                       }));
   CT_ASSIGN_OR_RETURN(std::unique_ptr<Work> work, mesh_.shard->AllReduce(squares, ReduceOp::kSum));
-  CT_RETURN_IF_ERROR(work->Synchronize());
+  CT_RETURN_IF_ERROR(work->Wait());  // the current stream waits; the host does not
   return CatchTorch([&] {
-    const double norm = std::sqrt(squares.cpu().item<double>());
-    if (max_norm > 0) ClipByNorm(grads, norm, max_norm);
+    // The square root in double, as the host's std::sqrt of the fp32 sum.
+    torch::Tensor norm = squares.reshape({}).to(at::kDouble).sqrt();
+    if (max_norm > 0) ScaleGradients(grads, ClipCoefficient(norm, max_norm));
     return norm;
   });
 }

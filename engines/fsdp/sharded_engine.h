@@ -31,7 +31,12 @@ class ShardedEngine : public LocalEngine {
   std::unique_ptr<ForwardScope> EnterForward() override;
   absl::Status Backward(const torch::Tensor& loss) override;
   void SetGradientSync(bool enabled) override;
-  absl::StatusOr<double> ClipGradNorm(double max_norm) override;
+  absl::StatusOr<torch::Tensor> ClipGradNorm(double max_norm) override;
+  // Not captured yet (engines/step_capture.h).
+  std::string StepCaptureBlocker() override {
+    return "FSDP gathers and frees each unit's parameters with host-side bookkeeping a "
+           "graph would not replay";
+  }
   absl::StatusOr<bool> OptimizerStep() override;
   // Clears .grad and what unsynced passes accumulated (nothing carries into the next step).
   void ZeroGrad() override;

@@ -174,27 +174,26 @@ absl::Status LocalEngine::UnscaleOnce() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<double> LocalEngine::ClipGradNorm(double max_norm) {
+absl::StatusOr<torch::Tensor> LocalEngine::ClipGradNorm(double max_norm) {
   if (optimizer_ == nullptr) {
     return absl::FailedPreconditionError("ClipGradNorm before PrepareForTraining");
   }
   CT_RETURN_IF_ERROR(UnscaleOnce());
   std::vector<torch::Tensor> grads = Gradients(*optimizer_);
   return CatchTorch([&] {
-    const double norm = GlobalNorm(grads).item<double>();
-    if (max_norm > 0) ClipOrDefer(grads, norm, max_norm);
+    torch::Tensor norm = GlobalNorm(grads);
+    if (max_norm > 0) ClipOrDefer(grads, ClipCoefficient(norm, max_norm));
     return norm;
   });
 }
 
 // With an optimizer that can scale the gradients as its step reads them, the coefficient goes
-// there (no pass of its own over them); otherwise ClipByNorm. Clipping again replaces it.
-void LocalEngine::ClipOrDefer(const std::vector<torch::Tensor>& grads, double norm,
-                              double max_norm) {
+// there (no pass of its own over them); otherwise ScaleGradients. Clipping again replaces it.
+void LocalEngine::ClipOrDefer(const std::vector<torch::Tensor>& grads,
+                              const torch::Tensor& coefficient) {
   auto* scaling = dynamic_cast<ScalesGradientsInStep*>(optimizer_.get());
-  const double coefficient = ClipCoefficient(norm, max_norm);
-  if (scaling != nullptr && scaling->ScaleGradientsInNextStep(std::min(coefficient, 1.0))) return;
-  ClipByNorm(grads, norm, max_norm);
+  if (scaling != nullptr && scaling->ScaleGradientsInNextStep(coefficient)) return;
+  ScaleGradients(grads, coefficient);
 }
 
 absl::StatusOr<bool> LocalEngine::OptimizerStep() {
@@ -219,9 +218,36 @@ absl::StatusOr<bool> LocalEngine::OptimizerStep() {
   return true;
 }
 
+std::string LocalEngine::StepCaptureBlocker() {
+  if (!device_.is_cuda()) return absl::StrCat("the engine runs on ", device_.str());
+  if (scaler_) return "fp16 loss scaling decides on the host whether to step";
+  if (optimizer_ == nullptr) return "PrepareForTraining has not run";
+  if (working_ != nullptr && working_->exposed()) return "the fp32 masters are exposed";
+  auto* capturable = dynamic_cast<CapturableOptimizer*>(optimizer_.get());
+  if (capturable == nullptr) {
+    return "the optimizer has no capturable step (fused AdamW on CUDA parameters has)";
+  }
+  return capturable->StepCaptureBlocker();
+}
+
+// What a replay cannot do itself: adopt working copies written from outside since the last step
+// (a captured step would otherwise never see them, and capturing one that adopts would adopt
+// them again at every replay), and load the learning rate the Trainer set.
+absl::Status LocalEngine::PrepareStepReplay() {
+  const std::string blocker = StepCaptureBlocker();
+  if (!blocker.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(name(), ": the step cannot be captured as a CUDA graph: ", blocker));
+  }
+  return CatchTorch([&] {
+    if (working_ != nullptr) working_->AdoptWrittenWorkingCopies();
+    dynamic_cast<CapturableOptimizer&>(*optimizer_).LoadDeviceHyperparameters();
+  });
+}
+
 void LocalEngine::CancelPendingClip() {
   if (auto* scaling = dynamic_cast<ScalesGradientsInStep*>(optimizer_.get())) {
-    scaling->ScaleGradientsInNextStep(1.0);
+    scaling->ScaleGradientsInNextStep(torch::Tensor());
   }
 }
 

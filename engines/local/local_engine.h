@@ -1,7 +1,9 @@
 // One process on the CPU or one CUDA device: the reference every other engine must match.
 // Under bf16 (with local.bf16_working_copies, the default) the forward reads bf16 working
 // copies of the fp32 parameters, refreshed after each optimizer step, and the optimizer steps
-// the fp32 masters (engines/working_parameters.h); checkpoints see the masters.
+// the fp32 masters (engines/working_parameters.h); checkpoints see the masters. On CUDA without
+// fp16, with an optimizer whose step can be captured, its step can be captured as a CUDA graph
+// (engines/step_capture.h); the engines built on it that communicate say they cannot.
 //
 //   CT_ASSIGN_OR_RETURN(auto engine, LocalEngine::Create(config, MixedPrecision::kBf16));
 //   CT_RETURN_IF_ERROR(engine->PrepareForTraining(model, factory));
@@ -18,12 +20,13 @@
 #include "engines/engine.h"
 #include "engines/loss_scaler.h"
 #include "engines/mixed_precision.h"
+#include "engines/step_capture.h"
 #include "engines/working_parameters.h"
 #include "proto/engines.pb.h"
 
 namespace cpptrain {
 
-class LocalEngine : public Engine {
+class LocalEngine : public Engine, public CapturableStep {
  public:
   // Resolves the device ("auto": cuda:<LOCAL_RANK> with CUDA, else cpu) and checks that the
   // precision can run there (fp16 autocast needs CUDA).
@@ -41,7 +44,7 @@ class LocalEngine : public Engine {
   std::unique_ptr<ForwardScope> EnterForward() override;
   absl::Status Backward(const torch::Tensor& loss) override;
   void SetGradientSync(bool enabled) override {}
-  absl::StatusOr<double> ClipGradNorm(double max_norm) override;
+  absl::StatusOr<torch::Tensor> ClipGradNorm(double max_norm) override;
   absl::StatusOr<bool> OptimizerStep() override;
   void ZeroGrad() override;
   void ResetOptimizer() override;
@@ -55,6 +58,11 @@ class LocalEngine : public Engine {
 
   // Present with fp16 only.
   LossScaler* loss_scaler() override { return scaler_ ? &*scaler_ : nullptr; }
+
+  // CapturableStep. Engines derived from this one that communicate or reshard in their step
+  // override StepCaptureBlocker with their reason.
+  std::string StepCaptureBlocker() override;
+  absl::Status PrepareStepReplay() override;
 
   // Whether every rank's gradients are finite, given this rank's answer (fp16 only): an
   // overflow on any rank skips the step on all of them.
@@ -71,7 +79,9 @@ class LocalEngine : public Engine {
                                  std::function<void(int)> after_move);
   // Unscales (fp16) once per step and records whether the step may proceed.
   absl::Status UnscaleOnce();
-  void ClipOrDefer(const std::vector<torch::Tensor>& grads, double norm, double max_norm);
+  // Scales `grads` by `coefficient` (a 0-dim tensor from ClipCoefficient), or hands it to the
+  // optimizer's next step where it can take it; nothing reads it on the host.
+  void ClipOrDefer(const std::vector<torch::Tensor>& grads, const torch::Tensor& coefficient);
   // Drops a clip coefficient handed to the optimizer's next step (ZeroGrad after a skipped step).
   void CancelPendingClip();
 

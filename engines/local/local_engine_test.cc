@@ -38,7 +38,7 @@ void StepTiedBlocks(double max_norm) {
   ASSERT_TRUE((*engine)->Backward(model->LossSum(model->Forward(batch), batch)).ok());
   auto norm = (*engine)->ClipGradNorm(max_norm);
   ASSERT_TRUE(norm.ok()) << norm.status();
-  EXPECT_NEAR(*norm, want.norm, 1e-5 * want.norm);
+  EXPECT_NEAR(norm->item<double>(), want.norm, 1e-5 * want.norm);
   ASSERT_TRUE((*engine)->OptimizerStep().ok());
   for (const auto& item : model->named_parameters()) {
     EXPECT_TRUE(torch::allclose(item.value(), want.params.at(item.key()), 1e-5, 1e-6))
@@ -111,7 +111,7 @@ TEST(LocalEngineTest, Bf16WorkingCopiesStepFp32Masters) {
   }
   auto norm = (*engine)->ClipGradNorm(0);
   ASSERT_TRUE(norm.ok()) << norm.status();
-  EXPECT_NEAR(*norm, std::sqrt(ref_squares), 1e-6 * *norm);
+  EXPECT_NEAR(norm->item<double>(), std::sqrt(ref_squares), 1e-6 * norm->item<double>());
   ASSERT_TRUE((*engine)->OptimizerStep().ok());
   (*engine)->ZeroGrad();
   ASSERT_TRUE((*engine)->ExposeMasterWeights().ok());

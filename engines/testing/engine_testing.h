@@ -4,7 +4,7 @@
 //
 //   SgdReference want = TiedBlocksSgdStep({batch0, batch1}, /*lr=*/0.5, /*max_norm=*/0);
 //   ... engine->Backward(...); norm = engine->ClipGradNorm(0); engine->OptimizerStep();
-//   EXPECT_NEAR(norm, want.norm, 1e-6);
+//   EXPECT_NEAR(norm->item<double>(), want.norm, 1e-6);
 //   EXPECT_TRUE(torch::allclose(model.named_parameters()["a.w"], want.params.at("a.w")));
 #ifndef CPPTRAIN_ENGINES_TESTING_ENGINE_TESTING_H_
 #define CPPTRAIN_ENGINES_TESTING_ENGINE_TESTING_H_

@@ -228,18 +228,19 @@ at::Tensor ZeroEngine::ShardSquares() {
 void ZeroEngine::CancelPendingScale() {
   if (!scale_pending_ || zero_optimizer_ == nullptr) return;
   if (auto* scaling = dynamic_cast<ScalesGradientsInStep*>(&zero_optimizer_->inner())) {
-    scaling->ScaleGradientsInNextStep(1.0);
+    scaling->ScaleGradientsInNextStep(torch::Tensor());
   }
   scale_pending_ = false;
 }
 
-// Scales the shard as ClipByNorm does, or with offload hands the coefficient to the optimizer's
-// next step (engines/gradient_scaling.h), which saves a pass over the host gradients.
+// The host shard (offload) scaled as ClipByNorm does, or the coefficient handed to the
+// optimizer's next step (engines/gradient_scaling.h), which saves a pass over the host gradients.
 void ZeroEngine::ClipShard(double norm, double max_norm) {
   const double coefficient = ClipCoefficient(norm, max_norm);
   if (coefficient >= 1.0) return;
   auto* scaling = dynamic_cast<ScalesGradientsInStep*>(&zero_optimizer_->inner());
-  if (offload_ && scaling != nullptr && scaling->ScaleGradientsInNextStep(coefficient)) {
+  if (scaling != nullptr &&
+      scaling->ScaleGradientsInNextStep(torch::scalar_tensor(coefficient, torch::kDouble))) {
     scale_pending_ = true;
     return;
   }
@@ -256,7 +257,7 @@ absl::Status ZeroEngine::CheckReduced() const {
       "synchronization on (SetGradientSync(true), the last micro-batch of a step) first"));
 }
 
-absl::StatusOr<double> ZeroEngine::ClipGradNorm(double max_norm) {
+absl::StatusOr<torch::Tensor> ZeroEngine::ClipGradNorm(double max_norm) {
   if (optimizer_ == nullptr) {
     return absl::FailedPreconditionError("ClipGradNorm before PrepareForTraining");
   }
@@ -267,6 +268,19 @@ absl::StatusOr<double> ZeroEngine::ClipGradNorm(double max_norm) {
   const auto start = std::chrono::steady_clock::now();
   CT_ASSIGN_OR_RETURN(at::Tensor squares, CatchTorch([&] { return ShardSquares(); }));
   CT_ASSIGN_OR_RETURN(std::unique_ptr<Work> work, comm_->AllReduce(squares, ReduceOp::kSum));
+  if (!offload_) {
+    // The shard is on the device: the norm, the coefficient and the scaling stay there.
+    CT_RETURN_IF_ERROR(work->Wait());  // the current stream waits; the host does not
+    return CatchTorch([&] {
+      torch::Tensor norm = squares.reshape({}).to(at::kDouble).sqrt();  // as std::sqrt would
+      if (max_norm > 0) {
+        ScaleGradients({grads_->shard()}, ClipCoefficient(norm, max_norm));
+        grads_->ShardWritten();
+      }
+      return norm;
+    });
+  }
+  // Offload: the host step takes the coefficient, so the host reads the norm.
   CT_RETURN_IF_ERROR(work->Synchronize());
   return CatchTorch([&] {
     const double norm = std::sqrt(squares.cpu().item<double>());
@@ -278,7 +292,7 @@ absl::StatusOr<double> ZeroEngine::ClipGradNorm(double max_norm) {
                                 .count()
                          << " ms" << (scale_pending_ ? " (scaling in the optimizer's step)" : "");
     }
-    return norm;
+    return torch::scalar_tensor(norm, torch::kDouble);
   });
 }
 

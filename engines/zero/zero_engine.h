@@ -77,7 +77,12 @@ class ZeroEngine : public LocalEngine {
                                   const OptimizerFactory& factory) override;
   absl::Status Backward(const torch::Tensor& loss) override;
   void SetGradientSync(bool enabled) override { sync_ = enabled; }
-  absl::StatusOr<double> ClipGradNorm(double max_norm) override;
+  absl::StatusOr<torch::Tensor> ClipGradNorm(double max_norm) override;
+  // Not captured yet (engines/step_capture.h).
+  std::string StepCaptureBlocker() override {
+    return "ZeRO reduce-scatters and gathers its buckets with host-side bookkeeping a graph "
+           "would not replay";
+  }
   absl::StatusOr<bool> OptimizerStep() override;
   void ZeroGrad() override;
   void ResetOptimizer() override;

@@ -1,0 +1,68 @@
+// Clipping by a norm kept on the device gives what clipping by its host value gives: the
+// coefficient bit for bit, and the scaled gradients bit for bit (fp32).
+#include "engines/grad_utils.h"
+
+#include <algorithm>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+namespace cpptrain {
+namespace {
+
+TEST(GradUtilsTest, CoefficientTensorIsTheHostCoefficientClampedAtOne) {
+  for (double max_norm : {1.0, 0.3, 7.5}) {
+    for (float norm : {0.0f, 1e-7f, 0.29999f, 0.3f, 0.5f, 0.9999999f, 1.0f, 3.7f, 1e10f}) {
+      const at::Tensor on_device = ClipCoefficient(torch::full({}, norm), max_norm);
+      EXPECT_EQ(on_device.scalar_type(), torch::kDouble);
+      EXPECT_EQ(on_device.dim(), 0);
+      const double host = std::min(ClipCoefficient(static_cast<double>(norm), max_norm), 1.0);
+      EXPECT_EQ(on_device.item<double>(), host) << "norm " << norm << " max_norm " << max_norm;
+    }
+  }
+  // A one-element [1] norm (an all-reduced sum's shape) is accepted too.
+  EXPECT_EQ(ClipCoefficient(torch::full({1}, 2.0f), 1.0).item<double>(), ClipCoefficient(2.0, 1.0));
+}
+
+std::vector<at::Tensor> RandomGradients(c10::Device device) {
+  torch::manual_seed(5);
+  std::vector<at::Tensor> grads;
+  for (int64_t n : {1000003, 17, 1}) {
+    grads.push_back(torch::randn({n}, torch::TensorOptions().device(device)));
+  }
+  return grads;
+}
+
+std::vector<at::Tensor> Clones(const std::vector<at::Tensor>& tensors) {
+  std::vector<at::Tensor> out;
+  for (const at::Tensor& t : tensors) out.push_back(t.clone());
+  return out;
+}
+
+void ExpectScaleGradientsEqualsClipByNorm(c10::Device device) {
+  for (double max_norm : {0.5, 1e6}) {  // clipping, and a coefficient of exactly 1
+    std::vector<at::Tensor> by_host = RandomGradients(device);
+    std::vector<at::Tensor> by_tensor = Clones(by_host);
+    const at::Tensor norm = GlobalNorm(by_host);
+    ClipByNorm(by_host, norm.item<double>(), max_norm);
+    ScaleGradients(by_tensor, ClipCoefficient(norm, max_norm));
+    for (size_t i = 0; i < by_host.size(); ++i) {
+      EXPECT_TRUE(torch::equal(by_tensor[i], by_host[i])) << "tensor " << i << " max_norm "
+                                                          << max_norm << " on " << device;
+    }
+  }
+}
+
+TEST(GradUtilsTest, ScaleGradientsEqualsClipByNormOnTheCpu) {
+  ExpectScaleGradientsEqualsClipByNorm(c10::Device(c10::kCPU));
+}
+
+// On a device the coefficient is read there, by a multi-tensor kernel: still ClipByNorm's bits.
+TEST(GradUtilsTest, ScaleGradientsEqualsClipByNormOnCuda) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "needs a CUDA device";
+  ExpectScaleGradientsEqualsClipByNorm(c10::Device(c10::kCUDA, 0));
+}
+
+}  // namespace
+}  // namespace cpptrain

@@ -1,0 +1,51 @@
+// Capabilities for replaying a training step as a CUDA graph (base/cuda_graph.h): the Trainer
+// captures one optimizer step's device work (forward, backward, clipping, the optimizer step)
+// once and replays it for later steps of the same shapes, so the host launches one graph per
+// step instead of thousands of kernels. A replay runs none of the step's host code, so a part of
+// the step may be captured only when everything it does is device work whose launch arguments
+// stay the same from step to step, and what does change (a learning rate from the scheduler,
+// a parameter written from outside) is moved into device memory before each replay.
+//
+//   auto* capturable = dynamic_cast<CapturableStep*>(engine);
+//   if (capturable != nullptr && capturable->StepCaptureBlocker().empty()) {
+//     CT_RETURN_IF_ERROR(capturable->PrepareStepReplay());   // outside the graph
+//     ... capture the step once, then before each replay: PrepareStepReplay(), Replay() ...
+//   }
+#ifndef CPPTRAIN_ENGINES_STEP_CAPTURE_H_
+#define CPPTRAIN_ENGINES_STEP_CAPTURE_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+
+namespace cpptrain {
+
+// An engine whose Backward, ClipGradNorm, OptimizerStep and ZeroGrad can be captured.
+class CapturableStep {
+ public:
+  virtual ~CapturableStep() = default;
+
+  // Why the engine's step cannot be captured now, as a sentence for a log line; "" when it can.
+  virtual std::string StepCaptureBlocker() = 0;
+  // Outside the graph, before capturing a step and before every replay: applies what the host
+  // changed since the last step to the device state the captured step reads.
+  virtual absl::Status PrepareStepReplay() = 0;
+};
+
+// An optimizer whose step() can be captured: it queues device work only, reading the
+// hyperparameters that change between steps (the learning rate) from device memory while a
+// graph is being captured.
+class CapturableOptimizer {
+ public:
+  virtual ~CapturableOptimizer() = default;
+
+  // Why its next step cannot be captured ("" when it can).
+  virtual std::string StepCaptureBlocker() = 0;
+  // Outside the graph, before a captured step and before every replay: copies the current
+  // learning rates into the device memory the captured step reads them from.
+  virtual void LoadDeviceHyperparameters() = 0;
+};
+
+}  // namespace cpptrain
+
+#endif  // CPPTRAIN_ENGINES_STEP_CAPTURE_H_

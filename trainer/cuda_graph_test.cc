@@ -1,0 +1,189 @@
+// The Trainer's step on a CUDA device: replayed as a CUDA graph (cuda_graphs) it trains as the
+// eager step does, a step that cannot be captured falls back to eager steps, and an eager step
+// queues its work without the host waiting for the device. Every test needs a CUDA device and a
+// CUDA LibTorch (the GPU hosts); elsewhere each says SKIPPED.
+#include <cmath>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "base/cuda_graph.h"
+#include "base/status.h"
+#include "trainer/data/in_memory_dataset.h"
+#include "trainer/testing/trainer_testing.h"
+#include "trainer/trainer.h"
+
+#if defined(CPPTRAIN_HAS_CUDA)
+#include <c10/cuda/CUDAFunctions.h>
+#endif
+
+namespace cpptrain {
+namespace {
+
+using testing::MaxRelativeDifference;
+using testing::Parameters;
+using testing::TestTempDir;
+using testing::TinyDecoder;
+
+bool HaveCuda() { return torch::cuda::is_available() && SideStreamGraph::Supported(); }
+
+// Sequences of one length, so every step has the same shapes and loss normalizer.
+std::shared_ptr<const Dataset> FixedLengthTokens(int64_t count, int64_t length, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<std::vector<int64_t>> sequences(count, std::vector<int64_t>(length));
+  for (auto& tokens : sequences) {
+    for (int64_t& t : tokens) t = 1 + rng() % 60;
+  }
+  return *InMemoryDataset::FromTokenSequences(sequences);
+}
+
+// bf16 on CUDA with AdamW (fused), clipping that clips, a learning rate that changes every step
+// (warm-up then cosine), weight decay and two micro-batches per step.
+proto::TrainingArguments GraphArgs(const std::string& name, bool graphs) {
+  proto::TrainingArguments args;
+  args.set_output_dir(TestTempDir(name));
+  args.set_learning_rate(3e-3);
+  args.set_lr_scheduler_type(proto::TrainingArguments::COSINE);
+  args.set_warmup_steps(2);
+  args.set_max_steps(8);
+  args.set_per_device_train_batch_size(4);
+  args.set_gradient_accumulation_steps(2);
+  args.set_max_grad_norm(0.5);
+  args.set_weight_decay(0.1);
+  args.set_bf16(true);
+  args.set_logging_steps(1);
+  args.set_save_strategy(proto::TrainingArguments::NO);
+  args.set_disable_tqdm(true);
+  args.mutable_accelerator_config()->set_non_blocking(true);
+  args.mutable_local()->set_device("cuda:0");
+  args.set_cuda_graphs(graphs);
+  return args;
+}
+
+struct Trained {
+  std::vector<double> losses, grad_norms;
+  std::vector<torch::Tensor> params;
+  Metrics metrics;
+};
+
+std::vector<double> Logged(const Trainer& trainer, const std::string& key) {
+  std::vector<double> out;
+  for (const Metrics& record : trainer.state().log_history) {
+    if (record.count(key) && record.count("step") && !record.count("train_loss")) {
+      out.push_back(record.at(key));
+    }
+  }
+  return out;
+}
+
+template <typename T = Trainer>
+Trained Train(const proto::TrainingArguments& args,
+              std::shared_ptr<TrainerCallback> callback = nullptr) {
+  auto model = TinyDecoder(7);
+  T trainer(args, model, FixedLengthTokens(64, 12, 3));
+  if (callback != nullptr) trainer.AddCallback(callback);
+  auto out = trainer.Train();
+  EXPECT_TRUE(out.ok()) << out.status();
+  Trained t;
+  if (!out.ok()) return t;
+  t.losses = Logged(trainer, "loss");
+  t.grad_norms = Logged(trainer, "grad_norm");
+  for (const torch::Tensor& p : Parameters(*model)) t.params.push_back(p.cpu());
+  t.metrics = out->metrics;
+  return t;
+}
+
+double Worst(const std::vector<double>& a, const std::vector<double>& b) {
+  return testing::WorstRelative(a, b);
+}
+
+// 8 steps: 2 eager warm-up steps, the captured step (run by its first replay), 5 replays. The
+// replayed steps read the learning rate from an fp32 device scalar where eager steps pass a
+// double, so they agree to within that rounding, not bit for bit.
+TEST(CudaGraphTest, ReplayedStepsTrainAsEagerStepsDo) {
+  if (!HaveCuda()) GTEST_SKIP() << "needs a CUDA device and a CUDA LibTorch";
+  const Trained eager = Train(GraphArgs("graph_off", false));
+  const Trained graphs = Train(GraphArgs("graph_on", true));
+  ASSERT_EQ(graphs.losses.size(), 8u);
+  EXPECT_EQ(graphs.metrics.at("cuda_graph_captures"), 1);
+  EXPECT_EQ(graphs.metrics.at("cuda_graph_replays"), 5);
+  EXPECT_EQ(eager.metrics.count("cuda_graph_replays"), 0u);
+  for (int step = 0; step < 2; ++step) {
+    EXPECT_EQ(graphs.losses[step], eager.losses[step]) << "eager warm-up step " << step;
+  }
+  EXPECT_LT(Worst(graphs.losses, eager.losses), 1e-5);
+  EXPECT_LT(Worst(graphs.grad_norms, eager.grad_norms), 1e-5);
+  EXPECT_LT(MaxRelativeDifference(graphs.params, eager.params), 1e-4);
+  auto untrained = TinyDecoder(7);
+  EXPECT_GT(MaxRelativeDifference(graphs.params, Parameters(*untrained)), 1e-3) << "it trained";
+}
+
+// A step that reads a device value on the host cannot be captured: the run says why, trains
+// every step eagerly and ends exactly where a run without cuda_graphs ends.
+class ReadsLossOnTheHost : public Trainer {
+ public:
+  using Trainer::Trainer;
+
+ protected:
+  absl::StatusOr<torch::Tensor> TrainingStep(const Batch& batch, int64_t num_items) override {
+    CT_ASSIGN_OR_RETURN(torch::Tensor loss, Trainer::TrainingStep(batch, num_items));
+    if (!std::isfinite(loss.item<double>())) return absl::InternalError("loss is not finite");
+    return loss;
+  }
+};
+
+TEST(CudaGraphTest, UncapturableStepFallsBackToEagerSteps) {
+  if (!HaveCuda()) GTEST_SKIP() << "needs a CUDA device and a CUDA LibTorch";
+  const Trained eager = Train<ReadsLossOnTheHost>(GraphArgs("fallback_off", false));
+  const Trained graphs = Train<ReadsLossOnTheHost>(GraphArgs("fallback_on", true));
+  EXPECT_EQ(graphs.metrics.at("cuda_graph_captures"), 0);
+  EXPECT_EQ(graphs.metrics.at("cuda_graph_replays"), 0);
+  EXPECT_EQ(graphs.losses, eager.losses);
+  EXPECT_EQ(MaxRelativeDifference(graphs.params, eager.params), 0);
+}
+
+#if defined(CPPTRAIN_HAS_CUDA)
+// Turns c10's sync debug mode to "error" for steps from `from_step` on, between the start and
+// the end of each step: a host wait for the device inside a step then fails the run.
+class NoHostSyncInSteps : public TrainerCallback {
+ public:
+  explicit NoHostSyncInSteps(int64_t from_step) : from_step_(from_step) {}
+  void OnStepBegin(const CallbackContext& c) override {
+    if (c.state.global_step + 1 >= from_step_) {
+      c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_ERROR);
+      ++checked;
+    }
+  }
+  void OnStepEnd(const CallbackContext&) override {
+    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
+  }
+  int checked = 0;
+
+ private:
+  int64_t from_step_;
+};
+#endif
+
+// From the second step on (the first makes the optimizer's state and the model's tables), an
+// eager step, and a replayed one, queue their work without waiting for the device: token
+// counting reads the host's copy of the batch and the clip coefficient stays on the device.
+TEST(CudaGraphTest, StepsQueueWorkWithoutWaitingForTheDevice) {
+  if (!HaveCuda()) GTEST_SKIP() << "needs a CUDA device and a CUDA LibTorch";
+#if defined(CPPTRAIN_HAS_CUDA)
+  for (bool graphs : {false, true}) {
+    // With graphs: from the first replay (the capture empties the allocator's cache).
+    auto check = std::make_shared<NoHostSyncInSteps>(graphs ? 4 : 2);
+    const Trained t =
+        Train(GraphArgs(graphs ? "nosync_graphs" : "nosync_eager", graphs), check);
+    EXPECT_EQ(t.losses.size(), 8u) << "graphs " << graphs;
+    EXPECT_EQ(check->checked, graphs ? 5 : 7);
+  }
+#endif
+}
+
+}  // namespace
+}  // namespace cpptrain

@@ -1,0 +1,141 @@
+#include "trainer/internal/step_graph.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "base/logging.h"
+#include "base/status.h"
+
+namespace cpptrain {
+namespace trainer_internal {
+namespace {
+
+std::string TensorSignature(const at::Tensor& t) {
+  if (!t.defined()) return "-";
+  return absl::StrCat(c10::toString(t.scalar_type()), c10::str(t.sizes()));
+}
+
+// A copy of `batch` on `device` in memory of its own (never the batch's own tensors, which the
+// caller may keep), allocated on the current stream.
+Batch DeviceCopy(const Batch& batch, const c10::Device& device, bool non_blocking) {
+  auto copy = [&](const at::Tensor& t) {
+    return t.defined() ? t.to(device, t.scalar_type(), non_blocking, /*copy=*/true) : t;
+  };
+  return Batch{copy(batch.inputs), copy(batch.labels), copy(batch.attention_mask)};
+}
+
+void CopyInto(at::Tensor& to, const at::Tensor& from, bool non_blocking) {
+  if (to.defined()) to.copy_(from, non_blocking);
+}
+
+}  // namespace
+
+std::string StepSignature(const std::vector<Batch>& batches, const std::string& key) {
+  std::string out;
+  for (const Batch& b : batches) {
+    absl::StrAppend(&out, TensorSignature(b.inputs), " ", TensorSignature(b.labels), " ",
+                    TensorSignature(b.attention_mask), "; ");
+  }
+  absl::StrAppend(&out, key);
+  return out;
+}
+
+StepGraph::StepGraph(c10::Device device, int64_t warmup)
+    : device_(device), warmup_(warmup), graph_(device) {}
+
+absl::StatusOr<StepGraph::Outputs> StepGraph::Run(const std::vector<Batch>& batches,
+                                                  const std::string& key, const Functions& f,
+                                                  bool non_blocking) {
+  if (!disabled_reason_.empty()) return RunEager(batches, f, non_blocking);
+  const std::string signature = StepSignature(batches, key);
+  if (!captured_.empty()) {
+    if (signature == captured_) return Replay(batches, f, non_blocking);
+    return RunEager(batches, f, non_blocking);
+  }
+  if (signature != candidate_) {
+    candidate_ = signature;
+    candidate_steps_ = 0;
+  }
+  if (candidate_steps_ < warmup_) {
+    ++candidate_steps_;
+    return RunEager(batches, f, non_blocking);
+  }
+  const std::string blocker = f.blocker();
+  if (!blocker.empty()) {
+    if (blocker != logged_blocker_) {
+      CT_LOG_RANK0(INFO) << "cuda_graphs: this step runs eagerly: " << blocker;
+      logged_blocker_ = blocker;
+    }
+    return RunEager(batches, f, non_blocking);
+  }
+  return CaptureAndRun(batches, signature, f, non_blocking);
+}
+
+absl::StatusOr<StepGraph::Outputs> StepGraph::RunEager(const std::vector<Batch>& batches,
+                                                       const Functions& f, bool non_blocking) {
+  Outputs out;
+  CT_RETURN_IF_ERROR(graph_.RunEager([&]() -> absl::Status {
+    std::vector<Batch> on_device;
+    for (const Batch& b : batches) on_device.push_back(b.To(device_, non_blocking));
+    CT_ASSIGN_OR_RETURN(out, f.work(on_device));
+    return absl::OkStatus();
+  }));
+  return out;
+}
+
+absl::StatusOr<StepGraph::Outputs> StepGraph::CaptureAndRun(const std::vector<Batch>& batches,
+                                                            const std::string& signature,
+                                                            const Functions& f,
+                                                            bool non_blocking) {
+  // The buffers the graph reads its micro-batches from: allocated outside it, so they are not
+  // the graph's to reuse, and refilled before every replay.
+  inputs_.clear();
+  for (const Batch& b : batches) inputs_.push_back(DeviceCopy(b, device_, non_blocking));
+  CT_RETURN_IF_ERROR(f.prepare_replay());
+  Outputs captured;
+  const absl::Status status = graph_.Capture([&]() -> absl::Status {
+    CT_ASSIGN_OR_RETURN(captured, f.work(inputs_));
+    return absl::OkStatus();
+  });
+  if (!status.ok()) {
+    f.discard();
+    Disable(std::string(status.message()));
+    return RunEager(batches, f, non_blocking);
+  }
+  outputs_ = std::move(captured);
+  captured_ = signature;
+  ++captures_;
+  CT_LOG_RANK0(INFO) << "cuda_graphs: captured the step (" << batches.size()
+                     << " micro-batches); later steps of the same shapes replay it";
+  CT_RETURN_IF_ERROR(graph_.Replay());  // the captured step has not run yet
+  return Outputs{outputs_.loss.clone(),
+                 outputs_.grad_norm.defined() ? outputs_.grad_norm.clone() : at::Tensor()};
+}
+
+absl::StatusOr<StepGraph::Outputs> StepGraph::Replay(const std::vector<Batch>& batches,
+                                                     const Functions& f, bool non_blocking) {
+  // On the current stream: the last replay's reads are behind it (Replay orders the current
+  // stream after the side stream) and this replay is ahead of it (and the side stream after).
+  for (size_t i = 0; i < batches.size(); ++i) {
+    CopyInto(inputs_[i].inputs, batches[i].inputs, non_blocking);
+    CopyInto(inputs_[i].labels, batches[i].labels, non_blocking);
+    CopyInto(inputs_[i].attention_mask, batches[i].attention_mask, non_blocking);
+  }
+  CT_RETURN_IF_ERROR(f.prepare_replay());
+  CT_RETURN_IF_ERROR(graph_.Replay());
+  ++replays_;
+  return Outputs{outputs_.loss.clone(),
+                 outputs_.grad_norm.defined() ? outputs_.grad_norm.clone() : at::Tensor()};
+}
+
+void StepGraph::Disable(const std::string& reason) {
+  disabled_reason_ = reason;
+  CT_LOG_RANK0(WARNING) << "cuda_graphs: every later step runs eagerly: " << reason;
+  graph_.Reset();
+  captured_.clear();
+  inputs_.clear();
+  outputs_ = Outputs{};
+}
+
+}  // namespace trainer_internal
+}  // namespace cpptrain

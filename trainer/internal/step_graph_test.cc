@@ -1,0 +1,161 @@
+// StepGraph's schedule (warm-up, capture, replay, eager fallbacks) on any machine, and its
+// capture and replay of real device work on a CUDA device.
+#include "trainer/internal/step_graph.h"
+
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+namespace cpptrain {
+namespace trainer_internal {
+namespace {
+
+Batch Tokens(int64_t rows, int64_t cols, int64_t start) {
+  at::Tensor ids = torch::arange(start, start + rows * cols, torch::kLong).view({rows, cols});
+  return Batch{ids, ids.clone(), at::Tensor()};
+}
+
+TEST(StepGraphTest, SignatureNamesShapesDtypesAndKey) {
+  const std::string base = StepSignature({Tokens(2, 8, 0), Tokens(2, 8, 100)}, "n 30");
+  EXPECT_EQ(base, StepSignature({Tokens(2, 8, 7), Tokens(2, 8, 9)}, "n 30")) << "values differ";
+  EXPECT_NE(base, StepSignature({Tokens(2, 8, 0), Tokens(2, 9, 0)}, "n 30"));
+  EXPECT_NE(base, StepSignature({Tokens(2, 8, 0)}, "n 30"));
+  EXPECT_NE(base, StepSignature({Tokens(2, 8, 0), Tokens(2, 8, 0)}, "n 31"));
+  Batch masked = Tokens(2, 8, 0);
+  masked.attention_mask = torch::ones({2, 8}, torch::kLong);
+  EXPECT_NE(base, StepSignature({masked, Tokens(2, 8, 0)}, "n 30"));
+  Batch half = Tokens(2, 8, 0);
+  half.inputs = half.inputs.to(torch::kInt);
+  EXPECT_NE(base, StepSignature({half, Tokens(2, 8, 0)}, "n 30"));
+}
+
+// Counts what the schedule asked for. The work sums the inputs, so outputs show what it read.
+struct Recorder {
+  int work = 0, prepared = 0, discarded = 0;
+  std::string blocker;
+  StepGraph::Functions Functions() {
+    StepGraph::Functions f;
+    f.blocker = [this] { return blocker; };
+    f.prepare_replay = [this] {
+      ++prepared;
+      return absl::OkStatus();
+    };
+    f.work = [this](const std::vector<Batch>& batches) -> absl::StatusOr<StepGraph::Outputs> {
+      ++work;
+      at::Tensor loss = torch::zeros({}, batches[0].inputs.options().dtype(torch::kDouble));
+      for (const Batch& b : batches) loss += b.inputs.sum().to(torch::kDouble);
+      return StepGraph::Outputs{loss, at::Tensor()};
+    };
+    f.discard = [this] { ++discarded; };
+    return f;
+  }
+};
+
+double Sum(const std::vector<Batch>& batches) {
+  double sum = 0;
+  for (const Batch& b : batches) sum += b.inputs.sum().item<double>();
+  return sum;
+}
+
+// On the CPU nothing can be captured: after the warm-up the capture fails, what it left is
+// discarded, the step runs eagerly (once) and so does every later one.
+TEST(StepGraphTest, FailedCaptureRunsTheStepEagerlyFromThenOn) {
+  StepGraph graph(c10::Device(c10::kCPU), /*warmup=*/2);
+  Recorder r;
+  for (int step = 0; step < 5; ++step) {
+    const std::vector<Batch> batches = {Tokens(2, 4, step), Tokens(2, 4, 10 * step)};
+    auto out = graph.Run(batches, "key", r.Functions(), /*non_blocking=*/false);
+    ASSERT_TRUE(out.ok()) << out.status();
+    EXPECT_EQ(out->loss.item<double>(), Sum(batches)) << "step " << step;
+    EXPECT_EQ(r.work, step + 1) << "each step's work ran once";
+  }
+  EXPECT_EQ(r.prepared, 1) << "prepared for the one capture attempt";
+  EXPECT_EQ(r.discarded, 1);
+  EXPECT_EQ(graph.captures(), 0);
+  EXPECT_EQ(graph.replays(), 0);
+  EXPECT_NE(graph.disabled_reason(), "");
+}
+
+// While the engine says the step cannot be captured, steps run eagerly and nothing is tried;
+// once it can, the next step is captured.
+TEST(StepGraphTest, BlockedStepsRunEagerlyWithoutTrying) {
+  StepGraph graph(c10::Device(c10::kCPU), /*warmup=*/1);
+  Recorder r;
+  r.blocker = "fp16 loss scaling decides on the host whether to step";
+  for (int step = 0; step < 4; ++step) {
+    ASSERT_TRUE(graph.Run({Tokens(1, 4, step)}, "k", r.Functions(), false).ok());
+  }
+  EXPECT_EQ(r.work, 4);
+  EXPECT_EQ(r.prepared, 0);
+  EXPECT_EQ(graph.disabled_reason(), "") << "a blocker is not a failure";
+  r.blocker.clear();
+  ASSERT_TRUE(graph.Run({Tokens(1, 4, 9)}, "k", r.Functions(), false).ok());
+  EXPECT_EQ(r.prepared, 1) << "tried once unblocked (and failed: this is the CPU)";
+}
+
+// A change of shape (or key) restarts the warm-up: alternating shapes never get captured.
+TEST(StepGraphTest, ChangingSignaturesRestartTheWarmup) {
+  StepGraph graph(c10::Device(c10::kCPU), /*warmup=*/2);
+  Recorder r;
+  for (int step = 0; step < 6; ++step) {
+    const int64_t cols = step % 2 == 0 ? 4 : 5;
+    ASSERT_TRUE(graph.Run({Tokens(1, cols, step)}, "k", r.Functions(), false).ok());
+  }
+  EXPECT_EQ(r.prepared, 0);
+  EXPECT_EQ(r.work, 6);
+}
+
+// On a GPU: the third step of one shape is captured, later ones replay it with their own
+// micro-batches (copied into the graph's buffers), and a step of another shape runs eagerly.
+TEST(StepGraphTest, CapturesThenReplaysWithNewInputsOnCuda) {
+  if (!torch::cuda::is_available() || !SideStreamGraph::Supported()) {
+    GTEST_SKIP() << "needs a CUDA device and a CUDA LibTorch";
+  }
+  StepGraph graph(c10::Device(c10::kCUDA, 0), /*warmup=*/2);
+  Recorder r;
+  for (int step = 0; step < 8; ++step) {
+    const int64_t cols = step == 6 ? 5 : 4;  // step 6 has another shape
+    const std::vector<Batch> batches = {Tokens(2, cols, 3 * step), Tokens(2, cols, 7 * step)};
+    auto out = graph.Run(batches, "key", r.Functions(), /*non_blocking=*/false);
+    ASSERT_TRUE(out.ok()) << out.status();
+    EXPECT_TRUE(out->loss.is_cuda());
+    EXPECT_EQ(out->loss.item<double>(), Sum(batches)) << "step " << step;
+  }
+  EXPECT_EQ(graph.disabled_reason(), "");
+  EXPECT_EQ(graph.captures(), 1);
+  EXPECT_EQ(graph.replays(), 4) << "steps 3, 4, 5 and 7";
+  EXPECT_EQ(r.work, 4) << "2 warm-up steps, the capture, the other shape";
+  EXPECT_EQ(r.prepared, 5) << "before the capture and each replay";
+}
+
+// A step that reads a device value on the host cannot be captured: it runs eagerly, with the
+// right result, and so does every later step.
+TEST(StepGraphTest, HostSyncInTheStepFallsBackOnCuda) {
+  if (!torch::cuda::is_available() || !SideStreamGraph::Supported()) {
+    GTEST_SKIP() << "needs a CUDA device and a CUDA LibTorch";
+  }
+  StepGraph graph(c10::Device(c10::kCUDA, 0), /*warmup=*/1);
+  Recorder r;
+  StepGraph::Functions f = r.Functions();
+  auto work = f.work;
+  f.work = [&](const std::vector<Batch>& batches) -> absl::StatusOr<StepGraph::Outputs> {
+    if (batches[0].inputs.sum().item<int64_t>() < 0) return absl::InternalError("unreachable");
+    return work(batches);
+  };
+  for (int step = 0; step < 4; ++step) {
+    const std::vector<Batch> batches = {Tokens(2, 4, step)};
+    auto out = graph.Run(batches, "key", f, false);
+    ASSERT_TRUE(out.ok()) << out.status();
+    EXPECT_EQ(out->loss.item<double>(), Sum(batches)) << "step " << step;
+  }
+  EXPECT_EQ(graph.captures(), 0);
+  EXPECT_EQ(r.discarded, 1);
+  EXPECT_NE(graph.disabled_reason(), "");
+  EXPECT_EQ(r.work, 4) << "the failed capture's work never ran: the step ran once, eagerly";
+}
+
+}  // namespace
+}  // namespace trainer_internal
+}  // namespace cpptrain

@@ -3,10 +3,12 @@
 #include <exception>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 
 #if defined(CPPTRAIN_HAS_CUDA)
+#include <ATen/core/CachingHostAllocator.h>
 #include <ATen/cuda/CUDAEvent.h>
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -76,30 +78,69 @@ absl::Status SideStreamGraph::RunEager(const std::function<absl::Status()>& work
   return OnSideStream(impl_->stream, work);
 }
 
+namespace {
+
+// After a capture that CUDA invalidated. LibTorch 2.11's CUDAGraph::capture_end throws before it
+// stops routing allocations to the graph's pool, and its reset() releases that pool only after a
+// successful capture, so both are done here, each at most once (a LibTorch that already did one
+// makes the call throw, which is ignored). The graph object is kept for the life of the process:
+// the allocators' routing filter and the capturing-graphs map hold pointers to it.
+void ReleaseFailedCapture(std::unique_ptr<at::cuda::CUDAGraph> graph, c10::DeviceIndex device,
+                          at::cuda::MempoolId_t pool) {
+  auto ignoring = [](const std::function<void()>& call) {
+    try {
+      call();
+    } catch (const std::exception&) {
+    }
+  };
+  ignoring([&] { c10::cuda::CUDACachingAllocator::endAllocateToPool(device, pool); });
+  ignoring([&] { at::getHostAllocator(at::kCUDA)->end_allocate_to_pool(pool); });
+  ignoring([&] { c10::cuda::CUDACachingAllocator::releasePool(device, pool); });
+  ignoring([&] { at::getHostAllocator(at::kCUDA)->release_pool(pool); });
+  static auto* kept = new std::vector<std::unique_ptr<at::cuda::CUDAGraph>>();
+  kept->push_back(std::move(graph));
+  (void)cudaGetLastError();  // the invalidated capture's error is not sticky: clear it
+}
+
+}  // namespace
+
 absl::Status SideStreamGraph::Capture(const std::function<absl::Status()>& work) {
   if (impl_ == nullptr) {
     return absl::FailedPreconditionError(
         absl::StrCat("CUDA graphs capture CUDA work, and this runs on ", device_.str()));
   }
   Reset();
+  const c10::DeviceIndex index = device_.index();
   // The graph's pool cannot reuse blocks the eager steps left cached: hand them back first, so
   // the device holds one step's activations, not two.
-  c10::cuda::CUDACachingAllocator::emptyCache();
+  absl::Status status = Catching([] {
+    c10::cuda::CUDACachingAllocator::emptyCache();
+    return absl::OkStatus();
+  });
+  if (!status.ok()) return status;
+  const at::cuda::MempoolId_t pool = at::cuda::graph_pool_handle();
   auto graph = std::make_unique<at::cuda::CUDAGraph>();
-  absl::Status status = OnSideStream(impl_->stream, [&]() -> absl::Status {
+  bool began = false, ended = false;
+  status = OnSideStream(impl_->stream, [&]() -> absl::Status {
     // Thread-local: the loader's threads may pin host memory meanwhile; the capturing thread
     // (and autograd's, whose work is on this stream) may not synchronize.
-    graph->capture_begin(at::cuda::MempoolId_t{0, 0}, cudaStreamCaptureModeThreadLocal);
+    graph->capture_begin(pool, cudaStreamCaptureModeThreadLocal);
+    began = true;
     absl::Status work_status = Catching(work);
     try {
       graph->capture_end();  // ends the capture even when `work` failed
+      ended = true;
     } catch (const std::exception& e) {
       if (work_status.ok()) work_status = absl::InternalError(e.what());
     }
     return work_status;
   });
   if (!status.ok()) {
-    (void)cudaGetLastError();  // a failed capture leaves a (non-sticky) error behind
+    if (began && !ended) {
+      ReleaseFailedCapture(std::move(graph), index, pool);
+    } else {
+      (void)cudaGetLastError();
+    }
     return absl::FailedPreconditionError(
         absl::StrCat("the step could not be captured as a CUDA graph: ", status.message()));
   }

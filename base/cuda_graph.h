@@ -3,7 +3,7 @@
 // same class: Supported() is false there and Capture reports that it cannot.
 //
 //   SideStreamGraph graph(device);
-//   CT_RETURN_IF_ERROR(graph.RunEager(work));      // warm-up: handles and workspaces for the stream
+//   CT_RETURN_IF_ERROR(graph.RunEager(work));      // warm-up: the stream's handles, workspaces
 //   absl::Status captured = graph.Capture(work);   // queues nothing; on an error, no graph
 //   if (captured.ok()) CT_RETURN_IF_ERROR(graph.Replay());   // runs what `work` queued
 //

@@ -66,7 +66,17 @@ void ScaleGradients(const std::vector<at::Tensor>& grads, const at::Tensor& coef
   }
   std::map<std::pair<std::string, at::ScalarType>, std::vector<at::Tensor>> groups;
   for (const at::Tensor& g : grads) groups[{g.device().str(), g.scalar_type()}].push_back(g);
-  for (const auto& [key, tensors] : groups) MultiplyByDeviceScalar(tensors, coefficient);
+  for (const auto& [key, tensors] : groups) {
+    const at::ScalarType dtype = key.second;
+    if (dtype == at::kFloat || dtype == at::kDouble) {
+      MultiplyByDeviceScalar(tensors, coefficient);  // the coefficient in the gradients' dtype
+      continue;
+    }
+    // fp16/bf16: the product in fp32 and rounded once, as a multiply by a host scalar computes
+    // it (the multi-tensor kernel would round the coefficient to the gradients' dtype first).
+    const at::Tensor coefficient32 = coefficient.to(tensors[0].device(), at::kFloat);
+    for (const at::Tensor& g : tensors) g.copy_(g.to(at::kFloat).mul_(coefficient32));
+  }
 }
 
 void ClearGradients(torch::optim::Optimizer& optimizer) {

@@ -47,10 +47,10 @@ void ClipByNorm(const std::vector<at::Tensor>& grads, double norm, double max_no
 // bitwise the host function's result, without reading the norm on the host.
 at::Tensor ClipCoefficient(const at::Tensor& norm, double max_norm);
 
-// Multiplies every gradient by `coefficient` (a 0-dim tensor, ClipCoefficient's): CPU gradients
-// through its host value exactly as ClipByNorm does (nothing when it is 1), device gradients
-// without reading it back, one multi-tensor kernel per dtype with the coefficient rounded to it
-// (bitwise ClipByNorm's for fp32 gradients; PyTorch's clip_grad_norm_ does the same).
+// Multiplies every gradient by `coefficient` (a 0-dim tensor, ClipCoefficient's) with
+// ClipByNorm's result, bit for bit: CPU gradients through its host value (nothing when it is 1),
+// device gradients without reading it back (fp32 ones by a multi-tensor kernel, fp16/bf16 ones
+// through an fp32 product rounded once, one tensor at a time).
 void ScaleGradients(const std::vector<at::Tensor>& grads, const at::Tensor& coefficient);
 
 // Sets every parameter's gradient to none (undefined), releasing its memory.

@@ -25,11 +25,11 @@ TEST(GradUtilsTest, CoefficientTensorIsTheHostCoefficientClampedAtOne) {
   EXPECT_EQ(ClipCoefficient(torch::full({1}, 2.0f), 1.0).item<double>(), ClipCoefficient(2.0, 1.0));
 }
 
-std::vector<at::Tensor> RandomGradients(c10::Device device) {
+std::vector<at::Tensor> RandomGradients(c10::Device device, at::ScalarType dtype) {
   torch::manual_seed(5);
   std::vector<at::Tensor> grads;
   for (int64_t n : {1000003, 17, 1}) {
-    grads.push_back(torch::randn({n}, torch::TensorOptions().device(device)));
+    grads.push_back(torch::randn({n}, torch::TensorOptions().device(device)).to(dtype));
   }
   return grads;
 }
@@ -40,28 +40,33 @@ std::vector<at::Tensor> Clones(const std::vector<at::Tensor>& tensors) {
   return out;
 }
 
-void ExpectScaleGradientsEqualsClipByNorm(c10::Device device) {
+void ExpectScaleGradientsEqualsClipByNorm(c10::Device device, at::ScalarType dtype) {
   for (double max_norm : {0.5, 1e6}) {  // clipping, and a coefficient of exactly 1
-    std::vector<at::Tensor> by_host = RandomGradients(device);
+    std::vector<at::Tensor> by_host = RandomGradients(device, dtype);
     std::vector<at::Tensor> by_tensor = Clones(by_host);
     const at::Tensor norm = GlobalNorm(by_host);
     ClipByNorm(by_host, norm.item<double>(), max_norm);
     ScaleGradients(by_tensor, ClipCoefficient(norm, max_norm));
     for (size_t i = 0; i < by_host.size(); ++i) {
-      EXPECT_TRUE(torch::equal(by_tensor[i], by_host[i])) << "tensor " << i << " max_norm "
-                                                          << max_norm << " on " << device;
+      EXPECT_TRUE(torch::equal(by_tensor[i], by_host[i]))
+          << "tensor " << i << " max_norm " << max_norm << " on " << device << " " << dtype;
     }
   }
 }
 
 TEST(GradUtilsTest, ScaleGradientsEqualsClipByNormOnTheCpu) {
-  ExpectScaleGradientsEqualsClipByNorm(c10::Device(c10::kCPU));
+  for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    ExpectScaleGradientsEqualsClipByNorm(c10::Device(c10::kCPU), dtype);
+  }
 }
 
-// On a device the coefficient is read there, by a multi-tensor kernel: still ClipByNorm's bits.
+// On a device the coefficient is read there (fp32 gradients by a multi-tensor kernel, bf16 ones
+// through an fp32 product): still ClipByNorm's bits.
 TEST(GradUtilsTest, ScaleGradientsEqualsClipByNormOnCuda) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "needs a CUDA device";
-  ExpectScaleGradientsEqualsClipByNorm(c10::Device(c10::kCUDA, 0));
+  for (at::ScalarType dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
+    ExpectScaleGradientsEqualsClipByNorm(c10::Device(c10::kCUDA, 0), dtype);
+  }
 }
 
 }  // namespace

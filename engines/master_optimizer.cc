@@ -29,6 +29,12 @@ std::string MasterOptimizer::StepCaptureBlocker() {
   return capturable->StepCaptureBlocker();
 }
 
+void MasterOptimizer::UseDeviceHyperparameters() {
+  if (auto* capturable = dynamic_cast<CapturableOptimizer*>(inner_.get())) {
+    capturable->UseDeviceHyperparameters();
+  }
+}
+
 void MasterOptimizer::LoadDeviceHyperparameters() {
   // The options the Trainer set on this wrapper reach the inner optimizer at step(); a replay
   // runs no step(), so they go over here.

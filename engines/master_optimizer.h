@@ -41,6 +41,7 @@ class MasterOptimizer : public WrappingOptimizer,
   bool ScaleGradientsInNextStep(const at::Tensor& scale) override;
   // The inner optimizer's answers; not capturable when it is not.
   std::string StepCaptureBlocker() override;
+  void UseDeviceHyperparameters() override;
   void LoadDeviceHyperparameters() override;
 
  private:

@@ -7,9 +7,11 @@
 // a parameter written from outside) is moved into device memory before each replay.
 //
 //   auto* capturable = dynamic_cast<CapturableStep*>(engine);
-//   if (capturable != nullptr && capturable->StepCaptureBlocker().empty()) {
-//     CT_RETURN_IF_ERROR(capturable->PrepareStepReplay());   // outside the graph
-//     ... capture the step once, then before each replay: PrepareStepReplay(), Replay() ...
+//   if (capturable != nullptr && capturable->EngineCaptureBlocker().empty()) {
+//     CT_RETURN_IF_ERROR(capturable->PrepareForCapture());   // the steps' stream current
+//     ... eager steps; once StepCaptureBlocker() is "": PrepareForCapture(),
+//     PrepareStepReplay() (outside the graph), capture the step; before each replay:
+//     PrepareStepReplay(), Replay() ...
 //   }
 #ifndef CPPTRAIN_ENGINES_STEP_CAPTURE_H_
 #define CPPTRAIN_ENGINES_STEP_CAPTURE_H_
@@ -25,8 +27,18 @@ class CapturableStep {
  public:
   virtual ~CapturableStep() = default;
 
-  // Why the engine's step cannot be captured now, as a sentence for a log line; "" when it can.
+  // Why this engine's step can never be captured in this run (its device, fp16 loss scaling, a
+  // step that communicates), as a sentence for a log line; "" when it may be.
+  virtual std::string EngineCaptureBlocker() = 0;
+  // Why the step cannot be captured now ("" when it can): EngineCaptureBlocker's reasons, then
+  // those of the moment (the optimizer has not made its state yet, ...).
   virtual std::string StepCaptureBlocker() = 0;
+  // With the stream the steps will run on current, before the first of them and again before a
+  // capture: the step's backward runs on that stream (autograd runs a gradient accumulator on
+  // the stream that was current when it was made, so the engine makes the ones it keeps hooks
+  // on again), and the optimizer reads its learning rate from device memory from now on, so
+  // eager and replayed steps compute alike.
+  virtual absl::Status PrepareForCapture() = 0;
   // Outside the graph, before capturing a step and before every replay: applies what the host
   // changed since the last step to the device state the captured step reads.
   virtual absl::Status PrepareStepReplay() = 0;
@@ -41,6 +53,9 @@ class CapturableOptimizer {
 
   // Why its next step cannot be captured ("" when it can).
   virtual std::string StepCaptureBlocker() = 0;
+  // From now on every step reads the learning rate from the device memory that
+  // LoadDeviceHyperparameters fills (an eager step fills it itself), as a captured step does.
+  virtual void UseDeviceHyperparameters() = 0;
   // Outside the graph, before a captured step and before every replay: copies the current
   // learning rates into the device memory the captured step reads them from.
   virtual void LoadDeviceHyperparameters() = 0;

@@ -101,6 +101,15 @@ void WorkingParameters::InstallHooks(std::function<void(int)> after_move) {
       params_, hooks_.handle());
 }
 
+bool WorkingParameters::RemakeAccumulators() {
+  for (const auto& accumulator : accumulators_) {
+    if (accumulator.use_count() > 1) return false;
+  }
+  accumulators_.clear();  // the last references: the accumulators go, and their hooks with them
+  InstallHooks(after_move_);
+  return true;
+}
+
 at::Tensor WorkingParameters::GradientView(int i) {
   return gradients_.narrow(0, offsets_[i], params_[i].numel()).view(params_[i].sizes());
 }

@@ -64,6 +64,11 @@ class WorkingParameters {
   // Installs the hooks on the parameters' current gradient accumulators; `after_move(i)`, if
   // set, runs after parameter i's gradient moved (on the thread autograd calls it from).
   void InstallHooks(std::function<void(int)> after_move);
+  // Makes the gradient accumulators again, with the hooks, while the current stream is the one
+  // the backward should run them on (autograd runs an accumulator on the stream that was current
+  // when it was made; a CUDA graph is captured on a side stream). False, changing nothing, when
+  // an accumulator is held elsewhere too (a graph of a backward that has not run).
+  bool RemakeAccumulators();
   // Starts an accumulation: the next gradient of each parameter overwrites its master's (the
   // caller clears the masters' .grad, as the optimizer's zero_grad does); drops any bf16 .grad
   // a failed backward left on a parameter.

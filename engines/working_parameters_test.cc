@@ -5,6 +5,7 @@
 #include "engines/working_parameters.h"
 
 #include <gtest/gtest.h>
+#include <torch/csrc/autograd/variable.h>
 #include <torch/torch.h>
 
 namespace cpptrain {
@@ -109,6 +110,30 @@ INSTANTIATE_TEST_SUITE_P(WorkingParametersTest, GradientsTest, ::testing::Bool()
                          [](const ::testing::TestParamInfo<bool>& info) {
                            return info.param ? "Flat" : "OwnAllocations";
                          });
+
+// Remade accumulators (for a CUDA graph's stream) carry the hooks once: a backward moves each
+// gradient once, as before. One held elsewhere leaves everything as it was.
+TEST(WorkingParametersTest, RemadeAccumulatorsMoveEachGradientOnce) {
+  WorkingParameters::Named params = TwoParameters();
+  auto working = WorkingParameters::Create(params);
+  ASSERT_TRUE(working.ok()) << working.status();
+  int moved = 0;
+  (*working)->InstallHooks([&](int) { ++moved; });
+  auto held = torch::autograd::impl::grad_accumulator(params[0].second);
+  EXPECT_FALSE((*working)->RemakeAccumulators()) << "`held` holds one";
+  EXPECT_EQ(torch::autograd::impl::grad_accumulator(params[0].second), held) << "unchanged";
+  held.reset();
+  ASSERT_TRUE((*working)->RemakeAccumulators());
+
+  const at::Tensor x = torch::randn({4, 3});
+  Loss(params, x).backward();
+  EXPECT_EQ(moved, 2) << "one move per parameter";
+  at::Tensor w_ref = params[0].second.detach().clone().set_requires_grad(true);
+  at::Tensor b_ref = params[1].second.detach().clone().set_requires_grad(true);
+  Loss({{"w", w_ref}, {"b", b_ref}}, x).backward();
+  EXPECT_TRUE((*working)->masters()[0].second.grad().equal(w_ref.grad().to(at::kFloat)))
+      << "moved once, not added twice";
+}
 
 TEST(WorkingParametersTest, RefreshRoundsTheSteppedMastersAndWrittenCopiesAreAdopted) {
   WorkingParameters::Named params = TwoParameters();

@@ -101,9 +101,10 @@ double Worst(const std::vector<double>& a, const std::vector<double>& b) {
   return testing::WorstRelative(a, b);
 }
 
-// 8 steps: 2 eager warm-up steps, the captured step (run by its first replay), 5 replays. The
-// replayed steps read the learning rate from an fp32 device scalar where eager steps pass a
-// double, so they agree to within that rounding, not bit for bit.
+// 8 steps: 2 eager warm-up steps, the captured step (run by its first replay), 5 replays. With
+// cuda_graphs every step reads the learning rate from an fp32 device scalar where a run without
+// passes a double, so the two agree to within that rounding (and attention's backward need not
+// be deterministic), not bit for bit.
 TEST(CudaGraphTest, ReplayedStepsTrainAsEagerStepsDo) {
   if (!HaveCuda()) GTEST_SKIP() << "needs a CUDA device and a CUDA LibTorch";
   const Trained eager = Train(GraphArgs("graph_off", false));
@@ -112,9 +113,6 @@ TEST(CudaGraphTest, ReplayedStepsTrainAsEagerStepsDo) {
   EXPECT_EQ(graphs.metrics.at("cuda_graph_captures"), 1);
   EXPECT_EQ(graphs.metrics.at("cuda_graph_replays"), 5);
   EXPECT_EQ(eager.metrics.count("cuda_graph_replays"), 0u);
-  for (int step = 0; step < 2; ++step) {
-    EXPECT_EQ(graphs.losses[step], eager.losses[step]) << "eager warm-up step " << step;
-  }
   EXPECT_LT(Worst(graphs.losses, eager.losses), 1e-5);
   EXPECT_LT(Worst(graphs.grad_norms, eager.grad_norms), 1e-5);
   EXPECT_LT(MaxRelativeDifference(graphs.params, eager.params), 1e-4);
@@ -123,7 +121,8 @@ TEST(CudaGraphTest, ReplayedStepsTrainAsEagerStepsDo) {
 }
 
 // A step that reads a device value on the host cannot be captured: the run says why, trains
-// every step eagerly and ends exactly where a run without cuda_graphs ends.
+// every step eagerly and ends where a run without cuda_graphs ends. Then a second run in the same
+// process captures and replays its steps: the failed capture left the allocator in order.
 class ReadsLossOnTheHost : public Trainer {
  public:
   using Trainer::Trainer;
@@ -142,8 +141,13 @@ TEST(CudaGraphTest, UncapturableStepFallsBackToEagerSteps) {
   const Trained graphs = Train<ReadsLossOnTheHost>(GraphArgs("fallback_on", true));
   EXPECT_EQ(graphs.metrics.at("cuda_graph_captures"), 0);
   EXPECT_EQ(graphs.metrics.at("cuda_graph_replays"), 0);
-  EXPECT_EQ(graphs.losses, eager.losses);
-  EXPECT_EQ(MaxRelativeDifference(graphs.params, eager.params), 0);
+  ASSERT_EQ(graphs.losses.size(), 8u);
+  EXPECT_LT(Worst(graphs.losses, eager.losses), 1e-5);
+  EXPECT_LT(MaxRelativeDifference(graphs.params, eager.params), 1e-4);
+  const Trained after = Train(GraphArgs("after_fallback", true));
+  EXPECT_EQ(after.metrics.at("cuda_graph_captures"), 1);
+  EXPECT_EQ(after.metrics.at("cuda_graph_replays"), 5);
+  EXPECT_LT(Worst(after.losses, graphs.losses), 1e-5);
 }
 
 #if defined(CPPTRAIN_HAS_CUDA)

@@ -276,14 +276,18 @@ bool FusedAdamW::FusedCudaStep(const torch::Tensor& scale) {
       grad_scale = torch::ones_like(scale64).div(scale64).to(torch::kFloat);
     }
     const double beta1 = std::get<0>(options.betas()), beta2 = std::get<1>(options.betas());
-    if (!params.empty() && IsCapturingCudaGraph(params[0].device())) {
-      // A graph replays launch arguments as captured: the learning rate comes from memory.
-      TORCH_CHECK(g < device_lr_.size() && device_lr_[g].defined(),
+    const bool capturing = !params.empty() && IsCapturingCudaGraph(params[0].device());
+    if (!params.empty() && (capturing || device_lr_always_)) {
+      // A graph replays launch arguments as captured: the learning rate comes from memory,
+      // which LoadDeviceHyperparameters filled before the capture (filling it here would be
+      // captured with this step's value).
+      TORCH_CHECK(!capturing || (g < device_lr_.size() && device_lr_[g].defined()),
                   "FusedAdamW: a CUDA graph is capturing its step but LoadDeviceHyperparameters "
                   "did not run first, so the graph would keep this step's learning rate");
-      if (!FusedAdamWStepWithDeviceLr(params, grads, exp_avgs, exp_avg_sqs, steps, device_lr_[g],
-                                      beta1, beta2, options.weight_decay(), options.eps(),
-                                      grad_scale)) {
+      const torch::Tensor& lr =
+          capturing ? device_lr_[g] : FilledDeviceLr(g, params[0].device());
+      if (!FusedAdamWStepWithDeviceLr(params, grads, exp_avgs, exp_avg_sqs, steps, lr, beta1,
+                                      beta2, options.weight_decay(), options.eps(), grad_scale)) {
         return false;
       }
       continue;
@@ -318,17 +322,21 @@ std::string FusedAdamW::StepCaptureBlocker() {
   return "";
 }
 
+const torch::Tensor& FusedAdamW::FilledDeviceLr(size_t g, const c10::Device& device) {
+  if (device_lr_.size() <= g) device_lr_.resize(param_groups().size());
+  torch::Tensor& lr = device_lr_[g];
+  if (!lr.defined() || lr.device() != device) {
+    lr = torch::empty({}, torch::TensorOptions().dtype(torch::kFloat).device(device));
+  }
+  lr.fill_(static_cast<const torch::optim::AdamWOptions&>(param_groups()[g].options()).lr());
+  return lr;
+}
+
 void FusedAdamW::LoadDeviceHyperparameters() {
   torch::NoGradGuard no_grad;
-  device_lr_.resize(param_groups().size());
   for (size_t g = 0; g < param_groups().size(); ++g) {
     const auto& group = param_groups()[g];
-    if (group.params().empty()) continue;
-    const c10::Device device = group.params()[0].device();
-    if (!device_lr_[g].defined() || device_lr_[g].device() != device) {
-      device_lr_[g] = torch::empty({}, torch::TensorOptions().dtype(torch::kFloat).device(device));
-    }
-    device_lr_[g].fill_(static_cast<const torch::optim::AdamWOptions&>(group.options()).lr());
+    if (!group.params().empty()) FilledDeviceLr(g, group.params()[0].device());
   }
 }
 

@@ -44,9 +44,10 @@ OptimizerFactory MakeAdamWFactory(const proto::TrainingArguments& args);
 // coefficient's tensor (within a rounding of mul_; no host sync).
 //
 // Its fused CUDA step can be captured in a CUDA graph (engines/step_capture.h): while the current
-// stream is being captured it reads each group's learning rate from a device scalar, which
-// LoadDeviceHyperparameters fills from the group's options before the capture and each replay
-// (betas, eps and weight decay are captured as they are).
+// stream is being captured, and for every step after UseDeviceHyperparameters, it reads each
+// group's learning rate from an fp32 device scalar, which an eager step fills from the group's
+// options itself and LoadDeviceHyperparameters fills before a capture and each replay (betas,
+// eps and weight decay are captured as they are).
 class FusedAdamW : public torch::optim::AdamW,
                    public CheckpointableOptimizer,
                    public ScalesGradientsInStep,
@@ -68,6 +69,7 @@ class FusedAdamW : public torch::optim::AdamW,
   // "" once every parameter is on CUDA, the fused kernel has stepped them (its state exists)
   // and this LibTorch reads a device learning rate.
   std::string StepCaptureBlocker() override;
+  void UseDeviceHyperparameters() override { device_lr_always_ = true; }
   void LoadDeviceHyperparameters() override;
 
   // Off: CPU parameters step through torch::optim::AdamW (for comparing the two paths).
@@ -102,8 +104,12 @@ class FusedAdamW : public torch::optim::AdamW,
   Callback report_;          // ReportEachParameterInNextStep's, for the next CPU kernel step
   Bf16CopyOf bf16_copy_of_;  // WriteBf16CopiesInNextStep's, likewise
   bool fused_ = true;        // until a step finds it unavailable
-  // Per group, LoadDeviceHyperparameters' fp32 learning rate on the parameters' device.
+  // Group g's learning rate as an fp32 scalar on `device`, filled from its options.
+  const torch::Tensor& FilledDeviceLr(size_t g, const c10::Device& device);
+
+  // Per group, the fp32 learning rate on the parameters' device that the device-lr kernel reads.
   std::vector<torch::Tensor> device_lr_;
+  bool device_lr_always_ = false;  // UseDeviceHyperparameters
   bool cpu_kernel_ = true;
   std::unordered_map<const c10::TensorImpl*, State> state_;
 };

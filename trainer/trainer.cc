@@ -14,6 +14,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/clock.h"
+#include "base/cuda_graph.h"
 #include "base/logging.h"
 #include "base/status.h"
 #include "base/torch_status.h"
@@ -243,8 +244,13 @@ absl::StatusOr<TrainOutput> Trainer::InnerTrainingLoop(int64_t batch_size) {
                       MakeLoader(train_dataset_, /*train=*/true, batch_size));
   // The graph (and the memory it keeps) lives while this loop trains.
   if (args_.cuda_graphs()) {
-    step_graph_ =
-        std::make_unique<trainer_internal::StepGraph>(engine_->device(), kCudaGraphWarmupSteps);
+    const std::string never = CudaGraphBlocker();
+    if (never.empty()) {
+      step_graph_ =
+          std::make_unique<trainer_internal::StepGraph>(engine_->device(), kCudaGraphWarmupSteps);
+    } else {
+      CT_LOG_RANK0(WARNING) << "cuda_graphs: every step runs eagerly: " << never;
+    }
   }
   absl::Cleanup drop_graph = [this] { step_graph_.reset(); };
 
@@ -336,9 +342,11 @@ absl::StatusOr<TrainOutput> Trainer::InnerTrainingLoop(int64_t batch_size) {
                  {"train_samples_per_second", samples / std::max(runtime, 1e-9)},
                  {"train_steps_per_second", steps_run / std::max(runtime, 1e-9)},
                  {"train_loss", out.training_loss}};
-  if (step_graph_ != nullptr) {
-    out.metrics["cuda_graph_captures"] = static_cast<double>(step_graph_->captures());
-    out.metrics["cuda_graph_replays"] = static_cast<double>(step_graph_->replays());
+  if (args_.cuda_graphs()) {
+    out.metrics["cuda_graph_captures"] =
+        step_graph_ != nullptr ? static_cast<double>(step_graph_->captures()) : 0.0;
+    out.metrics["cuda_graph_replays"] =
+        step_graph_ != nullptr ? static_cast<double>(step_graph_->replays()) : 0.0;
   }
   if (args_.load_best_model_at_end()) CT_RETURN_IF_ERROR(LoadBestModel());
   Log(out.metrics);
@@ -422,17 +430,22 @@ absl::StatusOr<Trainer::StepResult> Trainer::StepDeviceWork(const std::vector<Ba
   return out;
 }
 
+std::string Trainer::CudaGraphBlocker() {
+  if (!SideStreamGraph::Supported()) return "this LibTorch build has no CUDA graphs";
+  auto* capturable = dynamic_cast<CapturableStep*>(engine_.get());
+  if (capturable == nullptr) return engine_->name() + " engine's step cannot be captured";
+  return capturable->EngineCaptureBlocker();
+}
+
 // Under cuda_graphs the step's device work may be a replay, which runs no host code: the
 // callbacks that would fall between its parts run after it, for every step alike.
 absl::StatusOr<Trainer::StepResult> Trainer::RunGraphStep(const MicroBatches& step,
                                                           int64_t normalizer) {
-  auto* capturable = dynamic_cast<CapturableStep*>(engine_.get());
+  auto& capturable = dynamic_cast<CapturableStep&>(*engine_);  // CudaGraphBlocker said so
   trainer_internal::StepGraph::Functions f;
-  f.blocker = [&] {
-    return capturable != nullptr ? capturable->StepCaptureBlocker()
-                                 : engine_->name() + " has no capturable step";
-  };
-  f.prepare_replay = [&] { return capturable->PrepareStepReplay(); };
+  f.blocker = [&] { return capturable.StepCaptureBlocker(); };
+  f.prepare_capture = [&] { return capturable.PrepareForCapture(); };
+  f.prepare_replay = [&] { return capturable.PrepareStepReplay(); };
   f.work = [&](const std::vector<Batch>& on_device)
       -> absl::StatusOr<trainer_internal::StepGraph::Outputs> {
     CT_ASSIGN_OR_RETURN(StepResult r, StepDeviceWork(on_device, normalizer, /*callbacks=*/false));

@@ -190,6 +190,8 @@ class Trainer {
                                             int64_t normalizer, bool callbacks);
   // The same through step_graph_ (eager, captured or replayed).
   absl::StatusOr<StepResult> RunGraphStep(const MicroBatches& step, int64_t normalizer);
+  // Why no step of this run can be a CUDA graph (the build, the engine, its device, fp16); "".
+  std::string CudaGraphBlocker();
   absl::Status SnapshotInitialParameters();
   // After an out-of-memory failure: initial weights, fresh optimizer, nothing left over.
   absl::Status ResetForRetry();

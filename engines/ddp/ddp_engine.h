@@ -51,7 +51,7 @@ class DdpEngine : public LocalEngine {
   void SetGradientSync(bool enabled) override { sync_ = enabled; }
   absl::StatusOr<torch::Tensor> ClipGradNorm(double max_norm) override;
   // Not captured yet (engines/step_capture.h).
-  std::string StepCaptureBlocker() override {
+  std::string EngineCaptureBlocker() override {
     return "DDP reduces its buckets from gradient hooks whose host-side bookkeeping a graph "
            "would not replay";
   }

@@ -33,7 +33,7 @@ class ShardedEngine : public LocalEngine {
   void SetGradientSync(bool enabled) override;
   absl::StatusOr<torch::Tensor> ClipGradNorm(double max_norm) override;
   // Not captured yet (engines/step_capture.h).
-  std::string StepCaptureBlocker() override {
+  std::string EngineCaptureBlocker() override {
     return "FSDP gathers and frees each unit's parameters with host-side bookkeeping a "
            "graph would not replay";
   }

@@ -218,9 +218,14 @@ absl::StatusOr<bool> LocalEngine::OptimizerStep() {
   return true;
 }
 
-std::string LocalEngine::StepCaptureBlocker() {
+std::string LocalEngine::EngineCaptureBlocker() {
   if (!device_.is_cuda()) return absl::StrCat("the engine runs on ", device_.str());
   if (scaler_) return "fp16 loss scaling decides on the host whether to step";
+  return "";
+}
+
+std::string LocalEngine::StepCaptureBlocker() {
+  if (std::string engine = EngineCaptureBlocker(); !engine.empty()) return engine;
   if (optimizer_ == nullptr) return "PrepareForTraining has not run";
   if (working_ != nullptr && working_->exposed()) return "the fp32 masters are exposed";
   auto* capturable = dynamic_cast<CapturableOptimizer*>(optimizer_.get());
@@ -228,6 +233,25 @@ std::string LocalEngine::StepCaptureBlocker() {
     return "the optimizer has no capturable step (fused AdamW on CUDA parameters has)";
   }
   return capturable->StepCaptureBlocker();
+}
+
+absl::Status LocalEngine::PrepareForCapture() {
+  if (optimizer_ == nullptr) {
+    return absl::FailedPreconditionError("PrepareForCapture before PrepareForTraining");
+  }
+  if (working_ != nullptr) {
+    CT_ASSIGN_OR_RETURN(const bool remade,
+                        CatchTorch([&] { return working_->RemakeAccumulators(); }));
+    if (!remade) {
+      return absl::FailedPreconditionError(
+          "the gradient accumulators of the bf16 working copies are held elsewhere (a graph of "
+          "an unfinished backward?), so they cannot be made again on the capturing stream");
+    }
+  }
+  if (auto* capturable = dynamic_cast<CapturableOptimizer*>(optimizer_.get())) {
+    capturable->UseDeviceHyperparameters();
+  }
+  return absl::OkStatus();
 }
 
 // What a replay cannot do itself: adopt working copies written from outside since the last step

@@ -60,8 +60,10 @@ class LocalEngine : public Engine, public CapturableStep {
   LossScaler* loss_scaler() override { return scaler_ ? &*scaler_ : nullptr; }
 
   // CapturableStep. Engines derived from this one that communicate or reshard in their step
-  // override StepCaptureBlocker with their reason.
+  // override EngineCaptureBlocker with their reason.
+  std::string EngineCaptureBlocker() override;
   std::string StepCaptureBlocker() override;
+  absl::Status PrepareForCapture() override;
   absl::Status PrepareStepReplay() override;
 
   // Whether every rank's gradients are finite, given this rank's answer (fp16 only): an

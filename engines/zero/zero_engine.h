@@ -79,7 +79,7 @@ class ZeroEngine : public LocalEngine {
   void SetGradientSync(bool enabled) override { sync_ = enabled; }
   absl::StatusOr<torch::Tensor> ClipGradNorm(double max_norm) override;
   // Not captured yet (engines/step_capture.h).
-  std::string StepCaptureBlocker() override {
+  std::string EngineCaptureBlocker() override {
     return "ZeRO reduce-scatters and gathers its buckets with host-side bookkeeping a graph "
            "would not replay";
   }

@@ -75,6 +75,11 @@ absl::StatusOr<StepGraph::Outputs> StepGraph::RunEager(const std::vector<Batch>&
                                                        const Functions& f, bool non_blocking) {
   Outputs out;
   CT_RETURN_IF_ERROR(graph_.RunEager([&]() -> absl::Status {
+    if (!prepared_ && disabled_reason_.empty()) {
+      const absl::Status prepared = f.prepare_capture();
+      if (!prepared.ok()) Disable(std::string(prepared.message()));
+    }
+    prepared_ = true;
     std::vector<Batch> on_device;
     for (const Batch& b : batches) on_device.push_back(b.To(device_, non_blocking));
     CT_ASSIGN_OR_RETURN(out, f.work(on_device));
@@ -91,13 +96,19 @@ absl::StatusOr<StepGraph::Outputs> StepGraph::CaptureAndRun(const std::vector<Ba
   // the graph's to reuse, and refilled before every replay.
   inputs_.clear();
   for (const Batch& b : batches) inputs_.push_back(DeviceCopy(b, device_, non_blocking));
-  CT_RETURN_IF_ERROR(f.prepare_replay());
+  absl::Status status = graph_.RunEager(f.prepare_capture);
+  if (status.ok()) status = f.prepare_replay();
+  if (!status.ok()) {
+    Disable(std::string(status.message()));
+    return RunEager(batches, f, non_blocking);
+  }
   Outputs captured;
-  const absl::Status status = graph_.Capture([&]() -> absl::Status {
+  status = graph_.Capture([&]() -> absl::Status {
     CT_ASSIGN_OR_RETURN(captured, f.work(inputs_));
     return absl::OkStatus();
   });
   if (!status.ok()) {
+    captured = Outputs{};  // graph memory: let it go before the step runs again
     f.discard();
     Disable(std::string(status.message()));
     return RunEager(batches, f, non_blocking);
@@ -121,7 +132,10 @@ absl::StatusOr<StepGraph::Outputs> StepGraph::Replay(const std::vector<Batch>& b
     CopyInto(inputs_[i].labels, batches[i].labels, non_blocking);
     CopyInto(inputs_[i].attention_mask, batches[i].attention_mask, non_blocking);
   }
-  CT_RETURN_IF_ERROR(f.prepare_replay());
+  if (const absl::Status prepared = f.prepare_replay(); !prepared.ok()) {
+    Disable(std::string(prepared.message()));
+    return RunEager(batches, f, non_blocking);
+  }
   CT_RETURN_IF_ERROR(graph_.Replay());
   ++replays_;
   return Outputs{outputs_.loss.clone(),

@@ -4,7 +4,8 @@
 // the loss normalizer); the next one with that signature is captured, then replayed, and every
 // later one with it copies its micro-batches into the captured input buffers and replays. Steps
 // with another signature run eagerly. When the engine says its step cannot be captured, or a
-// capture fails, the reason is logged once and every later step runs eagerly.
+// capture fails, the reason is logged once and every later step runs eagerly (also when
+// preparing a capture or a replay fails: a failure of the graph never ends the training).
 //
 //   StepGraph graph(device, /*warmup=*/2);
 //   StepGraph::Functions f{blocker, prepare_replay, work, discard};
@@ -41,6 +42,9 @@ class StepGraph {
   struct Functions {
     // Why the step cannot be captured now ("" when it can); asked before a capture.
     std::function<std::string()> blocker;
+    // With the side stream current, before the first step and before a capture
+    // (CapturableStep's PrepareForCapture).
+    std::function<absl::Status()> prepare_capture;
     // Outside the graph, before a capture and before every replay (CapturableStep's).
     std::function<absl::Status()> prepare_replay;
     // The step's device work for micro-batches already on the device.
@@ -83,6 +87,7 @@ class StepGraph {
   Outputs outputs_;            // the captured step's outputs (device buffers it writes)
   std::string disabled_reason_;
   std::string logged_blocker_;  // the last reason not to capture that was logged
+  bool prepared_ = false;       // prepare_capture ran before the first step
   int64_t captures_ = 0;
   int64_t replays_ = 0;
 };

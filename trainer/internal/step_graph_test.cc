@@ -33,11 +33,15 @@ TEST(StepGraphTest, SignatureNamesShapesDtypesAndKey) {
 
 // Counts what the schedule asked for. The work sums the inputs, so outputs show what it read.
 struct Recorder {
-  int work = 0, prepared = 0, discarded = 0;
+  int work = 0, prepared = 0, prepared_capture = 0, discarded = 0;
   std::string blocker;
   StepGraph::Functions Functions() {
     StepGraph::Functions f;
     f.blocker = [this] { return blocker; };
+    f.prepare_capture = [this] {
+      ++prepared_capture;
+      return absl::OkStatus();
+    };
     f.prepare_replay = [this] {
       ++prepared;
       return absl::OkStatus();
@@ -72,6 +76,7 @@ TEST(StepGraphTest, FailedCaptureRunsTheStepEagerlyFromThenOn) {
     EXPECT_EQ(r.work, step + 1) << "each step's work ran once";
   }
   EXPECT_EQ(r.prepared, 1) << "prepared for the one capture attempt";
+  EXPECT_EQ(r.prepared_capture, 2) << "before the first step and before the capture";
   EXPECT_EQ(r.discarded, 1);
   EXPECT_EQ(graph.captures(), 0);
   EXPECT_EQ(graph.replays(), 0);
@@ -96,6 +101,21 @@ TEST(StepGraphTest, BlockedStepsRunEagerlyWithoutTrying) {
 }
 
 // A change of shape (or key) restarts the warm-up: alternating shapes never get captured.
+// A failure to prepare (the engine cannot move its step to the graph's stream) only turns the
+// graph off: every step still runs, eagerly.
+TEST(StepGraphTest, FailedPreparationRunsEveryStepEagerly) {
+  StepGraph graph(c10::Device(c10::kCPU), /*warmup=*/1);
+  Recorder r;
+  StepGraph::Functions f = r.Functions();
+  f.prepare_capture = [] { return absl::FailedPreconditionError("accumulators held elsewhere"); };
+  for (int step = 0; step < 4; ++step) {
+    ASSERT_TRUE(graph.Run({Tokens(1, 4, step)}, "k", f, false).ok());
+  }
+  EXPECT_EQ(r.work, 4);
+  EXPECT_EQ(r.prepared, 0) << "no capture was tried";
+  EXPECT_EQ(graph.disabled_reason(), "accumulators held elsewhere");
+}
+
 TEST(StepGraphTest, ChangingSignaturesRestartTheWarmup) {
   StepGraph graph(c10::Device(c10::kCPU), /*warmup=*/2);
   Recorder r;
@@ -128,6 +148,7 @@ TEST(StepGraphTest, CapturesThenReplaysWithNewInputsOnCuda) {
   EXPECT_EQ(graph.replays(), 4) << "steps 3, 4, 5 and 7";
   EXPECT_EQ(r.work, 4) << "2 warm-up steps, the capture, the other shape";
   EXPECT_EQ(r.prepared, 5) << "before the capture and each replay";
+  EXPECT_EQ(r.prepared_capture, 2);
 }
 
 // A step that reads a device value on the host cannot be captured: it runs eagerly, with the

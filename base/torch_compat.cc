@@ -82,31 +82,25 @@ bool FusedAdamWStep(const std::vector<at::Tensor>& params, const std::vector<at:
                     const std::vector<at::Tensor>& exp_avgs,
                     const std::vector<at::Tensor>& exp_avg_sqs,
                     const std::vector<at::Tensor>& steps, double lr, double beta1, double beta2,
-                    double weight_decay, double eps, const at::Tensor& grad_scale) {
+                    double weight_decay, double eps, const at::Tensor& grad_scale,
+                    const at::Tensor& device_lr) {
   if (params.empty()) return true;
   at::_foreach_add_(steps, 1);
-  at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, steps, lr,
-                    beta1, beta2, weight_decay, eps, /*amsgrad=*/false, /*maximize=*/false,
-                    grad_scale.defined() ? c10::optional<at::Tensor>(grad_scale) : c10::nullopt);
+  const auto scale =
+      grad_scale.defined() ? c10::optional<at::Tensor>(grad_scale) : c10::nullopt;
+  if (device_lr.defined()) {
+    at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, steps,
+                      device_lr, beta1, beta2, weight_decay, eps, /*amsgrad=*/false,
+                      /*maximize=*/false, scale);
+  } else {
+    at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, steps, lr,
+                      beta1, beta2, weight_decay, eps, /*amsgrad=*/false, /*maximize=*/false,
+                      scale);
+  }
   return true;
 }
 
 bool HasFusedAdamWWithDeviceLr() { return true; }
-
-bool FusedAdamWStepWithDeviceLr(const std::vector<at::Tensor>& params,
-                                const std::vector<at::Tensor>& grads,
-                                const std::vector<at::Tensor>& exp_avgs,
-                                const std::vector<at::Tensor>& exp_avg_sqs,
-                                const std::vector<at::Tensor>& steps, const at::Tensor& lr,
-                                double beta1, double beta2, double weight_decay, double eps,
-                                const at::Tensor& grad_scale) {
-  if (params.empty()) return true;
-  at::_foreach_add_(steps, 1);
-  at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, steps, lr,
-                    beta1, beta2, weight_decay, eps, /*amsgrad=*/false, /*maximize=*/false,
-                    grad_scale.defined() ? c10::optional<at::Tensor>(grad_scale) : c10::nullopt);
-  return true;
-}
 
 at::ScalarType AutocastDtype(at::DeviceType device_type) {
   return at::autocast::get_autocast_dtype(device_type);
@@ -165,18 +159,11 @@ bool AutocastEnabled(at::DeviceType device_type) {
 bool FusedAdamWStep(const std::vector<at::Tensor>&, const std::vector<at::Tensor>&,
                     const std::vector<at::Tensor>&, const std::vector<at::Tensor>&,
                     const std::vector<at::Tensor>&, double, double, double, double, double,
-                    const at::Tensor&) {
+                    const at::Tensor&, const at::Tensor&) {
   return false;
 }
 
 bool HasFusedAdamWWithDeviceLr() { return false; }
-
-bool FusedAdamWStepWithDeviceLr(const std::vector<at::Tensor>&, const std::vector<at::Tensor>&,
-                                const std::vector<at::Tensor>&, const std::vector<at::Tensor>&,
-                                const std::vector<at::Tensor>&, const at::Tensor&, double, double,
-                                double, double, const at::Tensor&) {
-  return false;
-}
 
 at::ScalarType AutocastDtype(at::DeviceType device_type) {
   return device_type == at::kCPU ? at::autocast::get_autocast_cpu_dtype()

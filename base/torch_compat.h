@@ -58,24 +58,18 @@ void SynchronizeDevice(const at::Device& device);
 // device and are incremented here). Returns false, doing nothing, where this LibTorch has no
 // fused kernel (1.13): the caller then steps per parameter. A defined `grad_scale` (one fp32
 // element on the parameters' device) divides every gradient as the kernel reads it, and the
-// kernel writes the divided gradient back.
+// kernel writes the divided gradient back. A defined `device_lr` (one fp32 element on the
+// parameters' device) replaces `lr`: the kernel reads it as it runs, so a CUDA graph of the step
+// replays with whatever it holds then.
 bool FusedAdamWStep(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
                     const std::vector<at::Tensor>& exp_avgs,
                     const std::vector<at::Tensor>& exp_avg_sqs,
                     const std::vector<at::Tensor>& steps, double lr, double beta1, double beta2,
-                    double weight_decay, double eps, const at::Tensor& grad_scale = {});
+                    double weight_decay, double eps, const at::Tensor& grad_scale = {},
+                    const at::Tensor& device_lr = {});
 
-// FusedAdamWStep with the learning rate read from `lr` (one fp32 element on the parameters'
-// device) as the kernel runs, so a CUDA graph of the step replays with whatever `lr` holds then.
-// False where this LibTorch has no such kernel (1.13), which HasFusedAdamWWithDeviceLr says.
+// Whether FusedAdamWStep can read its learning rate from the device (2.x; not 1.13).
 bool HasFusedAdamWWithDeviceLr();
-bool FusedAdamWStepWithDeviceLr(const std::vector<at::Tensor>& params,
-                                const std::vector<at::Tensor>& grads,
-                                const std::vector<at::Tensor>& exp_avgs,
-                                const std::vector<at::Tensor>& exp_avg_sqs,
-                                const std::vector<at::Tensor>& steps, const at::Tensor& lr,
-                                double beta1, double beta2, double weight_decay, double eps,
-                                const at::Tensor& grad_scale = {});
 
 // Multiplies every tensor of `tensors` (one device, one dtype) in place by `scalar`, a 0-dim
 // tensor on that device, without reading it on the host: one multi-tensor kernel in 2.x, which

@@ -276,28 +276,27 @@ bool FusedAdamW::FusedCudaStep(const torch::Tensor& scale) {
       grad_scale = torch::ones_like(scale64).div(scale64).to(torch::kFloat);
     }
     const double beta1 = std::get<0>(options.betas()), beta2 = std::get<1>(options.betas());
-    const bool capturing = !params.empty() && IsCapturingCudaGraph(params[0].device());
-    if (!params.empty() && (capturing || device_lr_always_)) {
-      // A graph replays launch arguments as captured: the learning rate comes from memory,
-      // which LoadDeviceHyperparameters filled before the capture (filling it here would be
-      // captured with this step's value).
-      TORCH_CHECK(!capturing || (g < device_lr_.size() && device_lr_[g].defined()),
-                  "FusedAdamW: a CUDA graph is capturing its step but LoadDeviceHyperparameters "
-                  "did not run first, so the graph would keep this step's learning rate");
-      const torch::Tensor& lr =
-          capturing ? device_lr_[g] : FilledDeviceLr(g, params[0].device());
-      if (!FusedAdamWStepWithDeviceLr(params, grads, exp_avgs, exp_avg_sqs, steps, lr, beta1,
-                                      beta2, options.weight_decay(), options.eps(), grad_scale)) {
-        return false;
-      }
-      continue;
-    }
     if (!FusedAdamWStep(params, grads, exp_avgs, exp_avg_sqs, steps, options.lr(), beta1, beta2,
-                        options.weight_decay(), options.eps(), grad_scale)) {
+                        options.weight_decay(), options.eps(), grad_scale,
+                        StepDeviceLr(g, params))) {
       return false;
     }
   }
   return true;
+}
+
+torch::Tensor FusedAdamW::StepDeviceLr(size_t g, const std::vector<torch::Tensor>& params) {
+  if (params.empty()) return {};
+  if (IsCapturingCudaGraph(params[0].device())) {
+    // A graph replays launch arguments as captured: the learning rate comes from memory, which
+    // LoadDeviceHyperparameters filled before the capture (filling it here would be captured
+    // with this step's value).
+    TORCH_CHECK(g < device_lr_.size() && device_lr_[g].defined(),
+                "FusedAdamW: a CUDA graph is capturing its step but LoadDeviceHyperparameters "
+                "did not run first, so the graph would keep this step's learning rate");
+    return device_lr_[g];
+  }
+  return device_lr_always_ ? FilledDeviceLr(g, params[0].device()) : torch::Tensor();
 }
 
 std::string FusedAdamW::StepCaptureBlocker() {

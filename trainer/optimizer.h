@@ -106,6 +106,9 @@ class FusedAdamW : public torch::optim::AdamW,
   bool fused_ = true;        // until a step finds it unavailable
   // Group g's learning rate as an fp32 scalar on `device`, filled from its options.
   const torch::Tensor& FilledDeviceLr(size_t g, const c10::Device& device);
+  // The device learning rate group g's fused step over `params` reads: while a graph captures
+  // it, or after UseDeviceHyperparameters; undefined otherwise (the double in its options).
+  torch::Tensor StepDeviceLr(size_t g, const std::vector<torch::Tensor>& params);
 
   // Per group, the fp32 learning rate on the parameters' device that the device-lr kernel reads.
   std::vector<torch::Tensor> device_lr_;

@@ -5,6 +5,7 @@
 #include <unordered_set>
 
 #include <ATen/ATen.h>
+#include <torch/version.h>
 
 #include "base/torch_compat.h"
 
@@ -35,11 +36,35 @@ std::vector<at::Tensor> Gradients(const torch::optim::Optimizer& optimizer) {
   return grads;
 }
 
+namespace {
+
+// Each tensor's L2 norm as an fp32 value: one multi-tensor kernel per dtype instead of one
+// reduction each; a bf16 tensor's norm is not rounded to bf16 (LibTorch >= 2.3 takes the dtype,
+// older ones reduce each tensor in fp32).
+void AppendFp32Norms(const std::vector<at::Tensor>& same_dtype, std::vector<at::Tensor>& norms) {
+  if (same_dtype.empty()) return;
+  if (same_dtype[0].scalar_type() == at::kFloat || same_dtype[0].scalar_type() == at::kDouble) {
+    for (const at::Tensor& n : at::_foreach_norm(same_dtype, 2)) norms.push_back(n.to(at::kFloat));
+    return;
+  }
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
+  for (const at::Tensor& n : at::_foreach_norm(same_dtype, 2, at::kFloat)) norms.push_back(n);
+#else
+  for (const at::Tensor& t : same_dtype) {
+    norms.push_back(at::linalg_vector_norm(t, 2, c10::nullopt, false, at::kFloat));
+  }
+#endif
+}
+
+}  // namespace
+
 at::Tensor GlobalNorm(const std::vector<at::Tensor>& grads) {
   if (grads.empty()) return at::zeros({}, at::kFloat);
-  // One multi-tensor kernel for the per-gradient norms instead of one reduction each.
-  std::vector<at::Tensor> norms = at::_foreach_norm(grads, 2);
-  return at::stack(norms).to(at::kFloat).pow(2).sum().sqrt();
+  std::map<at::ScalarType, std::vector<at::Tensor>> by_dtype;
+  for (const at::Tensor& g : grads) by_dtype[g.scalar_type()].push_back(g);
+  std::vector<at::Tensor> norms;
+  for (const auto& [dtype, same] : by_dtype) AppendFp32Norms(same, norms);
+  return at::stack(norms).pow(2).sum().sqrt();
 }
 
 double ClipCoefficient(double norm, double max_norm) { return max_norm / (norm + 1e-6); }

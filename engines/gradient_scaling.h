@@ -30,6 +30,12 @@ class ScalesGradientsInStep {
   // the device never does); an undefined tensor cancels a pending scale and returns true. False
   // when it cannot for its current parameters: then nothing is pending.
   virtual bool ScaleGradientsInNextStep(const at::Tensor& scale) = 0;
+
+  // Whether its steps read bf16 gradients of fp32 parameters as they are, widening each value in
+  // the pass that uses it (and scale them too), so an engine that keeps fp32 masters of bf16
+  // working copies can hand it the bf16 gradient of a single micro-batch instead of widening it
+  // first. Fixed once the optimizer is built.
+  virtual bool ReadsBf16Gradients() { return false; }
 };
 
 }  // namespace cpptrain

@@ -21,6 +21,11 @@ bool MasterOptimizer::ScaleGradientsInNextStep(const at::Tensor& scale) {
   return scaling != nullptr ? scaling->ScaleGradientsInNextStep(scale) : !scale.defined();
 }
 
+bool MasterOptimizer::ReadsBf16Gradients() {
+  auto* scaling = dynamic_cast<ScalesGradientsInStep*>(inner_.get());
+  return scaling != nullptr && scaling->ReadsBf16Gradients();
+}
+
 std::string MasterOptimizer::StepCaptureBlocker() {
   auto* capturable = dynamic_cast<CapturableOptimizer*>(inner_.get());
   if (capturable == nullptr) {

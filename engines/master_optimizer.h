@@ -3,8 +3,9 @@
 // masters; this wrapper is what the Trainer, its callbacks and the checkpointer see. Its
 // parameter groups are the inner optimizer's (the masters; engines/wrapping_optimizer.h), a
 // model parameter's optimizer state is its master's
-// (StepsStandIns: checkpoints are the ones an fp32 run writes), and a clip coefficient and the
-// step's capture (engines/step_capture.h) pass through to the inner optimizer.
+// (StepsStandIns: checkpoints are the ones an fp32 run writes), and a clip coefficient, whether
+// bf16 gradients are read as they are (engines/gradient_scaling.h) and the step's capture
+// (engines/step_capture.h) pass through to the inner optimizer.
 //
 //   auto wrapped = std::make_unique<MasterOptimizer>(std::move(inner), {{param, master}, ...});
 //   SetLearningRate(*wrapped, lr);   // reaches the inner optimizer at the next step()
@@ -39,6 +40,7 @@ class MasterOptimizer : public WrappingOptimizer,
   StandIn StandInFor(const at::Tensor& param) override;
   // False when the inner optimizer cannot take it.
   bool ScaleGradientsInNextStep(const at::Tensor& scale) override;
+  bool ReadsBf16Gradients() override;
   // The inner optimizer's answers; not capturable when it is not.
   std::string StepCaptureBlocker() override;
   void UseDeviceHyperparameters() override;

@@ -64,6 +64,7 @@ absl::StatusOr<std::unique_ptr<WorkingParameters>> WorkingParameters::Create(
     at::Tensor leaf = torch::empty({0}, master.options());
     leaf.set_data(master);
     leaf.set_requires_grad(true);
+    w->index_of_master_[leaf.unsafeGetTensorImpl()] = static_cast<int>(i);
     w->masters_.emplace_back(params[i].first, leaf);
     w->params_.push_back(p);
   }
@@ -130,8 +131,12 @@ void WorkingParameters::MoveGradient(int i) {
     if (first && gradients_.defined()) {
       master.mutable_grad() = GradientView(i);
       master.mutable_grad().copy_(param.grad());
+    } else if (first && keep_bf16_) {
+      master.mutable_grad() = param.grad();
     } else if (first) {
       master.mutable_grad() = param.grad().to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
+    } else if (master.grad().scalar_type() != at::kFloat) {  // the kept bf16 one: widen, add
+      master.mutable_grad() = master.grad().to(at::kFloat).add_(param.grad());
     } else {
       master.mutable_grad().add_(param.grad());
     }
@@ -176,6 +181,17 @@ void WorkingParameters::Refresh() {
   torch::NoGradGuard no_grad;
   working_.copy_(master_);
   RecordVersions();
+}
+
+void WorkingParameters::MarkRefreshed() {
+  if (!exposed_) RecordVersions();
+}
+
+at::Tensor WorkingParameters::WorkingCopyOf(const at::Tensor& master) const {
+  auto it = index_of_master_.find(master.unsafeGetTensorImpl());
+  if (it == index_of_master_.end()) return at::Tensor();
+  const int i = it->second;
+  return working_.narrow(0, offsets_[i], params_[i].numel());
 }
 
 void WorkingParameters::Expose() {

@@ -10,12 +10,17 @@
 // gradient arrives, as a parameter's is, and is its own allocation (freed when the optimizer
 // clears it, so the activations' peak does not meet a full gradient), or, with
 // `flat_gradients`, a view of one persistent fp32 buffer in the flat order (DDP's buckets).
+// With KeepBf16Gradients (for an optimizer that ReadsBf16Gradients, engines/gradient_scaling.h)
+// a master's first gradient since BeginAccumulation is the bf16 gradient itself, not widened, and
+// a second one widens it then adds: one micro-batch a step costs no widening pass. An optimizer
+// that writes the bf16 copies in its own pass (WriteBf16CopiesInNextStep with WorkingCopyOf)
+// replaces Refresh by MarkRefreshed.
 // DeepSpeed's bf16 and ZeRO stages 1/2 here keep the same layout (engines/zero/zero_engine.h).
 //
 //   CT_ASSIGN_OR_RETURN(auto working, WorkingParameters::Create(UniqueTrainableParameters(m)));
 //   working->InstallHooks(nullptr);              // or a callback after each gradient moved
 //   optimizer = factory(working->masters());     // same names and shapes, fp32
-//   ... backward ...; optimizer->step(); working->Refresh();
+//   ... backward ...; optimizer->step(); working->Refresh();   // or MarkRefreshed (above)
 //   ClearGradients(*optimizer); working->BeginAccumulation();
 // When it is destroyed the model's parameters become the fp32 masters again.
 #ifndef CPPTRAIN_ENGINES_WORKING_PARAMETERS_H_
@@ -26,6 +31,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -61,6 +67,12 @@ class WorkingParameters {
   // Where parameter i (Create's index) starts in the flat buffers.
   int64_t offset(int i) const { return offsets_[i]; }
 
+  // See the top. Without flat_gradients only.
+  void KeepBf16Gradients(bool on) { keep_bf16_ = on && !gradients_.defined(); }
+  // The working copy of a master (one of masters()) as a flat bf16 view; undefined for any other
+  // tensor. Where an optimizer writes a master's rounded value (WriteBf16CopiesInNextStep).
+  at::Tensor WorkingCopyOf(const at::Tensor& master) const;
+
   // Installs the hooks on the parameters' current gradient accumulators; `after_move(i)`, if
   // set, runs after parameter i's gradient moved (on the thread autograd calls it from).
   void InstallHooks(std::function<void(int)> after_move);
@@ -82,6 +94,8 @@ class WorkingParameters {
   void AdoptWrittenWorkingCopies();
   // After the optimizer stepped the masters: the working copies become their bf16 rounding.
   void Refresh();
+  // After an optimizer step that wrote every working copy itself (WorkingCopyOf).
+  void MarkRefreshed();
   // Between the two, the parameters are the masters themselves (fp32), for checkpoints; what is
   // written into them is kept, and Restore rounds it into the working copies and reinstalls the
   // hooks (a dtype change gives a parameter a new gradient accumulator).
@@ -109,6 +123,8 @@ class WorkingParameters {
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
   std::vector<int64_t> versions_;  // per parameter, at the last Refresh
   bool exposed_ = false;
+  bool keep_bf16_ = false;
+  std::unordered_map<const c10::TensorImpl*, int> index_of_master_;
   HookOwner<WorkingParameters> hooks_{this};  // last: cleared first
 };
 

@@ -135,6 +135,68 @@ TEST(WorkingParametersTest, RemadeAccumulatorsMoveEachGradientOnce) {
       << "moved once, not added twice";
 }
 
+// For an optimizer that reads bf16 gradients: the first micro-batch's gradient reaches the
+// master as the bf16 tensor itself (no widening pass), the second widens it and adds in fp32.
+TEST(WorkingParametersTest, KeptBf16GradientsAreWidenedOnlyToAccumulate) {
+  WorkingParameters::Named params = TwoParameters();
+  auto working = WorkingParameters::Create(params);
+  ASSERT_TRUE(working.ok()) << working.status();
+  (*working)->KeepBf16Gradients(true);
+  (*working)->InstallHooks(nullptr);
+  const at::Tensor& master_w = (*working)->masters()[0].second;
+  at::Tensor w_ref = params[0].second.detach().clone().set_requires_grad(true);
+  at::Tensor b_ref = params[1].second.detach().clone().set_requires_grad(true);
+  const WorkingParameters::Named ref = {{"w", w_ref}, {"b", b_ref}};
+  const at::Tensor x1 = torch::randn({4, 3}), x2 = torch::randn({4, 3});
+
+  Loss(params, x1).backward();
+  Loss(ref, x1).backward();
+  ASSERT_TRUE(master_w.grad().defined());
+  EXPECT_EQ(master_w.grad().scalar_type(), at::kBFloat16) << "kept as it came";
+  EXPECT_TRUE(master_w.grad().equal(w_ref.grad()));
+  EXPECT_FALSE(params[0].second.grad().defined());
+  const at::Tensor g1 = w_ref.grad().to(at::kFloat);
+
+  Loss(params, x2).backward();
+  w_ref.mutable_grad() = at::Tensor();
+  Loss(ref, x2).backward();
+  EXPECT_EQ(master_w.grad().scalar_type(), at::kFloat) << "a second micro-batch widens";
+  EXPECT_TRUE(master_w.grad().equal(g1 + w_ref.grad().to(at::kFloat)));
+
+  auto flat = WorkingParameters::Create(TwoParameters(), {}, /*flat_gradients=*/true);
+  ASSERT_TRUE(flat.ok()) << flat.status();
+  (*flat)->KeepBf16Gradients(true);  // no effect: the flat fp32 buffer is the gradient
+  (*flat)->InstallHooks(nullptr);
+  (*flat)->parameters()[0].sum().backward();
+  EXPECT_EQ((*flat)->masters()[0].second.grad().scalar_type(), at::kFloat);
+}
+
+// WorkingCopyOf names where an optimizer writes a master's rounding; MarkRefreshed then stands
+// for Refresh (the versions move on, so the write is not taken for someone else's).
+TEST(WorkingParametersTest, WorkingCopyOfIsTheFlatBf16ViewOfAMaster) {
+  WorkingParameters::Named params = TwoParameters();
+  auto working = WorkingParameters::Create(params, /*order=*/{1, 0});
+  ASSERT_TRUE(working.ok()) << working.status();
+  const at::Tensor& master_w = (*working)->masters()[0].second;
+  at::Tensor copy = (*working)->WorkingCopyOf(master_w);
+  ASSERT_TRUE(copy.defined());
+  EXPECT_EQ(copy.scalar_type(), at::kBFloat16);
+  EXPECT_EQ(copy.dim(), 1);
+  EXPECT_EQ(copy.numel(), 15);
+  EXPECT_EQ(copy.data_ptr(), params[0].second.data_ptr());
+  EXPECT_FALSE((*working)->WorkingCopyOf(params[0].second).defined()) << "not a master";
+  EXPECT_FALSE((*working)->WorkingCopyOf(torch::zeros({15})).defined());
+  {
+    torch::NoGradGuard no_grad;
+    master_w.fill_(1.001);               // what the optimizer's step wrote
+    copy.copy_(master_w.reshape({-1}));  // and its rounding, in the same pass
+  }
+  (*working)->MarkRefreshed();
+  (*working)->AdoptWrittenWorkingCopies();  // must not take the rounding for an outside write
+  EXPECT_TRUE(params[0].second.equal(torch::full({3, 5}, 1.001).to(at::kBFloat16)));
+  EXPECT_TRUE(master_w.equal(torch::full({3, 5}, 1.001))) << "the master stays unrounded";
+}
+
 TEST(WorkingParametersTest, RefreshRoundsTheSteppedMastersAndWrittenCopiesAreAdopted) {
   WorkingParameters::Named params = TwoParameters();
   auto working = WorkingParameters::Create(params);

@@ -710,6 +710,93 @@ int64_t RunRmsNormBackward(const RowLayout& layout, int64_t rows, int cols, cons
   return blocks;
 }
 
+// ---- AdamW over many tensors --------------------------------------------------------------
+//
+// One launch covers up to kAdamWTensors tensors, their pointers passed by value. The grid walks
+// the tensors' concatenation in chunks of kAdamWChunk values; a block takes each of its chunks
+// piece by piece (a piece ends where a tensor does), so every thread of a block works on the
+// same tensor at a time and finds it by a scan that only moves forward.
+
+constexpr int kAdamWTensors = 32;
+constexpr int kAdamWPerThread = 4;
+constexpr int kAdamWChunk = kBlock * kAdamWPerThread;
+
+struct AdamWLaunch {
+  AdamWTensor tensors[kAdamWTensors];
+  int64_t start[kAdamWTensors + 1];  // start[i]: where tensor i begins in the concatenation
+  int count;
+};
+
+struct AdamWFactors {
+  float lr, coefficient, step_size, bias_correction2_sqrt;
+};
+
+// PyTorch's order of operations: decay, both moments, then the bias-corrected update.
+__device__ __forceinline__ void AdamWUpdate(float& p, float& m, float& v, float g,
+                                            const AdamWScalars& s, const AdamWFactors& f) {
+  g *= f.coefficient;
+  p -= f.lr * s.weight_decay * p;
+  m = static_cast<float>(s.beta1) * m + (1.f - static_cast<float>(s.beta1)) * g;
+  v = static_cast<float>(s.beta2) * v + (1.f - static_cast<float>(s.beta2)) * g * g;
+  const float denom = sqrtf(v) / f.bias_correction2_sqrt + s.eps;
+  p -= f.step_size * m / denom;
+}
+
+// Values [begin, end) of tensor x, kAdamWPerThread per thread in flight.
+template <typename TG>
+__device__ void AdamWPiece(const AdamWTensor& x, int64_t begin, int64_t end,
+                           const AdamWScalars& s, const AdamWFactors& f) {
+  const TG* grad = static_cast<const TG*>(x.grad);
+  auto* copy = static_cast<__nv_bfloat16*>(x.bf16_copy);
+  for (int64_t base = begin + threadIdx.x; base < end; base += kAdamWChunk) {
+    float p[kAdamWPerThread], m[kAdamWPerThread], v[kAdamWPerThread], g[kAdamWPerThread];
+#pragma unroll
+    for (int k = 0; k < kAdamWPerThread; ++k) {
+      const int64_t i = base + static_cast<int64_t>(k) * kBlock;
+      if (i < end) {
+        p[k] = x.param[i];
+        m[k] = x.exp_avg[i];
+        v[k] = x.exp_avg_sq[i];
+        g[k] = Load(grad, i);
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kAdamWPerThread; ++k) {
+      const int64_t i = base + static_cast<int64_t>(k) * kBlock;
+      if (i < end) {
+        AdamWUpdate(p[k], m[k], v[k], g[k], s, f);
+        x.param[i] = p[k];
+        x.exp_avg[i] = m[k];
+        x.exp_avg_sq[i] = v[k];
+        if (copy != nullptr) copy[i] = __float2bfloat16_rn(p[k]);
+      }
+    }
+  }
+}
+
+template <typename TG>
+__global__ void __launch_bounds__(kBlock) AdamWKernel(const AdamWLaunch launch, AdamWScalars s) {
+  AdamWFactors f;
+  f.lr = s.device_lr != nullptr ? *s.device_lr : s.lr;
+  f.coefficient = s.grad_coefficient != nullptr ? *s.grad_coefficient : 1.f;
+  const int64_t total = launch.start[launch.count];
+  int t = 0;
+  for (int64_t chunk = static_cast<int64_t>(blockIdx.x) * kAdamWChunk; chunk < total;
+       chunk += static_cast<int64_t>(gridDim.x) * kAdamWChunk) {
+    const int64_t chunk_end = min(chunk + kAdamWChunk, total);
+    for (int64_t at = chunk; at < chunk_end;) {
+      while (launch.start[t + 1] <= at) ++t;
+      const AdamWTensor& x = launch.tensors[t];
+      const double step = *x.step;
+      f.step_size = static_cast<float>(f.lr / (1.0 - pow(s.beta1, step)));
+      f.bias_correction2_sqrt = static_cast<float>(sqrt(1.0 - pow(s.beta2, step)));
+      const int64_t end = min(chunk_end, launch.start[t + 1]);
+      AdamWPiece<TG>(x, at - launch.start[t], end - launch.start[t], s, f);
+      at = end;
+    }
+  }
+}
+
 constexpr const char* kSmallWorkspace =
     "the workspace holds fewer floats than NormBackwardWorkspaceFloats(rows, cols) asks for";
 
@@ -881,6 +968,29 @@ const char* LaunchCrossEntropyRows(int64_t rows, int64_t vocab, void* logits, El
         vocab, static_cast<T*>(logits), targets, ignore_index, loss, write_grad);
   });
   return LastError();
+}
+
+
+const char* LaunchAdamW(const AdamWTensor* tensors, int64_t count, ElementType grad_type,
+                        const AdamWScalars& scalars, void* stream) {
+  for (int64_t first = 0; first < count; first += kAdamWTensors) {
+    AdamWLaunch launch{};
+    launch.count = static_cast<int>(std::min<int64_t>(kAdamWTensors, count - first));
+    for (int i = 0; i < launch.count; ++i) {
+      launch.tensors[i] = tensors[first + i];
+      launch.start[i + 1] = launch.start[i] + tensors[first + i].numel;
+    }
+    const int64_t chunks = CeilDiv(launch.start[launch.count], kAdamWChunk);
+    if (chunks == 0) continue;
+    WithType(grad_type, [&](auto tg) {
+      using TG = decltype(tg);
+      // Eight blocks of 256 fill a multiprocessor's 2048 threads.
+      const int64_t blocks = std::min<int64_t>(chunks, 8 * static_cast<int64_t>(Multiprocessors()));
+      AdamWKernel<TG><<<blocks, kBlock, 0, static_cast<cudaStream_t>(stream)>>>(launch, scalars);
+    });
+    if (const char* error = LastError()) return error;
+  }
+  return nullptr;
 }
 
 }  // namespace kernels

@@ -81,6 +81,30 @@ const char* LaunchCrossEntropyRows(int64_t rows, int64_t vocab, void* logits, El
                                    const int64_t* targets, int64_t ignore_index, float* loss,
                                    bool write_grad, void* stream);
 
+// One tensor of an AdamW step: fp32 parameter and moments, a gradient of the launch's type, the
+// step count this step uses (1 at the first; fp32, on the device) and, unless null, where the new
+// value goes rounded to bf16 (numel values, contiguous).
+struct AdamWTensor {
+  float* param;
+  const void* grad;
+  float* exp_avg;
+  float* exp_avg_sq;
+  const float* step;
+  void* bf16_copy;
+  int64_t numel;
+};
+struct AdamWScalars {
+  float lr;
+  const float* device_lr;  // read instead of lr where set (a CUDA graph replays it)
+  double beta1, beta2;
+  float eps, weight_decay;
+  const float* grad_coefficient;  // each gradient read as g * *grad_coefficient where set
+};
+// PyTorch's AdamW (decoupled weight decay, bias-corrected moments) over `count` tensors whose
+// gradients are all of `grad_type`, in fp32 arithmetic, one read and one write of each value.
+const char* LaunchAdamW(const AdamWTensor* tensors, int64_t count, ElementType grad_type,
+                        const AdamWScalars& scalars, void* stream);
+
 }  // namespace kernels
 }  // namespace cpptrain
 

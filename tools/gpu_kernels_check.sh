@@ -34,7 +34,8 @@ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   cmake --build "$build" -j "$(nproc)" --target tools_bench tools_launch kernels_fused_ops_test \
     models_decoder_test tools_kernel_profile_test tools_train tools_norm_kernel_bench \
     trainer_cuda_graph_test trainer_step_graph_test engines_grad_utils_test \
-    trainer_optimizer_test >>"$out/build.log" 2>&1
+    trainer_optimizer_test kernels_cuda_adamw_test engines_working_parameters_test \
+    engines_local_local_engine_test >>"$out/build.log" 2>&1
 code=$?
 grep -E "cpptrain: Gloo|CUDA kernels" "$out/build.log" | tee -a "$summary"
 echo "build exit $code in $((SECONDS - start)) s" | tee -a "$summary"
@@ -44,7 +45,8 @@ if ((code != 0)); then
 fi
 find_bin() { find "$build" -type f -name "$1" -perm -u+x | head -1; }
 kernel_tests="kernels_fused_ops_test models_decoder_test tools_kernel_profile_test
-  trainer_cuda_graph_test trainer_step_graph_test engines_grad_utils_test trainer_optimizer_test"
+  trainer_cuda_graph_test trainer_step_graph_test engines_grad_utils_test trainer_optimizer_test
+  kernels_cuda_adamw_test engines_working_parameters_test engines_local_local_engine_test"
 [[ "${TESTS:-1}" == 0 ]] && kernel_tests=""
 for test in $kernel_tests; do
   bin=$(find_bin "$test")
@@ -52,6 +54,7 @@ for test in $kernel_tests; do
   echo "$test exit $?: $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/$test.log" | tr '\n' ' ')" |
     tee -a "$summary"
   grep -E "^\[  FAILED|Failure|error" -A3 "$out/$test.log" | head -30 >>"$summary"
+  grep -E "^CudaAdamWStep, " "$out/$test.log" | tee -a "$summary"  # its timing line
 done
 # The norm kernels against their eager references, timed (tools/norm_kernel_bench_main.cc).
 if [[ "${TESTS:-1}" != 0 ]]; then

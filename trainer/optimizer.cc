@@ -18,6 +18,7 @@
 #include "base/torch_compat.h"
 #include "base/torch_status.h"
 #include "kernels/cpu_adamw.h"
+#include "kernels/cuda_adamw.h"
 
 namespace cpptrain {
 
@@ -184,9 +185,20 @@ bool FusedAdamW::ReportEachParameterInNextStep(Callback callback) {
 
 bool FusedAdamW::WriteBf16CopiesInNextStep(Bf16CopyOf copy_of) {
   bf16_copy_of_ = nullptr;
-  if (!UsesCpuKernel()) return false;
+  if (!UsesCpuKernel() && !ReadsBf16Gradients()) return false;
   bf16_copy_of_ = std::move(copy_of);
   return true;
+}
+
+bool FusedAdamW::AnyAmsgrad() {
+  for (const auto& group : param_groups()) {
+    if (static_cast<const torch::optim::AdamWOptions&>(group.options()).amsgrad()) return true;
+  }
+  return false;
+}
+
+bool FusedAdamW::ReadsBf16Gradients() {
+  return kernels::CudaAdamWBuilt() && UsesFusedCudaKernel() && !AnyAmsgrad();
 }
 
 bool FusedAdamW::UsesFusedCudaKernel() {
@@ -205,8 +217,12 @@ bool FusedAdamW::ScaleGradientsInNextStep(const torch::Tensor& scale) {
   if (!UsesCpuKernel() && !UsesFusedCudaKernel()) return false;
   for (const auto& group : param_groups()) {
     for (const torch::Tensor& p : group.params()) {
-      // The kernel scales in fp32: a bf16 gradient scaled by mul_ would be rounded to bf16.
-      if (p.grad().defined() && p.grad().scalar_type() != torch::kFloat) return false;
+      // The kernels scale in fp32: a bf16 gradient scaled by mul_ would be rounded to bf16.
+      // Only ours reads a bf16 gradient of an fp32 parameter.
+      if (p.grad().defined() && p.grad().scalar_type() != torch::kFloat &&
+          !ReadsBf16Gradients()) {
+        return false;
+      }
     }
   }
   grad_scale_ = scale;
@@ -231,10 +247,11 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
   // Pending only on the two fused paths.
   const torch::Tensor scale = std::exchange(grad_scale_, torch::Tensor());
   report_ = nullptr;  // ReportEachParameterInNextStep said no to any other path
-  bf16_copy_of_ = nullptr;  // and WriteBf16CopiesInNextStep
+  // WriteBf16CopiesInNextStep said yes to the CUDA kernels' path only.
+  const Bf16CopyOf copy_of = std::exchange(bf16_copy_of_, nullptr);
   if (!fused_ || !all_cuda) return torch::optim::AdamW::step(std::move(closure));
   torch::NoGradGuard no_grad;
-  if (FusedCudaStep(scale)) return {};
+  if (FusedCudaStep(scale, copy_of)) return {};
   fused_ = false;  // this LibTorch has no fused kernel: per-parameter from now on
   state_.clear();
   if (scale.defined()) {  // fp32 gradients on one device, as ScaleGradientsInNextStep checked
@@ -249,8 +266,15 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
   return torch::optim::AdamW::step(std::move(closure));
 }
 
-bool FusedAdamW::FusedCudaStep(const torch::Tensor& scale) {
+bool FusedAdamW::FusedCudaStep(const torch::Tensor& scale, const Bf16CopyOf& copy_of) {
   torch::Tensor grad_scale;  // the kernel divides: the reciprocal of the coefficient
+  bool bf16_grads = false;
+  for (const auto& group : param_groups()) {
+    for (const torch::Tensor& p : group.params()) {
+      bf16_grads = bf16_grads || (p.grad().defined() && p.grad().scalar_type() != torch::kFloat);
+    }
+  }
+  const bool own = (bf16_grads || copy_of != nullptr) && ReadsBf16Gradients();
   for (size_t g = 0; g < param_groups().size(); ++g) {
     auto& group = param_groups()[g];
     const auto& options = static_cast<const torch::optim::AdamWOptions&>(group.options());
@@ -263,11 +287,19 @@ bool FusedAdamW::FusedCudaStep(const torch::Tensor& scale) {
         s.exp_avg_sq = torch::zeros_like(p, torch::MemoryFormat::Preserve);
         s.step = torch::zeros({}, p.options().dtype(torch::kFloat));
       }
+      // PyTorch's kernel reads gradients of the parameter's dtype: widen any other.
+      if (!own && p.grad().scalar_type() != p.scalar_type()) {
+        p.mutable_grad() = p.grad().to(p.scalar_type());
+      }
       params.push_back(p);
       grads.push_back(p.grad());
       exp_avgs.push_back(s.exp_avg);
       exp_avg_sqs.push_back(s.exp_avg_sq);
       steps.push_back(s.step);
+    }
+    if (own) {
+      OwnCudaStep(g, params, scale, copy_of);
+      continue;
     }
     if (scale.defined() && !params.empty() &&
         (!grad_scale.defined() || grad_scale.device() != params[0].device())) {
@@ -283,6 +315,37 @@ bool FusedAdamW::FusedCudaStep(const torch::Tensor& scale) {
     }
   }
   return true;
+}
+
+void FusedAdamW::OwnCudaStep(size_t g, const std::vector<torch::Tensor>& params,
+                             const torch::Tensor& scale, const Bf16CopyOf& copy_of) {
+  const auto& options = static_cast<const torch::optim::AdamWOptions&>(param_groups()[g].options());
+  kernels::CudaAdamWLists lists;
+  for (const torch::Tensor& p : params) {
+    const State& s = state_.at(p.unsafeGetTensorImpl());
+    lists.params.push_back(p);
+    lists.grads.push_back(p.grad());
+    lists.exp_avgs.push_back(s.exp_avg);
+    lists.exp_avg_sqs.push_back(s.exp_avg_sq);
+    lists.steps.push_back(s.step);
+    if (copy_of != nullptr) lists.bf16_copies.push_back(copy_of(p));
+  }
+  if (copy_of != nullptr) {  // the contract: a parameter with no gradient is copied as it is
+    for (const torch::Tensor& p : param_groups()[g].params()) {
+      if (p.grad().defined()) continue;
+      if (torch::Tensor copy = copy_of(p); copy.defined()) copy.copy_(p.reshape({-1}));
+    }
+  }
+  kernels::CudaAdamWOptions kernel_options;
+  kernel_options.lr = options.lr();
+  kernel_options.device_lr = StepDeviceLr(g, params);
+  kernel_options.beta1 = std::get<0>(options.betas());
+  kernel_options.beta2 = std::get<1>(options.betas());
+  kernel_options.eps = options.eps();
+  kernel_options.weight_decay = options.weight_decay();
+  kernel_options.grad_coefficient = scale;
+  kernels::CudaAdamWStep(lists, kernel_options);
+  for (const torch::Tensor& p : params) p.unsafeGetTensorImpl()->bump_version();
 }
 
 torch::Tensor FusedAdamW::StepDeviceLr(size_t g, const std::vector<torch::Tensor>& params) {

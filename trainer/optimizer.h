@@ -48,6 +48,12 @@ OptimizerFactory MakeAdamWFactory(const proto::TrainingArguments& args);
 // group's learning rate from an fp32 device scalar, which an eager step fills from the group's
 // options itself and LoadDeviceHyperparameters fills before a capture and each replay (betas,
 // eps and weight decay are captured as they are).
+//
+// Where this build has the CUDA kernels (kernels/cuda_adamw.h), the CUDA step reads bf16
+// gradients of its fp32 parameters as they are (ReadsBf16Gradients: an engine need not widen
+// them), multiplies by the clip coefficient in its pass, and writes bf16 copies of the new values
+// when asked (WriteBf16CopiesInNextStep): that kernel steps a group whenever one of these is in
+// play, PyTorch's fused kernel otherwise.
 class FusedAdamW : public torch::optim::AdamW,
                    public CheckpointableOptimizer,
                    public ScalesGradientsInStep,
@@ -65,6 +71,8 @@ class FusedAdamW : public torch::optim::AdamW,
   // copies in the kernel's pass.
   bool ReportEachParameterInNextStep(Callback callback) override;
   bool WriteBf16CopiesInNextStep(Bf16CopyOf copy_of) override;
+  // True where every parameter is on CUDA and the CUDA kernels are built (amsgrad off).
+  bool ReadsBf16Gradients() override;
 
   // "" once every parameter is on CUDA, the fused kernel has stepped them (its state exists)
   // and this LibTorch reads a device learning rate.
@@ -98,7 +106,11 @@ class FusedAdamW : public torch::optim::AdamW,
   bool UsesFusedCudaKernel();
   // The fused path's step over every group, each gradient read as gradient * scale (none when
   // `scale` is undefined). False where this LibTorch has no fused kernel.
-  bool FusedCudaStep(const torch::Tensor& scale);
+  bool FusedCudaStep(const torch::Tensor& scale, const Bf16CopyOf& copy_of);
+  // Group g's step through kernels/cuda_adamw.h (copy_of may be null).
+  void OwnCudaStep(size_t g, const std::vector<torch::Tensor>& params, const torch::Tensor& scale,
+                   const Bf16CopyOf& copy_of);
+  bool AnyAmsgrad();
 
   torch::Tensor grad_scale_;  // ScaleGradientsInNextStep's, for the next CPU or fused step
   Callback report_;          // ReportEachParameterInNextStep's, for the next CPU kernel step

@@ -16,6 +16,8 @@
 #include "engines/grad_utils.h"
 #include "engines/gradient_scaling.h"
 #include "engines/master_optimizer.h"
+#include "engines/stepped_parameters.h"
+#include "engines/wrapping_optimizer.h"
 #include "module/deferred.h"
 
 namespace cpptrain {
@@ -105,6 +107,8 @@ absl::Status LocalEngine::PrepareForTraining(std::shared_ptr<TrainableModel> mod
     masters.emplace_back(working_->parameters()[i], working_->masters()[i].second);
   }
   optimizer_ = std::make_unique<MasterOptimizer>(std::move(inner), masters);
+  auto* scaling = dynamic_cast<ScalesGradientsInStep*>(optimizer_.get());
+  working_->KeepBf16Gradients(scaling != nullptr && scaling->ReadsBf16Gradients());
   return absl::OkStatus();
 }
 
@@ -212,10 +216,27 @@ absl::StatusOr<bool> LocalEngine::OptimizerStep() {
   }
   CT_RETURN_IF_ERROR(CatchTorch([&] {
     if (working_ != nullptr) working_->AdoptWrittenWorkingCopies();
+    const bool copied = CopiesWrittenInStep();
     optimizer_->step();
-    if (working_ != nullptr) working_->Refresh();
+    if (working_ == nullptr) return;
+    if (copied) {
+      working_->MarkRefreshed();
+    } else {
+      working_->Refresh();
+    }
   }));
   return true;
+}
+
+bool LocalEngine::CopiesWrittenInStep() {
+  if (working_ == nullptr || working_->exposed()) return false;
+  auto* wrapper = dynamic_cast<WrappingOptimizer*>(optimizer_.get());
+  auto* writes =
+      wrapper != nullptr ? dynamic_cast<ReportsSteppedParameters*>(&wrapper->inner()) : nullptr;
+  if (writes == nullptr) return false;
+  const WorkingParameters* working = working_.get();
+  return writes->WriteBf16CopiesInNextStep(
+      [working](const at::Tensor& master) { return working->WorkingCopyOf(master); });
 }
 
 std::string LocalEngine::EngineCaptureBlocker() {

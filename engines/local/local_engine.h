@@ -79,6 +79,9 @@ class LocalEngine : public Engine, public CapturableStep {
   // Makes the working copies in `order` (WorkingParameters::Create) and installs their hooks.
   absl::Status MakeWorkingCopies(std::vector<int> order, bool flat_gradients,
                                  std::function<void(int)> after_move);
+  // Asks the optimizer (the one MasterOptimizer wraps) to write the working copies in its next
+  // step (engines/stepped_parameters.h); whether it will.
+  bool CopiesWrittenInStep();
   // Unscales (fp16) once per step and records whether the step may proceed.
   absl::Status UnscaleOnce();
   // Scales `grads` by `coefficient` (a 0-dim tensor from ClipCoefficient), or hands it to the

@@ -65,28 +65,38 @@ if [[ "${TESTS:-1}" != 0 ]]; then
 fi
 
 # PARITY=1: the demo job (tools/demo.textproto, 300 steps) on the GPU in bf16, fused kernels
-# against the eager path; the last logged losses must agree within 1% (the fused-kernel
-# issue's loss-parity check).
+# against the eager path (the fused-kernel issue's loss-parity check: final losses within 1%).
+# The job's loss sits on a plateau near 1.52 from about step 150 until the model starts getting
+# the digits right (about 1.44), and whether one run gets there by step 300 is chance
+# (docs/BENCHMARKS.md), so each side trains once per seed of PARITY_SEEDS (default five) and
+# the medians of their final losses are compared; every run's final loss is printed.
 if [[ "${PARITY:-0}" == 1 ]]; then
   train=$(find_bin train)
-  for fused in true false; do
-    timeout 300 "$train" --config=tools/demo.textproto --set=args.bf16=true \
-      --set=args.fused_kernels=$fused --set=args.output_dir=/tmp/parity_$fused \
-      >"$out/parity_$fused.log" 2>&1
-    echo "parity fused=$fused exit $?" | tee -a "$summary"
-    cp /tmp/parity_$fused/metrics.jsonl "$final/parity_$fused.metrics.jsonl" 2>/dev/null
+  for seed in ${PARITY_SEEDS:-42 43 44 45 46}; do
+    for fused in true false; do
+      timeout 300 "$train" --config=tools/demo.textproto --set=args.bf16=true \
+        --set=args.fused_kernels=$fused --set=args.seed=$seed \
+        --set=args.output_dir=/tmp/parity_${fused}_$seed >"$out/parity_${fused}_$seed.log" 2>&1
+      echo "parity fused=$fused seed=$seed exit $?" | tee -a "$summary"
+      cp /tmp/parity_${fused}_$seed/metrics.jsonl \
+        "$final/parity_${fused}_$seed.metrics.jsonl" 2>/dev/null
+    done
   done
-  python3 - "$final" <<'PY' | tee -a "$summary"
-import json, sys
+  python3 - "$final" ${PARITY_SEEDS:-42 43 44 45 46} <<'PY' | tee -a "$summary"
+import json, statistics, sys
 def last(path, key):
     rows = [json.loads(l) for l in open(path)]
-    return [r for r in rows if key in r][-1]
-d = sys.argv[1]
+    return [r for r in rows if key in r][-1][key]
+d, seeds = sys.argv[1], sys.argv[2:]
 for key in ("loss", "eval_loss"):
-    f, e = last(f"{d}/parity_true.metrics.jsonl", key), last(f"{d}/parity_false.metrics.jsonl", key)
-    rel = abs(f[key] - e[key]) / abs(e[key])
-    print(f"parity {key} at step {f.get('step')}: fused {f[key]:.6f} eager {e[key]:.6f} "
-          f"relative {rel:.2e} {'OK' if rel <= 0.01 else 'FAIL'}")
+    side = {f: [last(f"{d}/parity_{f}_{s}.metrics.jsonl", key) for s in seeds]
+            for f in ("true", "false")}
+    fused, eager = statistics.median(side["true"]), statistics.median(side["false"])
+    rel = abs(fused - eager) / abs(eager)
+    print(f"parity {key}, final, by seed {seeds}: fused {[round(v, 4) for v in side['true']]} "
+          f"eager {[round(v, 4) for v in side['false']]}")
+    print(f"parity {key}: median fused {fused:.6f} eager {eager:.6f} relative {rel:.2e} "
+          f"{'OK' if rel <= 0.01 else 'FAIL'}")
 PY
 fi
 [[ "${BENCH:-1}" == 0 ]] && exit 0

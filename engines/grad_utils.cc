@@ -39,7 +39,7 @@ std::vector<at::Tensor> Gradients(const torch::optim::Optimizer& optimizer) {
 namespace {
 
 // Each tensor's L2 norm as an fp32 value: one multi-tensor kernel per dtype instead of one
-// reduction each; a bf16 tensor's norm is not rounded to bf16 (LibTorch >= 2.3 takes the dtype,
+// reduction each; a bf16 tensor's norm is not rounded to bf16 (LibTorch >= 2.4 takes the dtype,
 // older ones reduce each tensor in fp32).
 void AppendFp32Norms(const std::vector<at::Tensor>& same_dtype, std::vector<at::Tensor>& norms) {
   if (same_dtype.empty()) return;
@@ -47,7 +47,7 @@ void AppendFp32Norms(const std::vector<at::Tensor>& same_dtype, std::vector<at::
     for (const at::Tensor& n : at::_foreach_norm(same_dtype, 2)) norms.push_back(n.to(at::kFloat));
     return;
   }
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
   for (const at::Tensor& n : at::_foreach_norm(same_dtype, 2, at::kFloat)) norms.push_back(n);
 #else
   for (const at::Tensor& t : same_dtype) {

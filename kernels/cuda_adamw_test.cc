@@ -70,7 +70,9 @@ void RunCase(const Case& c) {
   options.beta2 = 0.95;
   options.eps = 1e-8;
   options.weight_decay = weight_decay;
-  if (c.coefficient) options.grad_coefficient = torch::full({}, coefficient, f32.dtype(at::kDouble));
+  if (c.coefficient) {
+    options.grad_coefficient = torch::full({}, coefficient, f32.dtype(at::kDouble));
+  }
   for (int step = 0; step < 3; ++step) {
     lists.grads.clear();
     for (size_t i = 0; i < c.sizes.size(); ++i) {

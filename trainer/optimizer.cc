@@ -198,7 +198,22 @@ bool FusedAdamW::AnyAmsgrad() {
 }
 
 bool FusedAdamW::ReadsBf16Gradients() {
-  return kernels::CudaAdamWBuilt() && UsesFusedCudaKernel() && !AnyAmsgrad();
+  if (!kernels::CudaAdamWBuilt() || !HasFusedAdamWWithDeviceLr() || !UsesFusedCudaKernel() ||
+      AnyAmsgrad()) {
+    return false;
+  }
+  for (const auto& group : param_groups()) {
+    for (const torch::Tensor& p : group.params()) {
+      if (p.scalar_type() != torch::kFloat) return false;  // a bf16 model: PyTorch's kernel
+    }
+  }
+  return true;
+}
+
+bool FusedAdamW::ReadableGradient(const torch::Tensor& p, bool reads_bf16) {
+  const torch::Tensor& g = p.grad();
+  return !g.defined() || g.scalar_type() == p.scalar_type() ||
+         (reads_bf16 && g.scalar_type() == torch::kBFloat16);
 }
 
 bool FusedAdamW::UsesFusedCudaKernel() {
@@ -215,13 +230,13 @@ bool FusedAdamW::ScaleGradientsInNextStep(const torch::Tensor& scale) {
   grad_scale_ = torch::Tensor();
   if (!scale.defined()) return true;
   if (!UsesCpuKernel() && !UsesFusedCudaKernel()) return false;
+  const bool reads_bf16 = ReadsBf16Gradients();
   for (const auto& group : param_groups()) {
     for (const torch::Tensor& p : group.params()) {
       // The kernels scale in fp32: a bf16 gradient scaled by mul_ would be rounded to bf16.
       // Only ours reads a bf16 gradient of an fp32 parameter.
-      if (p.grad().defined() && p.grad().scalar_type() != torch::kFloat &&
-          !ReadsBf16Gradients()) {
-        return false;
+      if (p.grad().defined() && p.grad().scalar_type() != torch::kFloat) {
+        if (p.scalar_type() != torch::kFloat || !ReadableGradient(p, reads_bf16)) return false;
       }
     }
   }
@@ -268,13 +283,18 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
 
 bool FusedAdamW::FusedCudaStep(const torch::Tensor& scale, const Bf16CopyOf& copy_of) {
   torch::Tensor grad_scale;  // the kernel divides: the reciprocal of the coefficient
-  bool bf16_grads = false;
+  // Ours where a gradient is narrower than its fp32 parameter or copies are asked for, and every
+  // parameter is fp32 with a gradient it reads; PyTorch's otherwise (a bf16 model, for one).
+  const bool reads_bf16 = ReadsBf16Gradients();
+  bool narrow_grads = false, readable = true;
   for (const auto& group : param_groups()) {
     for (const torch::Tensor& p : group.params()) {
-      bf16_grads = bf16_grads || (p.grad().defined() && p.grad().scalar_type() != torch::kFloat);
+      const bool narrow = p.grad().defined() && p.grad().scalar_type() != p.scalar_type();
+      narrow_grads = narrow_grads || narrow;
+      readable = readable && ReadableGradient(p, reads_bf16);
     }
   }
-  const bool own = (bf16_grads || copy_of != nullptr) && ReadsBf16Gradients();
+  const bool own = (narrow_grads || copy_of != nullptr) && reads_bf16 && readable;
   for (size_t g = 0; g < param_groups().size(); ++g) {
     auto& group = param_groups()[g];
     const auto& options = static_cast<const torch::optim::AdamWOptions&>(group.options());
@@ -328,12 +348,14 @@ void FusedAdamW::OwnCudaStep(size_t g, const std::vector<torch::Tensor>& params,
     lists.exp_avgs.push_back(s.exp_avg);
     lists.exp_avg_sqs.push_back(s.exp_avg_sq);
     lists.steps.push_back(s.step);
-    if (copy_of != nullptr) lists.bf16_copies.push_back(copy_of(p));
+    if (copy_of != nullptr) lists.bf16_copies.push_back(Bf16CopyFor(p, copy_of));
   }
   if (copy_of != nullptr) {  // the contract: a parameter with no gradient is copied as it is
     for (const torch::Tensor& p : param_groups()[g].params()) {
       if (p.grad().defined()) continue;
-      if (torch::Tensor copy = copy_of(p); copy.defined()) copy.copy_(p.reshape({-1}));
+      if (torch::Tensor copy = Bf16CopyFor(p, copy_of); copy.defined()) {
+        copy.view({-1}).copy_(p.reshape({-1}));
+      }
     }
   }
   kernels::CudaAdamWOptions kernel_options;

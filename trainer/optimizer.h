@@ -71,7 +71,8 @@ class FusedAdamW : public torch::optim::AdamW,
   // copies in the kernel's pass.
   bool ReportEachParameterInNextStep(Callback callback) override;
   bool WriteBf16CopiesInNextStep(Bf16CopyOf copy_of) override;
-  // True where every parameter is on CUDA and the CUDA kernels are built (amsgrad off).
+  // True where every parameter is an fp32 CUDA tensor, the CUDA kernels are built, this
+  // LibTorch has the fused kernel's device learning rate (2.x) and amsgrad is off.
   bool ReadsBf16Gradients() override;
 
   // "" once every parameter is on CUDA, the fused kernel has stepped them (its state exists)
@@ -111,6 +112,8 @@ class FusedAdamW : public torch::optim::AdamW,
   void OwnCudaStep(size_t g, const std::vector<torch::Tensor>& params, const torch::Tensor& scale,
                    const Bf16CopyOf& copy_of);
   bool AnyAmsgrad();
+  // p has no gradient, one of its dtype, or a bf16 one where `reads_bf16`.
+  static bool ReadableGradient(const torch::Tensor& p, bool reads_bf16);
 
   torch::Tensor grad_scale_;  // ScaleGradientsInNextStep's, for the next CPU or fused step
   Callback report_;          // ReportEachParameterInNextStep's, for the next CPU kernel step

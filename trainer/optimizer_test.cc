@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kernels/cpu_adamw_agreement.h"
+#include "kernels/cuda_adamw.h"
 
 namespace cpptrain {
 namespace {
@@ -301,6 +302,61 @@ TEST(OptimizerTest, CpuKernelWritesTheBf16CopiesItIsGiven) {
   ASSERT_TRUE(twins.kernel->WriteBf16CopiesInNextStep(
       [&](const torch::Tensor& p) { return torch::empty({p.numel()}); }));  // fp32: refused
   EXPECT_THROW(twins.kernel->step(), c10::Error);
+}
+
+// On CUDA with the CUDA kernels: fp32 parameters with bf16 gradients step through our kernel
+// (kernels/cuda_adamw.h), which reads them as they are and writes the bf16 copies it is given,
+// as PyTorch's fused kernel on the widened gradients would (within a few ulp); a bf16 model's
+// parameters still step through PyTorch's kernel.
+TEST(OptimizerTest, CudaStepReadsBf16GradientsOfFp32ParametersAndWritesCopies) {
+  if (!torch::cuda::is_available() || !kernels::CudaAdamWBuilt()) {
+    GTEST_SKIP() << "needs a CUDA device and a build with the CUDA kernels";
+  }
+  const auto cuda = torch::TensorOptions().device(torch::kCUDA);
+  torch::manual_seed(13);
+  std::vector<torch::Tensor> mine, widened, copies;
+  for (int64_t n : {100003, 7, 1}) {
+    torch::Tensor p = torch::randn({n}, cuda);
+    mine.push_back(p.clone().requires_grad_());
+    widened.push_back(p.clone().requires_grad_());
+    copies.push_back(torch::zeros({n}, cuda.dtype(torch::kBFloat16)));
+  }
+  auto ours = TwinOptimizers::Make(mine);
+  auto pytorchs = TwinOptimizers::Make(widened);
+  EXPECT_TRUE(ours->ReadsBf16Gradients());
+  for (int step = 0; step < 3; ++step) {
+    for (size_t i = 0; i < mine.size(); ++i) {
+      const torch::Tensor g = torch::randn_like(mine[i]).to(torch::kBFloat16);
+      mine[i].mutable_grad() = g;
+      widened[i].mutable_grad() = g.to(torch::kFloat);
+    }
+    const torch::Tensor half = torch::scalar_tensor(0.5, cuda.dtype(torch::kDouble));
+    ASSERT_TRUE(ours->ScaleGradientsInNextStep(half));
+    ASSERT_TRUE(pytorchs->ScaleGradientsInNextStep(half));
+    ASSERT_TRUE(ours->WriteBf16CopiesInNextStep([&](const torch::Tensor& p) {
+      for (size_t i = 0; i < mine.size(); ++i) {
+        if (p.is_same(mine[i])) return copies[i];
+      }
+      return torch::Tensor();
+    }));
+    ours->step();
+    pytorchs->step();
+    for (size_t i = 0; i < mine.size(); ++i) {
+      EXPECT_TRUE(torch::allclose(mine[i], widened[i], 1e-6, 1e-7)) << "step " << step << ", " << i;
+      EXPECT_TRUE(torch::equal(copies[i], mine[i].detach().to(torch::kBFloat16)));
+      EXPECT_EQ(mine[i].grad().scalar_type(), torch::kBFloat16) << "read, not widened in place";
+    }
+  }
+  std::vector<torch::Tensor> bf16_model;
+  for (const torch::Tensor& p : widened) {
+    bf16_model.push_back(p.detach().to(torch::kBFloat16).requires_grad_());
+  }
+  auto bf16_optimizer = TwinOptimizers::Make(bf16_model);
+  EXPECT_FALSE(bf16_optimizer->ReadsBf16Gradients()) << "a bf16 model is PyTorch's kernel's";
+  for (torch::Tensor& p : bf16_model) p.mutable_grad() = torch::randn_like(p);
+  const torch::Tensor before = bf16_model[0].detach().clone();
+  bf16_optimizer->step();
+  EXPECT_FALSE(torch::equal(before, bf16_model[0])) << "it stepped";
 }
 
 TEST(OptimizerTest, NonContiguousParameterFallsBackToLibTorch) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <string>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -216,10 +217,13 @@ absl::StatusOr<bool> LocalEngine::OptimizerStep() {
   }
   CT_RETURN_IF_ERROR(CatchTorch([&] {
     if (working_ != nullptr) working_->AdoptWrittenWorkingCopies();
-    const bool copied = CopiesWrittenInStep();
+    std::unordered_set<const c10::TensorImpl*> written;
+    const bool asked = CopiesWrittenInStep(written);
     optimizer_->step();
     if (working_ == nullptr) return;
-    if (copied) {
+    // Every master's copy handed out, or the rounding pass after all (an optimizer stepping
+    // other tensors than the masters would otherwise leave the working copies stale).
+    if (asked && written.size() == working_->masters().size()) {
       working_->MarkRefreshed();
     } else {
       working_->Refresh();
@@ -228,15 +232,18 @@ absl::StatusOr<bool> LocalEngine::OptimizerStep() {
   return true;
 }
 
-bool LocalEngine::CopiesWrittenInStep() {
+bool LocalEngine::CopiesWrittenInStep(std::unordered_set<const c10::TensorImpl*>& written) {
   if (working_ == nullptr || working_->exposed()) return false;
   auto* wrapper = dynamic_cast<WrappingOptimizer*>(optimizer_.get());
   auto* writes =
       wrapper != nullptr ? dynamic_cast<ReportsSteppedParameters*>(&wrapper->inner()) : nullptr;
   if (writes == nullptr) return false;
   const WorkingParameters* working = working_.get();
-  return writes->WriteBf16CopiesInNextStep(
-      [working](const at::Tensor& master) { return working->WorkingCopyOf(master); });
+  return writes->WriteBf16CopiesInNextStep([working, &written](const at::Tensor& master) {
+    at::Tensor copy = working->WorkingCopyOf(master);
+    if (copy.defined()) written.insert(master.unsafeGetTensorImpl());
+    return copy;
+  });
 }
 
 std::string LocalEngine::EngineCaptureBlocker() {

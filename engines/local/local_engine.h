@@ -14,6 +14,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -80,8 +81,9 @@ class LocalEngine : public Engine, public CapturableStep {
   absl::Status MakeWorkingCopies(std::vector<int> order, bool flat_gradients,
                                  std::function<void(int)> after_move);
   // Asks the optimizer (the one MasterOptimizer wraps) to write the working copies in its next
-  // step (engines/stepped_parameters.h); whether it will.
-  bool CopiesWrittenInStep();
+  // step (engines/stepped_parameters.h); whether it will. `written` collects the masters whose
+  // copy it was handed (it must outlive that step).
+  bool CopiesWrittenInStep(std::unordered_set<const c10::TensorImpl*>& written);
   // Unscales (fp16) once per step and records whether the step may proceed.
   absl::Status UnscaleOnce();
   // Scales `grads` by `coefficient` (a 0-dim tensor from ClipCoefficient), or hands it to the

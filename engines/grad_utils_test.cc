@@ -3,6 +3,7 @@
 #include "engines/grad_utils.h"
 
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -23,6 +24,21 @@ TEST(GradUtilsTest, CoefficientTensorIsTheHostCoefficientClampedAtOne) {
   }
   // A one-element [1] norm (an all-reduced sum's shape) is accepted too.
   EXPECT_EQ(ClipCoefficient(torch::full({1}, 2.0f), 1.0).item<double>(), ClipCoefficient(2.0, 1.0));
+}
+
+// bf16 gradients (the local engine's, kept as they came) count in fp32: the norm is not rounded
+// to bf16, and a mixed list (some widened by accumulation) sums both kinds.
+TEST(GradUtilsTest, GlobalNormOfBf16GradientsIsReducedInFp32) {
+  torch::manual_seed(9);
+  const at::Tensor a = torch::randn({1001}).to(torch::kBFloat16);
+  const at::Tensor b = torch::randn({37});
+  const double a2 = a.to(torch::kDouble).pow(2).sum().item<double>();
+  const double b2 = b.to(torch::kDouble).pow(2).sum().item<double>();
+  const at::Tensor norm = GlobalNorm({a});
+  EXPECT_EQ(norm.scalar_type(), torch::kFloat);
+  EXPECT_NEAR(norm.item<double>(), std::sqrt(a2), std::sqrt(a2) * 1e-6);
+  EXPECT_NE(norm.item<float>(), norm.to(torch::kBFloat16).item<float>()) << "not rounded to bf16";
+  EXPECT_NEAR(GlobalNorm({a, b}).item<double>(), std::sqrt(a2 + b2), std::sqrt(a2 + b2) * 1e-6);
 }
 
 std::vector<at::Tensor> RandomGradients(c10::Device device, at::ScalarType dtype) {

@@ -970,7 +970,6 @@ const char* LaunchCrossEntropyRows(int64_t rows, int64_t vocab, void* logits, El
   return LastError();
 }
 
-
 const char* LaunchAdamW(const AdamWTensor* tensors, int64_t count, ElementType grad_type,
                         const AdamWScalars& scalars, void* stream) {
   for (int64_t first = 0; first < count; first += kAdamWTensors) {

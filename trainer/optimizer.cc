@@ -61,8 +61,8 @@ bool DenseContiguousCpu(const torch::Tensor& t, int64_t numel) {
 }  // namespace
 
 bool FusedAdamW::CpuKernelApplies() {
+  if (AnyAmsgrad()) return false;
   for (const auto& group : param_groups()) {
-    if (static_cast<const torch::optim::AdamWOptions&>(group.options()).amsgrad()) return false;
     for (const torch::Tensor& p : group.params()) {
       if (!DenseContiguousCpu(p, p.numel()) || p.scalar_type() != torch::kFloat) return false;
       const torch::Tensor& g = p.grad();
@@ -234,9 +234,11 @@ bool FusedAdamW::ScaleGradientsInNextStep(const torch::Tensor& scale) {
   for (const auto& group : param_groups()) {
     for (const torch::Tensor& p : group.params()) {
       // The kernels scale in fp32: a bf16 gradient scaled by mul_ would be rounded to bf16.
-      // Only ours reads a bf16 gradient of an fp32 parameter.
-      if (p.grad().defined() && p.grad().scalar_type() != torch::kFloat) {
-        if (p.scalar_type() != torch::kFloat || !ReadableGradient(p, reads_bf16)) return false;
+      // Only ours reads a bf16 gradient (of an fp32 parameter: reads_bf16 says all are).
+      const torch::Tensor& g = p.grad();
+      if (g.defined() && g.scalar_type() != torch::kFloat &&
+          !(reads_bf16 && g.scalar_type() == torch::kBFloat16)) {
+        return false;
       }
     }
   }
@@ -392,10 +394,8 @@ std::string FusedAdamW::StepCaptureBlocker() {
   if (!HasFusedAdamWWithDeviceLr()) {
     return "this LibTorch has no fused AdamW that reads its learning rate from the device";
   }
+  if (AnyAmsgrad()) return "amsgrad is on (the fused step here has no amsgrad)";
   for (const auto& group : param_groups()) {
-    if (static_cast<const torch::optim::AdamWOptions&>(group.options()).amsgrad()) {
-      return "amsgrad is on (the fused step here has no amsgrad)";
-    }
     for (const torch::Tensor& p : group.params()) {
       if (state_.count(p.unsafeGetTensorImpl()) == 0) {
         return "the optimizer has not stepped every parameter yet (its state is made at the "

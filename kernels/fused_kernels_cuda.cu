@@ -781,15 +781,19 @@ __global__ void __launch_bounds__(kBlock) AdamWKernel(const AdamWLaunch launch, 
   f.coefficient = s.grad_coefficient != nullptr ? *s.grad_coefficient : 1.f;
   const int64_t total = launch.start[launch.count];
   int t = 0;
+  int factors_of = -1;  // whose bias corrections f holds: two pows per tensor, not per chunk
   for (int64_t chunk = static_cast<int64_t>(blockIdx.x) * kAdamWChunk; chunk < total;
        chunk += static_cast<int64_t>(gridDim.x) * kAdamWChunk) {
     const int64_t chunk_end = min(chunk + kAdamWChunk, total);
     for (int64_t at = chunk; at < chunk_end;) {
       while (launch.start[t + 1] <= at) ++t;
       const AdamWTensor& x = launch.tensors[t];
-      const double step = *x.step;
-      f.step_size = static_cast<float>(f.lr / (1.0 - pow(s.beta1, step)));
-      f.bias_correction2_sqrt = static_cast<float>(sqrt(1.0 - pow(s.beta2, step)));
+      if (factors_of != t) {
+        const double step = *x.step;
+        f.step_size = static_cast<float>(f.lr / (1.0 - pow(s.beta1, step)));
+        f.bias_correction2_sqrt = static_cast<float>(sqrt(1.0 - pow(s.beta2, step)));
+        factors_of = t;
+      }
       const int64_t end = min(chunk_end, launch.start[t + 1]);
       AdamWPiece<TG>(x, at - launch.start[t], end - launch.start[t], s, f);
       at = end;

@@ -78,19 +78,24 @@ if [[ "${PARITY:-0}" == 1 ]]; then
         --set=args.fused_kernels=$fused --set=args.seed=$seed \
         --set=args.output_dir=/tmp/parity_${fused}_$seed >"$out/parity_${fused}_$seed.log" 2>&1
       echo "parity fused=$fused seed=$seed exit $?" | tee -a "$summary"
-      cp /tmp/parity_${fused}_$seed/metrics.jsonl \
-        "$final/parity_${fused}_$seed.metrics.jsonl" 2>/dev/null
+      # One file for all runs (the device returns only so many files), each line tagged.
+      python3 -c 'import json, sys
+for line in open(sys.argv[1]):
+    print(json.dumps({"commit": sys.argv[2], "fused_kernels": sys.argv[3] == "true",
+                      "seed": int(sys.argv[4]), **json.loads(line)}))' \
+        /tmp/parity_${fused}_$seed/metrics.jsonl "${CPPTRAIN_COMMIT:-unknown}" $fused $seed \
+        >>"$final/parity.jsonl"
     done
   done
   python3 - "$final" ${PARITY_SEEDS:-42 43 44 45 46} <<'PY' | tee -a "$summary"
 import json, statistics, sys
-def last(path, key):
-    rows = [json.loads(l) for l in open(path)]
-    return [r for r in rows if key in r][-1][key]
-d, seeds = sys.argv[1], sys.argv[2:]
+rows = [json.loads(l) for l in open(f"{sys.argv[1]}/parity.jsonl")]
+seeds = sys.argv[2:]
+def last(fused, seed, key):
+    return [r for r in rows if r["fused_kernels"] == fused and str(r["seed"]) == seed
+            and key in r][-1][key]
 for key in ("loss", "eval_loss"):
-    side = {f: [last(f"{d}/parity_{f}_{s}.metrics.jsonl", key) for s in seeds]
-            for f in ("true", "false")}
+    side = {f: [last(f == "true", s, key) for s in seeds] for f in ("true", "false")}
     fused, eager = statistics.median(side["true"]), statistics.median(side["false"])
     rel = abs(fused - eager) / abs(eager)
     print(f"parity {key}, final, by seed {seeds}: fused {[round(v, 4) for v in side['true']]} "

@@ -2,13 +2,31 @@
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 
 #include <memory>
+#include <optional>
 
 #include "base/status.h"
 
 namespace cpptrain {
 namespace {
+
+// Values from the host need nothing the step's stream has queued: on a CUDA device their
+// copies and collectives run on a pool stream, so the host waits for them alone and not for the
+// step queued before them (a token count would otherwise drain the device before every step).
+class OffTheStepStream {
+ public:
+  explicit OffTheStepStream(c10::Device device) {
+    if (device.is_cuda()) {
+      guard_.emplace(c10::impl::VirtualGuardImpl(device.type()).getStreamFromGlobalPool(device));
+    }
+  }
+
+ private:
+  std::optional<c10::StreamGuard> guard_;
+};
 
 absl::Status AllReduceInPlace(const std::vector<Communicator*>& comms, at::Tensor& t,
                               ReduceOp op) {
@@ -24,6 +42,8 @@ absl::Status AllReduceInPlace(const std::vector<Communicator*>& comms, at::Tenso
 
 absl::StatusOr<at::Tensor> AllReduceSumOver(const std::vector<Communicator*>& comms,
                                             c10::Device device, const at::Tensor& values) {
+  std::optional<OffTheStepStream> off;
+  if (values.is_cpu()) off.emplace(device);
   at::Tensor on_device = values.to(device, /*non_blocking=*/false, /*copy=*/true);
   CT_RETURN_IF_ERROR(AllReduceInPlace(comms, on_device, ReduceOp::kSum));
   return on_device.cpu();
@@ -31,6 +51,8 @@ absl::StatusOr<at::Tensor> AllReduceSumOver(const std::vector<Communicator*>& co
 
 absl::StatusOr<at::Tensor> AllGatherOver(const std::vector<Communicator*>& comms,
                                          c10::Device device, const at::Tensor& values) {
+  std::optional<OffTheStepStream> off;
+  if (values.is_cpu()) off.emplace(device);
   at::Tensor gathered = values.contiguous().to(device);
   for (Communicator* comm : comms) {
     if (comm == nullptr) continue;
@@ -47,6 +69,7 @@ absl::StatusOr<at::Tensor> AllGatherOver(const std::vector<Communicator*>& comms
 
 absl::StatusOr<bool> AllRanksFiniteOver(const std::vector<Communicator*>& comms,
                                         c10::Device device, bool local_finite) {
+  OffTheStepStream off(device);
   at::Tensor flag =
       at::full({1}, local_finite ? 0.0 : 1.0, at::TensorOptions().dtype(at::kFloat).device(device));
   CT_RETURN_IF_ERROR(AllReduceInPlace(comms, flag, ReduceOp::kMax));

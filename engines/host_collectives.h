@@ -2,7 +2,8 @@
 // one or more communicators in turn, for the engines' AllReduceSum / AllGather /
 // AllRanksFinite. Null communicators are skipped, so an engine passes {shard, replicate} and
 // a plain mesh simply has no replicate. Also the replicated engines' start: rank 0's
-// parameters and buffers broadcast to every rank.
+// parameters and buffers broadcast to every rank. On a CUDA device the collectives of host
+// values run from a pool stream, so they wait for nothing the caller's stream has queued.
 //
 //   CT_ASSIGN_OR_RETURN(at::Tensor total, AllReduceSumOver({comm}, device, counts));
 #ifndef CPPTRAIN_ENGINES_HOST_COLLECTIVES_H_

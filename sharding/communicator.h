@@ -91,6 +91,16 @@ class Communicator {
 
   // Blocks until every rank has reached it.
   virtual absl::Status Barrier() = 0;
+
+  // CUDA: holds everything queued so far on the caller's current stream to the collectives'
+  // timeout, as each collective is held (a replayed CUDA graph's collectives were queued
+  // during its capture, so nothing else watches them): when that work outlives the timeout,
+  // the communicator fails as on a collective's. `what` names the work in that error. Others:
+  // nothing to do.
+  virtual absl::Status WatchQueuedWork(const std::string& what) {
+    (void)what;
+    return absl::OkStatus();
+  }
 };
 
 }  // namespace cpptrain

@@ -108,6 +108,13 @@ struct NcclCommunicator::State {
     return failure;
   }
 
+  // The watchdog fails the communicator unless `done` completes within `timeout`.
+  void Watch(std::shared_ptr<at::cuda::CUDAEvent> done, std::chrono::milliseconds timeout,
+             std::string what) {
+    absl::MutexLock lock(&mu);
+    pending.push_back({std::move(done), Clock::now() + timeout, std::move(what)});
+  }
+
   // Marks the communicator failed with `why` and aborts every NCCL communicator, unless that
   // happened already; returns the (first) failure.
   absl::Status FailAndAbort(absl::Status why) {
@@ -256,6 +263,12 @@ absl::Status CheckTensor(const at::Tensor& t, int device, const char* what) {
 
 using Issue = std::function<ncclResult_t(ncclComm_t, cudaStream_t)>;
 
+bool Capturing(const c10::cuda::CUDAStream& stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  return cudaStreamIsCapturing(stream.stream(), &status) == cudaSuccess &&
+         status != cudaStreamCaptureStatusNone;
+}
+
 absl::StatusOr<std::unique_ptr<Work>> Launch(const std::shared_ptr<NcclCommunicator::State>& st,
                                              NcclCommunicator::Kind kind, std::string name,
                                              std::chrono::milliseconds timeout,
@@ -286,10 +299,8 @@ absl::StatusOr<std::unique_ptr<Work>> Launch(const std::shared_ptr<NcclCommunica
   if (!issued.ok()) return st->FailAndAbort(std::move(issued));
   auto done = std::make_shared<at::cuda::CUDAEvent>();
   done->record(stream);
-  {
-    absl::MutexLock lock(&st->mu);
-    st->pending.push_back({done, Clock::now() + timeout, name});
-  }
+  // Under capture the collective is recorded, not run, and its event must not be queried.
+  if (!Capturing(current)) st->Watch(done, timeout, name);
   return std::unique_ptr<Work>(
       std::make_unique<NcclWork>(st, std::move(done), std::move(keep_alive), std::move(name)));
 }
@@ -525,6 +536,20 @@ absl::StatusOr<std::unique_ptr<Work>> NcclCommunicator::Scatter(const at::Tensor
                   const ncclResult_t ended = ncclGroupEnd();
                   return result != ncclSuccess ? result : ended;
                 }});
+}
+
+absl::Status NcclCommunicator::WatchQueuedWork(const std::string& what) {
+  CT_RETURN_IF_ERROR(state_->Health());
+  c10::cuda::CUDAGuard guard(device_);
+  const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(device_);
+  if (Capturing(current)) {
+    return absl::FailedPreconditionError(
+        "WatchQueuedWork while the current stream is being captured: call it between replays");
+  }
+  auto done = std::make_shared<at::cuda::CUDAEvent>();
+  done->record(current);
+  state_->Watch(std::move(done), timeout_, what);
+  return absl::OkStatus();
 }
 
 absl::Status NcclCommunicator::Barrier() {

@@ -9,7 +9,9 @@
 // host call waits on a peer: setup, and a collective's first connection to its peers, are
 // polled against the timeout. A watchdog thread aborts every NCCL communicator
 // (ncclCommAbort) when a collective outlives the timeout or NCCL reports an asynchronous
-// error, and the pending Works then fail naming the collective and the rank.
+// error, and the pending Works then fail naming the collective and the rank. A collective
+// issued while the caller's stream is being captured into a CUDA graph is only recorded, so
+// the watchdog leaves it alone; WatchQueuedWork watches the replays instead.
 //
 //   CT_ASSIGN_OR_RETURN(auto comm, NcclCommunicator::Create(store, rank, world, device, 600s));
 //   CT_ASSIGN_OR_RETURN(auto work, comm->ReduceScatter(flat_grads, shard, ReduceOp::kAvg));
@@ -66,6 +68,7 @@ class NcclCommunicator : public Communicator {
       const std::vector<at::Tensor>& inputs, std::vector<at::Tensor>& outputs,
       ReduceOp op) override;
   absl::Status Barrier() override;
+  absl::Status WatchQueuedWork(const std::string& what) override;
 
   // Why the communicator was aborted; OK while healthy.
   absl::Status health() const;

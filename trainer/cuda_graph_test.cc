@@ -1,7 +1,7 @@
 // The Trainer's step on a CUDA device: replayed as a CUDA graph (cuda_graphs) it trains as the
-// eager step does, a step that cannot be captured falls back to eager steps, and an eager step
-// queues its work without the host waiting for the device. Every test needs a CUDA device and a
-// CUDA LibTorch (the GPU hosts); elsewhere each says SKIPPED.
+// eager step does (local and DDP engines), a step that cannot be captured falls back to eager
+// steps, and an eager step queues its work without the host waiting for the device. Every test
+// needs a CUDA device and a CUDA LibTorch (the GPU hosts); elsewhere each says SKIPPED.
 #include <cmath>
 #include <memory>
 #include <random>
@@ -118,6 +118,40 @@ TEST(CudaGraphTest, ReplayedStepsTrainAsEagerStepsDo) {
   EXPECT_LT(MaxRelativeDifference(graphs.params, eager.params), 1e-4);
   auto untrained = TinyDecoder(7);
   EXPECT_GT(MaxRelativeDifference(graphs.params, Parameters(*untrained)), 1e-3) << "it trained";
+}
+
+// The DDP engine (one process, NCCL) captures its step with the bucket all-reduces in it, with
+// bf16 working copies (hooks on the copies' accumulators) and without (hooks on the fp32
+// parameters' own), and replays train as eager DDP steps do; find_unused_parameters keeps
+// every step eager and says why.
+proto::TrainingArguments DdpGraphArgs(const std::string& name, bool graphs,
+                                      bool working_copies) {
+  proto::TrainingArguments args = GraphArgs(name, graphs);
+  args.mutable_ddp()->set_bf16_working_copies(working_copies);  // replaces `local`
+  return args;
+}
+
+TEST(CudaGraphTest, ReplayedDdpStepsTrainAsEagerDdpStepsDo) {
+  if (!HaveCuda()) GTEST_SKIP() << "needs a CUDA device and a CUDA LibTorch";
+  for (bool copies : {true, false}) {
+    const std::string tag = copies ? "ddp_copies" : "ddp_fp32";
+    const Trained eager = Train(DdpGraphArgs(tag + "_off", false, copies));
+    const Trained graphs = Train(DdpGraphArgs(tag + "_on", true, copies));
+    ASSERT_EQ(graphs.losses.size(), 8u) << tag;
+    EXPECT_EQ(graphs.metrics.at("cuda_graph_captures"), 1) << tag;
+    EXPECT_EQ(graphs.metrics.at("cuda_graph_replays"), 5) << tag;
+    EXPECT_LT(Worst(graphs.losses, eager.losses), 1e-5) << tag;
+    EXPECT_LT(Worst(graphs.grad_norms, eager.grad_norms), 1e-5) << tag;
+    EXPECT_LT(MaxRelativeDifference(graphs.params, eager.params), 1e-4) << tag;
+    auto untrained = TinyDecoder(7);
+    EXPECT_GT(MaxRelativeDifference(graphs.params, Parameters(*untrained)), 1e-3) << tag;
+  }
+  proto::TrainingArguments unused = DdpGraphArgs("ddp_unused", true, true);
+  unused.mutable_ddp()->set_find_unused_parameters(true);
+  const Trained eager_only = Train(unused);
+  EXPECT_EQ(eager_only.metrics.at("cuda_graph_captures"), 0);
+  EXPECT_EQ(eager_only.metrics.at("cuda_graph_replays"), 0);
+  EXPECT_EQ(eager_only.losses.size(), 8u);
 }
 
 // A step that reads a device value on the host cannot be captured: the run says why, trains

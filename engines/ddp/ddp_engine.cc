@@ -303,6 +303,39 @@ absl::StatusOr<torch::Tensor> DdpEngine::ClipGradNorm(double max_norm) {
   return LocalEngine::ClipGradNorm(max_norm);
 }
 
+std::string DdpEngine::EngineCaptureBlocker() {
+  if (std::string local = LocalEngine::EngineCaptureBlocker(); !local.empty()) return local;
+  if (config_.find_unused_parameters()) {
+    return "with ddp.find_unused_parameters the parameters left out may differ from step to "
+           "step, and a replay would reduce the captured step's choice";
+  }
+  return "";
+}
+
+absl::Status DdpEngine::PrepareForCapture() {
+  CT_RETURN_IF_ERROR(LocalEngine::PrepareForCapture());
+  if (reducer_ == nullptr || working_ != nullptr) return absl::OkStatus();  // theirs remade
+  // The hooks sit on the parameters' own accumulators here; made again, the accumulators run
+  // on the capturing stream (engines/step_capture.h).
+  for (const auto& accumulator : reducer_->accumulators) {
+    if (accumulator.use_count() > 1) {
+      return absl::FailedPreconditionError(
+          "DDP's gradient accumulators are held elsewhere (a graph of an unfinished backward?), "
+          "so they cannot be made again on the capturing stream");
+    }
+  }
+  reducer_->accumulators.clear();
+  return CatchTorch([&] {
+    reducer_->accumulators = InstallGradientHooks<Reducer, &Reducer::OnGradientAccumulated>(
+        reducer_->params, reducer_->hooks.handle());
+  });
+}
+
+absl::Status DdpEngine::PrepareStepReplay() {
+  CT_RETURN_IF_ERROR(LocalEngine::PrepareStepReplay());
+  return comm_->WatchQueuedWork("collectives of the steps replayed as a CUDA graph");
+}
+
 absl::StatusOr<bool> DdpEngine::OptimizerStep() {
   CT_RETURN_IF_ERROR(CheckGradientsSynchronized());
   return LocalEngine::OptimizerStep();

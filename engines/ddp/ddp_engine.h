@@ -11,7 +11,8 @@
 // are summed, not averaged: the Trainer divides the loss by the global number of targets.
 // Under bf16 with ddp.bf16_working_copies (the default) the parameters are bf16 working copies
 // (engines/working_parameters.h) and the buckets hold the fp32 masters' gradients, laid out in
-// bucket order, which the hooks move the bf16 gradients into.
+// bucket order, which the hooks move the bf16 gradients into. The step may be replayed as a
+// CUDA graph (TrainingArguments.cuda_graphs; EngineCaptureBlocker says when not).
 //
 //   CT_ASSIGN_OR_RETURN(auto engine, DdpEngine::Create(config, precision, device, comm));
 //   CT_RETURN_IF_ERROR(engine->PrepareForTraining(model, factory));
@@ -50,11 +51,17 @@ class DdpEngine : public LocalEngine {
   absl::Status Backward(const torch::Tensor& loss) override;
   void SetGradientSync(bool enabled) override { sync_ = enabled; }
   absl::StatusOr<torch::Tensor> ClipGradNorm(double max_norm) override;
-  // Not captured yet (engines/step_capture.h).
-  std::string EngineCaptureBlocker() override {
-    return "DDP reduces its buckets from gradient hooks whose host-side bookkeeping a graph "
-           "would not replay";
-  }
+  // A captured step (engines/step_capture.h) records each bucket's all-reduce where the hooks
+  // launched it; a replay runs them in that order again, with no hook or bookkeeping on the
+  // host, which is right as long as every step produces the same gradients in the same order.
+  // So the step is not captured with ddp.find_unused_parameters, whose set of unused parameters
+  // may change from step to step.
+  std::string EngineCaptureBlocker() override;
+  // LocalEngine's, and the hooks made again on the capturing stream.
+  absl::Status PrepareForCapture() override;
+  // LocalEngine's, then the communicator's watchdog holds the steps queued so far (replays
+  // among them) to its timeout, so a peer that died during a replay still ends the job.
+  absl::Status PrepareStepReplay() override;
   absl::StatusOr<bool> OptimizerStep() override;
   // Zeroes the buckets and forgets any backward that did not complete.
   void ZeroGrad() override;

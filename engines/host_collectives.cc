@@ -16,12 +16,17 @@ namespace {
 // Values from the host need nothing the step's stream has queued: on a CUDA device their
 // copies and collectives run on a pool stream, so the host waits for them alone and not for the
 // step queued before them (a token count would otherwise drain the device before every step).
+// A high-priority one: the Trainer's CUDA-graph side stream comes from the low-priority pool.
 class OffTheStepStream {
  public:
   explicit OffTheStepStream(c10::Device device) {
-    if (device.is_cuda()) {
-      guard_.emplace(c10::impl::VirtualGuardImpl(device.type()).getStreamFromGlobalPool(device));
+    if (!device.is_cuda()) return;
+    const c10::impl::VirtualGuardImpl impl(device.type());
+    c10::Stream stream = impl.getStreamFromGlobalPool(device, /*isHighPriority=*/true);
+    if (stream == impl.getStream(device)) {  // the pool came round to the current stream
+      stream = impl.getStreamFromGlobalPool(device, /*isHighPriority=*/true);
     }
+    guard_.emplace(stream);
   }
 
  private:

@@ -11,7 +11,7 @@
 //     CT_RETURN_IF_ERROR(capturable->PrepareForCapture());   // the steps' stream current
 //     ... eager steps; once StepCaptureBlocker() is "": PrepareForCapture(),
 //     PrepareStepReplay() (outside the graph), capture the step; before each replay:
-//     PrepareStepReplay(), Replay() ...
+//     PrepareStepReplay(), Replay(), StepReplayed() ...
 //   }
 #ifndef CPPTRAIN_ENGINES_STEP_CAPTURE_H_
 #define CPPTRAIN_ENGINES_STEP_CAPTURE_H_
@@ -42,6 +42,9 @@ class CapturableStep {
   // Outside the graph, before capturing a step and before every replay: applies what the host
   // changed since the last step to the device state the captured step reads.
   virtual absl::Status PrepareStepReplay() = 0;
+  // After each replay (the first one, which runs the captured step, included), on a stream that
+  // follows it: e.g. hands the replay's collectives to the communicator's watchdog.
+  virtual absl::Status StepReplayed() { return absl::OkStatus(); }
 };
 
 // An optimizer whose step() can be captured: it queues device work only, reading the

@@ -209,30 +209,44 @@ struct NcclCommunicator::State {
 
 namespace {
 
+bool Capturing(const c10::cuda::CUDAStream& stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  return cudaStreamIsCapturing(stream.stream(), &status) == cudaSuccess &&
+         status != cudaStreamCaptureStatusNone;
+}
+
 class NcclWork : public Work {
  public:
+  // `captured`: issued while the caller's stream was being captured into a CUDA graph.
   NcclWork(std::shared_ptr<NcclCommunicator::State> state,
            std::shared_ptr<at::cuda::CUDAEvent> done, std::vector<at::Tensor> keep_alive,
-           std::string name)
+           std::string name, bool captured)
       : state_(std::move(state)),
         done_(std::move(done)),
         keep_alive_(std::move(keep_alive)),
-        name_(std::move(name)) {}
+        name_(std::move(name)),
+        captured_(captured) {}
 
   // Unwaited work is waited for, so freeing its tensors stays ordered after the collective.
   ~NcclWork() override {
     if (!waited_) Wait().IgnoreError();
   }
 
+  // A captured collective's event exists only inside its capture: waited for there, it joins
+  // the caller's stream to it; after the capture ended (or failed) the graph orders its replays
+  // itself and there is nothing to wait for, and touching the event would be an error.
   absl::Status Wait() override {
     CT_RETURN_IF_ERROR(state_->Health());
-    done_->block(c10::cuda::getCurrentCUDAStream(state_->device));
+    const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(state_->device);
+    absl::Status blocked = absl::OkStatus();
+    if (!captured_ || Capturing(current)) blocked = CatchTorch([&] { done_->block(current); });
     keep_alive_.clear();
     waited_ = true;
-    return absl::OkStatus();
+    return blocked;
   }
 
   absl::Status Synchronize() override {
+    if (captured_) return Wait();  // nothing the host could wait for
     c10::cuda::CUDAGuard guard(state_->device);
     while (!done_->query()) {
       CT_RETURN_IF_ERROR(state_->Health());
@@ -246,6 +260,7 @@ class NcclWork : public Work {
   std::shared_ptr<at::cuda::CUDAEvent> done_;
   std::vector<at::Tensor> keep_alive_;
   std::string name_;
+  bool captured_;
   bool waited_ = false;
 };
 
@@ -262,12 +277,6 @@ absl::Status CheckTensor(const at::Tensor& t, int device, const char* what) {
 }
 
 using Issue = std::function<ncclResult_t(ncclComm_t, cudaStream_t)>;
-
-bool Capturing(const c10::cuda::CUDAStream& stream) {
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  return cudaStreamIsCapturing(stream.stream(), &status) == cudaSuccess &&
-         status != cudaStreamCaptureStatusNone;
-}
 
 absl::StatusOr<std::unique_ptr<Work>> Launch(const std::shared_ptr<NcclCommunicator::State>& st,
                                              NcclCommunicator::Kind kind, std::string name,
@@ -300,9 +309,11 @@ absl::StatusOr<std::unique_ptr<Work>> Launch(const std::shared_ptr<NcclCommunica
   auto done = std::make_shared<at::cuda::CUDAEvent>();
   done->record(stream);
   // Under capture the collective is recorded, not run, and its event must not be queried.
-  if (!Capturing(current)) st->Watch(done, timeout, name);
-  return std::unique_ptr<Work>(
-      std::make_unique<NcclWork>(st, std::move(done), std::move(keep_alive), std::move(name)));
+  const bool captured = Capturing(current);
+  if (!captured) st->Watch(done, timeout, name);
+  return std::unique_ptr<Work>(std::make_unique<NcclWork>(st, std::move(done),
+                                                          std::move(keep_alive),
+                                                          std::move(name), captured));
 }
 
 }  // namespace

@@ -446,6 +446,7 @@ absl::StatusOr<Trainer::StepResult> Trainer::RunGraphStep(const MicroBatches& st
   f.blocker = [&] { return capturable.StepCaptureBlocker(); };
   f.prepare_capture = [&] { return capturable.PrepareForCapture(); };
   f.prepare_replay = [&] { return capturable.PrepareStepReplay(); };
+  f.replayed = [&] { return capturable.StepReplayed(); };
   f.work = [&](const std::vector<Batch>& on_device)
       -> absl::StatusOr<trainer_internal::StepGraph::Outputs> {
     CT_ASSIGN_OR_RETURN(StepResult r, StepDeviceWork(on_device, normalizer, /*callbacks=*/false));

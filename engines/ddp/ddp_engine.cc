@@ -331,9 +331,8 @@ absl::Status DdpEngine::PrepareForCapture() {
   });
 }
 
-absl::Status DdpEngine::PrepareStepReplay() {
-  CT_RETURN_IF_ERROR(LocalEngine::PrepareStepReplay());
-  return comm_->WatchQueuedWork("collectives of the steps replayed as a CUDA graph");
+absl::Status DdpEngine::StepReplayed() {
+  return comm_->WatchQueuedWork("collectives of the step replayed as a CUDA graph");
 }
 
 absl::StatusOr<bool> DdpEngine::OptimizerStep() {

@@ -59,9 +59,10 @@ class DdpEngine : public LocalEngine {
   std::string EngineCaptureBlocker() override;
   // LocalEngine's, and the hooks made again on the capturing stream.
   absl::Status PrepareForCapture() override;
-  // LocalEngine's, then the communicator's watchdog holds the steps queued so far (replays
-  // among them) to its timeout, so a peer that died during a replay still ends the job.
-  absl::Status PrepareStepReplay() override;
+  // The communicator's watchdog holds the replay's collectives to its timeout (they were
+  // recorded at the capture, so nothing else watches them): a peer that died during a replay
+  // ends the job as in an eager step.
+  absl::Status StepReplayed() override;
   absl::StatusOr<bool> OptimizerStep() override;
   // Zeroes the buckets and forgets any backward that did not complete.
   void ZeroGrad() override;

@@ -119,6 +119,7 @@ absl::StatusOr<StepGraph::Outputs> StepGraph::CaptureAndRun(const std::vector<Ba
   CT_LOG_RANK0(INFO) << "cuda_graphs: captured the step (" << batches.size()
                      << " micro-batches); later steps of the same shapes replay it";
   CT_RETURN_IF_ERROR(graph_.Replay());  // the captured step has not run yet
+  if (f.replayed) CT_RETURN_IF_ERROR(f.replayed());
   return Outputs{outputs_.loss.clone(),
                  outputs_.grad_norm.defined() ? outputs_.grad_norm.clone() : at::Tensor()};
 }
@@ -138,6 +139,7 @@ absl::StatusOr<StepGraph::Outputs> StepGraph::Replay(const std::vector<Batch>& b
   }
   CT_RETURN_IF_ERROR(graph_.Replay());
   ++replays_;
+  if (f.replayed) CT_RETURN_IF_ERROR(f.replayed());
   return Outputs{outputs_.loss.clone(),
                  outputs_.grad_norm.defined() ? outputs_.grad_norm.clone() : at::Tensor()};
 }

@@ -49,6 +49,9 @@ class StepGraph {
     std::function<absl::Status()> prepare_replay;
     // The step's device work for micro-batches already on the device.
     std::function<absl::StatusOr<Outputs>(const std::vector<Batch>&)> work;
+    // After every replay, on the current stream (which follows the replay): CapturableStep's
+    // StepReplayed. Optional; a failure ends the step with that error.
+    std::function<absl::Status()> replayed;
     // After a capture failed: drops what the captured (never run) work left behind, so the step
     // can run eagerly from the start (the engine's ZeroGrad).
     std::function<void()> discard;

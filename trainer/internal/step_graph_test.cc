@@ -33,7 +33,7 @@ TEST(StepGraphTest, SignatureNamesShapesDtypesAndKey) {
 
 // Counts what the schedule asked for. The work sums the inputs, so outputs show what it read.
 struct Recorder {
-  int work = 0, prepared = 0, prepared_capture = 0, discarded = 0;
+  int work = 0, prepared = 0, prepared_capture = 0, discarded = 0, replayed = 0;
   std::string blocker;
   StepGraph::Functions Functions() {
     StepGraph::Functions f;
@@ -53,6 +53,10 @@ struct Recorder {
       return StepGraph::Outputs{loss, at::Tensor()};
     };
     f.discard = [this] { ++discarded; };
+    f.replayed = [this] {
+      ++replayed;
+      return absl::OkStatus();
+    };
     return f;
   }
 };
@@ -78,6 +82,7 @@ TEST(StepGraphTest, FailedCaptureRunsTheStepEagerlyFromThenOn) {
   EXPECT_EQ(r.prepared, 1) << "prepared for the one capture attempt";
   EXPECT_EQ(r.prepared_capture, 2) << "before the first step and before the capture";
   EXPECT_EQ(r.discarded, 1);
+  EXPECT_EQ(r.replayed, 0);
   EXPECT_EQ(graph.captures(), 0);
   EXPECT_EQ(graph.replays(), 0);
   EXPECT_NE(graph.disabled_reason(), "");
@@ -148,6 +153,7 @@ TEST(StepGraphTest, CapturesThenReplaysWithNewInputsOnCuda) {
   EXPECT_EQ(graph.replays(), 4) << "steps 3, 4, 5 and 7";
   EXPECT_EQ(r.work, 4) << "2 warm-up steps, the capture, the other shape";
   EXPECT_EQ(r.prepared, 5) << "before the capture and each replay";
+  EXPECT_EQ(r.replayed, 5) << "after each replay, the one that ran the captured step included";
   EXPECT_EQ(r.prepared_capture, 2);
 }
 

@@ -72,6 +72,17 @@ std::vector<std::shared_ptr<torch::autograd::Node>> InstallGradientHooks(
   return accumulators;
 }
 
+// Drops `accumulators` (the last references: they go, and their hooks with them), so the next
+// InstallGradientHooks makes new ones on the current stream; unless another holds one (a graph
+// of an unfinished backward), then returns false and drops nothing.
+inline bool ReleaseAccumulators(std::vector<std::shared_ptr<torch::autograd::Node>>& accumulators) {
+  for (const auto& accumulator : accumulators) {
+    if (accumulator.use_count() > 1) return false;
+  }
+  accumulators.clear();
+  return true;
+}
+
 }  // namespace cpptrain
 
 #endif  // CPPTRAIN_ENGINES_HOOK_OWNER_H_

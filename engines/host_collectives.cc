@@ -17,10 +17,11 @@ namespace {
 // copies and collectives run on a pool stream, so the host waits for them alone and not for the
 // step queued before them (a token count would otherwise drain the device before every step).
 // A high-priority one: the Trainer's CUDA-graph side stream comes from the low-priority pool.
+// `host_values` false (values already on a device): stays on the current stream, which made them.
 class OffTheStepStream {
  public:
-  explicit OffTheStepStream(c10::Device device) {
-    if (!device.is_cuda()) return;
+  explicit OffTheStepStream(c10::Device device, bool host_values = true) {
+    if (!device.is_cuda() || !host_values) return;
     const c10::impl::VirtualGuardImpl impl(device.type());
     c10::Stream stream = impl.getStreamFromGlobalPool(device, /*isHighPriority=*/true);
     if (stream == impl.getStream(device)) {  // the pool came round to the current stream
@@ -47,8 +48,7 @@ absl::Status AllReduceInPlace(const std::vector<Communicator*>& comms, at::Tenso
 
 absl::StatusOr<at::Tensor> AllReduceSumOver(const std::vector<Communicator*>& comms,
                                             c10::Device device, const at::Tensor& values) {
-  std::optional<OffTheStepStream> off;
-  if (values.is_cpu()) off.emplace(device);
+  OffTheStepStream off(device, values.is_cpu());
   at::Tensor on_device = values.to(device, /*non_blocking=*/false, /*copy=*/true);
   CT_RETURN_IF_ERROR(AllReduceInPlace(comms, on_device, ReduceOp::kSum));
   return on_device.cpu();
@@ -56,8 +56,7 @@ absl::StatusOr<at::Tensor> AllReduceSumOver(const std::vector<Communicator*>& co
 
 absl::StatusOr<at::Tensor> AllGatherOver(const std::vector<Communicator*>& comms,
                                          c10::Device device, const at::Tensor& values) {
-  std::optional<OffTheStepStream> off;
-  if (values.is_cpu()) off.emplace(device);
+  OffTheStepStream off(device, values.is_cpu());
   at::Tensor gathered = values.contiguous().to(device);
   for (Communicator* comm : comms) {
     if (comm == nullptr) continue;

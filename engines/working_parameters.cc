@@ -103,10 +103,7 @@ void WorkingParameters::InstallHooks(std::function<void(int)> after_move) {
 }
 
 bool WorkingParameters::RemakeAccumulators() {
-  for (const auto& accumulator : accumulators_) {
-    if (accumulator.use_count() > 1) return false;
-  }
-  accumulators_.clear();  // the last references: the accumulators go, and their hooks with them
+  if (!ReleaseAccumulators(accumulators_)) return false;
   InstallHooks(after_move_);
   return true;
 }

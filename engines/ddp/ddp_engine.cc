@@ -317,14 +317,11 @@ absl::Status DdpEngine::PrepareForCapture() {
   if (reducer_ == nullptr || working_ != nullptr) return absl::OkStatus();  // theirs remade
   // The hooks sit on the parameters' own accumulators here; made again, the accumulators run
   // on the capturing stream (engines/step_capture.h).
-  for (const auto& accumulator : reducer_->accumulators) {
-    if (accumulator.use_count() > 1) {
-      return absl::FailedPreconditionError(
-          "DDP's gradient accumulators are held elsewhere (a graph of an unfinished backward?), "
-          "so they cannot be made again on the capturing stream");
-    }
+  if (!ReleaseAccumulators(reducer_->accumulators)) {
+    return absl::FailedPreconditionError(
+        "DDP's gradient accumulators are held elsewhere (a graph of an unfinished backward?), "
+        "so they cannot be made again on the capturing stream");
   }
-  reducer_->accumulators.clear();
   return CatchTorch([&] {
     reducer_->accumulators = InstallGradientHooks<Reducer, &Reducer::OnGradientAccumulated>(
         reducer_->params, reducer_->hooks.handle());

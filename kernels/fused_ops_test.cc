@@ -303,6 +303,52 @@ TEST(FusedOpsTest, LinearCrossEntropyUnderBf16MatchesTheEagerHead) {
   EXPECT_EQ(fused[1].scalar_type(), at::kFloat) << "gradients come back in the inputs' dtype";
 }
 
+// Σ(a·b) / Σ(b·b): the scale that maps `b` onto `a` best. A gradient scaled by a rounded loss
+// scale is off by the rounding whatever its elements' noise, which this exposes.
+double FittedScale(const at::Tensor& a, const at::Tensor& b) {
+  const at::Tensor a64 = a.detach().to(at::kDouble), b64 = b.detach().to(at::kDouble);
+  return (a64 * b64).sum().item<double>() / (b64 * b64).sum().item<double>();
+}
+
+// bf16 inputs under an upstream gradient of 1/3 (bf16 rounds it to 0.333984375, 2^-9 high):
+// the gradients scale in fp32, so their fitted scale against the fp32 head is 1 to well under
+// that rounding; and a second backward through the same graph adds the same gradients again.
+TEST(FusedOpsTest, LinearCrossEntropyScalesBf16GradientsInFp32) {
+  torch::manual_seed(9);
+  const int64_t rows = 64, hidden = 96, vocab = 700;
+  const at::Tensor targets = torch::randint(vocab, {rows}, at::kLong);
+  const at::Tensor h = torch::randn({rows, hidden}).to(at::kBFloat16);
+  const at::Tensor w = (0.1 * torch::randn({vocab, hidden})).to(at::kBFloat16);
+  const at::Tensor third = torch::full({}, 1.0 / 3);
+  auto fused = ValueAndGrads(
+      [&](const auto& in) {
+        return LinearCrossEntropySum(in[0], in[1], targets, -100, at::kBFloat16, 16);
+      },
+      {h, w}, third);
+  auto reference = ValueAndGrads(
+      [&](const auto& in) {
+        return LinearCrossEntropySumReference(in[0], in[1], targets, -100, at::kFloat);
+      },
+      {h.to(at::kFloat), w.to(at::kFloat)}, third);
+  for (int i = 1; i <= 2; ++i) {
+    EXPECT_EQ(fused[i].scalar_type(), at::kBFloat16);
+    EXPECT_NEAR(FittedScale(fused[i], reference[i]), 1.0, 4e-4)
+        << (i == 1 ? "dhidden" : "dweight") << ": 2^-9 = 1.95e-3 would be the rounded scale";
+    EXPECT_LT(RelativeError(fused[i], reference[i]), 1e-2);
+  }
+
+  std::vector<at::Tensor> leaves = Leaves({h, w});
+  const at::Tensor loss =
+      LinearCrossEntropySum(leaves[0], leaves[1], targets, -100, at::kBFloat16, 16) / 3;
+  loss.backward({}, /*retain_graph=*/true);
+  const at::Tensor once_h = leaves[0].grad().clone(), once_w = leaves[1].grad().clone();
+  leaves[0].mutable_grad().zero_();
+  leaves[1].mutable_grad().zero_();
+  loss.backward();
+  EXPECT_TRUE(leaves[0].grad().equal(once_h)) << "the second backward scaled twice";
+  EXPECT_TRUE(leaves[1].grad().equal(once_w)) << "the second backward scaled twice";
+}
+
 TEST(FusedOpsTest, LinearCrossEntropyWithoutGradientsAndWithNothingCounted) {
   const at::Tensor h = torch::randn({6, 4});
   const at::Tensor w = torch::randn({11, 4});

@@ -35,6 +35,32 @@ void AddWeightGradient(at::Tensor& dw, const at::Tensor& dlogits, const at::Tens
   dw.add_(at::mm(dlogits.t(), h));
 }
 
+// dh = dlogits w, unscaled, into fp32 rows: the loss scale is applied in backward before the one
+// rounding to the input's dtype. 16-bit operands on CUDA (LibTorch 2.8 and later) write the
+// fp32 product directly; elsewhere the product in the operands' dtype is widened.
+void WriteHiddenGradient(at::Tensor& dh_rows, const at::Tensor& dlogits, const at::Tensor& w) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 8)
+  if (w.is_cuda() && w.scalar_type() != at::kFloat) {
+    at::addmm_out(dh_rows, dh_rows, dlogits, w, at::kFloat);  // dh_rows is zero
+    return;
+  }
+#endif
+  if (w.scalar_type() == at::kFloat) {
+    at::mm_out(dh_rows, dlogits, w);
+  } else {
+    dh_rows.copy_(at::mm(dlogits, w));
+  }
+}
+
+// `gradient` (fp32, unscaled) times the upstream `scale`, computed in fp32 and rounded once to
+// `dtype`, into a new tensor: the saved gradient stays as it was, so a second backward through
+// the same graph (retain_graph) scales it once again, not twice.
+at::Tensor Scaled(const at::Tensor& gradient, const at::Tensor& scale, at::ScalarType dtype) {
+  at::Tensor out = at::empty(gradient.sizes(), gradient.options().dtype(dtype));
+  at::mul_out(out, gradient, scale.to(at::kFloat));
+  return out;
+}
+
 struct ChunkResult {
   at::Tensor loss;     // fp32 scalar
   at::Tensor dlogits;  // [n, V] in the compute dtype, undefined without gradients
@@ -81,7 +107,8 @@ class LinearCrossEntropyFunction : public torch::autograd::Function<LinearCrossE
     const int64_t rows = h.size(0);
     const int64_t chunk = ChunkRows(chunk_rows, rows, w.size(0));
     at::Tensor loss = at::zeros({}, hidden.options().dtype(at::kFloat));
-    at::Tensor dh = at::empty_like(h);
+    // Both gradients stay fp32 and unscaled until backward knows the scale.
+    at::Tensor dh = at::zeros(h.sizes(), h.options().dtype(at::kFloat));
     at::Tensor dw = at::zeros(w.sizes(), w.options().dtype(at::kFloat));
     for (int64_t begin = 0; begin < rows; begin += chunk) {
       const int64_t end = std::min(rows, begin + chunk);
@@ -89,21 +116,23 @@ class LinearCrossEntropyFunction : public torch::autograd::Function<LinearCrossE
       ChunkResult part = Chunk(hc, w, targets.slice(0, begin, end), ignore_index, true);
       loss.add_(part.loss);
       at::Tensor dh_rows = dh.slice(0, begin, end);
-      at::mm_out(dh_rows, part.dlogits, w);
+      WriteHiddenGradient(dh_rows, part.dlogits, w);
       AddWeightGradient(dw, part.dlogits, hc);
     }
-    ctx->saved_data["dhidden"] = dh.to(hidden.scalar_type());
-    ctx->saved_data["dweight"] =
-        weight.scalar_type() == at::kFloat ? dw : dw.to(weight.scalar_type());
+    ctx->saved_data["dhidden"] = dh;
+    ctx->saved_data["dweight"] = dw;
+    ctx->saved_data["hidden_dtype"] = static_cast<int64_t>(hidden.scalar_type());
+    ctx->saved_data["weight_dtype"] = static_cast<int64_t>(weight.scalar_type());
     return loss;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const at::Tensor scale = grads[0];
-    at::Tensor dh = ctx->saved_data["dhidden"].toTensor();
-    at::Tensor dw = ctx->saved_data["dweight"].toTensor();
-    return {dh.mul_(scale.to(dh.scalar_type())),
-            dw.mul_(scale.to(dw.scalar_type())),
+    const at::Tensor& scale = grads[0];
+    const auto dtype = [&](const char* key) {
+      return static_cast<at::ScalarType>(ctx->saved_data[key].toInt());
+    };
+    return {Scaled(ctx->saved_data["dhidden"].toTensor(), scale, dtype("hidden_dtype")),
+            Scaled(ctx->saved_data["dweight"].toTensor(), scale, dtype("weight_dtype")),
             at::Tensor(),
             at::Tensor(),
             at::Tensor(),

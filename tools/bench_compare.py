@@ -7,12 +7,30 @@ the same init directory, checks that they trained the same thing, and prints med
 
 The first run of ours writes the model (config.json, model.safetensors) and every rank's token
 ids into --init_dir when they are not there yet; every later run of either side starts from
-them. Checks, each a failure (exit 1) that prints both values:
+them. The tokens (--tokens markov, tools/bench_verification.h) are learnable, so the loss falls
+well beyond the tolerances over the run and a side that trained differently ends elsewhere.
+Checks, each a failure (exit 1) that names the check and prints both values, against ours'
+first run:
+  - ours' loss fell from the first to the last step by at least --min_loss_fall (relative):
+    otherwise the other checks could not tell a side whose optimizer did nothing;
   - first_loss (the global loss of the first optimizer step, before any update) of every run,
-    of both sides, within --tolerance (relative) of ours' first run;
-  - last_loss likewise within --last_loss_tolerance (both sides train on the same tokens);
+    of both sides, within --tolerance (relative);
+  - first_grad_norm (the first step's global gradient norm before clipping) within
+    --grad_norm_tolerance (relative): a gradient scaled by 1.002 fails it;
+  - last_loss within --last_loss_tolerance times how far ours' loss moved (first - last);
+  - param_checksum (the sum of squares of the trained parameters, fp64) within
+    --checksum_tolerance (relative);
   - the same tokens_fingerprint (same token ids) and the same device type on every run.
-A run that fails or prints no JSON line is exit 2.
+A run that fails or prints no JSON line is exit 2. tools/bench_fault_test.sh (CI) checks that a
+no-op optimizer, a gradient scaled by 1.002 and other tokens on one side each exit 1, with
+--baseline ours --baseline_arg=--inject_fault=... (the baseline is tools/bench again).
+
+PyTorch's side at its strongest: --torch_config NAME runs one of TORCH_CONFIGS (below: compiled
+model and loss, SDPA's native GQA, Liger's fused linear cross-entropy, bf16 parameters through
+fully_shard, a compiled AdamW, CUDA graphs); --torch_sweep NAME,NAME,... runs each once first
+(their lines say "sweep": true), then compares ours with the fastest of those whose checks
+passed, and names it. --peak_tflops and --peak_source (how the peak was measured:
+tools/matmul_peak.py) go to both sides and onto every line; the table gives MFU both ways.
 
 ZeRO: --engine zero --zero_stage N [--offload_optimizer cpu] [--offload_param cpu] runs ours as
 `tools/bench --engine=zero --set=zero.stage=N ...` and DeepSpeed's ZeRO of the same stage
@@ -37,6 +55,53 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
+# PyTorch configurations a PyTorch expert would try, as bench_torch.py flags. "compile_scope"
+# model becomes layers under fully_shard (the head and loss then compile together); "engine"
+# fsdp2 is bf16 parameters with fp32 masters (fully_shard with MixedPrecisionPolicy) in place of
+# fp32 parameters under autocast, for one-process local or DDP comparisons.
+FULL = ["--compile", "--compile_scope=model", "--loss=inside", "--attention=gqa"]
+TORCH_CONFIGS = {
+    # The earlier baseline: the model (local) or each layer compiled, the loss eager, GQA keys and
+    # values by repeat_interleave, fp32 parameters under bf16 autocast, fused AdamW.
+    "compiled-model": {"args": ["--compile"]},
+    # Model and loss compiled together (fullgraph where it traces whole), SDPA's native GQA.
+    "compiled-full": {"args": FULL},
+    "compiled-full-autotune": {"args": FULL + ["--compile_mode=max-autotune-no-cudagraphs"]},
+    # CUDA graphs (compile's reduce-overhead): the fair pair of ours with --cuda_graphs.
+    "compiled-full-graphs": {"args": FULL + ["--compile_mode=reduce-overhead"]},
+    # AdamW (foreach) compiled with the clipping into one step, in place of the fused kernel.
+    "compiled-full-adamw": {"args": FULL + ["--optimizer=compiled"]},
+    # Liger's fused linear cross-entropy, with the model eager and with its layers compiled.
+    "liger-eager": {"args": ["--loss=liger", "--attention=gqa"]},
+    "liger-compiled": {"args": ["--compile", "--compile_scope=layers", "--loss=liger",
+                                "--attention=gqa"]},
+    # bf16 parameters with fp32 masters: fully_shard's MixedPrecisionPolicy on one GPU.
+    "bf16-params": {"engine": "fsdp2", "args": ["--compile", "--loss=inside", "--attention=gqa"]},
+    "bf16-params-liger": {"engine": "fsdp2",
+                          "args": ["--compile", "--loss=liger", "--attention=gqa"]},
+    # The eager model, as it was first compared.
+    "eager": {"args": []},
+}
+
+
+def torch_config(a, name):
+    """(engine, bench_torch.py flags) of configuration `name` in this comparison."""
+    if name not in TORCH_CONFIGS:
+        raise SystemExit(f"bench_compare: --torch_config/--torch_sweep {name!r} is unknown; "
+                         f"choose from {', '.join(TORCH_CONFIGS)}")
+    config = TORCH_CONFIGS[name]
+    engine = config.get("engine", a.torch_engine or a.engine)
+    if "engine" in config and not (a.nproc == 1 and (a.torch_engine or a.engine) in ("local", "ddp")):
+        raise SystemExit(f"bench_compare: {name} runs fully_shard in place of "
+                         f"{a.torch_engine or a.engine}: only beside one-process local or DDP runs")
+    if engine == "zero" and config["args"]:
+        raise SystemExit(f"bench_compare: {name} sets bench_torch.py flags DeepSpeed's engine does "
+                         "not take; give --torch_engine (zero_redundancy, fsdp2) for it")
+    flags = list(config["args"])
+    if engine.startswith("fsdp"):
+        flags = [f for f in flags if f != "--compile_scope=model"]
+    return engine, flags
+
 
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -57,7 +122,17 @@ def parse_args():
     p.add_argument("--torch_engine", default="",
                    help="PyTorch's engine (default: --engine; local means no wrapper)")
     p.add_argument("--torch_impl", default="native", choices=["native", "hf"])
-    p.add_argument("--torch_compile", action="store_true", help="torch.compile on PyTorch's side")
+    p.add_argument("--torch_compile", action="store_true",
+                   help="torch.compile on PyTorch's side (--torch_config compiled-model)")
+    p.add_argument("--torch_config", default="", help="one of TORCH_CONFIGS for PyTorch's side")
+    p.add_argument("--torch_sweep", default="",
+                   help="comma-separated TORCH_CONFIGS: each runs once, the fastest that passes "
+                        "the checks is compared")
+    p.add_argument("--baseline", default="torch", choices=["torch", "ours"],
+                   help="the other side: PyTorch (bench_torch.py), or tools/bench again (with "
+                        "--baseline_arg, e.g. --inject_fault=..., to test the checks)")
+    p.add_argument("--baseline_arg", action="append", default=[],
+                   help="--baseline ours: extra flag for its tools/bench")
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--bf16", default="true", choices=["true", "false"])
     p.add_argument("--model", default="qwen3-0.6b")
@@ -68,8 +143,21 @@ def parse_args():
     p.add_argument("--warmup", type=int, default=5, help="untimed steps first")
     p.add_argument("--learning_rate", type=float, default=1e-4)
     p.add_argument("--weight_decay", type=float, default=0.0)
+    p.add_argument("--tokens", default="markov", choices=["markov", "random"],
+                   help="markov: learnable (the loss falls); random: uniform ids")
     p.add_argument("--tolerance", type=float, default=1e-3, help="first_loss, relative")
-    p.add_argument("--last_loss_tolerance", type=float, default=1e-3, help="relative")
+    p.add_argument("--grad_norm_tolerance", type=float, default=1e-3,
+                   help="first_grad_norm, relative")
+    p.add_argument("--checksum_tolerance", type=float, default=1e-3,
+                   help="param_checksum, relative")
+    p.add_argument("--last_loss_tolerance", type=float, default=0.05,
+                   help="last_loss: this fraction of how far ours' loss moved over the run")
+    p.add_argument("--min_loss_fall", type=float, default=0.01,
+                   help="ours' loss must fall by this fraction of first_loss over the run")
+    p.add_argument("--peak_tflops", type=float, default=790.0,
+                   help="measured dense bf16 TFLOP/s of one GPU, for MFU (tools/matmul_peak.py)")
+    p.add_argument("--peak_source", default="",
+                   help="how --peak_tflops was measured (recorded on every line)")
     p.add_argument("--ours_arg", action="append", default=[], help="extra flag for tools/bench")
     p.add_argument("--torch_arg", action="append", default=[], help="extra flag for bench_torch.py")
     p.add_argument("--timeout", type=int, default=600, help="seconds per run")
@@ -82,10 +170,17 @@ def parse_args():
     if a.torch_engine == "fsdp2_offload" and a.offload_optimizer != "cpu":
         p.error("--torch_engine fsdp2_offload keeps the optimizer on the host: give "
                 "--offload_optimizer cpu so ours does too")
+    if a.torch_config and a.torch_sweep:
+        p.error("--torch_config names one configuration and --torch_sweep several: give one")
+    if a.baseline == "ours" and (a.torch_config or a.torch_sweep or a.torch_compile):
+        p.error("--baseline ours runs tools/bench twice: --torch_config, --torch_sweep and "
+                "--torch_compile are for --baseline torch")
+    if a.torch_compile:
+        a.torch_config = a.torch_config or "compiled-model"
     return a
 
 
-def zero_args(a):
+def zero_args(a, torch_engine):
     """The ZeRO flags of each side: ours' --set overrides and bench_torch.py's (DeepSpeed only;
     PyTorch's counterparts take none)."""
     ours = [f"--set=zero.stage={a.zero_stage}"]
@@ -98,7 +193,7 @@ def zero_args(a):
         ours += ["--set=zero.offload_param_device=CPU",
                  "--set=zero.offload_param_pin_memory=true"]
         theirs.append("--offload_param=cpu")
-    return ours, (theirs if (a.torch_engine or "zero") == "zero" else [])
+    return ours, (theirs if torch_engine == "zero" else [])
 
 
 def engine_tag(a):
@@ -108,20 +203,24 @@ def engine_tag(a):
             ("_op" if a.offload_param == "cpu" else ""))
 
 
-def commands(a):
+def commands(a, config=""):
+    """The command of each side; `config` names PyTorch's configuration (TORCH_CONFIGS)."""
     shape = [f"--model={a.model}", f"--seq_len={a.seq_len}", f"--micro_batch={a.micro_batch}",
              f"--grad_accum={a.grad_accum}", f"--steps={a.steps}", f"--warmup={a.warmup}",
              f"--bf16={a.bf16}", f"--learning_rate={a.learning_rate!r}",
-             f"--weight_decay={a.weight_decay!r}", f"--init_dir={a.init_dir}"]
-    ours_zero, theirs_zero = zero_args(a) if a.engine == "zero" else ([], [])
+             f"--weight_decay={a.weight_decay!r}", f"--init_dir={a.init_dir}",
+             f"--tokens={a.tokens}", f"--peak_tflops={a.peak_tflops!r}"]
+    torch_engine, config_flags = (torch_config(a, config) if config
+                                  else (a.torch_engine or a.engine, []))
+    ours_zero, theirs_zero = zero_args(a, torch_engine) if a.engine == "zero" else ([], [])
     ours = [a.launch, f"--nproc_per_node={a.nproc}", "--master_port=0", a.bench,
             f"--engine={a.engine}"] + shape + ours_zero + a.ours_arg
+    if a.baseline == "ours":
+        return {"ours": ours, "baseline": ours + a.baseline_arg}
     theirs = [a.torchrun, "--standalone", f"--nproc_per_node={a.nproc}",
-              os.path.join(HERE, "bench_torch.py"), f"--engine={a.torch_engine or a.engine}",
-              f"--device={a.device}", f"--impl={a.torch_impl}"] + shape + theirs_zero + a.torch_arg
-    if a.torch_compile:
-        theirs.append("--compile")
-    return {"ours": ours, "torch": theirs}
+              os.path.join(HERE, "bench_torch.py"), f"--engine={torch_engine}",
+              f"--device={a.device}", f"--impl={a.torch_impl}"] + shape + theirs_zero
+    return {"ours": ours, "baseline": theirs + config_flags + a.torch_arg}
 
 
 def json_line(output):
@@ -186,23 +285,39 @@ def relative(x, ref):
 
 
 def check(records, a):
-    """Every failed check, as a line naming both values."""
+    """Every failed check, as a line naming it and both values."""
     failures = []
     ref = records[0]  # ours, run 1
+    fall = (ref.get("first_loss") or 0) - (ref.get("last_loss") or 0)
+    if not fall >= a.min_loss_fall * abs(ref.get("first_loss") or 0):
+        failures.append(
+            f"loss_fall: ours run 1 went from {ref.get('first_loss')!r} to {ref.get('last_loss')!r} "
+            f"(fell {fall:.3g}, less than {a.min_loss_fall:g} of the first loss): the checks "
+            "below cannot tell an optimizer that did nothing; use --tokens markov, more "
+            "--steps or a larger --learning_rate")
+    fall = abs(fall)
     for r in records:
-        for key, tol in (("first_loss", a.tolerance), ("last_loss", a.last_loss_tolerance)):
+        who = f"{r['side']} run {r['run']}" + (f" ({r['config']})" if r.get("config") else "")
+        for key, tol in (("first_loss", a.tolerance), ("first_grad_norm", a.grad_norm_tolerance),
+                         ("param_checksum", a.checksum_tolerance)):
             rel = relative(r.get(key), ref.get(key))
             if rel > tol:
-                failures.append(f"{key} differs: {r['side']} run {r['run']} = {r.get(key)!r}, "
-                                f"ours run 1 = {ref.get(key)!r} (relative {rel:.2e} > {tol:g})")
+                failures.append(f"{key} differs: {who} = {r.get(key)!r}, ours run 1 = "
+                                f"{ref.get(key)!r} (relative {rel:.2e} > {tol:g})")
+        moved = abs((r.get("last_loss") or math.inf) - (ref.get("last_loss") or math.inf))
+        if not moved <= a.last_loss_tolerance * fall:
+            failures.append(
+                f"last_loss differs: {who} = {r.get('last_loss')!r}, ours run 1 = "
+                f"{ref.get('last_loss')!r} ({moved:.3g} apart, more than {a.last_loss_tolerance:g} "
+                f"of the {fall:.3g} ours' loss moved)")
         if r.get("tokens_fingerprint") != ref.get("tokens_fingerprint"):
             failures.append(
-                f"token ids differ: {r['side']} run {r['run']} has tokens_fingerprint "
+                f"token ids differ: {who} has tokens_fingerprint "
                 f"{r.get('tokens_fingerprint')}, ours run 1 {ref.get('tokens_fingerprint')} (a "
                 f"tokens-*.safetensors file in {a.init_dir} changed, or tools/bench's token "
                 "stream differs from the one that wrote it: delete those files to rewrite them)")
         if r["device"].split(":")[0] != ref["device"].split(":")[0]:
-            failures.append(f"device differs: {r['side']} run {r['run']} ran on {r['device']}, "
+            failures.append(f"device differs: {who} ran on {r['device']}, "
                             f"ours run 1 on {ref['device']}")
     return failures
 
@@ -218,28 +333,39 @@ def spread(values, fmt):
 def table(records, a):
     print()
     print(f"{a.nproc} process(es), {a.model}, seq {a.seq_len}, micro-batch {a.micro_batch}, "
-          f"accum {a.grad_accum}, {a.warmup}+{a.steps} steps, bf16 {a.bf16}; "
+          f"accum {a.grad_accum}, {a.warmup}+{a.steps} steps, bf16 {a.bf16}, tokens {a.tokens}; "
           f"median [min, max] of {a.runs} runs")
-    print("| side | engine | tokens/s per GPU | peak GiB | host peak GiB | first_loss | last_loss |")
-    print("|---|---|---|---|---|---|---|")
+    print("| side | engine | tokens/s per GPU | MFU causal/989 | MFU full/measured | peak GiB | "
+          "host peak GiB | first_loss | last_loss |")
+    print("|---|---|---|---|---|---|---|---|---|")
     medians = {}
-    for side in ("ours", "torch"):
+    for side in ("ours", side_label(a)):
         rs = [r for r in records if r["side"] == side]
         med, tps = spread([r["tokens_per_s_per_gpu"] for r in rs], ",.0f")
+        _, mfu_causal = spread([r.get("mfu_causal_spec") for r in rs], ".3f")
+        _, mfu_full = spread([r.get("mfu_full_measured") for r in rs], ".3f")
         _, peak = spread([r["peak_memory_gib"] for r in rs], ".2f")
         _, host_peak = spread([r.get("host_peak_gib") for r in rs], ".2f")
         medians[side] = med
-        engine = rs[0]["engine"] + (" (compiled)" if rs[0].get("compile") else "")
+        engine = rs[0]["engine"] + (f" [{rs[0]['config']}]" if rs[0].get("config") else
+                                    " (compiled)" if rs[0].get("compile") else "")
         if rs[0].get("impl") == "hf":
             engine += " (transformers)"
         losses = [f"{x:.9g}" if x is not None else "-"
                   for x in (rs[0]["first_loss"], rs[0]["last_loss"])]
-        print(f"| {side} | {engine} | {tps} | {peak} | {host_peak} | {losses[0]} | {losses[1]} |")
-    if medians["torch"]:
-        print(f"ours / torch (medians of tokens/s per GPU): {medians['ours'] / medians['torch']:.3f}")
-    for key in ("first_loss", "last_loss"):
+        print(f"| {side} | {engine} | {tps} | {mfu_causal} | {mfu_full} | {peak} | {host_peak} | "
+              f"{losses[0]} | {losses[1]} |")
+    if medians[side_label(a)]:
+        print(f"ours / {side_label(a)} (medians of tokens/s per GPU): "
+              f"{medians['ours'] / medians[side_label(a)]:.3f}")
+    for key in ("first_loss", "first_grad_norm", "param_checksum", "last_loss"):
         worst = max(relative(r.get(key), records[0].get(key)) for r in records)
         print(f"largest relative difference of {key} to ours run 1: {worst:.2e}")
+
+
+def side_label(a):
+    """The other side's name in the records: torch (bench_torch.py) or baseline (ours again)."""
+    return "torch" if a.baseline == "torch" else "baseline"
 
 
 def append_jsonl(path, record):
@@ -250,35 +376,75 @@ def append_jsonl(path, record):
         f.write(json.dumps(record) + "\n")
 
 
+def run_side(a, name, command, common, side, run, **extra):
+    """One run, its JSON line recorded as soon as it ends."""
+    result = run_once(name, command, a)
+    result.update(common, side=side, run=run, command=" ".join(command), verified=None, **extra)
+    append_jsonl(a.jsonl, result)
+    print(f"   first_loss {result['first_loss']!r} last_loss {result['last_loss']!r} "
+          f"first_grad_norm {result.get('first_grad_norm')!r} tokens/s per GPU "
+          f"{result['tokens_per_s_per_gpu']}", flush=True)
+    return result
+
+
+def sweep(a, common):
+    """Runs every --torch_sweep configuration once beside one run of ours; returns the name of
+    the fastest whose checks passed (exit 1 when none did)."""
+    names = [n for n in a.torch_sweep.split(",") if n]
+    for name in names:
+        torch_config(a, name)  # refuses unknown or inapplicable names before anything runs
+    ours = run_side(a, f"ours_{engine_tag(a)}_{a.nproc}_sweep", commands(a)["ours"], common,
+                    "ours", 0, sweep=True)
+    passed = []
+    print("\nsweep of PyTorch's configurations (one run each, checked against ours):")
+    for name in names:
+        r = run_side(a, f"torch_{name}_{a.nproc}_sweep", commands(a, name)["baseline"], common,
+                     "torch", 0, sweep=True, config=name)
+        failures = check([ours, r], a)
+        print(f"   {name}: {r['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU, peak "
+              f"{r['peak_memory_gib']} GiB, {'checks pass' if not failures else failures}")
+        if not failures:
+            passed.append(r)
+    if not passed:
+        print("bench_compare: FAILED, no configuration of the sweep trained as ours did")
+        sys.exit(1)
+    best = max(passed, key=lambda r: r["tokens_per_s_per_gpu"])
+    print(f"   fastest that passes: {best['config']}")
+    append_jsonl(a.jsonl, dict(common, torch_sweep=names, best=best["config"], passed=[
+        r["config"] for r in passed], verified=None))
+    return best["config"]
+
+
 def main():
     a = parse_args()
-    cmds = commands(a)
     date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     # "compare" is on every line of this comparison, its runs and its check alike.
     common = {"date": date, "commit": git_commit(), "host_gpus": host_gpus(),
-              "compare": f"{engine_tag(a)}-{a.model}-{a.nproc}-{date}"}
+              "compare": f"{engine_tag(a)}-{a.model}-{a.nproc}-{date}",
+              "peak_source": a.peak_source or None}
+    config = sweep(a, common) if a.torch_sweep else a.torch_config
+    cmds = commands(a, config)
+    extra = {"config": config} if config else {}
     records = []
     for run in range(1, a.runs + 1):
-        for side in ("ours", "torch"):
-            result = run_once(f"{side}_{engine_tag(a)}_{a.nproc}_run{run}", cmds[side], a)
-            result.update(common, side=side, run=run, command=" ".join(cmds[side]),
-                          verified=None)
-            records.append(result)
-            append_jsonl(a.jsonl, result)
-            print(f"   first_loss {result['first_loss']!r} last_loss {result['last_loss']!r} "
-                  f"tokens/s per GPU {result['tokens_per_s_per_gpu']}", flush=True)
+        for side, label in (("ours", "ours"), ("baseline", side_label(a))):
+            records.append(run_side(a, f"{label}_{engine_tag(a)}_{a.nproc}_run{run}", cmds[side],
+                                    common, label, run, **(extra if side != "ours" else {})))
     failures = check(records, a)
     append_jsonl(a.jsonl, dict(common, bench_compare=engine_tag(a), model=a.model, nproc=a.nproc,
                                seq_len=a.seq_len, micro_batch=a.micro_batch, runs=a.runs,
-                               verified=not failures, failures=failures))
+                               torch_config=config or None, verified=not failures,
+                               failures=failures))
     table(records, a)
     if failures:
         print("\nbench_compare: FAILED, the two sides did not train the same thing:")
         for line in failures:
             print("  " + line)
         sys.exit(1)
-    print(f"\nbench_compare: verified: first_loss of all {len(records)} runs within "
-          f"{a.tolerance:g}, last_loss within {a.last_loss_tolerance:g}, same token ids")
+    print(f"\nbench_compare: verified: over {len(records)} runs, first_loss within "
+          f"{a.tolerance:g}, first_grad_norm within {a.grad_norm_tolerance:g}, param_checksum "
+          f"within {a.checksum_tolerance:g}, last_loss within {a.last_loss_tolerance:g} of the "
+          f"loss's fall, same token ids")
 
 
 if __name__ == "__main__":

@@ -85,7 +85,8 @@ absl::StatusOr<std::shared_ptr<DecoderLM>> BenchModel(const std::string& init_di
 
 std::string BenchTokensPath(const std::string& init_dir, const BenchTokensShape& shape,
                             int64_t rank) {
-  return absl::StrCat(init_dir, "/tokens-w", shape.world, "-ga", shape.grad_accum, "-mb",
+  return absl::StrCat(init_dir, "/tokens-", shape.tokens, "-w", shape.world, "-ga",
+                      shape.grad_accum, "-mb",
                       shape.micro_batch, "-seq", shape.seq_len, "-steps", shape.steps, "-rank",
                       rank, ".safetensors");
 }

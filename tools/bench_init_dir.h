@@ -6,7 +6,7 @@
 //   CT_ASSIGN_OR_RETURN(std::shared_ptr<DecoderLM> model,
 //                       BenchModel(init_dir, config, "tiny", *engine));
 //   ... train, keeping each micro-batch's input ids ...
-//   const BenchTokensShape shape{world, accum, micro, seq, steps};
+//   const BenchTokensShape shape{"markov", world, accum, micro, seq, steps};
 //   CT_RETURN_IF_ERROR(WriteBenchTokensIfAbsent(BenchTokensPath(init_dir, shape, rank), ids));
 //   int64_t fingerprint = BenchTokensFingerprint(ids, rank);  // summed over ranks
 #ifndef CPPTRAIN_TOOLS_BENCH_INIT_DIR_H_
@@ -40,6 +40,7 @@ absl::StatusOr<std::shared_ptr<DecoderLM>> BenchModel(const std::string& init_di
 
 // What one rank's token ids of a run depend on besides the dataset.
 struct BenchTokensShape {
+  std::string tokens = "markov";  // the stream's kind (tools/bench --tokens)
   int64_t world = 1;
   int64_t grad_accum = 1;
   int64_t micro_batch = 1;
@@ -47,8 +48,8 @@ struct BenchTokensShape {
   int64_t steps = 1;  // every optimizer step of the run, warm-up included
 };
 
-// `init_dir`/tokens-w<world>-ga<accum>-mb<micro>-seq<seq>-steps<steps>-rank<rank>.safetensors;
-// tools/bench_torch.py builds the same name.
+// `init_dir`/tokens-<kind>-w<world>-ga<accum>-mb<micro>-seq<seq>-steps<steps>-rank<rank>
+// .safetensors; tools/bench_torch.py builds the same name.
 std::string BenchTokensPath(const std::string& init_dir, const BenchTokensShape& shape,
                             int64_t rank);
 

@@ -8,8 +8,10 @@
 //   tokens/s          = steps * micro_batch * grad_accum * seq_len * world / seconds
 //   TFLOP/s per GPU   = tokens/s per GPU * flops_per_token / 1e12, where
 //   flops_per_token   = 6 * matmul parameters (LM head included)
-//                     + 12 * layers * heads * head_dim * seq_len
-//   MFU               = TFLOP/s per GPU / --peak_tflops
+//                     + 12 * layers * heads * head_dim * seq_len (attention's full square)
+//   ..._causal        = the same with 6 * layers * heads * head_dim * seq_len (its causal half)
+//   mfu_full_measured = TFLOP/s per GPU / --peak_tflops (a measured peak: tools/matmul_peak.py)
+//   mfu_causal_spec   = causal TFLOP/s per GPU / --spec_tflops (the datasheet's: 989)
 // --engine=zero runs ZeRO stage --zero_stage (1, 2 or 3; DeepSpeed's defaults: 500M-element
 // buckets, stage 3 with stage3_param_persistence_threshold 100000, so a layer of a real model
 // is its own group), --zero_offload puts the optimizer on the host; the JSON line names it
@@ -21,8 +23,12 @@
 // Verification (tools/bench_compare.py runs this and tools/bench_torch.py side by side): with
 // --init_dir the model comes from that Hugging Face directory (written there first when it
 // holds none) and every rank's token ids are written beside it, once per run shape, for
-// bench_torch.py to train on. The JSON line carries first_loss and last_loss (the global loss
-// of the first and the last optimizer step) and tokens_fingerprint.
+// bench_torch.py to train on. The tokens form a Markov chain the model learns within a few steps
+// (--tokens=markov, tools/bench_verification.h), so the loss falls and a side whose optimizer did
+// nothing ends elsewhere. The JSON line carries first_loss and last_loss (the global loss of the
+// first and the last optimizer step), first_grad_norm (the first step's global gradient norm
+// before clipping), param_checksum (the sum of squares of the trained parameters, fp64) and
+// tokens_fingerprint. --inject_fault breaks one of those on purpose, for testing the check.
 #include <sys/resource.h>
 #include <torch/torch.h>
 
@@ -50,6 +56,7 @@
 #include "sharding/noop_communicator.h"
 #include "sharding/rendezvous.h"
 #include "tools/bench_init_dir.h"
+#include "tools/bench_verification.h"
 #include "tools/kernel_profile.h"
 #include "tools/repeated_flag.h"
 #include "trainer/trainer.h"
@@ -66,7 +73,17 @@ ABSL_FLAG(int64_t, warmup, 5, "untimed optimizer steps first");
 ABSL_FLAG(bool, bf16, true, "bf16 autocast (parameters and reductions stay fp32)");
 ABSL_FLAG(bool, activation_checkpointing, false, "recompute each layer in backward");
 ABSL_FLAG(bool, skip_collectives, false, "communicate nothing (measures exposed communication)");
-ABSL_FLAG(double, peak_tflops, 790.0, "peak bf16 TFLOP/s of one GPU, for MFU (H200: 790)");
+ABSL_FLAG(double, peak_tflops, 790.0,
+          "measured dense bf16 TFLOP/s of one GPU (tools/matmul_peak.py), for mfu_full_measured");
+ABSL_FLAG(double, spec_tflops, 989.0,
+          "the GPU's specified dense bf16 TFLOP/s (H100/H200 SXM: 989), for mfu_causal_spec");
+ABSL_FLAG(std::string, tokens, "markov",
+          "markov: a token stream the model learns within a few steps (the loss falls, so the "
+          "comparison's checks can fail); random: uniform ids (the loss stays about ln(vocab))");
+ABSL_FLAG(std::string, inject_fault, "none",
+          "for testing tools/bench_compare.py: noop_optimizer (learning rate 0), scaled_gradient "
+          "(the loss's value, its gradient 1.002x), other_tokens (every id + 1 mod vocab, the "
+          "fingerprint of the original ones)");
 ABSL_FLAG(bool, use_cpu, false, "run on the CPU even where CUDA is available (tests)");
 ABSL_FLAG(std::string, init_dir, "",
           "Hugging Face model directory to start from (written there first when it holds none), "
@@ -85,21 +102,6 @@ ABSL_FLAG(double, weight_decay, 0.0,
 
 namespace cpptrain {
 namespace {
-
-// Random tokens, generated from the index on demand (no memory for the whole set).
-class RandomTokens : public Dataset {
- public:
-  RandomTokens(int64_t size, int64_t seq_len, int64_t vocab)
-      : size_(size), seq_len_(seq_len), vocab_(vocab) {}
-  int64_t size() const override { return size_; }
-  Example Get(int64_t index) const override {
-    auto generator = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(index));
-    return {torch::randint(vocab_, {seq_len_}, generator, torch::kLong), at::Tensor()};
-  }
-
- private:
-  int64_t size_, seq_len_, vocab_;
-};
 
 // Times the steps after warm-up, with the device drained at both ends.
 class StepTimer : public TrainerCallback {
@@ -150,15 +152,22 @@ class ProfileWindow : public TrainerCallback {
 };
 
 // Keeps what the verification needs without a host sync in the timed steps: this rank's share
-// of the first and the last step's loss (device scalars) and every micro-batch's token ids (as
-// the loader gave them), for replayed steps (--cuda_graphs) too.
+// of the first and the last step's loss and the first step's gradient norm (device scalars) and
+// every micro-batch's token ids (as the loader gave them), for replayed steps (--cuda_graphs)
+// too. With --inject_fault, trains wrongly on purpose (FaultyLoss).
 class BenchTrainer : public Trainer {
  public:
-  using Trainer::Trainer;
+  BenchTrainer(proto::TrainingArguments args, std::shared_ptr<TrainableModel> model,
+               std::shared_ptr<const Dataset> data, std::unique_ptr<Engine> engine,
+               std::string fault, int64_t vocab)
+      : Trainer(std::move(args), std::move(model), std::move(data), nullptr, std::move(engine)),
+        fault_(std::move(fault)),
+        vocab_(vocab) {}
 
   // Undefined before the step ran.
   const torch::Tensor& first_loss() const { return first_loss_; }
   const torch::Tensor& last_loss() const { return last_loss_; }
+  const torch::Tensor& first_grad_norm() const { return first_grad_norm_; }
   // [steps, grad_accum, micro_batch, seq_len] on the CPU.
   torch::Tensor TokenIds() const {
     const int64_t accum = args().gradient_accumulation_steps();
@@ -170,13 +179,32 @@ class BenchTrainer : public Trainer {
   void StepFinished(const std::vector<Batch>& micro_batches,
                     const torch::Tensor& step_loss) override {
     const int64_t step = state().global_step;  // optimizer steps finished, this one included
-    if (step == 1) first_loss_ = step_loss;
+    if (step == 1) {
+      first_loss_ = step_loss;
+      if (last_grad_norm().defined()) first_grad_norm_ = last_grad_norm().detach().clone();
+    }
     if (step == state().max_steps) last_loss_ = step_loss;
     for (const Batch& batch : micro_batches) inputs_.push_back(batch.inputs);
   }
 
+  torch::Tensor ComputeLoss(TrainableModel& model, const Batch& batch,
+                            int64_t num_items_in_batch) override {
+    if (fault_ == "other_tokens") {
+      Batch other = batch;
+      other.inputs = (batch.inputs + 1).remainder(vocab_);
+      other.labels = torch::where(batch.labels >= 0, (batch.labels + 1).remainder(vocab_),
+                                  batch.labels);
+      return Trainer::ComputeLoss(model, other, num_items_in_batch);
+    }
+    const torch::Tensor loss = Trainer::ComputeLoss(model, batch, num_items_in_batch);
+    if (fault_ == "scaled_gradient") return loss * 1.002 - (loss * 0.002).detach();
+    return loss;
+  }
+
  private:
-  torch::Tensor first_loss_, last_loss_;
+  std::string fault_;
+  int64_t vocab_;
+  torch::Tensor first_loss_, last_loss_, first_grad_norm_;
   std::vector<torch::Tensor> inputs_;
 };
 
@@ -231,7 +259,9 @@ absl::StatusOr<proto::TrainingArguments> BenchArgs(int rank,
   args.set_per_device_train_batch_size(static_cast<int32_t>(micro));
   args.set_gradient_accumulation_steps(static_cast<int32_t>(accum));
   args.set_max_steps(steps);
-  args.set_learning_rate(absl::GetFlag(FLAGS_learning_rate));
+  // The JSON line still says --learning_rate: a no-op optimizer that claims it trained.
+  const bool noop = absl::GetFlag(FLAGS_inject_fault) == "noop_optimizer";
+  args.set_learning_rate(noop ? 0.0 : absl::GetFlag(FLAGS_learning_rate));
   args.set_weight_decay(absl::GetFlag(FLAGS_weight_decay));
   args.set_lr_scheduler_type(proto::TrainingArguments::CONSTANT);
   args.set_logging_steps(static_cast<double>(steps));
@@ -275,23 +305,40 @@ absl::StatusOr<proto::TrainingArguments> BenchArgs(int rank,
   return args;
 }
 
-// The global losses of the first and last step and the tokens fingerprint, summed over ranks
-// (after the run: reading the device tensors here costs the timed steps nothing).
-absl::StatusOr<at::Tensor> VerificationFigures(BenchTrainer& trainer, const std::string& init_dir,
-                                               int64_t seq) {
+// What tools/bench_compare.py checks, global and the same on every rank (after the run: reading
+// the device tensors here costs the timed steps nothing).
+struct Verification {
+  double first_loss = 0, last_loss = 0, first_grad_norm = 0, param_checksum = 0;
+  double tokens_fingerprint = 0;
+};
+
+absl::StatusOr<Verification> VerificationFigures(BenchTrainer& trainer,
+                                                 const std::string& init_dir, int64_t seq) {
   Engine& engine = *trainer.engine();
   const at::Tensor ids = trainer.TokenIds();
   if (!init_dir.empty()) {
-    const BenchTokensShape shape{engine.world_size(), ids.size(1), ids.size(2), seq, ids.size(0)};
+    const BenchTokensShape shape{absl::GetFlag(FLAGS_tokens), engine.world_size(), ids.size(1),
+                                 ids.size(2),                 seq,                 ids.size(0)};
     CT_RETURN_IF_ERROR(
         WriteBenchTokensIfAbsent(BenchTokensPath(init_dir, shape, engine.rank()), ids));
   }
-  const at::Tensor local =
+  // Each rank's share of the losses and of the fingerprint, summed; the norm is global already.
+  at::Tensor sums =
       torch::tensor({trainer.first_loss().item<double>(), trainer.last_loss().item<double>(),
                      static_cast<double>(BenchTokensFingerprint(ids, engine.rank()))},
                     torch::kFloat64);
-  if (absl::GetFlag(FLAGS_skip_collectives)) return local;
-  return engine.AllReduceSum(local);
+  if (!absl::GetFlag(FLAGS_skip_collectives)) {
+    CT_ASSIGN_OR_RETURN(sums, engine.AllReduceSum(sums));
+  }
+  Verification out;
+  out.first_loss = sums[0].item<double>();
+  out.last_loss = sums[1].item<double>();
+  out.tokens_fingerprint = sums[2].item<double>();
+  out.first_grad_norm = trainer.first_grad_norm().defined()
+                            ? trainer.first_grad_norm().item<double>()
+                            : std::nan("");
+  CT_ASSIGN_OR_RETURN(out.param_checksum, ParameterSquareSum(trainer.model(), engine));
+  return out;
 }
 
 // `value` with full precision, or null when it is not finite (JSON has no NaN).
@@ -306,16 +353,127 @@ int64_t HostPeakBytes() {
   return getrusage(RUSAGE_SELF, &usage) == 0 ? int64_t{usage.ru_maxrss} * 1024 : 0;
 }
 
+// One JSON object, its fields in the order added.
+class JsonLine {
+ public:
+  JsonLine& Raw(const std::string& key, const std::string& value) {
+    absl::StrAppend(&text_, text_.empty() ? "{" : ",", "\"", key, "\":", value);
+    return *this;
+  }
+  JsonLine& String(const std::string& key, const std::string& value) {
+    return Raw(key, absl::StrCat("\"", value, "\""));
+  }
+  JsonLine& Bool(const std::string& key, bool value) { return Raw(key, value ? "true" : "false"); }
+  JsonLine& Int(const std::string& key, int64_t value) { return Raw(key, absl::StrCat(value)); }
+  JsonLine& Number(const std::string& key, double value) { return Raw(key, JsonNumber(value)); }
+  JsonLine& Fixed(const std::string& key, double value, int digits) {
+    return Raw(key, absl::StrFormat("%.*f", digits, value));
+  }
+  std::string Finish() const { return text_ + "}"; }
+
+ private:
+  std::string text_;
+};
+
+// The measured figures of a run: the slowest rank's time, the largest peaks.
+struct Figures {
+  double seconds = 0, peak_bytes = 0, host_peak_bytes = 0, graph_replays = 0;
+};
+
+absl::StatusOr<Figures> GatherFigures(BenchTrainer& trainer, const StepTimer& timer,
+                                      const TrainOutput& trained) {
+  Engine& engine = *trainer.engine();
+  at::Tensor figures =
+      torch::tensor({timer.seconds(), static_cast<double>(PeakAllocatedBytes(engine.device())),
+                     static_cast<double>(HostPeakBytes())},
+                    torch::kFloat64);
+  // Without collectives every rank reports its own figures (the ranks do the same work).
+  at::Tensor gathered = figures.view({1, 3});
+  if (!absl::GetFlag(FLAGS_skip_collectives)) {
+    CT_ASSIGN_OR_RETURN(gathered, engine.AllGather(figures));
+    gathered = gathered.view({engine.world_size(), 3});
+  }
+  Figures out;
+  out.seconds = gathered.select(1, 0).max().item<double>();
+  out.peak_bytes = gathered.select(1, 1).max().item<double>();
+  out.host_peak_bytes = gathered.select(1, 2).max().item<double>();
+  const auto replays = trained.metrics.find("cuda_graph_replays");
+  out.graph_replays = replays == trained.metrics.end() ? 0 : replays->second;
+  return out;
+}
+
+// The run's JSON line (printed by rank 0).
+std::string ResultLine(const proto::TrainingArguments& args, const proto::DecoderConfig& config,
+                       const Engine& engine, const Figures& f, const Verification& v) {
+  const int64_t seq = absl::GetFlag(FLAGS_seq_len), micro = absl::GetFlag(FLAGS_micro_batch);
+  const int64_t accum = absl::GetFlag(FLAGS_grad_accum), steps = absl::GetFlag(FLAGS_steps);
+  const int world = engine.world_size();
+  const double tokens_per_s = static_cast<double>(steps * accum * micro * seq * world) / f.seconds;
+  // Attention as the full square, and as its causal half: (F(seq) + F(0)) / 2.
+  const double flops = DecoderTrainingFlopsPerToken(config, seq);
+  const double flops_causal = (flops + DecoderTrainingFlopsPerToken(config, 0)) / 2;
+  const double tflops = tokens_per_s / world * flops / 1e12;
+  const double tflops_causal = tokens_per_s / world * flops_causal / 1e12;
+  JsonLine line;
+  line.String("model", absl::GetFlag(FLAGS_model)).String("engine", EngineLabel(args));
+  line.Int("gpus", world).String("device", engine.device().str()).Int("seq_len", seq);
+  line.Int("micro_batch", micro).Int("grad_accum", accum).Int("steps", steps);
+  line.Int("warmup", absl::GetFlag(FLAGS_warmup)).Bool("bf16", args.bf16());
+  line.Bool("activation_checkpointing", absl::GetFlag(FLAGS_activation_checkpointing));
+  line.Bool("fused_kernels", args.fused_kernels()).Bool("cuda_graphs", args.cuda_graphs());
+  line.Fixed("graph_replays", f.graph_replays, 0);
+  line.Int("profiled_steps", std::min(absl::GetFlag(FLAGS_profile_steps), steps));
+  line.Bool("skip_collectives", absl::GetFlag(FLAGS_skip_collectives));
+  line.Number("learning_rate", absl::GetFlag(FLAGS_learning_rate));
+  line.Number("weight_decay", args.weight_decay()).String("init_dir", absl::GetFlag(FLAGS_init_dir));
+  line.String("tokens", absl::GetFlag(FLAGS_tokens));
+  line.String("inject_fault", absl::GetFlag(FLAGS_inject_fault)).Fixed("seconds", f.seconds, 3);
+  line.Fixed("tokens_per_s", tokens_per_s, 1).Fixed("tokens_per_s_per_gpu", tokens_per_s / world, 1);
+  line.Number("flops_per_token", flops).Number("flops_per_token_causal", flops_causal);
+  line.Fixed("tflops_per_gpu", tflops, 1).Fixed("tflops_per_gpu_causal", tflops_causal, 1);
+  line.Number("peak_tflops", absl::GetFlag(FLAGS_peak_tflops));
+  line.Number("spec_tflops", absl::GetFlag(FLAGS_spec_tflops));
+  line.Fixed("mfu_full_measured", tflops / absl::GetFlag(FLAGS_peak_tflops), 4);
+  line.Fixed("mfu_causal_spec", tflops_causal / absl::GetFlag(FLAGS_spec_tflops), 4);
+  // Peak memory is known on CUDA only (PeakAllocatedBytes is -1 elsewhere).
+  line.Raw("peak_memory_gib",
+           f.peak_bytes < 0 ? "null" : absl::StrFormat("%.2f", f.peak_bytes / (1 << 30)));
+  line.Fixed("host_peak_gib", f.host_peak_bytes / (1 << 30), 2);
+  line.Number("first_loss", v.first_loss).Number("last_loss", v.last_loss);
+  line.Number("first_grad_norm", v.first_grad_norm).Number("param_checksum", v.param_checksum);
+  line.Fixed("tokens_fingerprint", v.tokens_fingerprint, 0);
+  line.String("formula", "6*matmul_params + 12*layers*heads*head_dim*seq per token (causal: 6*)");
+  return line.Finish();
+}
+
+absl::StatusOr<std::shared_ptr<Dataset>> BenchTokens(int64_t samples, int64_t seq, int64_t vocab) {
+  const std::string kind = absl::GetFlag(FLAGS_tokens);
+  if (kind == "markov") return std::make_shared<MarkovTokens>(samples, seq, vocab);
+  if (kind == "random") return std::make_shared<RandomTokens>(samples, seq, vocab);
+  return absl::InvalidArgumentError(
+      absl::StrCat("--tokens=", kind, " is unknown: use markov (learnable) or random"));
+}
+
+absl::Status CheckFault() {
+  const std::string fault = absl::GetFlag(FLAGS_inject_fault);
+  if (fault == "none" || fault == "noop_optimizer" || fault == "scaled_gradient" ||
+      fault == "other_tokens") {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--inject_fault=", fault,
+      " is unknown: use none, noop_optimizer, scaled_gradient or other_tokens"));
+}
+
 absl::Status Run(const std::vector<std::string>& overrides) {
   CT_ASSIGN_OR_RETURN(DistributedEnv env, DistributedEnvFromEnvironment());
   InitLogging("bench", env.rank);
+  CT_RETURN_IF_ERROR(CheckFault());
   const std::string model_name = absl::GetFlag(FLAGS_model);
   CT_ASSIGN_OR_RETURN(proto::DecoderConfig config, NamedDecoderConfig(model_name));
   const int64_t seq = absl::GetFlag(FLAGS_seq_len);
-  const int64_t micro = absl::GetFlag(FLAGS_micro_batch);
-  const int64_t accum = absl::GetFlag(FLAGS_grad_accum);
-  const int64_t warmup = absl::GetFlag(FLAGS_warmup);
-  const int64_t steps = absl::GetFlag(FLAGS_steps);
+  const int64_t samples = (absl::GetFlag(FLAGS_warmup) + absl::GetFlag(FLAGS_steps)) *
+                          absl::GetFlag(FLAGS_grad_accum) * absl::GetFlag(FLAGS_micro_batch);
   const std::string init_dir = absl::GetFlag(FLAGS_init_dir);
   CT_ASSIGN_OR_RETURN(proto::TrainingArguments args, BenchArgs(env.rank, overrides));
 
@@ -323,68 +481,24 @@ absl::Status Run(const std::vector<std::string>& overrides) {
   CT_ASSIGN_OR_RETURN(std::shared_ptr<DecoderLM> model,
                       BenchModel(init_dir, config, model_name, *engine));
   const c10::Device device = engine->device();
-  const int world = engine->world_size();
-  auto data = std::make_shared<RandomTokens>((warmup + steps) * accum * micro * world, seq,
-                                             config.vocab_size());
-  BenchTrainer trainer(args, model, data, nullptr, std::move(engine));
-  auto timer = std::make_shared<StepTimer>(warmup, device);
+  CT_ASSIGN_OR_RETURN(std::shared_ptr<Dataset> data,
+                      BenchTokens(samples * engine->world_size(), seq, config.vocab_size()));
+  BenchTrainer trainer(args, model, data, std::move(engine), absl::GetFlag(FLAGS_inject_fault),
+                       config.vocab_size());
+  auto timer = std::make_shared<StepTimer>(absl::GetFlag(FLAGS_warmup), device);
   trainer.AddCallback(timer);
-  const int64_t profile_steps = std::min(absl::GetFlag(FLAGS_profile_steps), steps);
+  const int64_t profile_steps = std::min(absl::GetFlag(FLAGS_profile_steps),
+                                         absl::GetFlag(FLAGS_steps));
   if (profile_steps > 0) {
     trainer.AddCallback(std::make_shared<ProfileWindow>(profile_steps, device, env.rank));
   }
   CT_ASSIGN_OR_RETURN(TrainOutput trained, trainer.Train());
-  const auto replays = trained.metrics.find("cuda_graph_replays");
-  const double graph_replays = replays == trained.metrics.end() ? 0 : replays->second;
-
-  // The slowest rank's time and the largest peak memory count.
-  at::Tensor figures =
-      torch::tensor({timer->seconds(), static_cast<double>(PeakAllocatedBytes(device)),
-                     static_cast<double>(HostPeakBytes())},
-                    torch::kFloat64);
-  // Without collectives every rank reports its own figures (the ranks do the same work).
-  at::Tensor gathered = figures.view({1, 3});
-  if (!absl::GetFlag(FLAGS_skip_collectives)) {
-    CT_ASSIGN_OR_RETURN(gathered, trainer.engine()->AllGather(figures));
-    gathered = gathered.view({world, 3});
-  }
-  const double seconds = gathered.select(1, 0).max().item<double>();
-  const double peak_bytes = gathered.select(1, 1).max().item<double>();
-  const double host_peak_bytes = gathered.select(1, 2).max().item<double>();
-  CT_ASSIGN_OR_RETURN(at::Tensor verification, VerificationFigures(trainer, init_dir, seq));
-  const double tokens = static_cast<double>(steps * accum * micro * seq * world);
-  const double tokens_per_s = tokens / seconds;
-  const double flops_per_token = DecoderTrainingFlopsPerToken(config, seq);
-  const double tflops_per_gpu = tokens_per_s / world * flops_per_token / 1e12;
-  // Peak memory is known on CUDA only (PeakAllocatedBytes is -1 elsewhere).
-  const std::string peak_gib =
-      peak_bytes < 0 ? "null" : absl::StrFormat("%.2f", peak_bytes / (1 << 30));
+  CT_ASSIGN_OR_RETURN(const Figures figures, GatherFigures(trainer, *timer, trained));
+  // After the peaks were read: the checksum gathers whole parameters.
+  CT_ASSIGN_OR_RETURN(const Verification verification,
+                      VerificationFigures(trainer, init_dir, seq));
   if (env.rank == 0) {
-    std::printf(
-        "{\"model\":\"%s\",\"engine\":\"%s\",\"gpus\":%d,\"device\":\"%s\",\"seq_len\":%lld,"
-        "\"micro_batch\":%lld,\"grad_accum\":%lld,\"steps\":%lld,\"warmup\":%lld,\"bf16\":%s,"
-        "\"activation_checkpointing\":%s,\"fused_kernels\":%s,\"cuda_graphs\":%s,"
-        "\"graph_replays\":%.0f,\"profiled_steps\":%lld,"
-        "\"skip_collectives\":%s,\"learning_rate\":%.17g,"
-        "\"weight_decay\":%.17g,\"init_dir\":\"%s\",\"seconds\":%.3f,"
-        "\"tokens_per_s\":%.1f,\"tokens_per_s_per_gpu\":%.1f,\"flops_per_token\":%.4g,"
-        "\"tflops_per_gpu\":%.1f,\"mfu\":%.4f,\"peak_memory_gib\":%s,\"host_peak_gib\":%.2f,"
-        "\"first_loss\":%s,"
-        "\"last_loss\":%s,\"tokens_fingerprint\":%.0f,"
-        "\"formula\":\"6*matmul_params + 12*layers*heads*head_dim*seq per token\"}\n",
-        model_name.c_str(), EngineLabel(args).c_str(), world, device.str().c_str(),
-        static_cast<long long>(seq), static_cast<long long>(micro), static_cast<long long>(accum),
-        static_cast<long long>(steps), static_cast<long long>(warmup),
-        args.bf16() ? "true" : "false",
-        absl::GetFlag(FLAGS_activation_checkpointing) ? "true" : "false",
-        args.fused_kernels() ? "true" : "false", args.cuda_graphs() ? "true" : "false",
-        graph_replays, static_cast<long long>(profile_steps),
-        absl::GetFlag(FLAGS_skip_collectives) ? "true" : "false", args.learning_rate(),
-        args.weight_decay(), init_dir.c_str(), seconds, tokens_per_s, tokens_per_s / world,
-        flops_per_token, tflops_per_gpu, tflops_per_gpu / absl::GetFlag(FLAGS_peak_tflops),
-        peak_gib.c_str(), host_peak_bytes / (1 << 30),
-        JsonNumber(verification[0].item<double>()).c_str(),
-        JsonNumber(verification[1].item<double>()).c_str(), verification[2].item<double>());
+    std::printf("%s\n", ResultLine(args, config, *trainer.engine(), figures, verification).c_str());
     std::fflush(stdout);
   }
   return absl::OkStatus();

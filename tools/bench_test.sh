@@ -24,7 +24,7 @@ field() { sed -E "s/.*\"$1\":([^,}]*).*/\1/" <<<"$2"; }
 losses() { echo "$(field first_loss "$1") $(field last_loss "$1") $(field tokens_fingerprint "$1")"; }
 
 first=$(bench_json 1 --engine=local)
-for f in config.json model.safetensors tokens-w1-ga1-mb2-seq16-steps4-rank0.safetensors; do
+for f in config.json model.safetensors tokens-markov-w1-ga1-mb2-seq16-steps4-rank0.safetensors; do
   [[ -s "$init/$f" ]] || { echo "FAIL: the first run left no $init/$f"; exit 1; }
 done
 [[ "$(field first_loss "$first")" =~ ^[0-9.]+$ ]] ||
@@ -42,7 +42,7 @@ echo "written: $(losses "$first"); loaded: $(losses "$again")"
 ddp=$(bench_json 2 --engine=ddp)
 fsdp2=$(bench_json 2 --engine=fsdp2)
 echo "2 ranks: ddp $(losses "$ddp"); fsdp2 $(losses "$fsdp2")"
-[[ -s "$init/tokens-w2-ga1-mb2-seq16-steps4-rank1.safetensors" ]] ||
+[[ -s "$init/tokens-markov-w2-ga1-mb2-seq16-steps4-rank1.safetensors" ]] ||
   { echo "FAIL: rank 1 wrote no token ids"; exit 1; }
 # fp32 on the CPU: the engines agree to a few ulps, so compare to 6 significant digits.
 round() { awk '{ printf "%.6g %.6g %s", $1, $2, $3 }' <<<"$1"; }

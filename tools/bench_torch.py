@@ -135,6 +135,7 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(h, self.kv_heads * d, bias=False)
         self.o_proj = nn.Linear(self.heads * d, h, bias=False)
         self.qk_norm = c["qk_norm"]
+        self.native_gqa = c.get("attention") == "gqa"  # SDPA's enable_gqa (torch 2.5+)
         if self.qk_norm:
             self.q_norm = RMSNorm(d, c["rms_norm_eps"])
             self.k_norm = RMSNorm(d, c["rms_norm_eps"])
@@ -149,9 +150,12 @@ class Attention(nn.Module):
         q = apply_rotary(q.transpose(1, 2), cos, sin).to(v.dtype)
         k = apply_rotary(k.transpose(1, 2), cos, sin).to(v.dtype)
         groups = self.heads // self.kv_heads
-        if groups > 1:
-            k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if groups > 1 and self.native_gqa:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        else:
+            if groups > 1:
+                k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
 
 
@@ -188,16 +192,46 @@ class Body(nn.Module):
         self.norm = RMSNorm(c["hidden_size"], c["rms_norm_eps"])
 
 
-class Decoder(nn.Module):
-    """Parameter names as Hugging Face's: model.embed_tokens.weight, model.layers.N..., lm_head."""
+def summed_cross_entropy(logits, labels):
+    """Cross-entropy summed in fp32 over the rows of `logits` [N, V]."""
+    return F.cross_entropy(logits.float(), labels, reduction="sum")
 
-    def __init__(self, c, checkpointing=False):
+
+def liger_summed_cross_entropy(h, weight, labels):
+    """Liger's fused linear cross-entropy (liger-kernel): the logits never exist whole. Under
+    autocast both operands go in as the autocast dtype, as the eager head's matmul would."""
+    from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
+    dtype = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else h.dtype
+    return liger_fused_linear_cross_entropy(h.to(dtype), weight.to(dtype), labels,
+                                            reduction="sum", accum_dtype=torch.float32)
+
+
+class Decoder(nn.Module):
+    """Parameter names as Hugging Face's: model.embed_tokens.weight, model.layers.N..., lm_head.
+
+    loss "outside": forward returns the logits (the cross-entropy runs outside, eagerly);
+    "inside": forward returns the summed cross-entropy of the shifted labels (so compiling the
+    model compiles the loss with it); "liger": the same through Liger's fused linear
+    cross-entropy."""
+
+    def __init__(self, c, checkpointing=False, loss="outside"):
         super().__init__()
         self.c = c
         self.model = Body(c)
         if not c["tie_word_embeddings"]:
             self.lm_head = nn.Linear(c["hidden_size"], c["vocab_size"], bias=False)
         self.checkpointing = checkpointing
+        self.loss = loss
+        self.head_loss = self.summed_head_loss  # replaced by a compiled one (compile_head_loss)
+
+    def summed_head_loss(self, x, ids):
+        """The head and the loss over the final hidden states `x` [B, T, H]."""
+        head = self.model.embed_tokens if self.c["tie_word_embeddings"] else self.lm_head
+        h = x[:, :-1].reshape(-1, x.size(-1))
+        labels = ids[:, 1:].reshape(-1)
+        if self.loss == "liger":
+            return liger_summed_cross_entropy(h, head.weight, labels)
+        return summed_cross_entropy(F.linear(h, head.weight), labels)
 
     def forward(self, ids):
         c, t = self.c, ids.shape[1]
@@ -214,6 +248,8 @@ class Decoder(nn.Module):
             else:
                 x = layer(x, cos, sin)
         x = self.model.norm(x)
+        if self.loss != "outside":
+            return self.head_loss(x, ids)
         head = self.model.embed_tokens if c["tie_word_embeddings"] else self.lm_head
         return F.linear(x, head.weight)
 
@@ -229,7 +265,7 @@ def init_like_hf(model, std=0.02):
 
 
 def build_model(a, c, device):
-    """The model on `device` and the forward returning logits."""
+    """The model on `device` and its forward: logits (--loss outside) or the summed loss."""
     if a.impl == "hf":
         import transformers
         if not a.init_dir:
@@ -241,7 +277,7 @@ def build_model(a, c, device):
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         return model.to(device), lambda m, ids: m(input_ids=ids, use_cache=False).logits
     with torch.device("meta"):
-        model = Decoder(c, a.activation_checkpointing)
+        model = Decoder(dict(c, attention=a.attention), a.activation_checkpointing, a.loss)
     if a.init_dir:
         from safetensors.torch import load_file
         state = load_file(os.path.join(a.init_dir, "model.safetensors"))
@@ -259,33 +295,70 @@ def decoder_layers(model):
     return model.model.layers
 
 
-def compile_layers(model):
+def compile_kwargs(a):
+    return {} if a.compile_mode == "default" else {"mode": a.compile_mode}
+
+
+class FullgraphOrBreaks(nn.Module):
+    """torch.compile(module, fullgraph=True), falling back to a compile that may break the graph
+    when the first call cannot trace it whole. `fullgraph` says which one runs."""
+
+    def __init__(self, module, a):
+        super().__init__()
+        self.inner, self.a = module, a
+        self.compiled = torch.compile(module, fullgraph=True, **compile_kwargs(a))
+        self.fullgraph = True
+        self.tried = False
+
+    def forward(self, *args):
+        if self.tried:
+            return self.compiled(*args)
+        self.tried = True
+        try:
+            return self.compiled(*args)
+        except Exception as e:  # noqa: BLE001 (dynamo's errors have no common public base)
+            print(f"bench_torch: fullgraph compile failed ({type(e).__name__}: "
+                  f"{str(e).splitlines()[0][:200]}); compiling with graph breaks", file=sys.stderr)
+            torch._dynamo.reset()
+            self.compiled = torch.compile(self.inner, **compile_kwargs(self.a))
+            self.fullgraph = False
+            return self.compiled(*args)
+
+
+def compile_model(model, a):
+    """--compile_scope layers: each decoder layer (and, unless the loss is outside or Liger's, the
+    head and loss together); model: the whole module, its loss with it when inside."""
+    if a.compile_scope == "model":
+        return FullgraphOrBreaks(model, a)
     layers = decoder_layers(model)
     for i, layer in enumerate(layers):
-        layers[i] = torch.compile(layer)
+        layers[i] = torch.compile(layer, **compile_kwargs(a))
+    if model.loss == "inside":
+        model.head_loss = torch.compile(model.summed_head_loss, **compile_kwargs(a))
+    return model
 
 
 def wrap(model, a, device, world):
-    """Compiles (--compile) and wraps the model for the engine."""
-    if a.compile and a.engine == "local":
-        model = torch.compile(model)
-    elif a.compile:
-        compile_layers(model)
+    """Compiles (--compile) and wraps the model for the engine. Layers are compiled before
+    wrapping (so gradients still come out layer by layer for the collectives to overlap); the
+    whole model after DDP's wrapper, as torch.compile's DDP support expects."""
+    if a.compile and a.compile_scope == "layers":
+        model = compile_model(model, a)
     if a.engine in ("ddp", "zero_redundancy"):
         ids = [device.index] if device.type == "cuda" else None
-        return nn.parallel.DistributedDataParallel(model, device_ids=ids)
-    if a.engine == "fsdp1":
+        model = nn.parallel.DistributedDataParallel(model, device_ids=ids)
+    elif a.engine == "fsdp1":
         from torch.distributed.fsdp import BackwardPrefetch, MixedPrecision, ShardingStrategy
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
         from torch.distributed.fsdp.wrap import ModuleWrapPolicy
         mp = (MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
               if a.bf16 else None)
         layer_classes = {type(layer) for layer in decoder_layers(model)}
-        return FSDP(model, sharding_strategy=ShardingStrategy.FULL_SHARD,
-                    auto_wrap_policy=ModuleWrapPolicy(layer_classes), mixed_precision=mp,
-                    backward_prefetch=BackwardPrefetch.BACKWARD_PRE, limit_all_gathers=True,
-                    use_orig_params=True, device_id=device)  # a CPU device: FSDP on Gloo
-    if a.engine.startswith("fsdp2"):
+        model = FSDP(model, sharding_strategy=ShardingStrategy.FULL_SHARD,
+                     auto_wrap_policy=ModuleWrapPolicy(layer_classes), mixed_precision=mp,
+                     backward_prefetch=BackwardPrefetch.BACKWARD_PRE, limit_all_gathers=True,
+                     use_orig_params=True, device_id=device)  # a CPU device: FSDP on Gloo
+    elif a.engine.startswith("fsdp2"):
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
         from torch.distributed.fsdp import fully_shard
@@ -300,6 +373,8 @@ def wrap(model, a, device, world):
                         offload_policy=offload)
         fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=False,
                     offload_policy=offload)
+    if a.compile and a.compile_scope == "model":
+        model = compile_model(model, a)
     return model
 
 
@@ -321,6 +396,11 @@ def decay_groups(model, a):
 
 def make_optimizer(model, a, device):
     groups = decay_groups(model, a)
+    if a.optimizer == "compiled":
+        # torch.compile's optimizer recipe: foreach AdamW, clipping and step compiled together
+        # (Stepper). The learning rate is constant here, so a float causes no recompiles.
+        return torch.optim.AdamW(groups, lr=a.learning_rate, betas=ADAM_BETAS, eps=ADAM_EPS,
+                                 foreach=True)
     # Fused on CUDA like tools/bench's FusedAdamW; single-tensor on the CPU like LibTorch's.
     # fsdp2_offload on CUDA steps CPU shards: torch's fused CPU AdamW.
     kind = {"fused": True} if device.type == "cuda" else {"foreach": False}
@@ -329,6 +409,33 @@ def make_optimizer(model, a, device):
         return ZeroRedundancyOptimizer(groups, optimizer_class=torch.optim.AdamW,
                                        lr=a.learning_rate, betas=ADAM_BETAS, eps=ADAM_EPS, **kind)
     return torch.optim.AdamW(groups, lr=a.learning_rate, betas=ADAM_BETAS, eps=ADAM_EPS, **kind)
+
+
+class Stepper:
+    """Clipping and the optimizer step of one optimizer step (not DeepSpeed's, which steps
+    itself); returns the global gradient norm before clipping, on the device.
+    --inject_fault noop_optimizer clips but never steps."""
+
+    def __init__(self, model, opt, a):
+        self.model, self.opt, self.a = model, opt, a
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.step = self.clip_and_step
+        if a.optimizer == "compiled":
+            self.step = torch.compile(self.clip_and_step, fullgraph=False)
+
+    def clip_and_step(self):
+        if self.a.engine == "fsdp1":
+            norm = self.model.clip_grad_norm_(self.a.max_grad_norm)  # over every rank's shards
+        else:
+            norm = torch.nn.utils.clip_grad_norm_(self.params, self.a.max_grad_norm)
+        if self.a.inject_fault != "noop_optimizer":
+            self.opt.step()
+        return norm
+
+    def __call__(self):
+        norm = self.step()
+        self.opt.zero_grad(set_to_none=True)
+        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # fsdp2: a DTensor
 
 
 def deepspeed_config(a):
@@ -351,7 +458,7 @@ def deepspeed_config(a):
         "gradient_clipping": a.max_grad_norm,
         "bf16": {"enabled": a.bf16},
         "optimizer": {"type": "AdamW", "params": {
-            "lr": a.learning_rate, "betas": list(ADAM_BETAS), "eps": ADAM_EPS,
+            "lr": 0.0 if a.inject_fault == "noop_optimizer" else a.learning_rate, "betas": list(ADAM_BETAS), "eps": ADAM_EPS,
             "weight_decay": a.weight_decay}},
         "zero_optimization": zero,
         "steps_per_print": 10**9,
@@ -389,8 +496,9 @@ def deepspeed_initialize(model, a, device):
 def tokens_path(a, world, rank):
     """tools/bench_init_dir.cc BenchTokensPath."""
     steps = a.warmup + a.steps
-    return os.path.join(a.init_dir, f"tokens-w{world}-ga{a.grad_accum}-mb{a.micro_batch}"
-                                    f"-seq{a.seq_len}-steps{steps}-rank{rank}.safetensors")
+    return os.path.join(a.init_dir, f"tokens-{a.tokens}-w{world}-ga{a.grad_accum}"
+                                    f"-mb{a.micro_batch}-seq{a.seq_len}-steps{steps}"
+                                    f"-rank{rank}.safetensors")
 
 
 def load_tokens(a, world, rank, device):
@@ -399,8 +507,8 @@ def load_tokens(a, world, rank, device):
     path = tokens_path(a, world, rank)
     if not os.path.exists(path):
         raise SystemExit(f"{path} does not exist: run tools/bench with --init_dir={a.init_dir} "
-                         "and the same --nproc_per_node, --grad_accum, --micro_batch, --seq_len, "
-                         "--warmup and --steps first (it writes the token ids there)")
+                         "and the same --tokens, --nproc_per_node, --grad_accum, --micro_batch, "
+                         "--seq_len, --warmup and --steps first (it writes the token ids there)")
     ids = load_file(path)["input_ids"]
     want = (a.warmup + a.steps, a.grad_accum, a.micro_batch, a.seq_len)
     if tuple(ids.shape) != want:
@@ -415,17 +523,25 @@ def fingerprint(ids, rank):
     return int((flat * weights).sum()) * (rank + 1)
 
 
-def micro_batch_loss(forward, model, ids, targets):
+def micro_batch_loss(forward, model, ids, targets, a):
     """Cross-entropy summed over logits[:, :-1] against ids[:, 1:] in fp32, divided by `targets`
-    (labels are the inputs, as tools/bench's collator makes them). The logits die on return."""
-    logits = forward(model, ids)
-    shifted = logits[:, :-1].reshape(-1, logits.size(-1)).float()
-    return F.cross_entropy(shifted, ids[:, 1:].reshape(-1), reduction="sum") / targets
+    (labels are the inputs, as tools/bench's collator makes them). The logits die on return.
+    --loss inside or liger: the model's forward returns the sum itself.
+    --inject_fault scaled_gradient: the same value, its gradient 1.002 times as large."""
+    out = forward(model, ids)
+    if a.loss == "outside":
+        out = summed_cross_entropy(out[:, :-1].reshape(-1, out.size(-1)), ids[:, 1:].reshape(-1))
+    loss = out / targets
+    if a.inject_fault == "scaled_gradient":
+        loss = loss * 1.002 - (loss * 0.002).detach()
+    return loss
 
 
 @contextlib.contextmanager
 def gradient_sync(model, engine, enabled):
     """Gradients communicated only on the last micro-batch of a step."""
+    if isinstance(model, FullgraphOrBreaks):
+        model = model.inner
     if engine in ("ddp", "fsdp1", "zero_redundancy") and not enabled:
         with model.no_sync():
             yield
@@ -436,11 +552,14 @@ def gradient_sync(model, engine, enabled):
 
 
 def flops_per_token(c, seq):
+    """Training FLOPs per token, attention counted as the full square and as its causal half:
+    6 * matmul parameters + 12 (or 6) * layers * heads * head_dim * seq (tools/bench's)."""
     h, d = c["hidden_size"], c["head_dim"]
     heads, kv = c["num_attention_heads"], c["num_key_value_heads"]
     per_layer = h * heads * d * 2 + h * kv * d * 2 + 3 * h * c["intermediate_size"]
     matmul = c["num_hidden_layers"] * per_layer + c["vocab_size"] * h
-    return 6 * matmul + 12 * c["num_hidden_layers"] * heads * d * seq
+    attention = 6 * c["num_hidden_layers"] * heads * d * seq
+    return 6 * matmul + 2 * attention, 6 * matmul + attention
 
 
 def finite_or_none(x):
@@ -461,7 +580,29 @@ def parse_args():
     p.add_argument("--model", default="qwen3-0.6b", help="shape without --init_dir; a label with it")
     p.add_argument("--init_dir", default="", help="directory tools/bench wrote (model and tokens)")
     p.add_argument("--impl", default="native", choices=["native", "hf"])
-    p.add_argument("--compile", action="store_true", help="torch.compile before wrapping")
+    p.add_argument("--compile", action="store_true", help="torch.compile (--compile_scope)")
+    p.add_argument("--compile_scope", default="", choices=["", "layers", "model"],
+                   help="layers: each decoder layer (and the head with the loss inside); model: "
+                        "the whole model, fullgraph where it traces whole (not fsdp*); default "
+                        "model for --engine local, layers otherwise")
+    p.add_argument("--compile_mode", default="default",
+                   choices=["default", "max-autotune-no-cudagraphs", "reduce-overhead",
+                            "max-autotune"])
+    p.add_argument("--loss", default="outside", choices=["outside", "inside", "liger"],
+                   help="outside: the model returns logits, cross-entropy after it (eager); "
+                        "inside: the model's forward computes it (compiled with the model); "
+                        "liger: Liger's fused linear cross-entropy in the forward")
+    p.add_argument("--attention", default="repeat", choices=["repeat", "gqa"],
+                   help="GQA keys and values: repeat_interleave, or SDPA's enable_gqa=True")
+    p.add_argument("--optimizer", default="fused", choices=["fused", "compiled"],
+                   help="fused AdamW (CUDA), or foreach AdamW compiled with the clipping")
+    p.add_argument("--tokens", default="markov", choices=["markov", "random"],
+                   help="the token stream tools/bench wrote into --init_dir (its --tokens)")
+    p.add_argument("--inject_fault", default="none",
+                   choices=["none", "noop_optimizer", "scaled_gradient", "other_tokens"],
+                   help="for testing the check (tools/bench_compare.py): no optimizer step; "
+                        "gradients 1.002x with the same loss; every token id + 1 (mod vocab) "
+                        "while the fingerprint says the original ones")
     p.add_argument("--engine", default="ddp",
                    choices=["ddp", "fsdp1", "fsdp2", "fsdp2_noreshard", "fsdp2_offload", "local",
                             "zero", "zero_redundancy"])
@@ -484,8 +625,23 @@ def parse_args():
                    help="of the matrices; tools/bench's default too")
     p.add_argument("--max_grad_norm", type=float, default=1.0)
     p.add_argument("--activation_checkpointing", action="store_true")
-    p.add_argument("--peak_tflops", type=float, default=790.0)
+    p.add_argument("--peak_tflops", type=float, default=790.0,
+                   help="measured dense bf16 peak of one GPU (tools/matmul_peak.py), for "
+                        "mfu_full_measured")
+    p.add_argument("--spec_tflops", type=float, default=989.0,
+                   help="the GPU's specified dense bf16 peak (H100/H200 SXM: 989), for "
+                        "mfu_causal_spec")
     a = p.parse_args()
+    if not a.compile_scope:
+        a.compile_scope = "model" if a.engine == "local" else "layers"
+    if a.compile_scope == "model" and a.engine.startswith("fsdp"):
+        p.error(f"--compile_scope model compiles the whole model, which --engine {a.engine} "
+                "shards unit by unit: use --compile_scope layers (the head and loss are compiled "
+                "together with --loss inside)")
+    if a.impl == "hf" and a.loss != "outside":
+        p.error(f"--loss {a.loss} needs the native model: --impl hf computes the loss outside")
+    if a.optimizer == "compiled" and a.engine not in ("local", "ddp", "fsdp2"):
+        p.error(f"--optimizer compiled steps torch.optim.AdamW, not --engine {a.engine}'s")
     if a.bf16 is None:
         a.bf16 = a.device == "cuda"
     if a.engine != "zero" and (a.stage != 1 or a.offload_optimizer != "none" or
@@ -541,31 +697,34 @@ def deepspeed_version():
     return deepspeed.__version__
 
 
-def main():
-    a = parse_args()
-    device = init_distributed(a)
-    world, rank = dist.get_world_size(), dist.get_rank()
-    c = config_from_json(os.path.join(a.init_dir, "config.json")) if a.init_dir else CONFIGS[a.model]
+def param_checksum(model, a):
+    """Sum of squares of every parameter, whole and at full precision (fp32 masters), in fp64:
+    tools/bench's param_checksum. Collective where the parameters are sharded."""
+    inner = model.inner if isinstance(model, FullgraphOrBreaks) else model
     if a.engine == "zero":
-        model, forward = build_model(a, c, torch.device("cpu"))
-        model, opt = deepspeed_initialize(model, a, device)
+        from deepspeed.utils import safe_get_full_fp32_param
+        values = [safe_get_full_fp32_param(p) for p in inner.module.parameters()]
+    elif a.engine == "fsdp1":
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+        with FSDP.summon_full_params(inner, writeback=False):
+            return sum(p.detach().double().square().sum().item() for p in inner.parameters())
     else:
-        model, forward = build_model(a, c, device)
-        model = wrap(model, a, device, world)
-        opt = make_optimizer(model, a, device)
+        values = [p.full_tensor() if hasattr(p, "full_tensor") else p for p in inner.parameters()]
+    return sum(v.detach().double().square().sum().item() for v in values)
+
+
+def train(model, forward, opt, tokens, a, device):
+    """Every step; returns the first and last step's loss and the first step's gradient norm
+    before clipping (device tensors) and the seconds of the timed steps."""
     total = a.warmup + a.steps
-    if a.init_dir:
-        tokens = load_tokens(a, world, rank, device)
-    else:
-        gen = torch.Generator(device=device).manual_seed(rank)
-        tokens = torch.randint(c["vocab_size"], (total, a.grad_accum, a.micro_batch, a.seq_len),
-                               device=device, generator=gen)
     # This rank's loss targets per step (no padding, no ignored labels); equal on every rank, so
     # the engines' gradient averaging gives the gradient of the global mean, as tools/bench's sum
     # over ranks of (summed loss / global targets) does.
     targets = a.grad_accum * a.micro_batch * (a.seq_len - 1)
     autocast = a.bf16 and not a.engine.startswith("fsdp") and a.engine != "zero"
-    step_losses = {}
+    graphs = a.compile and a.compile_mode in ("reduce-overhead", "max-autotune")
+    stepper = Stepper(model, opt, a) if a.engine != "zero" else None
+    kept = {}
     start = None
     for step in range(total):
         if step == a.warmup:
@@ -573,30 +732,59 @@ def main():
             start = time.perf_counter()
         step_loss = None
         for i in range(a.grad_accum):
+            ids = tokens[step, i]
+            if a.inject_fault == "other_tokens":
+                ids = (ids + 1) % a.vocab_size
+            if graphs:
+                torch.compiler.cudagraph_mark_step_begin()
             if a.engine == "zero":
                 # The loss is already divided by the step's targets: no further 1/accum.
                 # DeepSpeed clips, steps and zeroes on the last micro-batch's step().
-                loss = micro_batch_loss(forward, model, tokens[step, i], targets)
+                loss = micro_batch_loss(forward, model, ids, targets, a)
                 model.backward(loss, scale_wrt_gas=False)
-                model.step()
+                model.step()  # --inject_fault noop_optimizer: its learning rate is 0
             else:
                 with gradient_sync(model, a.engine, enabled=i + 1 == a.grad_accum):
                     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
-                        loss = micro_batch_loss(forward, model, tokens[step, i], targets)
+                        loss = micro_batch_loss(forward, model, ids, targets, a)
                     loss.backward()
-            step_loss = loss.detach() if step_loss is None else step_loss + loss.detach()
-        if step in (0, total - 1):
-            step_losses[step] = step_loss  # stays on the device until after the run
-        if a.engine == "zero":
-            continue
-        if a.engine == "fsdp1":
-            model.clip_grad_norm_(a.max_grad_norm)  # the norm over every rank's shards
+            # A CUDA graph's output is overwritten by its next replay: keep a copy.
+            loss = loss.detach().clone()
+            step_loss = loss if step_loss is None else step_loss + loss
+        if stepper is not None:
+            norm = stepper()
         else:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), a.max_grad_norm)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+            norm = torch.as_tensor(model.get_global_grad_norm() or float("nan"), device=device)
+        if step == 0:
+            kept["first_grad_norm"] = norm.detach().clone().reshape(())
+        if step in (0, total - 1):
+            kept[step] = step_loss  # stays on the device until after the run
     synchronize(device)
-    seconds = torch.tensor([time.perf_counter() - start], device=device)
+    return kept[0], kept[total - 1], kept["first_grad_norm"], time.perf_counter() - start
+
+
+def main():
+    a = parse_args()
+    device = init_distributed(a)
+    world, rank = dist.get_world_size(), dist.get_rank()
+    c = config_from_json(os.path.join(a.init_dir, "config.json")) if a.init_dir else CONFIGS[a.model]
+    a.vocab_size = c["vocab_size"]
+    if a.engine == "zero":
+        model, forward = build_model(a, c, torch.device("cpu"))
+        model, opt = deepspeed_initialize(model, a, device)
+    else:
+        model, forward = build_model(a, c, device)
+        model = wrap(model, a, device, world)
+        opt = make_optimizer(model, a, device)
+    if a.init_dir:
+        tokens = load_tokens(a, world, rank, device)
+    else:
+        gen = torch.Generator(device=device).manual_seed(rank)
+        tokens = torch.randint(c["vocab_size"],
+                               (a.warmup + a.steps, a.grad_accum, a.micro_batch, a.seq_len),
+                               device=device, generator=gen)
+    first, last, first_norm, seconds = train(model, forward, opt, tokens, a, device)
+    seconds = torch.tensor([seconds], device=device)
     dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
     peak = None
     if device.type == "cuda":
@@ -606,29 +794,45 @@ def main():
     host_peak_t = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20],
                                device=device)  # ru_maxrss is in KiB on Linux
     dist.all_reduce(host_peak_t, op=dist.ReduceOp.MAX)
-    losses = torch.stack([step_losses[0], step_losses[total - 1]]).double()
+    losses = torch.stack([first, last]).double()
     dist.all_reduce(losses)
     losses /= world  # mean over ranks of the local means = the global mean
     fp = torch.tensor([fingerprint(tokens, rank)], dtype=torch.int64, device=device)
     dist.all_reduce(fp)
+    checksum = param_checksum(model, a)  # after the peak was read: it gathers whole tensors
     tps = a.steps * a.grad_accum * a.micro_batch * a.seq_len * world / seconds.item()
-    fpt = flops_per_token(c, a.seq_len)
-    tflops = tps / world * fpt / 1e12
+    full_fpt, causal_fpt = flops_per_token(c, a.seq_len)
+    tflops, tflops_causal = tps / world * full_fpt / 1e12, tps / world * causal_fpt / 1e12
     zero = a.engine == "zero"
     if rank == 0:
         print(json.dumps({
             "model": a.model, "engine": engine_label(a), "impl": a.impl, "compile": a.compile,
+            "compile_scope": a.compile_scope if a.compile else None,
+            "compile_mode": a.compile_mode if a.compile else None,
+            "fullgraph": (model.fullgraph if isinstance(model, FullgraphOrBreaks) else None),
+            "loss": a.loss, "attention": a.attention, "optimizer": a.optimizer,
+            "param_dtype": ("bf16 (fully_shard MixedPrecisionPolicy)"
+                            if a.bf16 and a.engine.startswith("fsdp") else
+                            "bf16 (DeepSpeed)" if a.bf16 and zero else
+                            "fp32, bf16 autocast" if a.bf16 else "fp32"),
             "gpus": world, "device": str(device), "seq_len": a.seq_len,
             "micro_batch": a.micro_batch, "grad_accum": a.grad_accum, "steps": a.steps,
             "warmup": a.warmup, "bf16": a.bf16,
             "activation_checkpointing": a.activation_checkpointing,
             "learning_rate": a.learning_rate, "weight_decay": a.weight_decay,
-            "init_dir": a.init_dir, "seconds": round(seconds.item(), 3),
+            "init_dir": a.init_dir, "tokens": a.tokens, "inject_fault": a.inject_fault,
+            "seconds": round(seconds.item(), 3),
             "tokens_per_s": round(tps, 1), "tokens_per_s_per_gpu": round(tps / world, 1),
-            "flops_per_token": fpt, "tflops_per_gpu": round(tflops, 1),
-            "mfu": round(tflops / a.peak_tflops, 4), "peak_memory_gib": peak,
+            "flops_per_token": full_fpt, "flops_per_token_causal": causal_fpt,
+            "tflops_per_gpu": round(tflops, 1), "tflops_per_gpu_causal": round(tflops_causal, 1),
+            "peak_tflops": a.peak_tflops, "spec_tflops": a.spec_tflops,
+            "mfu_full_measured": round(tflops / a.peak_tflops, 4),
+            "mfu_causal_spec": round(tflops_causal / a.spec_tflops, 4),
+            "peak_memory_gib": peak,
             "first_loss": finite_or_none(losses[0].item()),
             "last_loss": finite_or_none(losses[1].item()),
+            "first_grad_norm": finite_or_none(first_norm.item()),
+            "param_checksum": finite_or_none(checksum),
             "tokens_fingerprint": int(fp.item()), "torch": torch.__version__,
             "zero_stage": a.stage if zero else None,
             "offload_optimizer": (a.offload_optimizer if zero else

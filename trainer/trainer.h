@@ -155,6 +155,9 @@ class Trainer {
 
   // args, state, control, the model and (once created) the engine's optimizer.
   CallbackContext Context();
+  // The last optimizer step's global gradient norm before clipping, on the device (a replayed
+  // step may overwrite it: copy what you keep); undefined when max_grad_norm is 0.
+  const torch::Tensor& last_grad_norm() const { return last_grad_norm_; }
 
  private:
   struct EvalResult;

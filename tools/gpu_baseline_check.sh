@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# Ours against PyTorch at its strongest, on one GPU host in one call: builds what it needs with
+# CMake (as tools/gpu_kernels_check.sh does), runs the GPU tests named in TESTS, measures the
+# dense bf16 peak (tools/matmul_peak.py, for mfu_full_measured), then for each row of ROWS runs
+# tools/bench_compare.py with --torch_sweep: every configuration of SWEEP once, then RUNS runs
+# of ours and of the fastest configuration that passed the checks, interleaved. Logs and the
+# summary go to $OUT (or /tmp/gpu_out); raw JSON lines to $OUT/<date>-1x<gpu>.jsonl.
+#   NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
+#     ROWS="local:qwen3-0.6b:4:graphs" tools/gpu_baseline_check.sh
+# A row is engine:model:micro-batch[:graphs] (graphs: ours replays its step as a CUDA graph, and
+# the sweep adds compile's reduce-overhead). SWEEP (comma-separated TORCH_CONFIGS of
+# bench_compare.py) replaces the default sweep; TESTS="" skips the tests; PEAK=0 skips the peak
+# (PEAK_TFLOPS then gives it). Liger comes from .whl/ (carried; README's wheel recipe).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+final="${OUT:-/tmp/gpu_out}"
+out=/tmp/cpptrain_baseline_logs
+summary="$final/summary.txt"  # straight into $OUT: a call cut at its limit keeps it
+mkdir -p "$out" "$final"
+trap 'tar czf "$final/baseline_logs.tgz" -C "$out" . 2>/dev/null' EXIT
+trap 'exit 143' TERM
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+prefix=/tmp/cpptrain_prefix
+mkdir -p "$prefix"
+for f in .debs/*.deb; do dpkg -x "$f" "$prefix"; done
+export LD_LIBRARY_PATH="$prefix/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
+export PATH="/usr/local/cuda/bin:$PATH"
+if compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/cpptrain_site .whl/*.whl && export PYTHONPATH=/tmp/cpptrain_site
+fi
+python3 -c 'import liger_kernel' 2>/dev/null || echo "liger-kernel missing: Liger rows will fail" |
+  tee -a "$summary"
+
+tests="${TESTS-kernels_fused_ops_test trainer_cuda_graph_test trainer_step_graph_test}"
+build=/tmp/cpptrain_build
+start=$SECONDS
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_PREFIX_PATH="$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)');$prefix/usr" \
+  -DCMAKE_MODULE_PATH="$prefix/usr/share/glog/cmake" -DCMAKE_POLICY_VERSION_MINIMUM=3.5 \
+  >"$out/build.log" 2>&1 &&
+  cmake --build "$build" -j "$(nproc)" --target tools_bench tools_launch $tests \
+    >>"$out/build.log" 2>&1
+code=$?
+echo "build exit $code in $((SECONDS - start)) s" | tee -a "$summary"
+if ((code != 0)); then
+  grep -E "error|Error" "$out/build.log" | head -20 | tee -a "$summary"
+  exit 1
+fi
+find_bin() { find "$build" -type f -name "$1" -perm -u+x | head -1; }
+for test in $tests; do
+  timeout 300 "$(find_bin "$test")" >"$out/$test.log" 2>&1
+  echo "$test exit $?: $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/$test.log" | tr '\n' ' ')" |
+    tee -a "$summary"
+  grep -E "^\[  FAILED|Failure" -A3 "$out/$test.log" | head -30 >>"$summary"
+done
+
+peak="${PEAK_TFLOPS:-790}"
+peak_source="${PEAK_SOURCE:-not measured in this call}"
+if [[ "${PEAK:-1}" != 0 ]]; then
+  timeout 120 python3 tools/matmul_peak.py >"$out/matmul_peak.json" 2>"$out/matmul_peak.err"
+  cp "$out/matmul_peak.json" "$final/" 2>/dev/null
+  measured=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["peak_tflops"])' \
+    "$out/matmul_peak.json" 2>/dev/null) && peak=$measured &&
+    peak_source="tools/matmul_peak.py in this call: $(cat "$out/matmul_peak.json")"
+  echo "peak: $peak TFLOP/s ($peak_source)" | tee -a "$summary"
+fi
+
+bench=$(find_bin bench)
+launch=$(find_bin launch)
+gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | awk '{print tolower($NF)}')
+jsonl="$final/$(date -u +%F)-1x${gpu_name}.jsonl"
+for row in ${ROWS:-local:qwen3-0.6b:4:graphs}; do
+  IFS=: read -r engine model micro graphs <<<"$row"
+  sweep="${SWEEP:-compiled-model,compiled-full,liger-compiled}"
+  extra=()
+  if [[ "$graphs" == graphs ]]; then
+    extra+=(--ours_arg=--cuda_graphs)
+    [[ -z "${SWEEP:-}" ]] && sweep="$sweep,compiled-full-graphs"
+  fi
+  [[ -z "${SWEEP:-}" && "$engine" =~ ^(local|ddp)$ ]] && sweep="$sweep,bf16-params"
+  name="${engine}_${model}_mb${micro}${graphs:+_$graphs}"
+  start=$SECONDS
+  timeout "${ROW_TIMEOUT:-1500}" python3 tools/bench_compare.py --launch "$launch" \
+    --bench "$bench" --nproc 1 --engine "$engine" --model "$model" --micro_batch "$micro" \
+    --init_dir "/tmp/cpptrain_bench_init_$model" --jsonl "$jsonl" --log_dir "$out/$name" \
+    --runs "${RUNS:-3}" --steps "${STEPS:-12}" --warmup "${WARMUP:-3}" --timeout 420 \
+    --torch_sweep "$sweep" --peak_tflops "$peak" --peak_source "$peak_source" "${extra[@]}" \
+    >"$out/$name.log" 2>&1
+  echo "$name exit $? in $((SECONDS - start)) s:" | tee -a "$summary"
+  grep -E '^   [a-z0-9-]+: |fastest|^[0-9]+ process|^\| (ours|torch) |^ours / |^largest|^bench_compare|^  .* differ' \
+    "$out/$name.log" | tee -a "$summary"
+done

@@ -17,6 +17,7 @@
 #include "sharding/device_mesh.h"
 #include "sharding/flat_shard.h"
 #include "sharding/fully_shard.h"
+#include "sharding/local_device.h"
 #include "sharding/noop_communicator.h"
 #include "sharding/rendezvous.h"
 
@@ -50,13 +51,12 @@ MixedPrecision MixedPrecisionFromArgs(const proto::TrainingArguments& args) {
 
 absl::StatusOr<c10::Device> DataParallelDevice(const DistributedEnv& env, bool use_cpu) {
   if (use_cpu || !torch::cuda::is_available()) return c10::Device(c10::kCPU);
-  const int gpus = static_cast<int>(torch::cuda::device_count());
-  if (env.local_rank >= gpus) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "LOCAL_RANK is ", env.local_rank, " but this host has ", gpus,
-        " CUDA devices: start at most one process per GPU (--nproc_per_node=", gpus, ")"));
+  CT_ASSIGN_OR_RETURN(const LocalDevice local,
+                      LocalDeviceFromEnvironment(static_cast<int>(torch::cuda::device_count())));
+  if (env.source != "single") {
+    CT_RETURN_IF_ERROR(CheckSameLocalRank(local, env.local_rank, env.source));
   }
-  return c10::Device(c10::kCUDA, env.local_rank);
+  return c10::Device(c10::kCUDA, local.cuda_index);
 }
 
 namespace {

@@ -20,8 +20,10 @@ namespace cpptrain {
 
 MixedPrecision MixedPrecisionFromArgs(const proto::TrainingArguments& args);
 
-// The device of a data-parallel rank: cuda:<LOCAL_RANK> where CUDA is available (an error when
-// the host has fewer GPUs than local ranks), the CPU otherwise or with `use_cpu`.
+// The device of a data-parallel rank: where CUDA is available, the GPU of its local rank
+// (LocalDeviceFromEnvironment, sharding/local_device.h: cuda:<local rank>, or cuda:0 with one
+// GPU per task; an error when the local rank has no GPU, or when a LOCAL_RANK disagrees with
+// `env`'s launcher); the CPU otherwise or with `use_cpu`.
 absl::StatusOr<c10::Device> DataParallelDevice(const DistributedEnv& env, bool use_cpu = false);
 
 // The FSDP mesh for this process from the launcher's environment (1-D over all ranks, or

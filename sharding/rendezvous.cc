@@ -25,6 +25,7 @@
 #ifdef CPPTRAIN_HAS_NCCL
 #include <c10/cuda/CUDAFunctions.h>
 
+#include "sharding/local_device.h"
 #include "sharding/nccl_communicator.h"
 #endif
 
@@ -134,6 +135,40 @@ absl::StatusOr<DistributedEnv> FromTorchrun(const GetEnv& getenv) {
   CT_ASSIGN_OR_RETURN(env.restart_count, OptionalInt(getenv, "TORCHELASTIC_RESTART_COUNT", 0));
   CT_RETURN_IF_ERROR(
       CheckRanks(env, {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"}, true));
+  return env;
+}
+
+// Open MPI's mpirun. It names no host for rank 0: MASTER_ADDR is required unless every rank
+// runs on this host.
+absl::StatusOr<DistributedEnv> FromOpenMpi(const GetEnv& getenv) {
+  constexpr absl::string_view kWhy =
+      "Open MPI's mpirun sets OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_LOCAL_RANK, "
+      "OMPI_COMM_WORLD_SIZE and OMPI_COMM_WORLD_LOCAL_SIZE for every rank; launch the ranks "
+      "with mpirun";
+  DistributedEnv env;
+  env.source = "mpirun";
+  CT_ASSIGN_OR_RETURN(env.rank, RequiredInt(getenv, "OMPI_COMM_WORLD_RANK", kWhy));
+  CT_ASSIGN_OR_RETURN(env.local_rank, RequiredInt(getenv, "OMPI_COMM_WORLD_LOCAL_RANK", kWhy));
+  CT_ASSIGN_OR_RETURN(env.world_size, RequiredInt(getenv, "OMPI_COMM_WORLD_SIZE", kWhy));
+  CT_ASSIGN_OR_RETURN(env.local_world_size,
+                      RequiredInt(getenv, "OMPI_COMM_WORLD_LOCAL_SIZE", kWhy));
+  const char* addr = getenv("MASTER_ADDR");
+  if (addr != nullptr && *addr != '\0') {
+    env.master_addr = addr;
+  } else if (env.local_world_size != env.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "MASTER_ADDR is ", addr == nullptr ? "not set" : "empty",
+        " and the ranks span several hosts (OMPI_COMM_WORLD_SIZE=", env.world_size,
+        ", OMPI_COMM_WORLD_LOCAL_SIZE=", env.local_world_size,
+        "); mpirun does not say which host runs rank 0: pass it with mpirun -x "
+        "MASTER_ADDR=<host>"));
+  }
+  CT_ASSIGN_OR_RETURN(env.master_port, OptionalInt(getenv, "MASTER_PORT", kDefaultMasterPort));
+  // mpirun may place different numbers of ranks on each host.
+  CT_RETURN_IF_ERROR(CheckRanks(env,
+                                {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK",
+                                 "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"},
+                                false));
   return env;
 }
 
@@ -296,6 +331,11 @@ absl::StatusOr<std::vector<int>> ParseSlurmTasksPerNode(absl::string_view value)
 
 absl::StatusOr<DistributedEnv> DistributedEnvFromEnvironment(const GetEnv& getenv) {
   if (IsSet(getenv, "RANK") || IsSet(getenv, "WORLD_SIZE")) return FromTorchrun(getenv);
+  // Before SLURM: mpirun inside an allocation starts its daemons with srun, so its ranks also
+  // carry the daemons' SLURM_PROCID and SLURM_LOCALID.
+  if (IsSet(getenv, "OMPI_COMM_WORLD_RANK") || IsSet(getenv, "OMPI_COMM_WORLD_SIZE")) {
+    return FromOpenMpi(getenv);
+  }
   if (IsSet(getenv, "SLURM_PROCID")) return FromSlurm(getenv);
   return FromSingleProcess(getenv);
 }
@@ -462,12 +502,13 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateCommunicatorForDevice(
       // ---- NCCL: CUDA builds only (CPPTRAIN_HAS_NCCL) --------------------------------------
 #ifdef CPPTRAIN_HAS_NCCL
     {
-      // One GPU per local rank: LOCAL_RANK picks it and becomes the current device.
-      const char* local_rank = std::getenv("LOCAL_RANK");
-      const int device = local_rank != nullptr ? std::atoi(local_rank) : 0;
-      c10::cuda::set_device(static_cast<c10::DeviceIndex>(device));
+      // This process's GPU (sharding/local_device.h, as the engines pick it) becomes the
+      // current device.
+      CT_ASSIGN_OR_RETURN(const LocalDevice local,
+                          LocalDeviceFromEnvironment(static_cast<int>(c10::cuda::device_count())));
+      c10::cuda::set_device(static_cast<c10::DeviceIndex>(local.cuda_index));
       CT_ASSIGN_OR_RETURN(std::unique_ptr<NcclCommunicator> nccl,
-                          NcclCommunicator::Create(store, rank, size, device, timeout));
+                          NcclCommunicator::Create(store, rank, size, local.cuda_index, timeout));
       return std::unique_ptr<Communicator>(std::move(nccl));
     }
 #endif

@@ -1,6 +1,7 @@
 // How a process finds its place in a job: read rank and world from the launcher's environment
-// (torchrun, else SLURM, else a single process), connect the c10d store every rank shares,
-// and create the communicator for a device type.
+// (torchrun, else Open MPI's mpirun, else SLURM, else a single process), connect the c10d store
+// every rank shares, and create the communicator for a device type (on CUDA, this process's
+// GPU as sharding/local_device.h picks it).
 //
 //   CT_ASSIGN_OR_RETURN(DistributedEnv env, DistributedEnvFromEnvironment());
 //   CT_ASSIGN_OR_RETURN(auto store, ConnectStore(env, std::chrono::minutes(5)));
@@ -38,15 +39,23 @@ struct DistributedEnv {
   // TORCHELASTIC_RESTART_COUNT: with the agent's store, each restart of the workers uses its
   // own key prefix (as torch.distributed does), so keys of a failed attempt are not reused.
   int restart_count = 0;
-  // "torchrun", "slurm" or "single".
+  // "torchrun", "mpirun", "slurm" or "single".
   std::string source = "single";
 };
 
-// torchrun's variables when RANK or WORLD_SIZE is set (RANK, LOCAL_RANK, WORLD_SIZE,
-// LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT all required); else SLURM's when SLURM_PROCID
-// is set (SLURM_PROCID, SLURM_LOCALID, SLURM_NTASKS, SLURM_NTASKS_PER_NODE or
-// SLURM_TASKS_PER_NODE, SLURM_JOB_NODELIST's first host unless MASTER_ADDR is set,
-// MASTER_PORT or 29500); else rank 0 of 1. Errors name the variable and its value.
+// The variables of the first launcher found:
+//   torchrun, when RANK or WORLD_SIZE is set: RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
+//     MASTER_ADDR, MASTER_PORT, all required;
+//   Open MPI's mpirun, when OMPI_COMM_WORLD_RANK or OMPI_COMM_WORLD_SIZE is set:
+//     OMPI_COMM_WORLD_RANK, _LOCAL_RANK, _SIZE, _LOCAL_SIZE; MASTER_ADDR (mpirun -x
+//     MASTER_ADDR=host), which may be left out when every rank runs on this host; MASTER_PORT
+//     or 29500. Ahead of SLURM: mpirun inside an allocation starts its daemons with srun, and
+//     its ranks inherit the daemons' SLURM variables;
+//   SLURM, when SLURM_PROCID is set: SLURM_PROCID, SLURM_LOCALID, SLURM_NTASKS,
+//     SLURM_NTASKS_PER_NODE or SLURM_TASKS_PER_NODE, SLURM_JOB_NODELIST's first host unless
+//     MASTER_ADDR is set, MASTER_PORT or 29500;
+// else rank 0 of 1. Errors name the variable and its value. (The GPU comes from
+// sharding/local_device.h, which takes the local rank from these launchers in this order.)
 absl::StatusOr<DistributedEnv> DistributedEnvFromEnvironment();
 absl::StatusOr<DistributedEnv> DistributedEnvFromEnvironment(
     const std::function<const char*(const char*)>& getenv);
@@ -67,7 +76,8 @@ absl::StatusOr<c10::intrusive_ptr<c10d::Store>> ConnectStore(const DistributedEn
 
 // CPU: Gloo, or the StoreCommunicator (slow, through `store`) in builds without Gloo or when
 // the environment sets CPPTRAIN_CPU_COMM=store (=gloo insists on Gloo; another value is an
-// error). CUDA: NCCL in builds with CPPTRAIN_HAS_NCCL (an error otherwise). Blocks like the
+// error). CUDA: NCCL in builds with CPPTRAIN_HAS_NCCL (an error otherwise), on the GPU
+// LocalDeviceFromEnvironment picks (sharding/local_device.h). Blocks like the
 // communicator's Create (until every rank of the group joined, at most `timeout`).
 absl::StatusOr<std::unique_ptr<Communicator>> CreateCommunicatorForDevice(
     c10::intrusive_ptr<c10d::Store> store, int rank, int size, c10::DeviceType device_type,

@@ -9,6 +9,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -59,6 +60,12 @@ const Env kSlurm = {{"SLURM_PROCID", "3"},
                     {"SLURM_NTASKS_PER_NODE", "2"},
                     {"SLURM_JOB_NODELIST", "node[01-04,07]"}};
 
+const Env kMpirun = {{"OMPI_COMM_WORLD_RANK", "6"},
+                     {"OMPI_COMM_WORLD_LOCAL_RANK", "2"},
+                     {"OMPI_COMM_WORLD_SIZE", "8"},
+                     {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"},
+                     {"MASTER_ADDR", "10.0.0.2"}};
+
 TEST(DistributedEnvTest, Torchrun) {
   absl::StatusOr<DistributedEnv> env = FromEnv(kTorchrun);
   ASSERT_TRUE(env.ok()) << env.status();
@@ -90,6 +97,78 @@ TEST(DistributedEnvTest, TorchrunWinsOverSlurm) {
   ASSERT_TRUE(env.ok()) << env.status();
   EXPECT_EQ(env->source, "torchrun");
   EXPECT_EQ(env->rank, 5);
+}
+
+// Each launcher wins over those that may have started it: torchrun under srun or mpirun, and
+// mpirun in a SLURM allocation (its ranks inherit the SLURM variables of its srun-started
+// daemons).
+TEST(DistributedEnvTest, InnermostLauncherWins) {
+  struct Case {
+    std::string name;
+    Env env;
+    std::string source;
+    int rank;
+  };
+  const std::vector<Case> cases = {
+      {"torchrun inside srun", Merge(kSlurm, kTorchrun), "torchrun", 5},
+      {"torchrun inside mpirun", Merge(kMpirun, kTorchrun), "torchrun", 5},
+      {"mpirun inside a SLURM allocation", Merge(kSlurm, kMpirun), "mpirun", 6},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    absl::StatusOr<DistributedEnv> env = FromEnv(c.env);
+    ASSERT_TRUE(env.ok()) << env.status();
+    EXPECT_EQ(env->source, c.source);
+    EXPECT_EQ(env->rank, c.rank);
+  }
+}
+
+TEST(DistributedEnvTest, Mpirun) {
+  struct Case {
+    std::string name;
+    Env env;
+    DistributedEnv want;
+  };
+  const auto want = [](int rank, int local_rank, int world, int local_world, std::string addr,
+                       int port) {
+    DistributedEnv env;
+    env.rank = rank;
+    env.local_rank = local_rank;
+    env.world_size = world;
+    env.local_world_size = local_world;
+    env.master_addr = std::move(addr);
+    env.master_port = port;
+    return env;
+  };
+  const std::vector<Case> cases = {
+      {"two hosts of four", kMpirun, want(6, 2, 8, 4, "10.0.0.2", 29500)},
+      {"MASTER_PORT", Merge(kMpirun, {{"MASTER_PORT", "1234"}}),
+       want(6, 2, 8, 4, "10.0.0.2", 1234)},
+      {"one host needs no MASTER_ADDR",
+       Merge(Without(kMpirun, "MASTER_ADDR"),
+             {{"OMPI_COMM_WORLD_RANK", "2"}, {"OMPI_COMM_WORLD_SIZE", "4"}}),
+       want(2, 2, 4, 4, "127.0.0.1", 29500)},
+      // -np 6 over hosts of 4 slots: 4 ranks on the first, 2 on the second.
+      {"hosts with different rank counts",
+       Merge(kMpirun, {{"OMPI_COMM_WORLD_RANK", "5"},
+                       {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+                       {"OMPI_COMM_WORLD_SIZE", "6"},
+                       {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}}),
+       want(5, 1, 6, 2, "10.0.0.2", 29500)},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    absl::StatusOr<DistributedEnv> env = FromEnv(c.env);
+    ASSERT_TRUE(env.ok()) << env.status();
+    EXPECT_EQ(env->source, "mpirun");
+    EXPECT_EQ(env->rank, c.want.rank);
+    EXPECT_EQ(env->local_rank, c.want.local_rank);
+    EXPECT_EQ(env->world_size, c.want.world_size);
+    EXPECT_EQ(env->local_world_size, c.want.local_world_size);
+    EXPECT_EQ(env->master_addr, c.want.master_addr);
+    EXPECT_EQ(env->master_port, c.want.master_port);
+    EXPECT_FALSE(env->use_agent_store);
+  }
 }
 
 TEST(DistributedEnvTest, Slurm) {
@@ -197,6 +276,22 @@ TEST(DistributedEnvTest, ErrorsNameTheVariableAndValue) {
       {Merge(kSlurm, {{"SLURM_JOB_NODELIST", "node[01-"}}),
        {"SLURM_JOB_NODELIST", "\"node[01-\" has an unclosed '['"}},
       {Merge(kSlurm, {{"MASTER_PORT", "99999"}}), {"MASTER_PORT=99999"}},
+      {Without(kMpirun, "OMPI_COMM_WORLD_LOCAL_SIZE"),
+       {"OMPI_COMM_WORLD_LOCAL_SIZE is not set", "launch the ranks with mpirun"}},
+      {Without(kMpirun, "OMPI_COMM_WORLD_RANK"), {"OMPI_COMM_WORLD_RANK is not set"}},
+      {Merge(kMpirun, {{"OMPI_COMM_WORLD_LOCAL_RANK", "two"}}),
+       {"OMPI_COMM_WORLD_LOCAL_RANK=\"two\" is not an integer"}},
+      {Without(kMpirun, "MASTER_ADDR"),
+       {"MASTER_ADDR is not set", "OMPI_COMM_WORLD_SIZE=8, OMPI_COMM_WORLD_LOCAL_SIZE=4",
+        "mpirun -x MASTER_ADDR="}},
+      {Merge(kMpirun, {{"MASTER_ADDR", ""}}), {"MASTER_ADDR is empty"}},
+      {Merge(kMpirun, {{"OMPI_COMM_WORLD_RANK", "8"}}),
+       {"OMPI_COMM_WORLD_RANK=8 is outside [0, OMPI_COMM_WORLD_SIZE=8)"}},
+      {Merge(kMpirun, {{"OMPI_COMM_WORLD_LOCAL_RANK", "4"}}),
+       {"OMPI_COMM_WORLD_LOCAL_RANK=4 is outside [0, OMPI_COMM_WORLD_LOCAL_SIZE=4)"}},
+      {Merge(kMpirun, {{"OMPI_COMM_WORLD_LOCAL_SIZE", "16"}}),
+       {"OMPI_COMM_WORLD_SIZE=8 is not a multiple of OMPI_COMM_WORLD_LOCAL_SIZE=16"}},
+      {Merge(kMpirun, {{"MASTER_PORT", "0"}}), {"MASTER_PORT=0", "mpirun"}},
       {{{"MASTER_PORT", "http"}}, {"MASTER_PORT=\"http\" is not an integer"}},
       {{{"MASTER_PORT", "65536"}}, {"MASTER_PORT=65536", "single"}},
   };

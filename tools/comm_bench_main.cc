@@ -27,6 +27,7 @@
 #include "base/logging.h"
 #include "base/status.h"
 #include "sharding/communicator.h"
+#include "sharding/local_device.h"
 #include "sharding/rendezvous.h"
 
 ABSL_FLAG(std::string, device, "cpu", "cpu (Gloo) or cuda (NCCL, one GPU per local rank)");
@@ -54,6 +55,16 @@ absl::StatusOr<at::ScalarType> ParseDtype(const std::string& name) {
 
 void SyncDevice(const at::Device& device) {
   if (device.is_cuda()) torch::cuda::synchronize(device.index());
+}
+
+// --device=cuda: this process's GPU (sharding/local_device.h), whose context it creates.
+absl::StatusOr<at::Device> BenchDevice() {
+  if (absl::GetFlag(FLAGS_device) != "cuda") return at::Device(at::kCPU);
+  CT_ASSIGN_OR_RETURN(const LocalDevice local,
+                      LocalDeviceFromEnvironment(static_cast<int>(torch::cuda::device_count())));
+  const at::Device device(at::kCUDA, static_cast<c10::DeviceIndex>(local.cuda_index));
+  SyncDevice(device);
+  return device;
 }
 
 // Launches one collective of `kind` over buffers sized for `bytes`; `check` verifies values.
@@ -132,9 +143,7 @@ class Case {
 absl::Status Run() {
   CT_ASSIGN_OR_RETURN(DistributedEnv env, DistributedEnvFromEnvironment());
   InitLogging("comm_bench", env.rank);
-  const bool cuda = absl::GetFlag(FLAGS_device) == "cuda";
-  const at::Device device = cuda ? at::Device(at::kCUDA, env.local_rank) : at::Device(at::kCPU);
-  if (cuda) torch::cuda::synchronize(env.local_rank);  // creates the context on our GPU
+  CT_ASSIGN_OR_RETURN(const at::Device device, BenchDevice());
   const std::chrono::milliseconds timeout(absl::GetFlag(FLAGS_timeout_s) * 1000);
   CT_ASSIGN_OR_RETURN(auto store, ConnectStore(env, timeout));
   CT_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> comm,

@@ -1,7 +1,6 @@
 #include "engines/local/local_engine.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <string>
 #include <unordered_set>
 #include <utility>
@@ -20,6 +19,7 @@
 #include "engines/stepped_parameters.h"
 #include "engines/wrapping_optimizer.h"
 #include "module/deferred.h"
+#include "sharding/local_device.h"
 
 namespace cpptrain {
 namespace {
@@ -35,8 +35,9 @@ class AutocastScope : public ForwardScope {
 absl::StatusOr<c10::Device> ResolveDevice(const std::string& spec) {
   if (spec == "auto") {
     if (!torch::cuda::is_available()) return c10::Device(c10::kCPU);
-    const char* local_rank = std::getenv("LOCAL_RANK");
-    return c10::Device(c10::kCUDA, local_rank ? std::atoi(local_rank) : 0);
+    CT_ASSIGN_OR_RETURN(const LocalDevice local,
+                        LocalDeviceFromEnvironment(static_cast<int>(torch::cuda::device_count())));
+    return c10::Device(c10::kCUDA, local.cuda_index);
   }
   auto device = CatchTorch([&] { return c10::Device(spec); });
   if (!device.ok()) {

@@ -29,8 +29,9 @@ namespace cpptrain {
 
 class LocalEngine : public Engine, public CapturableStep {
  public:
-  // Resolves the device ("auto": cuda:<LOCAL_RANK> with CUDA, else cpu) and checks that the
-  // precision can run there (fp16 autocast needs CUDA).
+  // Resolves the device ("auto": with CUDA, the GPU of this process's local rank as
+  // sharding/local_device.h picks it; else cpu) and checks that the precision can run there
+  // (fp16 autocast needs CUDA).
   static absl::StatusOr<std::unique_ptr<LocalEngine>> Create(
       const proto::LocalEngineConfig& config, MixedPrecision precision);
 

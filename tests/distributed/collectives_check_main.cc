@@ -14,6 +14,7 @@
 #include "base/logging.h"
 #include "base/status.h"
 #include "base/torch_status.h"
+#include "sharding/local_device.h"
 #include "sharding/rendezvous.h"
 
 ABSL_FLAG(std::string, device, "cpu", "cpu (Gloo) or cuda (NCCL)");
@@ -116,12 +117,12 @@ absl::Status Check(Communicator& comm, at::TensorOptions options, int64_t chunk)
 // A collective that the other ranks never join must fail on its own, naming the collective
 // and the rank (NCCL: the watchdog aborts the communicator), instead of hanging.
 absl::Status CheckTimeout(const DistributedEnv& env, c10::intrusive_ptr<c10d::Store> store,
-                          bool cuda) {
+                          const at::Device& device) {
   auto group = c10::make_intrusive<c10d::PrefixStore>("timeout_check", store);
   const std::chrono::milliseconds short_timeout(3000);
-  CT_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> comm,
-                      CreateCommunicatorForDevice(group, env.rank, env.world_size,
-                                                  cuda ? c10::kCUDA : c10::kCPU, short_timeout));
+  CT_ASSIGN_OR_RETURN(
+      std::unique_ptr<Communicator> comm,
+      CreateCommunicatorForDevice(group, env.rank, env.world_size, device.type(), short_timeout));
   if (env.rank != 0) {
     // Waits until rank 0 is done; the communicator is left alone (never torn down with a
     // collective its peer abandoned).
@@ -130,9 +131,7 @@ absl::Status CheckTimeout(const DistributedEnv& env, c10::intrusive_ptr<c10d::St
     comm.release();
     return absl::OkStatus();
   }
-  at::Tensor t =
-      at::ones({1024}, at::TensorOptions().device(cuda ? at::Device(at::kCUDA, env.local_rank)
-                                                       : at::Device(at::kCPU)));
+  at::Tensor t = at::ones({1024}, at::TensorOptions().device(device));
   const auto start = std::chrono::steady_clock::now();
   absl::StatusOr<std::unique_ptr<Work>> work = comm->AllReduce(t, ReduceOp::kSum);
   absl::Status status = work.ok() ? (*work)->Synchronize() : work.status();
@@ -154,16 +153,23 @@ absl::Status CheckTimeout(const DistributedEnv& env, c10::intrusive_ptr<c10d::St
   return absl::OkStatus();
 }
 
+// --device=cuda: this process's GPU, as the NCCL communicator picks it.
+absl::StatusOr<at::Device> CheckDevice() {
+  if (absl::GetFlag(FLAGS_device) != "cuda") return at::Device(at::kCPU);
+  CT_ASSIGN_OR_RETURN(const LocalDevice local,
+                      LocalDeviceFromEnvironment(static_cast<int>(torch::cuda::device_count())));
+  return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(local.cuda_index));
+}
+
 absl::Status Run() {
   CT_ASSIGN_OR_RETURN(DistributedEnv env, DistributedEnvFromEnvironment());
   InitLogging("collectives_check", env.rank);
-  const bool cuda = absl::GetFlag(FLAGS_device) == "cuda";
+  CT_ASSIGN_OR_RETURN(const at::Device device, CheckDevice());
   const std::chrono::milliseconds timeout(120000);
   CT_ASSIGN_OR_RETURN(auto store, ConnectStore(env, timeout));
-  CT_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> comm,
-                      CreateCommunicatorForDevice(store, env.rank, env.world_size,
-                                                  cuda ? c10::kCUDA : c10::kCPU, timeout));
-  const at::Device device = cuda ? at::Device(at::kCUDA, env.local_rank) : at::Device(at::kCPU);
+  CT_ASSIGN_OR_RETURN(
+      std::unique_ptr<Communicator> comm,
+      CreateCommunicatorForDevice(store, env.rank, env.world_size, device.type(), timeout));
   for (at::ScalarType dtype : {at::kFloat, at::kBFloat16, at::kHalf, at::kLong}) {
     for (int64_t chunk : {1, 5, 1003}) {
       CT_RETURN_IF_ERROR(Check(*comm, at::TensorOptions().dtype(dtype).device(device), chunk));
@@ -172,7 +178,7 @@ absl::Status Run() {
   std::printf("rank %d: %s over %d ranks: %d checks passed\n", env.rank, comm->backend().c_str(),
               env.world_size, checks);
   std::fflush(stdout);
-  return CheckTimeout(env, store, cuda);
+  return CheckTimeout(env, store, device);
 }
 
 }  // namespace

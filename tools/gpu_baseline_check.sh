@@ -10,7 +10,8 @@
 # A row is engine:model:micro-batch[:graphs] (graphs: ours replays its step as a CUDA graph, and
 # the sweep adds compile's reduce-overhead). SWEEP (comma-separated TORCH_CONFIGS of
 # bench_compare.py) replaces the default sweep; TESTS="" skips the tests; PEAK=0 skips the peak
-# (PEAK_TFLOPS then gives it). Liger comes from .whl/ (carried; README's wheel recipe).
+# (PEAK_TFLOPS then gives it); RUNS (default 3) runs a side; DEADLINE (seconds after the start)
+# cuts the rows to fit a call. Liger comes from .whl/ (carried; the device README's recipe).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 final="${OUT:-/tmp/gpu_out}"
@@ -81,7 +82,11 @@ for row in ${ROWS:-local:qwen3-0.6b:4:graphs}; do
   [[ -z "${SWEEP:-}" && "$engine" =~ ^(local|ddp)$ ]] && sweep="$sweep,bf16-params"
   name="${engine}_${model}_mb${micro}${graphs:+_$graphs}"
   start=$SECONDS
-  timeout "${ROW_TIMEOUT:-1500}" python3 tools/bench_compare.py --launch "$launch" \
+  row_timeout="${ROW_TIMEOUT:-1500}"
+  # DEADLINE: seconds after the script's start by which every row must have ended.
+  [[ -n "${DEADLINE:-}" ]] && row_timeout=$((DEADLINE - SECONDS))
+  ((row_timeout < 60)) && { echo "$row: skipped, ${row_timeout} s left" | tee -a "$summary"; continue; }
+  timeout "$row_timeout" python3 tools/bench_compare.py --launch "$launch" \
     --bench "$bench" --nproc 1 --engine "$engine" --model "$model" --micro_batch "$micro" \
     --init_dir "/tmp/cpptrain_bench_init_$model" --jsonl "$jsonl" --log_dir "$out/$name" \
     --runs "${RUNS:-3}" --steps "${STEPS:-12}" --warmup "${WARMUP:-3}" --timeout 420 \

@@ -9,7 +9,8 @@
 #     ROWS="local:qwen3-0.6b:4:graphs" tools/gpu_baseline_check.sh
 # A row is engine:model:micro-batch[:graphs] (graphs: ours replays its step as a CUDA graph, and
 # the sweep adds compile's reduce-overhead). SWEEP (comma-separated TORCH_CONFIGS of
-# bench_compare.py) replaces the default sweep; TESTS="" skips the tests; PEAK=0 skips the peak
+# bench_compare.py) replaces the default sweep, TORCH_CONFIG names one configuration to compare
+# with instead of sweeping; TESTS="" skips the tests; PEAK=0 skips the peak
 # (PEAK_TFLOPS then gives it); RUNS (default 3) runs a side; DEADLINE (seconds after the start)
 # cuts the rows to fit a call. Liger comes from .whl/ (carried; the device README's recipe).
 set -uo pipefail
@@ -80,6 +81,8 @@ for row in ${ROWS:-local:qwen3-0.6b:4:graphs}; do
     [[ -z "${SWEEP:-}" ]] && sweep="$sweep,compiled-full-graphs"
   fi
   [[ -z "${SWEEP:-}" && "$engine" =~ ^(local|ddp)$ ]] && sweep="$sweep,bf16-params"
+  pick=(--torch_sweep "$sweep")
+  [[ -n "${TORCH_CONFIG:-}" ]] && pick=(--torch_config "$TORCH_CONFIG")  # one, no sweep
   name="${engine}_${model}_mb${micro}${graphs:+_$graphs}"
   start=$SECONDS
   row_timeout="${ROW_TIMEOUT:-1500}"
@@ -90,7 +93,7 @@ for row in ${ROWS:-local:qwen3-0.6b:4:graphs}; do
     --bench "$bench" --nproc 1 --engine "$engine" --model "$model" --micro_batch "$micro" \
     --init_dir "/tmp/cpptrain_bench_init_$model" --jsonl "$jsonl" --log_dir "$out/$name" \
     --runs "${RUNS:-3}" --steps "${STEPS:-12}" --warmup "${WARMUP:-3}" --timeout 420 \
-    --torch_sweep "$sweep" --peak_tflops "$peak" --peak_source "$peak_source" "${extra[@]}" \
+    "${pick[@]}" --peak_tflops "$peak" --peak_source "$peak_source" "${extra[@]}" \
     >"$out/$name.log" 2>&1
   echo "$name exit $? in $((SECONDS - start)) s:" | tee -a "$summary"
   grep -E '^   [a-z0-9-]+: |fastest|^[0-9]+ process|^\| (ours|torch) |^ours / |^largest|^bench_compare|^  .* differ' \

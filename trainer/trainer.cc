@@ -380,7 +380,8 @@ int64_t NonPaddingTokens(const Batch& batch) {
 
 }  // namespace
 
-absl::StatusOr<int64_t> Trainer::CountStep(const MicroBatches& step) {
+absl::StatusOr<Trainer::CountedStep> Trainer::CountStep(const MicroBatches& step,
+                                                        const trainer_internal::StepVote* vote) {
   const size_t real = step.batches.size() - static_cast<size_t>(step.joined);
   // Exact normalization: every micro-batch's summed loss is divided by the number of counted
   // targets in the whole accumulated batch, summed over ranks; one all-reduce per step sums
@@ -391,19 +392,27 @@ absl::StatusOr<int64_t> Trainer::CountStep(const MicroBatches& step) {
     local_targets += model_->CountLossTargets(step.batches[i]);
     local_tokens += NonPaddingTokens(step.batches[i]);
   }
-  // A stop signal any rank received rides along, so every rank stops after the same step.
+  // A stop signal any rank received rides along, so every rank stops after the same step; so
+  // does the CUDA-graph vote, so every rank captures, replays or runs eagerly alike.
   const int local_signal = StopSignals::Requested();
+  const trainer_internal::StepVote mine = vote != nullptr ? *vote : trainer_internal::StepVote{};
   CT_ASSIGN_OR_RETURN(torch::Tensor global,
                       engine_->AllReduceSum(torch::tensor(
                           {static_cast<double>(local_targets), static_cast<double>(local_tokens),
-                           static_cast<double>(local_signal)},
+                           static_cast<double>(local_signal), mine.not_ready, mine.signature,
+                           mine.signature_squared},
                           torch::kFloat64)));
   if (global[2].item<double>() > 0) stop_signal_ = local_signal != 0 ? local_signal : SIGTERM;
-  int64_t normalizer = args_.average_tokens_across_devices()
-                           ? static_cast<int64_t>(global[0].item<double>())
-                           : local_targets * engine_->world_size();
+  CountedStep out;
+  out.normalizer = std::max<int64_t>(1, args_.average_tokens_across_devices()
+                                            ? static_cast<int64_t>(global[0].item<double>())
+                                            : local_targets * engine_->world_size());
   state_.num_input_tokens_seen += static_cast<int64_t>(global[1].item<double>());
-  return std::max<int64_t>(1, normalizer);
+  out.graph_agreed = vote != nullptr && trainer_internal::StepGraph::Agreed(
+                                            {global[3].item<double>(), global[4].item<double>(),
+                                             global[5].item<double>()},
+                                            engine_->world_size());
+  return out;
 }
 
 absl::StatusOr<Trainer::StepResult> Trainer::StepDeviceWork(const std::vector<Batch>& on_device,
@@ -439,8 +448,27 @@ std::string Trainer::CudaGraphBlocker() {
 
 // Under cuda_graphs the step's device work may be a replay, which runs no host code: the
 // callbacks that would fall between its parts run after it, for every step alike.
+trainer_internal::StepVote Trainer::GraphVote(const MicroBatches& step) {
+  auto& capturable = dynamic_cast<CapturableStep&>(*engine_);  // CudaGraphBlocker said so
+  trainer_internal::StepGraph::Functions f;
+  f.blocker = [&] { return capturable.StepCaptureBlocker(); };
+  f.prepare_replay = [&] { return capturable.PrepareStepReplay(); };
+  // The parts of RunGraphStep's key every rank knows before the all-reduce: which micro-batches
+  // synchronize and, where each rank divides by its own count of targets, that count (a global
+  // normalizer is the same on every rank once summed).
+  std::string key = absl::StrCat(
+      "sync_each ", args_.accelerator_config().gradient_accumulation_kwargs().sync_each_batch());
+  if (!args_.average_tokens_across_devices()) {
+    const size_t real = step.batches.size() - static_cast<size_t>(step.joined);
+    int64_t local_targets = 0;
+    for (size_t i = 0; i < real; ++i) local_targets += model_->CountLossTargets(step.batches[i]);
+    absl::StrAppend(&key, " targets ", local_targets);
+  }
+  return step_graph_->Propose(step.batches, key, f);
+}
+
 absl::StatusOr<Trainer::StepResult> Trainer::RunGraphStep(const MicroBatches& step,
-                                                          int64_t normalizer) {
+                                                          int64_t normalizer, bool agreed) {
   auto& capturable = dynamic_cast<CapturableStep&>(*engine_);  // CudaGraphBlocker said so
   trainer_internal::StepGraph::Functions f;
   f.blocker = [&] { return capturable.StepCaptureBlocker(); };
@@ -453,6 +481,11 @@ absl::StatusOr<Trainer::StepResult> Trainer::RunGraphStep(const MicroBatches& st
     return trainer_internal::StepGraph::Outputs{r.loss, r.grad_norm};
   };
   f.discard = [&] { engine_->ZeroGrad(); };
+  f.all_ranks = [&](bool ok) -> absl::StatusOr<bool> {
+    CT_ASSIGN_OR_RETURN(torch::Tensor failed,
+                        engine_->AllReduceSum(torch::full({1}, ok ? 0.0 : 1.0, torch::kFloat64)));
+    return failed.item<double>() == 0;
+  };
   // What the captured work bakes in besides the shapes: the divisor of the loss and which
   // micro-batches synchronize.
   const std::string key = absl::StrCat(
@@ -460,20 +493,24 @@ absl::StatusOr<Trainer::StepResult> Trainer::RunGraphStep(const MicroBatches& st
       args_.accelerator_config().gradient_accumulation_kwargs().sync_each_batch());
   CT_ASSIGN_OR_RETURN(trainer_internal::StepGraph::Outputs out,
                       step_graph_->Run(step.batches, key, f,
-                                       args_.accelerator_config().non_blocking()));
+                                       args_.accelerator_config().non_blocking(), agreed));
   for (size_t i = 0; i + 1 < step.batches.size(); ++i) callbacks_.SubstepEnd(Context());
   callbacks_.PreOptimizerStep(Context());
   return StepResult{out.loss, out.grad_norm};
 }
 
 absl::Status Trainer::RunOptimizerStep(MicroBatches& step) {
-  CT_ASSIGN_OR_RETURN(const int64_t normalizer, CountStep(step));
+  // The learning rate first: a replay's preparation (in the vote) copies it to the device.
   last_lr_ = plateau_ ? plateau_->learning_rate() : schedule_->LearningRate(state_.global_step);
   SetLearningRate(*engine_->optimizer(), last_lr_);
+  std::optional<trainer_internal::StepVote> vote;
+  if (step_graph_ != nullptr) vote = GraphVote(step);
+  CT_ASSIGN_OR_RETURN(const CountedStep counted, CountStep(step, vote ? &*vote : nullptr));
+  const int64_t normalizer = counted.normalizer;
 
   StepResult result;
   if (step_graph_ != nullptr) {
-    CT_ASSIGN_OR_RETURN(result, RunGraphStep(step, normalizer));
+    CT_ASSIGN_OR_RETURN(result, RunGraphStep(step, normalizer, counted.graph_agreed));
   } else {
     const bool non_blocking = args_.accelerator_config().non_blocking();
     std::vector<Batch> on_device;

@@ -37,6 +37,7 @@ namespace cpptrain {
 class DataLoader;
 namespace trainer_internal {
 class StepGraph;
+struct StepVote;
 }  // namespace trainer_internal
 
 struct EvalPrediction {
@@ -182,7 +183,14 @@ class Trainer {
   absl::Status RunOptimizerStep(MicroBatches& step);
   // The step's loss normalizer (its counted targets over every rank), after adding its tokens
   // to num_input_tokens_seen and agreeing on a stop signal.
-  absl::StatusOr<int64_t> CountStep(const MicroBatches& step);
+  // With cuda_graphs, this rank's `vote` on capturing or replaying the step rides along, and
+  // `graph_agreed` says whether every rank's agreed (StepGraph::Agreed).
+  struct CountedStep {
+    int64_t normalizer = 1;
+    bool graph_agreed = false;
+  };
+  absl::StatusOr<CountedStep> CountStep(const MicroBatches& step,
+                                        const trainer_internal::StepVote* vote);
   struct StepResult {
     torch::Tensor loss;       // this rank's share, a device scalar
     torch::Tensor grad_norm;  // undefined without clipping
@@ -192,7 +200,10 @@ class Trainer {
   absl::StatusOr<StepResult> StepDeviceWork(const std::vector<Batch>& on_device,
                                             int64_t normalizer, bool callbacks);
   // The same through step_graph_ (eager, captured or replayed).
-  absl::StatusOr<StepResult> RunGraphStep(const MicroBatches& step, int64_t normalizer);
+  absl::StatusOr<StepResult> RunGraphStep(const MicroBatches& step, int64_t normalizer,
+                                          bool agreed);
+  // This rank's vote on capturing or replaying `step` (StepGraph::Propose), for CountStep.
+  trainer_internal::StepVote GraphVote(const MicroBatches& step);
   // Why no step of this run can be a CUDA graph (the build, the engine, its device, fp16); "".
   std::string CudaGraphBlocker();
   absl::Status SnapshotInitialParameters();

@@ -1,5 +1,7 @@
 #include "trainer/internal/step_graph.h"
 
+#include <cstdint>
+#include <functional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -43,10 +45,49 @@ std::string StepSignature(const std::vector<Batch>& batches, const std::string& 
 StepGraph::StepGraph(c10::Device device, int64_t warmup)
     : device_(device), warmup_(warmup), graph_(device) {}
 
+StepGraph::Vote StepGraph::Propose(const std::vector<Batch>& batches,
+                                   const std::string& vote_key, const Functions& f) {
+  Vote vote;
+  const double hash =
+      static_cast<double>(std::hash<std::string>{}(StepSignature(batches, vote_key)) & 0xffff);
+  vote.signature = hash;
+  vote.signature_squared = hash * hash;  // exact: sums stay below 2^53 up to 2^10 ranks
+  vote.not_ready = Ready(f) ? 0 : 1;
+  return vote;
+}
+
+bool StepGraph::Agreed(const Vote& sum, int world) {
+  // Equal hashes exactly when world * sum(h^2) == sum(h)^2 (Cauchy-Schwarz).
+  return sum.not_ready == 0 &&
+         static_cast<double>(world) * sum.signature_squared == sum.signature * sum.signature;
+}
+
+bool StepGraph::Ready(const Functions& f) {
+  if (!disabled_reason_.empty()) return false;
+  if (captured_.empty()) {
+    const std::string blocker = f.blocker();
+    if (blocker.empty()) return true;
+    if (blocker != logged_blocker_) {
+      CT_LOG_RANK0(INFO) << "cuda_graphs: this step runs eagerly: " << blocker;
+      logged_blocker_ = blocker;
+    }
+    return false;
+  }
+  if (const absl::Status prepared = f.prepare_replay(); !prepared.ok()) {
+    Disable(std::string(prepared.message()));
+    return false;
+  }
+  return true;
+}
+
 absl::StatusOr<StepGraph::Outputs> StepGraph::Run(const std::vector<Batch>& batches,
                                                   const std::string& key, const Functions& f,
-                                                  bool non_blocking) {
-  if (!disabled_reason_.empty()) return RunEager(batches, f, non_blocking);
+                                                  bool non_blocking, bool agreed) {
+  if (!agreed || !disabled_reason_.empty()) {
+    candidate_.clear();  // every rank restarts the warm-up alike
+    candidate_steps_ = 0;
+    return RunEager(batches, f, non_blocking);
+  }
   const std::string signature = StepSignature(batches, key);
   if (!captured_.empty()) {
     if (signature == captured_) return Replay(batches, f, non_blocking);
@@ -58,14 +99,6 @@ absl::StatusOr<StepGraph::Outputs> StepGraph::Run(const std::vector<Batch>& batc
   }
   if (candidate_steps_ < warmup_) {
     ++candidate_steps_;
-    return RunEager(batches, f, non_blocking);
-  }
-  const std::string blocker = f.blocker();
-  if (!blocker.empty()) {
-    if (blocker != logged_blocker_) {
-      CT_LOG_RANK0(INFO) << "cuda_graphs: this step runs eagerly: " << blocker;
-      logged_blocker_ = blocker;
-    }
     return RunEager(batches, f, non_blocking);
   }
   return CaptureAndRun(batches, signature, f, non_blocking);
@@ -98,19 +131,24 @@ absl::StatusOr<StepGraph::Outputs> StepGraph::CaptureAndRun(const std::vector<Ba
   for (const Batch& b : batches) inputs_.push_back(DeviceCopy(b, device_, non_blocking));
   absl::Status status = graph_.RunEager(f.prepare_capture);
   if (status.ok()) status = f.prepare_replay();
-  if (!status.ok()) {
-    Disable(std::string(status.message()));
-    return RunEager(batches, f, non_blocking);
-  }
+  const bool attempted = status.ok();
   Outputs captured;
-  status = graph_.Capture([&]() -> absl::Status {
-    CT_ASSIGN_OR_RETURN(captured, f.work(inputs_));
-    return absl::OkStatus();
-  });
-  if (!status.ok()) {
+  if (attempted) {
+    status = graph_.Capture([&]() -> absl::Status {
+      CT_ASSIGN_OR_RETURN(captured, f.work(inputs_));
+      return absl::OkStatus();
+    });
+  }
+  // A graph captured here but not on another rank is never run: all go on eagerly.
+  bool everywhere = status.ok();
+  if (f.all_ranks) {
+    CT_ASSIGN_OR_RETURN(everywhere, f.all_ranks(status.ok()));
+  }
+  if (!everywhere) {
     captured = Outputs{};  // graph memory: let it go before the step runs again
-    f.discard();
-    Disable(std::string(status.message()));
+    if (attempted) f.discard();
+    Disable(status.ok() ? "another rank could not capture the step"
+                        : std::string(status.message()));
     return RunEager(batches, f, non_blocking);
   }
   outputs_ = std::move(captured);
@@ -133,10 +171,7 @@ absl::StatusOr<StepGraph::Outputs> StepGraph::Replay(const std::vector<Batch>& b
     CopyInto(inputs_[i].labels, batches[i].labels, non_blocking);
     CopyInto(inputs_[i].attention_mask, batches[i].attention_mask, non_blocking);
   }
-  if (const absl::Status prepared = f.prepare_replay(); !prepared.ok()) {
-    Disable(std::string(prepared.message()));
-    return RunEager(batches, f, non_blocking);
-  }
+  // f.prepare_replay ran in Propose, before the ranks agreed to replay.
   CT_RETURN_IF_ERROR(graph_.Replay());
   ++replays_;
   if (f.replayed) CT_RETURN_IF_ERROR(f.replayed());

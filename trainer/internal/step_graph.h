@@ -7,9 +7,19 @@
 // capture fails, the reason is logged once and every later step runs eagerly (also when
 // preparing a capture or a replay fails: a failure of the graph never ends the training).
 //
+// Every rank decides alike: a replayed step issues its collectives from the graph and an eager
+// one from the host, and NCCL needs the same ones on every rank. Before each step every rank
+// proposes (ready or not, and a hash of its step's signature); the caller sums the votes over
+// the ranks in an all-reduce it makes anyway (the Trainer's per-step token count) and passes
+// Agreed(sum) to Run. A step any rank cannot capture or replay, or whose signature differs
+// between ranks, runs eagerly everywhere and restarts the warm-up; a capture that fails on one
+// rank is given up on all (Functions::all_ranks, one collective at the capture).
+//
 //   StepGraph graph(device, /*warmup=*/2);
-//   StepGraph::Functions f{blocker, prepare_replay, work, discard};
-//   CT_ASSIGN_OR_RETURN(StepGraph::Outputs out, graph.Run(host_batches, key, f, non_blocking));
+//   StepGraph::Functions f{blocker, prepare_capture, prepare_replay, work, replayed, discard};
+//   StepGraph::Vote sum = ... every rank's graph.Propose(host_batches, vote_key, f), summed ...;
+//   CT_ASSIGN_OR_RETURN(StepGraph::Outputs out,
+//                       graph.Run(host_batches, key, f, non_blocking, StepGraph::Agreed(sum, n)));
 //
 // A replay runs none of the step's host code: `work` (forward, backward, clipping, optimizer
 // step) runs when the step is captured and for eager steps only, always with the micro-batches
@@ -33,8 +43,17 @@
 namespace cpptrain {
 namespace trainer_internal {
 
+// A rank's say in the next step, as numbers to sum over the ranks (StepGraph::Propose).
+struct StepVote {
+  double not_ready = 0;  // 1 when this rank cannot capture or replay the step
+  double signature = 0;  // a 16-bit hash of the step's signature, and its square
+  double signature_squared = 0;
+};
+
 class StepGraph {
  public:
+  using Vote = StepVote;
+
   struct Outputs {
     at::Tensor loss;       // this rank's share of the step's loss, a device scalar
     at::Tensor grad_norm;  // undefined when the step does not clip
@@ -45,7 +64,8 @@ class StepGraph {
     // With the side stream current, before the first step and before a capture
     // (CapturableStep's PrepareForCapture).
     std::function<absl::Status()> prepare_capture;
-    // Outside the graph, before a capture and before every replay (CapturableStep's).
+    // Outside the graph, before a capture and, once a step is captured, in every Propose
+    // (CapturableStep's PrepareStepReplay): before the ranks decide, so its failure is known.
     std::function<absl::Status()> prepare_replay;
     // The step's device work for micro-batches already on the device.
     std::function<absl::StatusOr<Outputs>(const std::vector<Batch>&)> work;
@@ -55,13 +75,26 @@ class StepGraph {
     // After a capture failed: drops what the captured (never run) work left behind, so the step
     // can run eagerly from the start (the engine's ZeroGrad).
     std::function<void()> discard;
+    // After a capture attempt, collective: whether it succeeded on every rank, given whether
+    // it did on this one. Unset for one process.
+    std::function<absl::StatusOr<bool>(bool)> all_ranks;
   };
 
   StepGraph(c10::Device device, int64_t warmup);
 
-  // One step of `batches` (on the host, or anywhere): eager, captured and replayed, or replayed.
+  // Before each Run: this rank's vote for `batches` under `vote_key` (Run's key without what
+  // only the all-reduce tells, such as a global normalizer). Not ready when the graph is off, or,
+  // before a capture, when f.blocker names a reason (logged when it changes), or, once a step is
+  // captured, when f.prepare_replay fails (which turns the graph off).
+  Vote Propose(const std::vector<Batch>& batches, const std::string& vote_key,
+               const Functions& f);
+  // Whether `world` ranks' summed votes agree: every rank ready, one signature.
+  static bool Agreed(const Vote& sum, int world);
+
+  // One step of `batches` (on the host, or anywhere): eager, captured and replayed, or replayed;
+  // eager when not `agreed` (every rank's Propose summed: Agreed), which restarts the warm-up.
   absl::StatusOr<Outputs> Run(const std::vector<Batch>& batches, const std::string& key,
-                              const Functions& f, bool non_blocking);
+                              const Functions& f, bool non_blocking, bool agreed);
 
   int64_t captures() const { return captures_; }
   int64_t replays() const { return replays_; }
@@ -78,12 +111,14 @@ class StepGraph {
                                         bool non_blocking);
   absl::StatusOr<Outputs> Replay(const std::vector<Batch>& batches, const Functions& f,
                                  bool non_blocking);
+  // Propose's readiness (see there).
+  bool Ready(const Functions& f);
   void Disable(const std::string& reason);
 
   c10::Device device_;
   int64_t warmup_;
   SideStreamGraph graph_;
-  std::string candidate_;  // the signature of the eager steps counted towards a capture
+  std::string candidate_;  // the signature of the agreed eager steps counted towards a capture
   int64_t candidate_steps_ = 0;
   std::string captured_;  // the signature of the captured step; "" before a capture
   std::vector<Batch> inputs_;  // the captured step's micro-batches (device buffers it reads)

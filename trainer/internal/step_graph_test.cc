@@ -67,6 +67,18 @@ double Sum(const std::vector<Batch>& batches) {
   return sum;
 }
 
+// One process's step: its own vote decides.
+absl::StatusOr<StepGraph::Outputs> Step(StepGraph& graph, const std::vector<Batch>& batches,
+                                        const std::string& key, const StepGraph::Functions& f) {
+  const StepGraph::Vote vote = graph.Propose(batches, key, f);
+  return graph.Run(batches, key, f, /*non_blocking=*/false, StepGraph::Agreed(vote, 1));
+}
+
+StepGraph::Vote Sum(const StepGraph::Vote& a, const StepGraph::Vote& b) {
+  return {a.not_ready + b.not_ready, a.signature + b.signature,
+          a.signature_squared + b.signature_squared};
+}
+
 // On the CPU nothing can be captured: after the warm-up the capture fails, what it left is
 // discarded, the step runs eagerly (once) and so does every later one.
 TEST(StepGraphTest, FailedCaptureRunsTheStepEagerlyFromThenOn) {
@@ -74,7 +86,7 @@ TEST(StepGraphTest, FailedCaptureRunsTheStepEagerlyFromThenOn) {
   Recorder r;
   for (int step = 0; step < 5; ++step) {
     const std::vector<Batch> batches = {Tokens(2, 4, step), Tokens(2, 4, 10 * step)};
-    auto out = graph.Run(batches, "key", r.Functions(), /*non_blocking=*/false);
+    auto out = Step(graph, batches, "key", r.Functions());
     ASSERT_TRUE(out.ok()) << out.status();
     EXPECT_EQ(out->loss.item<double>(), Sum(batches)) << "step " << step;
     EXPECT_EQ(r.work, step + 1) << "each step's work ran once";
@@ -89,20 +101,22 @@ TEST(StepGraphTest, FailedCaptureRunsTheStepEagerlyFromThenOn) {
 }
 
 // While the engine says the step cannot be captured, steps run eagerly and nothing is tried;
-// once it can, the next step is captured.
+// once it can, the warm-up starts again and the step after it is captured.
 TEST(StepGraphTest, BlockedStepsRunEagerlyWithoutTrying) {
   StepGraph graph(c10::Device(c10::kCPU), /*warmup=*/1);
   Recorder r;
   r.blocker = "fp16 loss scaling decides on the host whether to step";
   for (int step = 0; step < 4; ++step) {
-    ASSERT_TRUE(graph.Run({Tokens(1, 4, step)}, "k", r.Functions(), false).ok());
+    ASSERT_TRUE(Step(graph, {Tokens(1, 4, step)}, "k", r.Functions()).ok());
   }
   EXPECT_EQ(r.work, 4);
   EXPECT_EQ(r.prepared, 0);
   EXPECT_EQ(graph.disabled_reason(), "") << "a blocker is not a failure";
   r.blocker.clear();
-  ASSERT_TRUE(graph.Run({Tokens(1, 4, 9)}, "k", r.Functions(), false).ok());
-  EXPECT_EQ(r.prepared, 1) << "tried once unblocked (and failed: this is the CPU)";
+  ASSERT_TRUE(Step(graph, {Tokens(1, 4, 9)}, "k", r.Functions()).ok());
+  EXPECT_EQ(r.prepared, 0) << "a blocked step restarts the warm-up";
+  ASSERT_TRUE(Step(graph, {Tokens(1, 4, 10)}, "k", r.Functions()).ok());
+  EXPECT_EQ(r.prepared, 1) << "tried after the warm-up (and failed: this is the CPU)";
 }
 
 // A change of shape (or key) restarts the warm-up: alternating shapes never get captured.
@@ -114,7 +128,7 @@ TEST(StepGraphTest, FailedPreparationRunsEveryStepEagerly) {
   StepGraph::Functions f = r.Functions();
   f.prepare_capture = [] { return absl::FailedPreconditionError("accumulators held elsewhere"); };
   for (int step = 0; step < 4; ++step) {
-    ASSERT_TRUE(graph.Run({Tokens(1, 4, step)}, "k", f, false).ok());
+    ASSERT_TRUE(Step(graph, {Tokens(1, 4, step)}, "k", f).ok());
   }
   EXPECT_EQ(r.work, 4);
   EXPECT_EQ(r.prepared, 0) << "no capture was tried";
@@ -126,10 +140,67 @@ TEST(StepGraphTest, ChangingSignaturesRestartTheWarmup) {
   Recorder r;
   for (int step = 0; step < 6; ++step) {
     const int64_t cols = step % 2 == 0 ? 4 : 5;
-    ASSERT_TRUE(graph.Run({Tokens(1, cols, step)}, "k", r.Functions(), false).ok());
+    ASSERT_TRUE(Step(graph, {Tokens(1, cols, step)}, "k", r.Functions()).ok());
   }
   EXPECT_EQ(r.prepared, 0);
   EXPECT_EQ(r.work, 6);
+}
+
+// Two ranks, each its own graph, their votes summed as the Trainer's all-reduce sums them. While
+// rank 1's engine cannot capture, rank 0 does not try either (alone, it would have tried at its
+// third step); once both can, both warm up again and try at the same step (both fail on the
+// CPU, agree on it, and run eagerly from then on).
+TEST(StepGraphTest, RanksCaptureOnlyWhenAllCan) {
+  StepGraph rank0(c10::Device(c10::kCPU), /*warmup=*/2), rank1(c10::Device(c10::kCPU), 2);
+  Recorder r0, r1;
+  std::vector<bool> asked;  // what each rank's all_ranks was told, in order
+  auto functions = [&](Recorder& r) {
+    StepGraph::Functions f = r.Functions();
+    f.all_ranks = [&asked](bool ok) -> absl::StatusOr<bool> {
+      asked.push_back(ok);
+      return ok;  // both ranks fail alike here; a collective would say the same
+    };
+    return f;
+  };
+  r1.blocker = "the optimizer has not made its state yet";
+  for (int step = 0; step < 8; ++step) {
+    if (step == 4) r1.blocker.clear();
+    const std::vector<Batch> batches = {Tokens(2, 4, step)};
+    const StepGraph::Functions f0 = functions(r0), f1 = functions(r1);
+    const bool agreed = StepGraph::Agreed(
+        Sum(rank0.Propose(batches, "k", f0), rank1.Propose(batches, "k", f1)), 2);
+    ASSERT_TRUE(rank0.Run(batches, "k", f0, false, agreed).ok());
+    ASSERT_TRUE(rank1.Run(batches, "k", f1, false, agreed).ok());
+    EXPECT_EQ(r0.prepared, r1.prepared) << "step " << step << ": one rank tried alone";
+    EXPECT_EQ(rank0.disabled_reason().empty(), rank1.disabled_reason().empty()) << step;
+    if (step < 6) EXPECT_EQ(r0.prepared, 0) << "step " << step;
+  }
+  EXPECT_EQ(r0.prepared, 1) << "both tried at step 6, after steps 4 and 5 warmed up";
+  EXPECT_EQ(asked, (std::vector<bool>{false, false}));
+  EXPECT_EQ(r0.work, 8);
+  EXPECT_EQ(r1.work, 8);
+}
+
+// A step whose shapes differ between the ranks (a shorter last batch on one, say) never counts
+// towards a capture: the ranks' signatures disagree, so both run it eagerly.
+TEST(StepGraphTest, RanksWithOtherShapesRunEagerly) {
+  StepGraph rank0(c10::Device(c10::kCPU), /*warmup=*/1), rank1(c10::Device(c10::kCPU), 1);
+  Recorder r0, r1;
+  for (int step = 0; step < 5; ++step) {
+    const std::vector<Batch> mine = {Tokens(2, 4, step)};
+    const std::vector<Batch> theirs = {Tokens(2, step % 2 == 0 ? 4 : 3, step)};
+    const StepGraph::Functions f0 = r0.Functions(), f1 = r1.Functions();
+    const StepGraph::Vote sum = Sum(rank0.Propose(mine, "k", f0), rank1.Propose(theirs, "k", f1));
+    EXPECT_EQ(StepGraph::Agreed(sum, 2), step % 2 == 0) << "step " << step;
+    ASSERT_TRUE(rank0.Run(mine, "k", f0, false, StepGraph::Agreed(sum, 2)).ok());
+    ASSERT_TRUE(rank1.Run(theirs, "k", f1, false, StepGraph::Agreed(sum, 2)).ok());
+  }
+  EXPECT_EQ(r0.prepared, 0) << "no two agreed steps in a row: nothing tried";
+  EXPECT_EQ(r1.prepared, 0);
+  // Rank 1 alone: its steps 0, 2 and 4 were the same shape as rank 0's.
+  EXPECT_FALSE(StepGraph::Agreed({0, 1.0 + 2.0, 1.0 + 4.0}, 2));
+  EXPECT_TRUE(StepGraph::Agreed({0, 3.0 + 3.0, 9.0 + 9.0}, 2));
+  EXPECT_FALSE(StepGraph::Agreed({1, 3.0 + 3.0, 9.0 + 9.0}, 2)) << "a rank not ready";
 }
 
 // On a GPU: the third step of one shape is captured, later ones replay it with their own
@@ -143,7 +214,7 @@ TEST(StepGraphTest, CapturesThenReplaysWithNewInputsOnCuda) {
   for (int step = 0; step < 8; ++step) {
     const int64_t cols = step == 6 ? 5 : 4;  // step 6 has another shape
     const std::vector<Batch> batches = {Tokens(2, cols, 3 * step), Tokens(2, cols, 7 * step)};
-    auto out = graph.Run(batches, "key", r.Functions(), /*non_blocking=*/false);
+    auto out = Step(graph, batches, "key", r.Functions());
     ASSERT_TRUE(out.ok()) << out.status();
     EXPECT_TRUE(out->loss.is_cuda());
     EXPECT_EQ(out->loss.item<double>(), Sum(batches)) << "step " << step;
@@ -152,9 +223,38 @@ TEST(StepGraphTest, CapturesThenReplaysWithNewInputsOnCuda) {
   EXPECT_EQ(graph.captures(), 1);
   EXPECT_EQ(graph.replays(), 4) << "steps 3, 4, 5 and 7";
   EXPECT_EQ(r.work, 4) << "2 warm-up steps, the capture, the other shape";
-  EXPECT_EQ(r.prepared, 5) << "before the capture and each replay";
+  EXPECT_EQ(r.prepared, 6) << "before the capture, then in each later Propose (step 6's too)";
   EXPECT_EQ(r.replayed, 5) << "after each replay, the one that ran the captured step included";
   EXPECT_EQ(r.prepared_capture, 2);
+}
+
+// A capture that succeeded on this rank but failed on another (all_ranks says false): the graph
+// is never run, what the capture left is discarded, the step runs eagerly with the right
+// result, and so does every later one.
+TEST(StepGraphTest, CaptureGivenUpWhenAnotherRankFailedOnCuda) {
+  if (!torch::cuda::is_available() || !SideStreamGraph::Supported()) {
+    GTEST_SKIP() << "needs a CUDA device and a CUDA LibTorch";
+  }
+  StepGraph graph(c10::Device(c10::kCUDA, 0), /*warmup=*/1);
+  Recorder r;
+  StepGraph::Functions f = r.Functions();
+  std::vector<bool> asked;
+  f.all_ranks = [&asked](bool ok) -> absl::StatusOr<bool> {
+    asked.push_back(ok);
+    return false;
+  };
+  for (int step = 0; step < 4; ++step) {
+    const std::vector<Batch> batches = {Tokens(2, 4, 5 * step)};
+    auto out = Step(graph, batches, "key", f);
+    ASSERT_TRUE(out.ok()) << out.status();
+    EXPECT_EQ(out->loss.item<double>(), Sum(batches)) << "step " << step;
+  }
+  EXPECT_EQ(asked, std::vector<bool>{true}) << "captured here, once";
+  EXPECT_EQ(graph.captures(), 0);
+  EXPECT_EQ(graph.replays(), 0);
+  EXPECT_EQ(r.discarded, 1);
+  EXPECT_EQ(graph.disabled_reason(), "another rank could not capture the step");
+  EXPECT_EQ(r.work, 5) << "the captured (never run) work, then every step eagerly";
 }
 
 // A step that reads a device value on the host cannot be captured: it runs eagerly, with the
@@ -173,7 +273,7 @@ TEST(StepGraphTest, HostSyncInTheStepFallsBackOnCuda) {
   };
   for (int step = 0; step < 4; ++step) {
     const std::vector<Batch> batches = {Tokens(2, 4, step)};
-    auto out = graph.Run(batches, "key", f, false);
+    auto out = Step(graph, batches, "key", f);
     ASSERT_TRUE(out.ok()) << out.status();
     EXPECT_EQ(out->loss.item<double>(), Sum(batches)) << "step " << step;
   }

@@ -3,6 +3,8 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -11,6 +13,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/logging.h"
@@ -23,6 +26,7 @@
 #include "checkpoint/optimizer_state.h"
 #include "checkpoint/safetensors.h"
 #include "models/decoder.h"
+#include "sharding/all_ranks_ok.h"
 #include "sharding/flat_shard.h"
 #include "sharding/fully_shard.h"
 #include "sharding/shard_rows.h"
@@ -37,6 +41,44 @@ using checkpoint_internal::TensorDisplayName;
 constexpr char kModelPrefix[] = "model.";
 constexpr char kOptimizerPrefix[] = "optimizer.";
 constexpr char kLoadStrictEscape[] = "set load_strict: false (LoadModelStateOptions::strict)";
+
+// Fault injection for tests (tests/distributed/checkpoint_faults_test.sh): one rank's write or
+// read fails as a full or failing disk makes it fail. Each variable is looked up once per
+// SaveModelState or LoadModelState call; unset, that getenv is all it costs.
+//   CPPTRAIN_TEST_FAIL_WRITE_ON_RANK=R  on rank R (HostGroup::rank), SaveModelState's writes of
+//       tensor data (model.safetensors, the rank's shard file) fail at their first tensor:
+//       ResourceExhausted, "the disk is full ...: No space left on device".
+//   CPPTRAIN_TEST_FAIL_READ_ON_RANK=R   in the process whose RANK (set by the launcher) is R,
+//       LoadModelState's reads of the rows it copies into the model fail: EIO, after the
+//       checkpoint was verified, as a disk failing in between would make them.
+constexpr char kFailWriteOnRank[] = "CPPTRAIN_TEST_FAIL_WRITE_ON_RANK";
+constexpr char kFailReadOnRank[] = "CPPTRAIN_TEST_FAIL_READ_ON_RANK";
+
+// True when the fault-injection `variable` names `rank`.
+bool FaultInjected(const char* variable, int rank) {
+  const char* value = std::getenv(variable);
+  int injected = -1;
+  return value != nullptr && absl::SimpleAtoi(value, &injected) && injected == rank;
+}
+
+// This process's rank as the launcher numbers it (RANK), for LoadModelState, which has no group.
+int LaunchedRank() {
+  const char* value = std::getenv("RANK");
+  int rank = 0;
+  return value != nullptr && absl::SimpleAtoi(value, &rank) ? rank : 0;
+}
+
+absl::Status InjectedWriteFailure(const std::string& path) {
+  return absl::ErrnoToStatus(ENOSPC, absl::StrCat("cannot write '", path, "': the disk is full (",
+                                                  kFailWriteOnRank, " injected it)"));
+}
+
+absl::Status InjectedReadFailure(const std::string& dir, const proto::CheckpointTensor& t) {
+  return absl::ErrnoToStatus(
+      EIO, absl::StrCat("checkpoint '", dir, "': cannot read tensor '", TensorDisplayName(t.name()),
+                        "' from '", t.pieces_size() > 0 ? t.pieces(0).file() : "?", "' (",
+                        kFailReadOnRank, " injected it)"));
+}
 
 // How a tensor of a parameter is laid out across ranks: split like the parameter (its
 // ShardInfo), or whole on rank 0.
@@ -78,18 +120,47 @@ void AddToManifest(proto::CheckpointManifest& manifest, const std::string& name,
 // The checksums of the files this rank wrote: file -> key -> CRC-32C.
 using WrittenChecksums = std::map<std::string, std::map<std::string, uint32_t>>;
 
+// Writes `tensors` to `file` in `dir` and records their checksums. `fail`: its first tensor's
+// write fails (CPPTRAIN_TEST_FAIL_WRITE_ON_RANK).
 absl::Status WriteShardFile(const std::string& dir, const std::string& file,
                             const std::vector<std::pair<std::string, at::Tensor>>& tensors,
-                            WrittenChecksums& written) {
+                            WrittenChecksums& written, bool fail) {
   std::vector<SafetensorsWriter::Entry> entries;
   for (const auto& [key, tensor] : tensors) {
     entries.push_back({key, tensor.scalar_type(), tensor.sizes().vec()});
   }
   CT_ASSIGN_OR_RETURN(auto writer, SafetensorsWriter::Create(dir + "/" + file, entries));
+  if (fail) return InjectedWriteFailure(dir + "/" + file);
   for (const auto& [key, tensor] : tensors) CT_RETURN_IF_ERROR(writer->Append(key, tensor));
   CT_RETURN_IF_ERROR(writer->Finish());
   for (const auto& [key, tensor] : tensors) {
     CT_ASSIGN_OR_RETURN(written[file][key], writer->Crc32cOf(key));
+  }
+  return absl::OkStatus();
+}
+
+// model.safetensors (rank 0's, in full form), its header written: every parameter whole.
+absl::StatusOr<std::unique_ptr<SafetensorsWriter>> CreateFullWriter(
+    const std::string& path, const torch::OrderedDict<std::string, at::Tensor>& params,
+    FullyShardedModel* per_param, FlatShardedModel* flat) {
+  std::vector<SafetensorsWriter::Entry> entries;
+  for (const auto& item : params) {
+    const ShardInfo* info = per_param ? per_param->Find(item.value())
+                            : flat    ? flat->FindPiece(item.value())
+                                      : nullptr;
+    entries.push_back({item.key(), info ? info->dtype : item.value().scalar_type(),
+                       info ? info->global_shape : item.value().sizes().vec()});
+  }
+  return SafetensorsWriter::Create(path, entries, {{"format", "pt"}});
+}
+
+// Makes model.safetensors durable and records its checksums.
+absl::Status FinishFullWriter(SafetensorsWriter& writer,
+                              const torch::OrderedDict<std::string, at::Tensor>& params,
+                              WrittenChecksums& written) {
+  CT_RETURN_IF_ERROR(writer.Finish());
+  for (const auto& item : params) {
+    CT_ASSIGN_OR_RETURN(written[kSafetensorsFileName][item.key()], writer.Crc32cOf(item.key()));
   }
   return absl::OkStatus();
 }
@@ -357,11 +428,14 @@ absl::StatusOr<at::Tensor> ReadRows(CheckpointFiles& files, const Read& read) {
   return CatchTorch([&] { return rows.reshape({-1}).narrow(0, read.skip, read.take); });
 }
 
+// Copies what the plan reads into the model and the optimizer; `fail_reads`: the first read
+// fails (CPPTRAIN_TEST_FAIL_READ_ON_RANK).
 absl::Status CopyPlan(CheckpointFiles& files, const LoadPlan& plan,
-                      torch::optim::Optimizer* optimizer, bool strict) {
+                      torch::optim::Optimizer* optimizer, bool strict, bool fail_reads) {
   torch::NoGradGuard no_grad;
   int64_t bytes = 0;
   for (const ParamPlan& p : plan.params) {
+    if (fail_reads) return InjectedReadFailure(files.dir(), *p.weights.entry);
     CT_ASSIGN_OR_RETURN(at::Tensor data, ReadRows(files, p.weights));
     CT_RETURN_IF_ERROR(CatchTorch([&] { p.param.detach().copy_(data.view(p.weights.view)); }));
     bytes += data.numel() * data.element_size();
@@ -449,6 +523,8 @@ absl::Status SaveModelState(const std::string& dir, TrainableModel& model,
   const bool writes = sharded ? rank < shards : rank == 0;
   const std::string my_file = ShardFileName(shard, shards);
   const std::string whole_file = ShardFileName(0, shards);
+  const std::string full_path = dir + "/" + kSafetensorsFileName;
+  const bool fail_writes = FaultInjected(kFailWriteOnRank, rank);
 
   proto::CheckpointManifest manifest;
   manifest.set_engine(options.engine_name);
@@ -460,18 +536,16 @@ absl::Status SaveModelState(const std::string& dir, TrainableModel& model,
   WrittenChecksums written;
   const auto params = model.named_parameters(/*recurse=*/true);
 
+  // This rank's first failed write. After one the rank writes nothing more, but it keeps
+  // issuing every collective the others issue (the gathers, FSDP1's all-reduces) and all agree
+  // on the outcome before the checksums: one full disk must not leave the other ranks waiting
+  // in a collective until ddp_timeout.
+  absl::Status io;
   std::unique_ptr<SafetensorsWriter> full_writer;
   if (options.full_model && rank == 0) {
-    std::vector<SafetensorsWriter::Entry> entries;
-    for (const auto& item : params) {
-      const ShardInfo* info = per_param ? per_param->Find(item.value())
-                              : flat    ? flat->FindPiece(item.value())
-                                        : nullptr;
-      entries.push_back({item.key(), info ? info->dtype : item.value().scalar_type(),
-                         info ? info->global_shape : item.value().sizes().vec()});
-    }
-    CT_ASSIGN_OR_RETURN(full_writer, SafetensorsWriter::Create(dir + "/" + kSafetensorsFileName,
-                                                               entries, {{"format", "pt"}}));
+    auto created = CreateFullWriter(full_path, params, per_param, flat);
+    if (created.ok()) full_writer = *std::move(created);
+    io = created.status();
   }
   for (const auto& item : params) {
     const std::string& name = item.key();
@@ -489,7 +563,9 @@ absl::Status SaveModelState(const std::string& dir, TrainableModel& model,
       if (info != nullptr) {
         CT_ASSIGN_OR_RETURN(whole, sharded->GatherFull(p));  // every rank takes part
       }
-      if (full_writer) CT_RETURN_IF_ERROR(full_writer->Append(name, whole));
+      if (full_writer && io.ok()) {
+        io = fail_writes ? InjectedWriteFailure(full_path) : full_writer->Append(name, whole);
+      }
     } else {
       AddToManifest(manifest, kModelPrefix + name, kModelPrefix + name, dtype, global, split,
                     whole_file);
@@ -515,17 +591,15 @@ absl::Status SaveModelState(const std::string& dir, TrainableModel& model,
       if (write_it) mine.emplace_back(key, rows);
     }
   }
-  if (full_writer) {
-    CT_RETURN_IF_ERROR(full_writer->Finish());
-    for (const auto& item : params) {
-      CT_ASSIGN_OR_RETURN(written[kSafetensorsFileName][item.key()],
-                          full_writer->Crc32cOf(item.key()));
-    }
+  if (full_writer && io.ok()) io = FinishFullWriter(*full_writer, params, written);
+  full_writer.reset();  // unfinished: removes its temporary file
+  if (io.ok() && writes && !mine.empty()) {
+    io = WriteShardFile(dir, my_file, mine, written, fail_writes);
   }
-  if (writes && !mine.empty()) CT_RETURN_IF_ERROR(WriteShardFile(dir, my_file, mine, written));
-  CT_RETURN_IF_ERROR(GatherChecksums(ranks, written, manifest));  // also the barrier
-  if (rank == 0) CT_RETURN_IF_ERROR(WriteManifest(dir, manifest));
-  return ranks.Barrier();
+  CT_RETURN_IF_ERROR(AllRanksOk(ranks, io));
+  CT_RETURN_IF_ERROR(GatherChecksums(ranks, written, manifest));
+  // Rank 0 writes the manifest; the others wait to hear how that went.
+  return AllRanksOk(ranks, rank == 0 ? WriteManifest(dir, manifest) : absl::OkStatus());
 }
 
 absl::Status VerifyModelState(const std::string& dir, TrainableModel& model,
@@ -546,7 +620,8 @@ absl::Status LoadModelState(const std::string& dir, TrainableModel& model,
                       ResolvedPlan(dir, manifest, model, optimizer, options, /*warn=*/true));
   CheckpointFiles files(dir);
   if (!options.verified) CT_RETURN_IF_ERROR(VerifyPlan(files, manifest, plan));
-  return CopyPlan(files, plan, optimizer, options.strict);
+  return CopyPlan(files, plan, optimizer, options.strict,
+                  FaultInjected(kFailReadOnRank, LaunchedRank()));
 }
 
 }  // namespace cpptrain

@@ -59,7 +59,10 @@ struct SaveModelStateOptions {
 
 // Collective: every rank calls it with the same arguments. `dir` must exist (and be shared by
 // all ranks). Returns once every rank's files and the manifest are durable. The ranks' checksums
-// reach rank 0's manifest through one AllReduceSum.
+// reach rank 0's manifest through one AllReduceSum. A write that fails on one rank (a full
+// disk) fails the save on every rank, within the collectives the save issues anyway: that rank
+// returns its own error, the others one naming it and its message ("rank 1 failed: ...",
+// sharding/all_ranks_ok.h).
 absl::Status SaveModelState(const std::string& dir, TrainableModel& model,
                             torch::optim::Optimizer* optimizer, HostGroup& ranks,
                             const SaveModelStateOptions& options);
@@ -87,10 +90,12 @@ absl::Status VerifyModelState(const std::string& dir, TrainableModel& model,
                               torch::optim::Optimizer* optimizer,
                               const LoadModelStateOptions& options = {});
 
-// Not collective: each rank reads its own rows. Restores every parameter of `model` and, when
-// `optimizer` is given and the checkpoint has its state, the optimizer's state for them. Checks
-// as VerifyModelState first (unless options.verified), so an error leaves the model as it was;
-// only an optimizer that refuses the state it is given fails after parameters were copied.
+// Not collective: each rank reads its own rows; callers on several ranks agree on the outcome
+// (AllRanksOk, sharding/all_ranks_ok.h) before their next collective. Restores every parameter
+// of `model` and, when `optimizer` is given and the checkpoint has its state, the optimizer's
+// state for them. Checks as VerifyModelState first (unless options.verified), so an error
+// leaves the model as it was; only an optimizer that refuses the state it is given fails after
+// parameters were copied.
 absl::Status LoadModelState(const std::string& dir, TrainableModel& model,
                             torch::optim::Optimizer* optimizer,
                             const LoadModelStateOptions& options = {});

@@ -3,7 +3,9 @@
 // shard file or in the manifest, a truncated file and non-finite values refused with errors
 // that name the directory, the file and the tensor; an older checkpoint without checksums
 // loading with one warning; and strict loading that refuses a model of another configuration
-// (qk_norm, attention_bias, rope_theta), naming the fields, unless strict is off.
+// (qk_norm, attention_bias, rope_theta), naming the fields, unless strict is off. The test-only
+// fault injection (a failed write or read) that tests/distributed/checkpoint_faults_test.sh
+// runs on one rank of several.
 #include "checkpoint/checkpoint.h"
 
 #include <gmock/gmock.h>
@@ -11,6 +13,7 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -439,6 +442,71 @@ TEST(CheckpointStrictTest, OptimizerStateMustBeWhatTheOptimizerKeeps) {
   EXPECT_FALSE(status.ok());
   EXPECT_THAT(std::string(status.message()),
               AllOf(HasSubstr(dir), HasSubstr("momentum_buffer"), HasSubstr("missing")));
+}
+
+// Sets an environment variable for the life of a test.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) { setenv(name, value, 1); }
+  ~ScopedEnv() { unsetenv(name_); }
+
+ private:
+  const char* name_;
+};
+
+std::vector<std::string> Entries(const std::string& dir) {
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    names.push_back(entry.path().filename().string());
+  }
+  return names;
+}
+
+TEST(CheckpointFaultTest, InjectedWriteFailureFailsTheSaveAsAFullDiskAndLeavesNoFile) {
+  for (const bool full_model : {true, false}) {
+    const std::string dir = FreshTestDir();
+    auto model = Build(Tiny(), 1);
+    auto adamw = SteppedAdamW(*model);
+    ScopedEnv fail("CPPTRAIN_TEST_FAIL_WRITE_ON_RANK", "0");
+    SingleProcessGroup alone;
+    SaveModelStateOptions options;
+    options.full_model = full_model;
+    const absl::Status saved = SaveModelState(dir, *model, adamw.get(), alone, options);
+    EXPECT_EQ(saved.code(), absl::StatusCode::kResourceExhausted) << saved;
+    const std::string file = full_model ? "model.safetensors" : "shard-00000-of-00001.safetensors";
+    EXPECT_THAT(std::string(saved.message()),
+                AllOf(HasSubstr(absl::StrCat(dir, "/", file, "': the disk is full")),
+                      HasSubstr("No space left on device")));
+    EXPECT_THAT(Entries(dir), ::testing::IsEmpty());  // no data file, temporary or manifest
+  }
+}
+
+TEST(CheckpointFaultTest, InjectionOnAnotherRankChangesNothing) {
+  const std::string dir = FreshTestDir();
+  auto model = Build(Tiny(), 1);
+  ScopedEnv fail_write("CPPTRAIN_TEST_FAIL_WRITE_ON_RANK", "1");
+  ScopedEnv fail_read("CPPTRAIN_TEST_FAIL_READ_ON_RANK", "1");
+  Save(dir, *model, nullptr, /*full_model=*/false);
+  auto other = Build(Tiny(), 2);
+  const absl::Status loaded = LoadModelState(dir, *other, nullptr);
+  EXPECT_TRUE(loaded.ok()) << loaded;
+  ExpectParameters(*other, Snapshot(*model));
+}
+
+// RANK unset is rank 0. Verification reads everything and passes; the load's reads fail.
+TEST(CheckpointFaultTest, InjectedReadFailureFailsTheLoadAfterVerification) {
+  const std::string dir = FreshTestDir();
+  auto model = Build(Tiny(), 1);
+  Save(dir, *model, nullptr, /*full_model=*/true);
+  ScopedEnv fail("CPPTRAIN_TEST_FAIL_READ_ON_RANK", "0");
+  auto other = Build(Tiny(), 2);
+  const absl::Status verified = VerifyModelState(dir, *other, nullptr);
+  EXPECT_TRUE(verified.ok()) << verified;
+  const absl::Status loaded = LoadModelState(dir, *other, nullptr);
+  EXPECT_FALSE(loaded.ok());
+  EXPECT_THAT(std::string(loaded.message()),
+              AllOf(HasSubstr(dir), HasSubstr("cannot read tensor"),
+                    HasSubstr("from 'model.safetensors'"), HasSubstr("Input/output error")));
 }
 
 }  // namespace

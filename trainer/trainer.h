@@ -211,7 +211,8 @@ class Trainer {
   absl::Status ResetForRetry();
   // Runs `io`, a read or write of the model's parameters from outside a step, with the
   // engine's full-precision masters in them (Engine::ExposeMasterWeights), and restores the
-  // working copies even when `io` fails.
+  // working copies even when `io` fails. Collective: when exposing fails on any rank, no rank
+  // runs `io` (which may be collective) and every rank returns an error.
   absl::Status WithMasterWeights(const std::function<absl::Status()>& io);
   absl::Status MaybeLogEvaluateSave();
   // After the step in which a rank got SIGTERM/SIGINT: a checkpoint (unless this step saved
@@ -233,7 +234,8 @@ class Trainer {
   absl::Status FinishCheckpoint(const std::string& name, const std::string& temp_dir);
   absl::Status SaveFailed(const absl::Status& error, const std::string& name,
                           const std::string& temp_dir);
-  // Collective: `local` where it failed, else an error naming the ranks where it failed.
+  // Collective: `local` where it failed, else an error naming the ranks where it failed and
+  // their messages (sharding/all_ranks_ok.h).
   absl::Status AllRanksOk(const absl::Status& local);
   void RotateCheckpoints();
   // "latest" (or "true"): the newest finished checkpoint that verifies, falling back past
@@ -245,8 +247,11 @@ class Trainer {
   // trainer_state.textproto (checksum, parse), the model and optimizer state this rank reads
   // (VerifyModelState, strict by load_strict) and this rank's rng_state file.
   absl::StatusOr<proto::TrainerCheckpointState> VerifyResumableOnThisRank(const std::string& dir);
+  // Collective: every rank loads its part, then all agree (AllRanksOk) before going on.
   absl::Status RestoreCheckpoint(const std::string& dir,
                                  const proto::TrainerCheckpointState& saved);
+  // This rank's random state, when the checkpoint was saved on as many ranks.
+  absl::Status RestoreRngState(const std::string& dir, const proto::TrainerCheckpointState& saved);
   absl::Status LoadBestModel();
 
   proto::TrainingArguments args_;

@@ -29,7 +29,9 @@
 #include "engines/engine.h"
 #include "models/decoder.h"
 #include "proto/checkpoint.pb.h"
+#include "sharding/all_ranks_ok.h"
 #include "sharding/fully_shard.h"
+#include "sharding/host_group.h"
 #include "trainer/internal/preflight.h"
 #include "trainer/metrics_log.h"
 #include "trainer/trainer.h"
@@ -118,6 +120,30 @@ std::string RngStatePath(const std::string& dir, int rank) {
   return absl::StrCat(dir, "/rng_state_", rank, ".safetensors");
 }
 
+// Collective. resume_from_checkpoint: latest tries the finished checkpoints newest first, each
+// try collective: every rank must find the same ones (their count and the newest step).
+absl::Status SameCheckpointsOnEveryRank(HostGroup& ranks,
+                                        const std::vector<std::pair<int64_t, fs::path>>& found,
+                                        const std::string& output_dir) {
+  const double newest = found.empty() ? -1.0 : static_cast<double>(found.back().first);
+  CT_ASSIGN_OR_RETURN(
+      torch::Tensor all,
+      ranks.AllGather(torch::tensor({static_cast<double>(found.size()), newest}, torch::kFloat64)));
+  all = all.to(torch::kCPU).contiguous().view({-1, 2});
+  if (all.eq(all[0]).all().item<bool>()) return absl::OkStatus();
+  std::vector<std::string> seen;
+  for (int64_t r = 0; r < all.size(0); ++r) {
+    const auto count = static_cast<int64_t>(all[r][0].item<double>());
+    seen.push_back(count == 0 ? absl::StrCat("rank ", r, ": none")
+                              : absl::StrCat("rank ", r, ": ", count, ", the newest checkpoint-",
+                                             static_cast<int64_t>(all[r][1].item<double>())));
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "resume_from_checkpoint: latest, but the ranks find different checkpoints in '", output_dir,
+      "' (", absl::StrJoin(seen, "; "),
+      "): output_dir must be one directory every rank shares; or give a checkpoint path"));
+}
+
 }  // namespace
 
 absl::StatusOr<std::string> LatestCheckpoint(const std::string& output_dir) {
@@ -141,23 +167,16 @@ absl::Status Trainer::SaveCheckpoint() {
 }
 
 absl::Status Trainer::WithMasterWeights(const std::function<absl::Status()>& io) {
-  CT_RETURN_IF_ERROR(engine_->ExposeMasterWeights());
-  const absl::Status done = io();
-  const absl::Status restored = engine_->RestoreWorkingWeights();
+  // `io` may be collective (a save): every rank runs it, or none does.
+  const absl::Status exposed = engine_->ExposeMasterWeights();
+  absl::Status done = AllRanksOk(exposed);
+  if (done.ok()) done = io();
+  const absl::Status restored = exposed.ok() ? engine_->RestoreWorkingWeights() : absl::OkStatus();
   return done.ok() ? restored : done;
 }
 
 absl::Status Trainer::AllRanksOk(const absl::Status& local) {
-  const torch::Tensor mine = torch::tensor({local.ok() ? 0.0 : 1.0}, torch::kFloat64);
-  CT_ASSIGN_OR_RETURN(torch::Tensor all, engine_->AllGather(mine));
-  if (!local.ok()) return local;
-  std::vector<std::string> failed;
-  for (int64_t r = 0; r < all.numel(); ++r) {
-    if (all[r].item<double>() != 0) failed.push_back(absl::StrCat(r));
-  }
-  if (failed.empty()) return absl::OkStatus();
-  return absl::AbortedError(absl::StrCat("rank(s) ", absl::StrJoin(failed, ", "),
-                                         " could not write their part (their logs say why)"));
+  return ::cpptrain::AllRanksOk(*engine_, local);
 }
 
 absl::Status Trainer::SaveFailed(const absl::Status& error, const std::string& name,
@@ -337,11 +356,14 @@ void Trainer::RotateCheckpoints() {
 
 absl::Status Trainer::ResumeFromCheckpoint(const std::string& requested) {
   if (requested != "latest" && requested != "true") {
-    if (!fs::exists(fs::path(requested) / kTrainerStateFileName)) {
-      return absl::NotFoundError(absl::StrCat(
-          "resume_from_checkpoint is '", requested, "' but it is not a finished checkpoint (no ",
-          kTrainerStateFileName, "): give a checkpoint-<step> directory, or \"latest\""));
-    }
+    // Every rank looks (each sees the file system its own way); all go on, or none.
+    CT_RETURN_IF_ERROR(AllRanksOk(
+        fs::exists(fs::path(requested) / kTrainerStateFileName)
+            ? absl::OkStatus()
+            : absl::NotFoundError(absl::StrCat(
+                  "resume_from_checkpoint is '", requested, "' but it is not a finished ",
+                  "checkpoint (no ", kTrainerStateFileName,
+                  "): give a checkpoint-<step> directory, or \"latest\""))));
     CT_ASSIGN_OR_RETURN(proto::TrainerCheckpointState saved, VerifyResumable(requested));
     return RestoreCheckpoint(requested, saved);
   }
@@ -351,6 +373,7 @@ absl::Status Trainer::ResumeFromCheckpoint(const std::string& requested) {
                           << ": an unfinished save (the next save removes it)";
   }
   auto all = Checkpoints(out);
+  CT_RETURN_IF_ERROR(SameCheckpointsOnEveryRank(*engine_, all, out));
   if (all.empty()) {
     CT_LOG_RANK0(WARNING) << "resume_from_checkpoint: latest, but '" << out
                           << "' holds no finished checkpoint-<step>: training starts from step 0";
@@ -380,19 +403,17 @@ absl::Status Trainer::ResumeFromCheckpoint(const std::string& requested) {
 
 absl::StatusOr<proto::TrainerCheckpointState> Trainer::VerifyResumable(const std::string& dir) {
   absl::StatusOr<proto::TrainerCheckpointState> saved = VerifyResumableOnThisRank(dir);
-  // Every rank checked what it will read; all decide alike.
-  const bool damaged = !saved.ok() && saved.status().code() == absl::StatusCode::kDataLoss;
-  const bool other = !saved.ok() && !damaged;
-  CT_ASSIGN_OR_RETURN(at::Tensor failed,
-                      engine_->AllReduceSum(torch::tensor({damaged ? 1.0 : 0.0, other ? 1.0 : 0.0},
-                                                          torch::kFloat64)));
-  failed = failed.to(torch::kCPU);
-  const double damaged_ranks = failed[0].item<double>(), other_ranks = failed[1].item<double>();
-  if (damaged_ranks + other_ranks == 0) return saved;
-  if (!saved.ok() && (other || other_ranks == 0)) return saved.status();
-  const std::string seen = absl::StrCat("checkpoint '", dir, "': ", damaged_ranks + other_ranks,
-                                        " other rank(s) found it unusable (see their logs)");
-  return other_ranks > 0 ? absl::FailedPreconditionError(seen) : absl::DataLossError(seen);
+  // Every rank checked what it will read; all decide alike: DataLoss (latest then tries an
+  // older checkpoint) only when every rank that failed found damage.
+  CT_ASSIGN_OR_RETURN(std::vector<RankFailure> failures, GatherFailures(*engine_, saved.status()));
+  if (failures.empty()) return saved;
+  const bool all_damaged = std::all_of(failures.begin(), failures.end(), [](const RankFailure& f) {
+    return f.code == absl::StatusCode::kDataLoss;
+  });
+  if (!saved.ok() && (!absl::IsDataLoss(saved.status()) || all_damaged)) return saved.status();
+  // The messages name the checkpoint.
+  const std::string seen = DescribeFailures(failures);
+  return all_damaged ? absl::DataLossError(seen) : absl::FailedPreconditionError(seen);
 }
 
 absl::StatusOr<proto::TrainerCheckpointState> Trainer::VerifyResumableOnThisRank(
@@ -433,8 +454,12 @@ absl::Status Trainer::RestoreCheckpoint(const std::string& dir,
   LoadModelStateOptions options;
   options.strict = args_.load_strict();
   options.verified = true;  // VerifyResumable read every piece this rank loads
-  CT_RETURN_IF_ERROR(WithMasterWeights(
-      [&] { return LoadModelState(dir, *model_, engine_->optimizer(), options); }));
+  absl::Status loaded = WithMasterWeights(
+      [&] { return LoadModelState(dir, *model_, engine_->optimizer(), options); });
+  if (loaded.ok()) loaded = RestoreRngState(dir, saved);
+  // The reads are this rank's own: a rank whose read failed must not leave the others in the
+  // first step's collectives.
+  CT_RETURN_IF_ERROR(AllRanksOk(loaded));
   state_.global_step = saved.global_step();
   state_.epoch = saved.epoch();
   state_.num_input_tokens_seen = saved.num_input_tokens_seen();
@@ -461,25 +486,37 @@ absl::Status Trainer::RestoreCheckpoint(const std::string& dir,
     plateau_->Restore({saved.plateau_lr(), saved.plateau_best(), saved.plateau_bad_evaluations(),
                        saved.plateau_cooldown_left()});
   }
+  CT_LOG_RANK0(INFO) << "resumed from " << dir << " at step " << state_.global_step;
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::RestoreRngState(const std::string& dir,
+                                      const proto::TrainerCheckpointState& saved) {
   const std::string rng_path = RngStatePath(dir, engine_->rank());
   if (saved.world_size() != engine_->world_size()) {
     CT_LOG_RANK0(WARNING) << "checkpoint '" << dir << "' was saved by " << saved.world_size()
                           << " processes, resumed on " << engine_->world_size()
                           << ": the random state is not restored (the data order is)";
-  } else if (fs::exists(rng_path)) {
-    CT_ASSIGN_OR_RETURN(auto file, SafetensorsFile::Open(rng_path));
-    CT_ASSIGN_OR_RETURN(at::Tensor rng, file->GetCopy("cpu"));
-    at::Generator gen = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    CT_RETURN_IF_ERROR(CatchTorch([&] { gen.set_state(rng); }));
+    return absl::OkStatus();
   }
-  CT_LOG_RANK0(INFO) << "resumed from " << dir << " at step " << state_.global_step;
-  return absl::OkStatus();
+  if (!fs::exists(rng_path)) return absl::OkStatus();
+  CT_ASSIGN_OR_RETURN(auto file, SafetensorsFile::Open(rng_path));
+  CT_ASSIGN_OR_RETURN(at::Tensor rng, file->GetCopy("cpu"));
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  return CatchTorch([&] { gen.set_state(rng); });
 }
 
 absl::Status Trainer::LoadBestModel() {
-  if (best_model_checkpoint_.empty() || !fs::exists(best_model_checkpoint_)) {
-    LOG(WARNING) << "load_best_model_at_end: no checkpoint holds the best model ("
+  // best_model_checkpoint_ is the same on every rank; whether it exists is each rank's view.
+  const absl::Status found = AllRanksOk(
+      best_model_checkpoint_.empty() ? absl::NotFoundError("no checkpoint holds the best model")
+      : fs::exists(best_model_checkpoint_)
+          ? absl::OkStatus()
+          : absl::NotFoundError(absl::StrCat("the best model's checkpoint '",
+                                             best_model_checkpoint_, "' is not there")));
+  if (!found.ok()) {
+    LOG(WARNING) << "load_best_model_at_end: " << found.message() << " ("
                  << ResolvedMetricForBestModel(args_) << "); keeping the final one";
     return absl::OkStatus();
   }
@@ -487,8 +524,9 @@ absl::Status Trainer::LoadBestModel() {
                      << ResolvedMetricForBestModel(args_) << " " << *state_.best_metric << ")";
   LoadModelStateOptions options;
   options.strict = args_.load_strict();
-  return WithMasterWeights(
-      [&] { return LoadModelState(best_model_checkpoint_, *model_, nullptr, options); });
+  // Each rank reads its own rows: all agree before the next collective.
+  return AllRanksOk(WithMasterWeights(
+      [&] { return LoadModelState(best_model_checkpoint_, *model_, nullptr, options); }));
 }
 
 absl::Status Trainer::SaveModel(const std::string& output_dir) {

@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# A checkpoint write or read that fails on one rank only, with real processes over Gloo on the
+# CPU: every rank must return the error itself and exit non-zero in under 30 s, with
+# ddp_timeout at its default of 1800 s, each naming the failing rank and the cause
+# (docs/RELIABILITY.md, "One rank's write or read fails"). Faults are injected by
+# CPPTRAIN_TEST_FAIL_WRITE_ON_RANK and CPPTRAIN_TEST_FAIL_READ_ON_RANK (checkpoint/checkpoint.cc).
+# Each case with 2 and 3 processes, training the tiny decoder with checkpoints every 2 steps:
+#   sharded  FSDP2, sharded checkpoint: rank 1's shard file fails (disk full) at step 2
+#   full     FSDP2 with FULL_STATE_DICT: rank 0's model.safetensors fails (disk full) at step 2,
+#            between the gathers of the parameters
+#   read     resuming FSDP2 from a checkpoint that verifies: rank 1's read of the rows it loads
+#            fails (EIO)
+#   split    resume_from_checkpoint: latest where output_dir is a disk of each rank's own (a
+#            mount namespace per rank; needs root and unshare, else SKIPPED): only rank 0's
+#            holds checkpoint-2, so the ranks would try different checkpoints
+# The launcher stops the other ranks once one fails; --grace_period_s=60 keeps that from being
+# what ends them (a rank waiting in a collective ignores SIGTERM: the Trainer takes it as "save
+# and stop"), and `timeout 90` turns a hang into a failure (the launcher forwards its SIGTERM
+# and, --stop_timeout_s=5, SIGKILLs the ranks 5 s later).
+#
+#   checkpoint_faults_test.sh LAUNCH CHECKPOINT_RESUME
+set -uo pipefail
+launch="$1"
+program="$2"
+tmp="${TEST_TMPDIR:-$(mktemp -d)}"
+limit_s=30
+ran=0
+skipped=0
+failed=0
+wrap=""  # a program run_case puts before the program, when set
+
+fail() {
+  echo "FAIL: $*"
+  failed=$((failed + 1))
+}
+
+# run_case NAME PROCESSES FAILING_RANK ENV_ASSIGNMENT CAUSE FLAGS...: runs the program under the
+# launcher with the fault injected, and checks every rank's own "training failed" line: it
+# holds CAUSE and, on the other ranks, "rank FAILING_RANK failed" (FAILING_RANK -: no one rank).
+run_case() {
+  local name=$1 n=$2 bad=$3 inject=$4 cause=$5
+  shift 5
+  local log="$tmp/$name.log" start end elapsed code r line
+  local -a before_program=()
+  [[ -n "$wrap" ]] && before_program=("$wrap")
+  start=$(date +%s.%N)
+  env "$inject" timeout -k 10 90 "$launch" --nproc_per_node="$n" --master_port=0 \
+    --grace_period_s=60 --stop_timeout_s=5 "${before_program[@]}" "$program" --use_cpu \
+    --output_dir="$tmp/$name" "$@" >"$log" 2>&1
+  code=$?
+  end=$(date +%s.%N)
+  elapsed=$(awk -v a="$start" -v b="$end" 'BEGIN { printf "%.1f", b - a }')
+  ran=$((ran + 1))
+  echo "== $name: $n processes, $inject: exit $code after $elapsed s"
+  local before=$failed
+  [[ $code -ne 0 && $code -ne 124 ]] || fail "$name: exit $code (124: still running after 90 s)"
+  awk -v e="$elapsed" -v l="$limit_s" 'BEGIN { exit !(e < l) }' ||
+    fail "$name: took $elapsed s, the limit is $limit_s s"
+  for ((r = 0; r < n; ++r)); do
+    line=$(grep -m1 "^\[rank $r\] .*training failed: " "$log")
+    echo "  ${line:0:400}"
+    if [[ -z "$line" ]]; then
+      fail "$name: rank $r did not return an error of its own"
+      continue
+    fi
+    [[ "$line" == *"$cause"* ]] || fail "$name: rank $r's error lacks the cause '$cause'"
+    if [[ "$bad" != - && "$r" != "$bad" && "$line" != *"rank $bad failed"* ]]; then
+      fail "$name: rank $r's error does not name rank $bad"
+    fi
+  done
+  if ((failed > before)); then
+    echo "--- $log (last 40 lines)"
+    tail -40 "$log"
+  fi
+}
+
+for n in 2 3; do
+  run_case "sharded$n" "$n" 1 CPPTRAIN_TEST_FAIL_WRITE_ON_RANK=1 \
+    "shard-00001-of-0000$n.safetensors': the disk is full" --engine=fsdp
+  [[ ! -e "$tmp/sharded$n/checkpoint-2" && ! -e "$tmp/sharded$n/.tmp-checkpoint-2" ]] ||
+    fail "sharded$n: the failed save left $(ls -A "$tmp/sharded$n" | tr '\n' ' ')"
+  run_case "full$n" "$n" 0 CPPTRAIN_TEST_FAIL_WRITE_ON_RANK=0 \
+    "model.safetensors': the disk is full" --engine=fsdp_full
+done
+
+# A checkpoint to resume from: FSDP2 on 2 processes, 2 steps.
+timeout 120 "$launch" --nproc_per_node=2 --master_port=0 "$program" --use_cpu --engine=fsdp \
+  --max_steps=2 --output_dir="$tmp/base" >"$tmp/base.log" 2>&1 ||
+  fail "the run writing checkpoint-2 failed: $(tail -5 "$tmp/base.log")"
+for n in 2 3; do
+  run_case "read$n" "$n" 1 CPPTRAIN_TEST_FAIL_READ_ON_RANK=1 \
+    "Input/output error" --engine=fsdp --resume="$tmp/base/checkpoint-2" --max_steps=4
+done
+
+# split: each rank's output_dir is its own directory, mounted at the same path.
+wrap="$tmp/own_output_dir.sh"
+cat >"$wrap" <<'EOF'
+#!/usr/bin/env bash
+# PROGRAM ARGS...: PROGRAM in a mount namespace of its own, with $SPLIT_DIR/rank<RANK> mounted
+# over $SPLIT_DIR/out, as if output_dir were on a disk of each rank's own node.
+exec unshare --mount --propagation private bash -c \
+  'mount --bind "$SPLIT_DIR/rank$RANK" "$SPLIT_DIR/out" && exec "$@"' bash "$@"
+EOF
+chmod +x "$wrap"
+why=""
+if [[ $(id -u) -ne 0 ]]; then
+  why="needs root to mount (uid $(id -u))"
+elif ! why=$(unshare --mount --propagation private true 2>&1); then
+  why="unshare --mount: $why"
+fi
+for n in 2 3; do
+  if [[ -n "$why" ]]; then
+    echo "SKIPPED: split$n: $why"
+    skipped=$((skipped + 1))
+    continue
+  fi
+  mkdir -p "$tmp/split$n/out"
+  for ((r = 0; r < n; ++r)); do mkdir -p "$tmp/split$n/rank$r"; done
+  cp -r "$tmp/base/checkpoint-2" "$tmp/split$n/rank0/"
+  views="(rank 0: 1, the newest checkpoint-2; rank 1: none"
+  run_case "split$n/out" "$n" - "SPLIT_DIR=$tmp/split$n" \
+    "different checkpoints in '$tmp/split$n/out' $views" \
+    --engine=fsdp --resume=latest --max_steps=4
+done
+wrap=""
+
+echo "checkpoint faults: $ran ran, $skipped skipped, $failed failed"
+[[ $failed -eq 0 ]] && echo PASS
+[[ $failed -eq 0 ]]

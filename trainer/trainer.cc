@@ -1,18 +1,22 @@
 #include "trainer/trainer.h"
 
 #include <csignal>
+#include <cstdlib>
 #include <cstring>
 
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <utility>
+#include <vector>
 
 #include <torch/torch.h>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "base/clock.h"
 #include "base/cuda_graph.h"
 #include "base/logging.h"
@@ -36,6 +40,25 @@ namespace {
 
 bool IsOutOfMemory(const absl::Status& status) {
   return absl::StrContains(status.message(), "out of memory");
+}
+
+// Fault injection for tests: CPPTRAIN_TEST_OOM_AT_STEP=<rank>:<step> fails that rank's optimizer
+// step <step> (the global step before it, from 0) once, as a CUDA allocation that runs out of
+// memory would.
+absl::Status InjectedOutOfMemory(int rank, int64_t step) {
+  static bool fired = false;
+  const char* spec = std::getenv("CPPTRAIN_TEST_OOM_AT_STEP");
+  if (spec == nullptr || fired) return absl::OkStatus();
+  int at_rank = -1;
+  int64_t at_step = -1;
+  const std::vector<std::string> parts = absl::StrSplit(spec, ':');
+  if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &at_rank) ||
+      !absl::SimpleAtoi(parts[1], &at_step) || at_rank != rank || at_step != step) {
+    return absl::OkStatus();
+  }
+  fired = true;
+  return absl::ResourceExhaustedError(
+      absl::StrCat("CUDA out of memory (injected by CPPTRAIN_TEST_OOM_AT_STEP=", spec, ")"));
 }
 
 // With cuda_graphs, eager steps of one shape before the step is captured: the first builds the
@@ -198,6 +221,17 @@ absl::StatusOr<TrainOutput> Trainer::Train() {
       return out;
     }
     const int64_t smaller = std::max<int64_t>(1, static_cast<int64_t>(batch_size * 0.9));
+    if (engine_->world_size() > 1) {
+      // The ranks that did not run out are inside this step's collectives, waiting for this
+      // one: none can join a retry, so this rank ends the job (the launcher stops the others).
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "rank ", engine_->rank(), " of ", engine_->world_size(),
+          " ran out of memory at per_device_train_batch_size ", batch_size, " (",
+          out.status().message(),
+          "); auto_find_batch_size retries a single process only, since the other ranks are "
+          "waiting in this step's collectives: start again with per_device_train_batch_size ",
+          smaller, " or less"));
+    }
     LOG(WARNING) << "out of memory at per-device batch size " << batch_size
                  << "; auto_find_batch_size starts again from the initial weights with " << smaller;
     batch_size = smaller;
@@ -419,6 +453,7 @@ absl::StatusOr<Trainer::StepResult> Trainer::StepDeviceWork(const std::vector<Ba
                                                             int64_t normalizer, bool callbacks) {
   const bool sync_each =
       args_.accelerator_config().gradient_accumulation_kwargs().sync_each_batch();
+  CT_RETURN_IF_ERROR(InjectedOutOfMemory(engine_->rank(), state_.global_step));
   StepResult out;
   out.loss =
       torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat64).device(engine_->device()));

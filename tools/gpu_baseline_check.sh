@@ -7,8 +7,9 @@
 # summary go to $OUT (or /tmp/gpu_out); raw JSON lines to $OUT/<date>-1x<gpu>.jsonl.
 #   NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
 #     ROWS="local:qwen3-0.6b:4:graphs" tools/gpu_baseline_check.sh
-# A row is engine:model:micro-batch[:graphs] (graphs: ours replays its step as a CUDA graph, and
-# the sweep adds compile's reduce-overhead). SWEEP (comma-separated TORCH_CONFIGS of
+# A row is engine:model:micro-batch[:graphs|:nofused] (graphs: ours replays its step as a CUDA
+# graph, and the sweep adds compile's reduce-overhead; nofused: ours without its fused kernels,
+# for rows against DeepSpeed, whose model runs eagerly). SWEEP (comma-separated TORCH_CONFIGS of
 # bench_compare.py) replaces the default sweep, TORCH_CONFIG names one configuration to compare
 # with instead of sweeping; TESTS="" skips the tests; PEAK=0 skips the peak
 # (PEAK_TFLOPS then gives it); RUNS (default 3) runs a side; DEADLINE (seconds after the start)
@@ -80,6 +81,8 @@ for row in ${ROWS:-local:qwen3-0.6b:4:graphs}; do
     extra+=(--ours_arg=--cuda_graphs)
     [[ -z "${SWEEP:-}" ]] && sweep="$sweep,compiled-full-graphs"
   fi
+  # nofused: ours on its eager reference path, so a row shows the engine apart from the kernels.
+  [[ "$graphs" == nofused ]] && extra+=(--ours_arg=--fused_kernels=false)
   [[ -z "${SWEEP:-}" && "$engine" =~ ^(local|ddp)$ ]] && sweep="$sweep,bf16-params"
   pick=(--torch_sweep "$sweep")
   [[ -n "${TORCH_CONFIG:-}" ]] && pick=(--torch_config "$TORCH_CONFIG")  # one, no sweep

@@ -110,7 +110,8 @@ def parse_args():
     p.add_argument("--torchrun", default="torchrun", help="torchrun of the Python with torch")
     p.add_argument("--init_dir", required=True, help="shared model and token ids (written once)")
     p.add_argument("--jsonl", default="", help="file every raw JSON line is appended to")
-    p.add_argument("--runs", type=int, default=3, help="runs per side, interleaved")
+    p.add_argument("--runs", type=int, default=3,
+                   help="runs per side, interleaved (0 with --torch_sweep: the sweep alone)")
     p.add_argument("--nproc", type=int, default=1, help="processes (GPUs) per run")
     p.add_argument("--engine", default="ddp", choices=["local", "ddp", "fsdp1", "fsdp2", "zero"],
                    help="ours")
@@ -170,6 +171,8 @@ def parse_args():
     if a.torch_engine == "fsdp2_offload" and a.offload_optimizer != "cpu":
         p.error("--torch_engine fsdp2_offload keeps the optimizer on the host: give "
                 "--offload_optimizer cpu so ours does too")
+    if a.runs < 0 or (a.runs == 0 and not a.torch_sweep):
+        p.error(f"--runs {a.runs}: give at least 1 (0 only with --torch_sweep, to sweep alone)")
     if a.torch_config and a.torch_sweep:
         p.error("--torch_config names one configuration and --torch_sweep several: give one")
     if a.baseline == "ours" and (a.torch_config or a.torch_sweep or a.torch_compile):
@@ -423,6 +426,9 @@ def main():
               "compare": f"{engine_tag(a)}-{a.model}-{a.nproc}-{date}",
               "peak_source": a.peak_source or None}
     config = sweep(a, common) if a.torch_sweep else a.torch_config
+    if a.runs == 0:  # the sweep alone (each configuration checked against one run of ours)
+        print(f"bench_compare: swept, fastest {config}; --runs 0 compares nothing further")
+        return
     cmds = commands(a, config)
     extra = {"config": config} if config else {}
     records = []

@@ -58,6 +58,8 @@ Zero3Engine::Zero3Engine(const proto::ZeroConfig& config, MixedPrecision precisi
   if (scaler_) scaler_.emplace(ZeroLossScalerOptions(config_));
 }
 
+void Zero3Engine::SetGradientSync(bool /*enabled*/) { ShardedEngine::SetGradientSync(true); }
+
 void Zero3Engine::ResetOptimizer() {
   ShardedEngine::ResetOptimizer();
   if (scaler_) scaler_.emplace(ZeroLossScalerOptions(config_));

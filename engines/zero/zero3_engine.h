@@ -15,7 +15,9 @@
 //       reduce_bucket_size, allgather_bucket_size: accepted, no effect (one collective per unit
 //       already; checkpoints are sharded and every engine reads them).
 // bf16/fp16 gather in that dtype (param_dtype) and reduce in fp32, as FSDP1 does under mixed
-// precision. Checkpoints are FSDP1's: rows split over the ranks, read by every engine.
+// precision. Every micro-batch is reduce-scattered, also under gradient accumulation
+// (DeepSpeed's way; FSDP's no_sync is not taken). Checkpoints are FSDP1's: rows split over the
+// ranks, read by every engine.
 //
 //   CT_ASSIGN_OR_RETURN(auto engine, Zero3Engine::Create(config, precision, device, mesh));
 //   CT_RETURN_IF_ERROR(engine->PrepareForTraining(model, factory));
@@ -45,6 +47,11 @@ class Zero3Engine : public ShardedEngine {
 
   std::string name() const override { return "zero3"; }
   void ResetOptimizer() override;
+  // Ignores `enabled`: as DeepSpeed's stage 3 does, every micro-batch's gradients are
+  // reduce-scattered and added into the partitioned gradients, so under accumulation no rank
+  // keeps a full fp32 gradient of a unit between micro-batches (FSDP's no_sync keeps one: 4
+  // bytes per parameter per rank). Costs one reduce-scatter per unit per micro-batch.
+  void SetGradientSync(bool enabled) override;
 
   // Null before PrepareForInference/PrepareForTraining.
   FlatShardedModel* flat() const { return flat_; }

@@ -9,6 +9,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cmath>
 #include <functional>
 #include <map>
 #include <string>
@@ -479,6 +480,48 @@ TEST(Zero3MemoryTest, EverythingIsPartitioned) {
     LOG(INFO) << "stage 3 rank " << rank << ": bytes at rest: parameters " << params
               << " (flat shard " << padded_part << "), gradients " << grads << ", optimizer "
               << state << "; whole model " << 4 * OddModelNumel();
+    return absl::OkStatus();
+  });
+  EXPECT_TRUE(s.ok()) << s;
+}
+
+// Stage 3 under accumulation reduce-scatters every micro-batch, as DeepSpeed does: after the
+// first of two micro-batches (gradient sync off, as the Trainer sets it) each parameter already
+// holds its reduced shard of the gradient, so no rank keeps a full fp32 gradient between
+// micro-batches (FSDP's no_sync would: 4 bytes per parameter); after the second the shards hold
+// both micro-batches' sum, as one process's gradient of both.
+TEST(Zero3MemoryTest, AccumulationKeepsOnlyThePartitionedGradient) {
+  constexpr int kWorld = 3;
+  OddModel reference;
+  for (int i = 0; i < 2 * kWorld; ++i) {
+    reference.LossSum(reference.Forward(OddBatch()), OddBatch()).backward();
+  }
+  absl::Status s = RunRanksAsThreads(kWorld, [&](int rank, auto store) -> absl::Status {
+    auto model = std::make_shared<OddModel>();
+    CT_ASSIGN_OR_RETURN(std::shared_ptr<Communicator> comm, Comm(rank, kWorld, store));
+    CT_ASSIGN_OR_RETURN(auto engine,
+                        Zero3Engine::Create(Config(3, false), MixedPrecision::kNone,
+                                            c10::Device(c10::kCPU), ShardMesh{comm, nullptr}));
+    CT_RETURN_IF_ERROR(engine->PrepareForTraining(model, AdamWFactory()));
+    engine->SetGradientSync(false);
+    CT_RETURN_IF_ERROR(TrainStep(*engine, *model, OddBatch()));
+    int64_t grads = 0, params = 0;
+    for (const at::Tensor& p : model->parameters()) {
+      params += p.numel() * 4;
+      if (p.grad().defined()) grads += p.grad().numel() * 4;
+    }
+    EXPECT_EQ(grads, params) << "rank " << rank << ": the first micro-batch's shard gradients";
+    EXPECT_LE(params, engine->flat()->shard_bytes());
+    engine->SetGradientSync(true);
+    CT_RETURN_IF_ERROR(TrainStep(*engine, *model, OddBatch()));
+    CT_ASSIGN_OR_RETURN(at::Tensor norm, engine->ClipGradNorm(0.0));
+    at::Tensor expected = torch::zeros({}, torch::kDouble);
+    for (const at::Tensor& p : reference.parameters()) {
+      expected += p.grad().to(torch::kDouble).square().sum();
+    }
+    EXPECT_NEAR(norm.item<double>(), std::sqrt(expected.item<double>()),
+                1e-5 * std::sqrt(expected.item<double>()))
+        << "two micro-batches on each of 3 ranks: one process's six";
     return absl::OkStatus();
   });
   EXPECT_TRUE(s.ok()) << s;

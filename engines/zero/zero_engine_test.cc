@@ -453,16 +453,24 @@ INSTANTIATE_TEST_SUITE_P(Stages, ZeroMemoryTest,
                          ::testing::Combine(::testing::Values(1, 2), ::testing::Bool(),
                                             ::testing::Bool()));
 
+// Stage 3 on the CPU over `world` ranks, prepared for training `model` with AdamW.
+template <typename Store>
+absl::StatusOr<std::unique_ptr<Zero3Engine>> PreparedZero3(int rank, int world, Store store,
+                                                           std::shared_ptr<OddModel> model) {
+  CT_ASSIGN_OR_RETURN(std::shared_ptr<Communicator> comm, Comm(rank, world, store));
+  CT_ASSIGN_OR_RETURN(auto engine, Zero3Engine::Create(Config(3, false), MixedPrecision::kNone,
+                                                       c10::Device(c10::kCPU),
+                                                       ShardMesh{comm, nullptr}));
+  CT_RETURN_IF_ERROR(engine->PrepareForTraining(model, AdamWFactory()));
+  return engine;
+}
+
 // Stage 3 at rest: parameters, gradients and AdamW state each 1/N (the flat shards).
 TEST(Zero3MemoryTest, EverythingIsPartitioned) {
   constexpr int kWorld = 3;
   absl::Status s = RunRanksAsThreads(kWorld, [&](int rank, auto store) -> absl::Status {
     auto model = std::make_shared<OddModel>();
-    CT_ASSIGN_OR_RETURN(std::shared_ptr<Communicator> comm, Comm(rank, kWorld, store));
-    CT_ASSIGN_OR_RETURN(auto engine,
-                        Zero3Engine::Create(Config(3, false), MixedPrecision::kNone,
-                                            c10::Device(c10::kCPU), ShardMesh{comm, nullptr}));
-    CT_RETURN_IF_ERROR(engine->PrepareForTraining(model, AdamWFactory()));
+    CT_ASSIGN_OR_RETURN(auto engine, PreparedZero3(rank, kWorld, store, model));
     CT_RETURN_IF_ERROR(TrainStep(*engine, *model, OddBatch()));
     CT_RETURN_IF_ERROR(engine->OptimizerStep().status());
     int64_t params = 0, grads = 0, state = 0;
@@ -496,13 +504,12 @@ TEST(Zero3MemoryTest, AccumulationKeepsOnlyThePartitionedGradient) {
   for (int i = 0; i < 2 * kWorld; ++i) {
     reference.LossSum(reference.Forward(OddBatch()), OddBatch()).backward();
   }
+  // Made here, one after the other: OddModel seeds the global generator, which threads share.
+  std::vector<std::shared_ptr<OddModel>> models;
+  for (int rank = 0; rank < kWorld; ++rank) models.push_back(std::make_shared<OddModel>());
   absl::Status s = RunRanksAsThreads(kWorld, [&](int rank, auto store) -> absl::Status {
-    auto model = std::make_shared<OddModel>();
-    CT_ASSIGN_OR_RETURN(std::shared_ptr<Communicator> comm, Comm(rank, kWorld, store));
-    CT_ASSIGN_OR_RETURN(auto engine,
-                        Zero3Engine::Create(Config(3, false), MixedPrecision::kNone,
-                                            c10::Device(c10::kCPU), ShardMesh{comm, nullptr}));
-    CT_RETURN_IF_ERROR(engine->PrepareForTraining(model, AdamWFactory()));
+    std::shared_ptr<OddModel> model = models[rank];
+    CT_ASSIGN_OR_RETURN(auto engine, PreparedZero3(rank, kWorld, store, model));
     engine->SetGradientSync(false);
     CT_RETURN_IF_ERROR(TrainStep(*engine, *model, OddBatch()));
     int64_t grads = 0, params = 0;

@@ -85,12 +85,13 @@ fi
 [[ -n "$jit" ]] && wait "$jit"
 
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | awk '{print tolower($NF)}')
-jsonl="$final/$(date -u +%F)-1x${gpu}.jsonl"
+jsonl="$final/$(date -u +%F)-${NPROC:-1}x${gpu}.jsonl"  # NPROC: processes (GPUs) a run
 compare() {  # name, bench_compare flags...
   local name=$1
   shift
   timeout 600 python3 tools/bench_compare.py --launch "$(find_bin launch)" --bench "$(find_bin bench)" \
-    --nproc 1 --runs "${RUNS:-3}" --steps "${STEPS:-6}" --warmup "${WARMUP:-2}" --timeout 240 \
+    --nproc "${NPROC:-1}" --runs "${RUNS:-3}" --steps "${STEPS:-6}" --warmup "${WARMUP:-2}" \
+    --timeout 240 \
     --jsonl "$jsonl" --log_dir "$out/$name" "$@" >"$out/$name.log" 2>&1
   echo "$name exit $?:" | tee -a "$summary"
   grep -E '^[0-9]+ process|^\| (ours|torch) |^ours / torch|^largest|^bench_compare|differ' \

@@ -106,7 +106,7 @@ if want comm && [[ -n "$comm" ]]; then
   for n in $counts; do
     ((n > 1)) || continue
     timeout 600 "$launch" --nproc_per_node="$n" --master_port=0 "$comm" --device=cuda \
-      --min_bytes=1048576 --max_bytes=1073741824 \
+      --min_bytes=1024 --max_bytes=1073741824 \
       --collectives=all_gather,reduce_scatter,all_reduce >"$out/comm_$n.log" 2>&1
     echo "comm_bench at $n GPUs exit $?" | tee -a "$summary"
     grep -h '^{\|\] {' "$out/comm_$n.log" | sed 's/^\[rank 0\] //' >>"$jsonl"

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <memory>
 #include <numeric>
+#include <string>
 #include <utility>
 
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
@@ -18,6 +20,7 @@
 #include "base/logging.h"
 #include "base/status.h"
 #include "base/torch_status.h"
+#include "sharding/peer_watchdog.h"
 #include "sharding/store_communicator.h"
 #ifdef CPPTRAIN_HAS_GLOO
 #include "sharding/gloo_communicator.h"
@@ -410,6 +413,39 @@ absl::Status WaitForAllRanks(c10d::Store& store, const DistributedEnv& env,
       status.message(), "]"));
 }
 
+// The store ConnectStore returns when the peer watchdog runs. The watchdog lives as long as
+// the store: a rank that let go of it has ended its part of the job, so its watchdog marks it
+// finished rather than leaving it to look silent. The prefix is the one the ranks' keys
+// already had (torchrun's attempt) or "cpptrain", which keeps them apart from the watchdog's.
+class WatchedStore : public c10d::PrefixStore {
+ public:
+  WatchedStore(std::string prefix, c10::intrusive_ptr<c10d::Store> store,
+               std::unique_ptr<PeerWatchdog> watchdog)
+      : c10d::PrefixStore(std::move(prefix), std::move(store)), watchdog_(std::move(watchdog)) {}
+  // Before the TCPStore goes (rank 0 hosts it): the finished mark is written to it.
+  ~WatchedStore() override { watchdog_->Stop(); }
+
+ private:
+  std::unique_ptr<PeerWatchdog> watchdog_;
+};
+
+std::string AttemptPrefix(const DistributedEnv& env) {
+  return absl::StrCat("/worker/attempt_", env.restart_count);
+}
+
+absl::StatusOr<std::unique_ptr<PeerWatchdog>> StartPeerWatchdog(
+    const DistributedEnv& env, std::chrono::milliseconds peer_timeout) {
+  PeerWatchdogOptions options;
+  options.rank = env.rank;
+  options.world_size = env.world_size;
+  options.host = env.master_addr;
+  options.port = env.master_port;
+  if (env.use_agent_store) options.key_prefix = AttemptPrefix(env);
+  options.store_host = HostedBy(env);
+  options.timeout = peer_timeout;
+  return PeerWatchdog::Start(std::move(options));
+}
+
 }  // namespace
 
 absl::StatusOr<c10::intrusive_ptr<c10d::Store>> ConnectStore(const DistributedEnv& env,
@@ -431,6 +467,10 @@ absl::StatusOr<c10::intrusive_ptr<c10d::Store>> ConnectStore(const DistributedEn
     // Nobody to meet: no port to collide with another job's.
     return c10::intrusive_ptr<c10d::Store>(c10::make_intrusive<c10d::HashStore>());
   }
+  std::chrono::milliseconds peer_timeout(0);
+  if (env.world_size > 1) {
+    CT_ASSIGN_OR_RETURN(peer_timeout, PeerTimeoutFromEnvironment());
+  }
   c10d::TCPStoreOptions options;
   options.port = static_cast<uint16_t>(env.master_port);
   options.isServer = env.rank == 0 && !env.use_agent_store;
@@ -438,20 +478,23 @@ absl::StatusOr<c10::intrusive_ptr<c10d::Store>> ConnectStore(const DistributedEn
   options.waitWorkers = false;  // WaitForAllRanks below names the missing ranks.
   options.timeout = timeout;
   options.multiTenant = true;
-  c10::intrusive_ptr<c10d::Store> store;
+  c10::intrusive_ptr<c10d::Store> tcp;
   try {
-    store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, options);
+    tcp = c10::make_intrusive<c10d::TCPStore>(env.master_addr, options);
   } catch (const std::exception& e) {
     return ConnectError(env, timeout, TorchErrorMessage(e));
   }
+  c10::intrusive_ptr<c10d::Store> store = tcp;
   if (env.use_agent_store) {
-    store = c10::make_intrusive<c10d::PrefixStore>(
-        absl::StrCat("/worker/attempt_", env.restart_count), store);
+    store = c10::make_intrusive<c10d::PrefixStore>(AttemptPrefix(env), tcp);
   }
   CT_RETURN_IF_ERROR(WaitForAllRanks(*store, env, timeout));
   VLOG(1) << "ConnectStore: rank " << env.rank << " of " << env.world_size << " at " << Address(env)
           << " (hosted by " << HostedBy(env) << ")";
-  return store;
+  if (peer_timeout.count() == 0) return store;
+  CT_ASSIGN_OR_RETURN(std::unique_ptr<PeerWatchdog> watchdog, StartPeerWatchdog(env, peer_timeout));
+  return c10::intrusive_ptr<c10d::Store>(c10::make_intrusive<WatchedStore>(
+      env.use_agent_store ? AttemptPrefix(env) : "cpptrain", tcp, std::move(watchdog)));
 }
 
 namespace {

@@ -70,7 +70,11 @@ absl::StatusOr<std::vector<int>> ParseSlurmTasksPerNode(absl::string_view value)
 // The store every rank of `env` shares: a c10d::TCPStore at master_addr:master_port, hosted
 // by rank 0 unless use_agent_store (a HashStore for a world of one without the agent).
 // Blocks until all world_size ranks have connected, at most `timeout`, which also becomes the
-// store's timeout for later waits.
+// store's timeout for later waits. With more than one rank it also starts this rank's
+// PeerWatchdog (sharding/peer_watchdog.h) with the timeout CPPTRAIN_PEER_TIMEOUT_S gives
+// (15 s unless set; 0: none; a bad value is an error before connecting): while any rank is
+// silent that long, this process ends with exit code 75. The watchdog lives as long as the
+// returned store and marks this rank finished when the store is released (or at exit).
 absl::StatusOr<c10::intrusive_ptr<c10d::Store>> ConnectStore(const DistributedEnv& env,
                                                              std::chrono::milliseconds timeout);
 

@@ -9,6 +9,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -485,6 +486,64 @@ TEST(ConnectStoreTest, RejectsBadArguments) {
   EXPECT_THAT(
       std::string(ConnectStore(LocalEnv(0, 2, 0), std::chrono::seconds(1)).status().message()),
       HasSubstr("MASTER_PORT=0"));
+}
+
+// Sets an environment variable for the scope; restores it after.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (old_.has_value()) {
+      setenv(name_.c_str(), old_->c_str(), 1);
+    } else {
+      unsetenv(name_.c_str());
+    }
+  }
+
+ private:
+  std::string name_;
+  std::optional<std::string> old_;
+};
+
+TEST(ConnectStoreTest, BadPeerTimeoutIsAnErrorBeforeConnecting) {
+  ScopedEnv peer_timeout("CPPTRAIN_PEER_TIMEOUT_S", "soon");
+  const auto start = std::chrono::steady_clock::now();
+  // Rank 1 of 2 with nobody hosting the store: it would wait the whole 30 s to connect.
+  absl::StatusOr<StorePtr> store =
+      ConnectStore(LocalEnv(1, 2, FreePort()), std::chrono::seconds(30));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+  ASSERT_FALSE(store.ok());
+  EXPECT_EQ(store.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(store.status().message()),
+              HasSubstr("CPPTRAIN_PEER_TIMEOUT_S=\"soon\" is not 0 or a number of seconds"));
+}
+
+TEST(ConnectStoreTest, ASingleProcessIgnoresThePeerTimeout) {
+  ScopedEnv peer_timeout("CPPTRAIN_PEER_TIMEOUT_S", "soon");
+  EXPECT_TRUE(ConnectStore(DistributedEnv(), std::chrono::seconds(5)).ok());
+}
+
+// Ranks that finish at different times: rank 2 releases its store (its watchdog marks it
+// finished) at once, the others keep theirs for three peer timeouts. A watchdog that took the
+// finished rank for a silent one would end this test's process (exit code 75).
+TEST(ConnectStoreTest, ARankThatReleasedItsStoreIsNotTakenForSilent) {
+  ScopedEnv peer_timeout("CPPTRAIN_PEER_TIMEOUT_S", "1");
+  const int port = FreePort();
+  absl::Status s = multi_rank::RunRanksAsThreads(3, [&](int rank, StorePtr) -> absl::Status {
+    CT_ASSIGN_OR_RETURN(StorePtr store,
+                        ConnectStore(LocalEnv(rank, 3, port), std::chrono::seconds(30)));
+    if (rank == 2) return absl::OkStatus();
+    // Not synchronization: the span in which no watchdog may fire.
+    std::this_thread::sleep_for(std::chrono::seconds(3));
+    // Rank 0 hosts the store: it must outlive rank 1's last request.
+    store->set(absl::StrCat("done/", rank), std::vector<uint8_t>{1});
+    if (rank == 0) store->wait({"done/1"});
+    return absl::OkStatus();
+  });
+  EXPECT_TRUE(s.ok()) << s;
 }
 
 // Sets CPPTRAIN_CPU_COMM (or unsets it, for nullptr) for the scope; restores it after.

@@ -400,8 +400,23 @@ TEST(FsdpRulesTest, NegativeMinNumParams) {
 }
 
 TEST(FsdpRulesTest, CpuRamEfficientLoadingNeedsSyncModuleStates) {
-  EXPECT_THAT(OneProblem("fsdp { sync_module_states: false cpu_ram_efficient_loading: true }"),
+  EXPECT_THAT(OneProblem("fsdp { version: 2 sync_module_states: false "
+                         "cpu_ram_efficient_loading: true }"),
               AllOf(HasSubstr("cpu_ram_efficient_loading=true"), HasSubstr("sync_module_states")));
+}
+
+// FSDP2 reads each rank's own rows whatever the flag says; FSDP1 and ZeRO-3 would load the
+// whole model on every rank, so asking them for an efficient load is refused, not ignored.
+TEST(FsdpRulesTest, EfficientLoadingIsRefusedWhereNotImplemented) {
+  ExpectValid("fsdp { version: 2 cpu_ram_efficient_loading: true }");
+  EXPECT_THAT(OneProblem("fsdp { version: 1 cpu_ram_efficient_loading: true }"),
+              AllOf(HasSubstr("cpu_ram_efficient_loading=true is not implemented for "
+                              "fsdp.version=1"),
+                    HasSubstr("fsdp { version: 2 }")));
+  EXPECT_THAT(OneProblem("zero { stage: 3 zero3_init_flag: true }"),
+              AllOf(HasSubstr("zero.zero3_init_flag=true is not implemented"),
+                    HasSubstr("set it to false")));
+  ExpectValid("zero { stage: 2 zero3_init_flag: true }");  // DeepSpeed ignores it below 3
 }
 
 TEST(FsdpRulesTest, VersionMustBeOneOrTwo) {

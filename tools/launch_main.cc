@@ -30,16 +30,17 @@ ABSL_FLAG(int32_t, master_port, 29500,
 ABSL_FLAG(int32_t, max_restarts, 0, "Times the whole group is restarted after a failure.");
 ABSL_FLAG(double, grace_period_s, 10,
           "Seconds between SIGTERM and SIGKILL when stopping the ranks after one failed.");
-ABSL_FLAG(double, stop_timeout_s, 0,
-          "Seconds the ranks may take to save and exit after a forwarded SIGTERM/SIGINT; 0: no "
-          "limit (a second signal sends SIGKILL).");
+ABSL_FLAG(double, stop_timeout_s, 90,
+          "Seconds the ranks may take to save and exit after a forwarded SIGTERM/SIGINT before "
+          "SIGKILL (they end themselves after CPPTRAIN_STOP_GRACE_S, 60 by default); 0: no "
+          "limit. A second signal sends SIGKILL at once.");
 ABSL_FLAG(bool, standalone, false, "Single node on 127.0.0.1 with a free port.");
 
 namespace {
 
 constexpr char kUsage[] =
     "launch [--nproc_per_node=N] [--nnodes=1] [--node_rank=0] [--master_addr=127.0.0.1] "
-    "[--master_port=29500] [--max_restarts=0] [--grace_period_s=10] [--stop_timeout_s=0] "
+    "[--master_port=29500] [--max_restarts=0] [--grace_period_s=10] [--stop_timeout_s=90] "
     "[--standalone] "
     "PROGRAM [ARGS...]";
 

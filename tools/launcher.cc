@@ -714,15 +714,28 @@ void Launcher::StopRanks(int signal, absl::Duration timeout) {
     if (rank.pid > 0) kill(-rank.pid, signal);  // exited ranks too: their descendants
   }
   const int requests_before = stop_requests_;
-  const absl::Time deadline = absl::Now() + timeout;
+  absl::Time deadline = absl::Now() + timeout;  // the infinite future for an infinite timeout
+  // What the ranks still running at the end did not exit within.
+  std::string limit = absl::StrCat(absl::FormatDuration(timeout), " of ", SignalName(signal));
+  bool one_exited = false;
   CollectExits();
   while (!AllExited() && signal != SIGKILL) {
-    const int64_t left = timeout == absl::InfiniteDuration()
-                             ? kTickMs
-                             : absl::ToInt64Milliseconds(deadline - absl::Now());
+    if (!one_exited && std::any_of(ranks_.begin(), ranks_.end(),
+                                   [](const Rank& rank) { return rank.exited; })) {
+      one_exited = true;
+      const absl::Time after_exit = absl::Now() + options_.grace_period;
+      if (timeout > options_.grace_period && after_exit < deadline) {
+        deadline = after_exit;
+        limit = absl::StrCat(absl::FormatDuration(options_.grace_period),
+                             " of another rank's exit after ", SignalName(signal),
+                             " (--grace_period_s)");
+      }
+    }
+    const int64_t left = absl::ToInt64Milliseconds(deadline - absl::Now());
     if (left <= 0) break;
     if (stop_requests_ > requests_before) {
       Message("stop requested again; sending SIGKILL now");
+      limit = "the second stop request";
       break;
     }
     Pump(static_cast<int>(std::min<int64_t>(kTickMs, left)));
@@ -731,8 +744,7 @@ void Launcher::StopRanks(int signal, absl::Duration timeout) {
   for (const Rank& rank : ranks_) {
     if (rank.pid > 0 && !rank.exited && signal != SIGKILL) {
       Message(absl::StrCat("rank ", rank.rank, " (pid ", rank.pid, ") did not exit within ",
-                           absl::FormatDuration(timeout), " of ", SignalName(signal),
-                           "; sending SIGKILL"));
+                           limit, "; sending SIGKILL"));
     }
   }
   // The whole groups, so descendants that outlive their rank's process go too.

@@ -41,8 +41,11 @@ struct LaunchOptions {
   // From SIGTERM to SIGKILL when the other ranks are stopped after one failed.
   absl::Duration grace_period = absl::Seconds(10);
   // How long ranks may take to exit after a SIGTERM/SIGINT the launcher got and forwarded
-  // (they finish a step and save a checkpoint); zero: no limit, a second signal sends SIGKILL.
-  absl::Duration stop_timeout = absl::ZeroDuration();
+  // (they finish a step and save a checkpoint, and end themselves after their own
+  // CPPTRAIN_STOP_GRACE_S, 60 s by default); SIGKILL after it. Zero: no limit. Either way a
+  // second signal sends SIGKILL at once, and once one rank has exited the others get at most
+  // grace_period more.
+  absl::Duration stop_timeout = absl::Seconds(90);
   // Single node on 127.0.0.1 with a free port.
   bool standalone = false;
   // TORCHELASTIC_RUN_ID; empty: ResolveLaunchOptions makes one.
@@ -171,12 +174,12 @@ class Launcher {
   // Reaps every rank's process, waiting for those still running.
   void ReapAll();
   bool AllExited() const;
-  // Sends `signal` to every rank's process group, waits out the grace period (or until every
-  // rank's process exited), then SIGKILLs the groups and reaps every rank.
-  // Sends `signal` to every rank's process group, waits up to `timeout` (infinite: until they
-  // exit or a second stop request) and SIGKILLs what is left.
   // Records a stop signal read from the handler's pipe (duplicates within 1 s are one).
   void CountStopRequest(int signal);
+  // Sends `signal` to every rank's process group and waits until every rank's process exited,
+  // `timeout` passed (infinite: no limit), grace_period passed since the first rank exited (a
+  // rank that outlives its peers by that much is stuck), or a second stop request came; then
+  // SIGKILLs the groups and reaps every rank.
   void StopRanks(int signal, absl::Duration timeout);
   // Waits (a bounded time) until every rank's process group is empty, reaping the members a
   // subreaper launcher adopted.

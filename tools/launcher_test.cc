@@ -360,6 +360,56 @@ class LauncherTest : public ::testing::Test {
 
   std::string Path(const std::string& name) const { return dir_ + "/" + name; }
 
+  // Runs to the end like Launch, requesting a stop with `signal` (`copies` times at once, as a
+  // scheduler and a process-group kill deliver it) once every rank printed "ready".
+  Outcome LaunchAndStop(const LaunchOptions& requested, int signal, int copies = 1) {
+    Outcome outcome;
+    absl::StatusOr<LaunchOptions> options = ResolveLaunchOptions(requested);
+    EXPECT_TRUE(options.ok()) << options.status();
+    if (!options.ok()) return outcome;
+    int out[2];
+    EXPECT_EQ(pipe2(out, O_CLOEXEC), 0);
+    const std::string err_path = Path("launcher.err");
+    options->stdout_fd = out[1];
+    options->stderr_fd = open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    absl::StatusOr<std::unique_ptr<Launcher>> launcher = Launcher::Create(*options);
+    EXPECT_TRUE(launcher.ok()) << launcher.status();
+    if (launcher.ok()) {
+      Launcher* raw = launcher->get();
+      const int ranks = options->nproc_per_node;
+      std::thread reader([&outcome, &out, raw, ranks, signal, copies] {
+        bool stopped = false;
+        char buffer[4096];
+        ssize_t n;
+        while ((n = read(out[0], buffer, sizeof(buffer))) > 0) {
+          outcome.out.append(buffer, static_cast<size_t>(n));
+          bool all_ready = true;
+          for (int rank = 0; rank < ranks; ++rank) {
+            all_ready &= absl::StrContains(outcome.out, absl::StrCat("[rank ", rank, "] ready"));
+          }
+          if (!stopped && all_ready) {
+            for (int i = 0; i < copies; ++i) raw->RequestStop(signal);
+            stopped = true;
+          }
+        }
+      });
+      const auto start = std::chrono::steady_clock::now();
+      absl::StatusOr<LaunchResult> result = raw->Run();
+      outcome.seconds = SecondsSince(start);
+      close(out[1]);
+      reader.join();
+      EXPECT_TRUE(result.ok()) << result.status();
+      if (result.ok()) outcome.result = *result;
+    } else {
+      close(out[1]);
+    }
+    close(out[0]);
+    close(options->stderr_fd);
+    outcome.err = ReadFile(err_path);
+    return outcome;
+  }
+
+
   // The pids wait_forever.sh recorded for `rank` (the rank's process and its child).
   std::vector<pid_t> RecordedPids(int rank) {
     return {ReadPid(Path(absl::StrCat("pid.", rank))), ReadPid(Path(absl::StrCat("child.", rank)))};
@@ -567,39 +617,10 @@ TEST_F(LauncherTest, FailsAfterTheLastRestart) {
 }
 
 TEST_F(LauncherTest, RequestStopForwardsTheSignalAndExits128PlusIt) {
-  absl::StatusOr<LaunchOptions> options = ResolveLaunchOptions(Options(2, {WaitForever(), dir_}));
-  ASSERT_TRUE(options.ok()) << options.status();
-  int out[2];
-  ASSERT_EQ(pipe2(out, O_CLOEXEC), 0);
-  const std::string err_path = Path("launcher.err");
-  options->stdout_fd = out[1];
-  options->stderr_fd = open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  absl::StatusOr<std::unique_ptr<Launcher>> launcher = Launcher::Create(*options);
-  ASSERT_TRUE(launcher.ok()) << launcher.status();
-  Launcher* raw = launcher->get();
-  std::string output;
-  std::thread reader([&] {
-    bool stopped = false;
-    char buffer[4096];
-    ssize_t n;
-    while ((n = read(out[0], buffer, sizeof(buffer))) > 0) {
-      output.append(buffer, static_cast<size_t>(n));
-      if (!stopped && absl::StrContains(output, "[rank 0] ready") &&
-          absl::StrContains(output, "[rank 1] ready")) {
-        raw->RequestStop(SIGINT);
-        stopped = true;
-      }
-    }
-  });
-  absl::StatusOr<LaunchResult> result = raw->Run();
-  close(out[1]);
-  reader.join();
-  close(out[0]);
-  close(options->stderr_fd);
-  ASSERT_TRUE(result.ok()) << result.status();
-  EXPECT_EQ(result->exit_code, 130);
-  EXPECT_EQ(result->failure, "stopped by SIGINT");
-  EXPECT_THAT(ReadFile(err_path), HasSubstr("got SIGINT; forwarding it to all ranks"));
+  Outcome run = LaunchAndStop(Options(2, {WaitForever(), dir_}), SIGINT);
+  EXPECT_EQ(run.result.exit_code, 130);
+  EXPECT_EQ(run.result.failure, "stopped by SIGINT");
+  EXPECT_THAT(run.err, HasSubstr("got SIGINT; forwarding it to all ranks"));
   ExpectAllGone({0, 1});
 }
 
@@ -610,42 +631,48 @@ TEST_F(LauncherTest, AForwardedStopWaitsForTheRanksAndADuplicateIsNotASecondRequ
   const std::string script = absl::StrCat(
       "trap 'sleep 3; echo saved > \"", dir_, "/saved.$RANK\"; exit 143' TERM; echo ready; ",
       "while :; do sleep 0.1; done");
-  absl::StatusOr<LaunchOptions> options = ResolveLaunchOptions(Options(2, Sh(script)));
-  ASSERT_TRUE(options.ok()) << options.status();
-  int out[2];
-  ASSERT_EQ(pipe2(out, O_CLOEXEC), 0);
-  const std::string err_path = Path("launcher.err");
-  options->stdout_fd = out[1];
-  options->stderr_fd = open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  absl::StatusOr<std::unique_ptr<Launcher>> launcher = Launcher::Create(*options);
-  ASSERT_TRUE(launcher.ok()) << launcher.status();
-  Launcher* raw = launcher->get();
-  std::string output;
-  std::thread reader([&] {
-    bool stopped = false;
-    char buffer[4096];
-    ssize_t n;
-    while ((n = read(out[0], buffer, sizeof(buffer))) > 0) {
-      output.append(buffer, static_cast<size_t>(n));
-      if (!stopped && absl::StrContains(output, "[rank 0] ready") &&
-          absl::StrContains(output, "[rank 1] ready")) {
-        raw->RequestStop(SIGTERM);
-        raw->RequestStop(SIGTERM);
-        stopped = true;
-      }
-    }
-  });
-  absl::StatusOr<LaunchResult> result = raw->Run();
-  close(out[1]);
-  reader.join();
-  close(out[0]);
-  close(options->stderr_fd);
-  ASSERT_TRUE(result.ok()) << result.status();
-  EXPECT_EQ(result->exit_code, 143);
-  const std::string err = ReadFile(err_path);
-  EXPECT_THAT(err, ::testing::Not(HasSubstr("SIGKILL now"))) << err;
+  Outcome run = LaunchAndStop(Options(2, Sh(script)), SIGTERM, /*copies=*/2);
+  EXPECT_EQ(run.result.exit_code, 143);
+  EXPECT_THAT(run.err, Not(HasSubstr("SIGKILL now"))) << run.err;
+  EXPECT_THAT(run.err, Not(HasSubstr("did not exit"))) << run.err;
   EXPECT_EQ(ReadFile(Path("saved.0")), "saved\n");
   EXPECT_EQ(ReadFile(Path("saved.1")), "saved\n");
+}
+
+// A rank that never exits after a forwarded SIGTERM (stopped, or stuck where its handler
+// cannot end it) is SIGKILLed after --stop_timeout_s, and the launcher exits.
+TEST_F(LauncherTest, AForwardedStopEndsInStopTimeout) {
+  LaunchOptions options = Options(2, {WaitForever(), dir_, "ignore-term"});
+  options.stop_timeout = absl::Seconds(2);
+  options.grace_period = absl::Seconds(30);  // no rank exits first: the timeout applies
+  Outcome run = LaunchAndStop(options, SIGTERM);
+  EXPECT_EQ(run.result.exit_code, 143);
+  EXPECT_THAT(run.err, HasSubstr(absl::StrCat("rank 1 (pid ", RecordedPids(1)[0],
+                                              ") did not exit within 2s of SIGTERM; "
+                                              "sending SIGKILL")));
+  EXPECT_GE(run.seconds, 2.0);
+  EXPECT_LT(run.seconds, 20);
+  ExpectAllGone({0, 1});
+}
+
+// With no stop timeout, a rank still running --grace_period_s after another rank exited is
+// stuck (its peers finished the step and the save), and is SIGKILLed then.
+TEST_F(LauncherTest, WithoutAStopTimeoutTheGracePeriodStartsAtTheFirstExit) {
+  const std::string script = absl::StrCat(
+      "case $RANK in 0) exec '", WaitForever(), "' '", dir_, "' trap-term;; 1) exec '",
+      WaitForever(), "' '", dir_, "' ignore-term;; esac");
+  LaunchOptions options = Options(2, Sh(script));
+  options.stop_timeout = absl::ZeroDuration();
+  options.grace_period = absl::Seconds(1);
+  Outcome run = LaunchAndStop(options, SIGTERM);
+  EXPECT_EQ(run.result.exit_code, 143);
+  EXPECT_TRUE(Exists(Path("term.0"))) << "rank 0 did not get SIGTERM";
+  EXPECT_THAT(run.err, HasSubstr(absl::StrCat(
+                           "rank 1 (pid ", RecordedPids(1)[0],
+                           ") did not exit within 1s of another rank's exit after SIGTERM "
+                           "(--grace_period_s); sending SIGKILL")));
+  EXPECT_LT(run.seconds, 20);
+  ExpectAllGone({0, 1});
 }
 
 // ---------------------------------------------------------------------------------------

@@ -207,10 +207,12 @@ absl::StatusOr<TrainOutput> Trainer::Train() {
         "eval_strategy is ", proto::TrainingArguments::Strategy_Name(args_.eval_strategy()),
         " but the Trainer has no eval dataset: pass one, or set eval_strategy: NO"));
   }
+  CT_ASSIGN_OR_RETURN(const absl::Duration stop_grace, StopGraceFromEnvironment());
   CT_RETURN_IF_ERROR(Preflight());
   CT_RETURN_IF_ERROR(PrepareOutputDir());
-  // SIGTERM/SIGINT from here on end training at a step boundary with a checkpoint.
-  StopSignals stop_signals;
+  // SIGTERM/SIGINT from here on end training at a step boundary with a checkpoint, or end the
+  // process stop_grace later if the step or the save is stuck.
+  StopSignals stop_signals(stop_grace);
   stop_signal_ = 0;
   stopped_by_signal_ = 0;
   int64_t batch_size = args_.per_device_train_batch_size();

@@ -311,6 +311,7 @@ absl::StatusOr<TrainOutput> Trainer::InnerTrainingLoop(int64_t batch_size) {
   loss_total_ = loss_since_log_ = torch::Tensor();
   resumed_loss_total_ = 0;
   train_loss_from_step_ = 0;
+  divergence_.Reset();
 
   CT_ASSIGN_OR_RETURN(schedule_, CreateScheduler(max_steps));
   plateau_.reset();
@@ -357,6 +358,7 @@ absl::StatusOr<TrainOutput> Trainer::InnerTrainingLoop(int64_t batch_size) {
     callbacks_.EpochEnd(Context());
     CT_RETURN_IF_ERROR(MaybeLogEvaluateSave());
   }
+  CT_RETURN_IF_ERROR(CheckNotDiverged());
   callbacks_.TrainEnd(Context());
 
   const double runtime = MonotonicSeconds() - start;
@@ -469,8 +471,8 @@ absl::StatusOr<Trainer::StepResult> Trainer::StepDeviceWork(const std::vector<Ba
     CT_ASSIGN_OR_RETURN(out.grad_norm, engine_->ClipGradNorm(args_.max_grad_norm()));
   }
   if (callbacks) callbacks_.PreOptimizerStep(Context());
-  CT_ASSIGN_OR_RETURN(bool stepped, engine_->OptimizerStep());
-  (void)stepped;  // a skipped step still counts as a step, as in Hugging Face
+  // A skipped step still counts as a step, as in Hugging Face.
+  CT_ASSIGN_OR_RETURN(out.stepped, engine_->OptimizerStep());
   return out;
 }
 
@@ -557,6 +559,8 @@ absl::Status Trainer::RunOptimizerStep(MicroBatches& step) {
   engine_->ZeroGrad();
   ++state_.global_step;
   StepFinished(step.batches, result.loss);
+  // A step the engine skipped left the weights as they were (the loss scaler's business).
+  if (result.stepped) divergence_.Record(state_.global_step, result.loss, result.grad_norm);
   torch::Tensor step_loss = result.loss;
   if (!loss_total_.defined()) {
     loss_total_ = torch::zeros_like(step_loss);
@@ -574,7 +578,22 @@ absl::Status Trainer::RunOptimizerStep(MicroBatches& step) {
   return absl::OkStatus();
 }
 
+absl::Status Trainer::CheckNotDiverged() {
+  // For tests of what loading a diverged run's checkpoints does (tools/reliability_check.sh):
+  // CPPTRAIN_TEST_SAVE_DIVERGED=1 keeps training and saving as before this check existed.
+  if (const char* keep = std::getenv("CPPTRAIN_TEST_SAVE_DIVERGED");
+      keep != nullptr && std::string(keep) == "1") {
+    return absl::OkStatus();
+  }
+  std::vector<std::pair<std::string, torch::Tensor>> params;
+  for (const auto& item : model_->named_parameters()) params.emplace_back(item.key(), item.value());
+  divergence_.RecordParameters(state_.global_step, params);
+  return divergence_.Check(*engine_);
+}
+
 absl::Status Trainer::MaybeLogEvaluateSave() {
+  // Where the host reads the step's results anyway; SaveCheckpoint checks on its own.
+  if (control_.should_log || control_.should_evaluate) CT_RETURN_IF_ERROR(CheckNotDiverged());
   if (control_.should_log && logged_steps_ > 0) {
     CT_ASSIGN_OR_RETURN(torch::Tensor loss_sum,
                         engine_->AllReduceSum(loss_since_log_.cpu().reshape({1})));

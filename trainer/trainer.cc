@@ -386,6 +386,7 @@ absl::StatusOr<TrainOutput> Trainer::InnerTrainingLoop(int64_t batch_size) {
   }
   if (args_.load_best_model_at_end()) CT_RETURN_IF_ERROR(LoadBestModel());
   Log(out.metrics);
+  CT_RETURN_IF_ERROR(LogWritesOk());
   return out;
 }
 
@@ -591,9 +592,29 @@ absl::Status Trainer::CheckNotDiverged() {
   return divergence_.Check(*engine_);
 }
 
+absl::Status Trainer::LogWritesOk() {
+  const absl::Status agreed = AllRanksOk(callbacks_.FirstError());
+  if (agreed.ok()) return agreed;
+  const std::string name = absl::StrCat("checkpoint-", state_.global_step);
+  std::string saved = absl::StrCat("; ", name, " was saved at this step");
+  if (state_.global_step == 0) {
+    saved = "; nothing was trained yet, so no checkpoint";
+  } else if (last_saved_step_ != state_.global_step) {
+    const absl::Status s = SaveCheckpoint();
+    if (s.ok()) last_saved_step_ = state_.global_step;
+    saved = s.ok() ? absl::StrCat("; saved ", name, " first")
+                   : absl::StrCat("; ", name, " could not be saved either: ", s.message());
+  }
+  return absl::Status(agreed.code(),
+                      absl::StrCat("training stops after step ", state_.global_step,
+                                   " because a log could not be written: ", agreed.message(),
+                                   saved, ". Resume with resume_from_checkpoint: latest"));
+}
+
 absl::Status Trainer::MaybeLogEvaluateSave() {
   // Where the host reads the step's results anyway; SaveCheckpoint checks on its own.
-  if (control_.should_log || control_.should_evaluate) CT_RETURN_IF_ERROR(CheckNotDiverged());
+  const bool logs = control_.should_log || control_.should_evaluate;
+  if (logs) CT_RETURN_IF_ERROR(CheckNotDiverged());
   if (control_.should_log && logged_steps_ > 0) {
     CT_ASSIGN_OR_RETURN(torch::Tensor loss_sum,
                         engine_->AllReduceSum(loss_since_log_.cpu().reshape({1})));
@@ -614,6 +635,8 @@ absl::Status Trainer::MaybeLogEvaluateSave() {
       if (auto it = metrics.find(name); it != metrics.end()) plateau_->Step(it->second);
     }
   }
+  // Every rank learns whether rank 0's metrics file or event file took the records.
+  if (logs) CT_RETURN_IF_ERROR(LogWritesOk());
   if (control_.should_save) {
     control_.should_save = false;
     CT_RETURN_IF_ERROR(SaveCheckpoint());

@@ -220,6 +220,9 @@ class Trainer {
   // Collective: an error on every rank once any rank's applied step had a non-finite loss or
   // gradient norm (trainer/internal/divergence_watch.h).
   absl::Status CheckNotDiverged();
+  // Collective: OK, or (when a callback's write failed, e.g. rank 0's metrics.jsonl) an error
+  // on every rank naming the file, after saving a checkpoint of this step where one can be.
+  absl::Status LogWritesOk();
   // After the step in which a rank got SIGTERM/SIGINT: a checkpoint (unless this step saved
   // one), then a Cancelled error naming it.
   absl::Status SaveAndStopForSignal();

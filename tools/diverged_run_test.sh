@@ -38,17 +38,25 @@ expect_stopped "$out" "$TEST_TMPDIR/unclipped.log" "$rc" \
   "training diverged: parameter model.embed_tokens.weight held NaN or infinite values after step 3."
 echo "unclipped: exit $rc, $(grep -o 'training diverged: .* The optimizer' "$TEST_TMPDIR/unclipped.log" | sort -u)"
 
-# Two processes (DDP over Gloo): every rank takes the same decision at the same step.
-out="$TEST_TMPDIR/ddp"
-rc=0; timeout 120 "$launch" --nproc_per_node=2 --master_port=0 "$train" "${common[@]}" \
-  --set=args.max_grad_norm=0 '--set=args.ddp={}' --set=args.use_cpu=true \
-  --set="args.output_dir=$out" >/dev/null 2>"$TEST_TMPDIR/ddp.log" || rc=$?
-expect_stopped "$out" "$TEST_TMPDIR/ddp.log" "$rc" "training diverged: "
-for rank in 0 1; do
-  grep -q "^\[rank $rank\].*training diverged: parameter model.embed_tokens.weight held NaN or infinite values after step 3 on rank(s) 0, 1\." \
-    "$TEST_TMPDIR/ddp.log" || fail "rank $rank did not stop with the agreed verdict" "$TEST_TMPDIR/ddp.log"
+# Two processes over Gloo, replicated (DDP) and sharded (FSDP2: each rank checks its shard):
+# every rank takes the same decision at the same step.
+for engine in ddp fsdp2; do
+  case "$engine" in
+    ddp) engine_set='--set=args.ddp={}' ;;
+    fsdp2) engine_set='--set=args.fsdp={version: 2}' ;;
+  esac
+  out="$TEST_TMPDIR/$engine"
+  rc=0; timeout 120 "$launch" --nproc_per_node=2 --master_port=0 "$train" "${common[@]}" \
+    --set=args.max_grad_norm=0 "$engine_set" --set=args.use_cpu=true \
+    --set="args.output_dir=$out" >/dev/null 2>"$TEST_TMPDIR/$engine.log" || rc=$?
+  expect_stopped "$out" "$TEST_TMPDIR/$engine.log" "$rc" "training diverged: "
+  for rank in 0 1; do
+    grep -q "^\[rank $rank\].*training diverged: parameter model.embed_tokens.weight held NaN or infinite values after step 3 on rank(s) 0, 1\." \
+      "$TEST_TMPDIR/$engine.log" || fail "$engine: rank $rank did not stop with the agreed verdict" "$TEST_TMPDIR/$engine.log"
+  done
+  echo "$engine: exit $rc, $(grep -o 'training diverged: .* The optimizer' "$TEST_TMPDIR/$engine.log" | sort -u | tr '\n' ' ')"
 done
-echo "ddp: exit $rc, $(grep -o 'training diverged: .* The optimizer' "$TEST_TMPDIR/ddp.log" | sort -u | tr '\n' ' ')"
+
 # The test hook that tools/reliability_check.sh uses to make a diverged checkpoint keeps the
 # old behaviour: exit 0, checkpoints of NaN weights.
 out="$TEST_TMPDIR/hook"

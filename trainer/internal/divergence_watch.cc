@@ -48,12 +48,16 @@ void DivergenceWatch::Record(int64_t step, const torch::Tensor& loss,
 void DivergenceWatch::RecordParameters(
     int64_t step, const std::vector<std::pair<std::string, torch::Tensor>>& params) {
   if (weights_step_ > 0 || params.empty()) return;
+  // One flag a parameter, gathered on the first one's device (a parameter offloaded to the
+  // host, or one a sharding engine left empty or undefined, counts as finite or moves there).
+  const torch::Device device = params.front().second.defined() ? params.front().second.device()
+                                                               : torch::Device(torch::kCPU);
   std::vector<torch::Tensor> finite;
   finite.reserve(params.size());
   for (const auto& [name, p] : params) {
-    finite.push_back(p.numel() == 0 ? torch::ones({}, torch::TensorOptions().dtype(torch::kBool)
-                                                         .device(p.device()))
-                                    : torch::isfinite(p.detach()).all());
+    finite.push_back(!p.defined() || p.numel() == 0
+                         ? torch::ones({}, torch::TensorOptions().dtype(torch::kBool).device(device))
+                         : torch::isfinite(p.detach()).all().to(device));
   }
   const torch::Tensor ok = torch::stack(finite).cpu();
   const bool* flags = ok.data_ptr<bool>();

@@ -53,4 +53,14 @@ rc=0; CPPTRAIN_TEST_TENSORBOARD_EVENT_FILE=/dev/full "$train" "${common[@]}" \
 grep -qF "report_to tensorboard: cannot write TensorBoard event file '/dev/full': No space left on device" \
   "$TEST_TMPDIR/tensorboard.log" || fail "no error naming the event file" "$TEST_TMPDIR/tensorboard.log"
 echo "event file on /dev/full: exit $rc; $(grep -o 'training stops.*' "$TEST_TMPDIR/tensorboard.log")"
+# Evaluation alone (do_train false): the record of the evaluation cannot be written.
+out="$TEST_TMPDIR/eval_only"
+mkdir -p "$out"
+ln -s /dev/full "$out/metrics.jsonl"
+rc=0; "$train" --config="$config" --set=args.do_train=false --set=args.do_eval=true \
+  --set="args.output_dir=$out" >/dev/null 2>"$TEST_TMPDIR/eval_only.log" || rc=$?
+[[ "$rc" -eq 1 ]] || fail "evaluation alone, metrics.jsonl on /dev/full: exit $rc, not 1" "$TEST_TMPDIR/eval_only.log"
+grep -qF "cannot write metrics log '$out/metrics.jsonl': No space left on device" "$TEST_TMPDIR/eval_only.log" ||
+  fail "evaluation alone: no error naming metrics.jsonl" "$TEST_TMPDIR/eval_only.log"
+echo "evaluation alone, metrics.jsonl on /dev/full: exit $rc; $(grep -o 'cannot write metrics log.*' "$TEST_TMPDIR/eval_only.log")"
 echo PASS

@@ -287,6 +287,8 @@ absl::StatusOr<TrainOutput> Trainer::InnerTrainingLoop(int64_t batch_size) {
     }
   }
   absl::Cleanup drop_graph = [this] { step_graph_.reset(); };
+  training_ = true;
+  absl::Cleanup not_training = [this] { training_ = false; };
 
   const int64_t ga = ResolvedGradientAccumulationSteps(args_);
   // Every rank counts the busiest rank's batches (without even_batches some have fewer and

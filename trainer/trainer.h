@@ -306,6 +306,7 @@ class Trainer {
   trainer_internal::DivergenceWatch divergence_;
   double last_lr_ = 0;
   std::string best_model_checkpoint_;  // "" until a checkpoint holds the best metric
+  bool training_ = false;  // inside Train, whose log points check the callbacks' writes
   int stop_signal_ = 0;                // agreed by all ranks in the step's all-reduce
   int stopped_by_signal_ = 0;
   int64_t last_saved_step_ = -1;

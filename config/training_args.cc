@@ -14,6 +14,8 @@
 #include "base/status.h"
 #include "config/internal/validation.h"
 #include "config/text_proto.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/message.h"
 
 namespace cpptrain {
 
@@ -22,8 +24,57 @@ namespace {
 using config_internal::Problems;
 using proto::TrainingArguments;
 
+// "nan", "inf" or "-inf" as a config would spell them.
+std::string NonFiniteName(double value) {
+  if (std::isnan(value)) return "nan";
+  return value > 0 ? "inf" : "-inf";
+}
+
+// One problem per float or double field set to NaN or an infinity, anywhere in `message`
+// (nested messages and repeated fields included), named by its path from `prefix`. Found by
+// reflection, so a field added to the protos later is covered without a new rule: no field of
+// a training config means anything when it is not finite, and the range rules below compare
+// with < and >, which NaN passes.
+void CheckFinite(const google::protobuf::Message& message, const std::string& prefix,
+                 Problems* problems) {
+  using google::protobuf::FieldDescriptor;
+  const google::protobuf::Reflection* reflection = message.GetReflection();
+  std::vector<const FieldDescriptor*> fields;
+  reflection->ListFields(message, &fields);
+  for (const FieldDescriptor* field : fields) {
+    const std::string name = absl::StrCat(prefix, field->name());
+    const int count = field->is_repeated() ? reflection->FieldSize(message, field) : 1;
+    for (int i = 0; i < count; ++i) {
+      const std::string path = field->is_repeated() ? absl::StrCat(name, "[", i, "]") : name;
+      double value = 0;
+      switch (field->cpp_type()) {
+        case FieldDescriptor::CPPTYPE_DOUBLE:
+          value = field->is_repeated() ? reflection->GetRepeatedDouble(message, field, i)
+                                       : reflection->GetDouble(message, field);
+          break;
+        case FieldDescriptor::CPPTYPE_FLOAT:
+          value = field->is_repeated() ? reflection->GetRepeatedFloat(message, field, i)
+                                       : reflection->GetFloat(message, field);
+          break;
+        case FieldDescriptor::CPPTYPE_MESSAGE:
+          CheckFinite(field->is_repeated() ? reflection->GetRepeatedMessage(message, field, i)
+                                           : reflection->GetMessage(message, field),
+                      absl::StrCat(path, "."), problems);
+          continue;
+        default:
+          continue;
+      }
+      if (std::isfinite(value)) continue;
+      problems->push_back(absl::StrCat(path, "=", NonFiniteName(value),
+                                       " is not a finite number; set it to a finite value (or "
+                                       "leave it unset for its default)"));
+    }
+  }
+}
+
 Problems TrainingArgumentsProblems(const TrainingArguments& args) {
   Problems problems;
+  CheckFinite(args, "", &problems);
   config_internal::CheckSteps(args, &problems);
   config_internal::CheckLoop(args, &problems);
   config_internal::CheckOptimizerAndScheduler(args, &problems);
@@ -105,6 +156,10 @@ absl::Status ValidateTrainJob(const proto::TrainJob& job) {
   for (const std::string& problem : TrainingArgumentsProblems(job.args())) {
     problems.push_back(absl::StrCat("args: ", problem));
   }
+  // args was checked above; every other part of the job here.
+  proto::TrainJob rest = job;
+  rest.clear_args();
+  CheckFinite(rest, "", &problems);
   const proto::ModelSpec& model = job.model();
   if (model.has_pretrained() && model.pretrained().empty()) {
     problems.push_back(

@@ -1,12 +1,20 @@
 #include "config/training_args.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <limits>
 #include <string>
+#include <utility>
+#include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "config/text_proto.h"
 #include "gmock/gmock.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/message.h"
 #include "gtest/gtest.h"
 
 namespace cpptrain {
@@ -317,6 +325,90 @@ TEST(ValidateTrainJobTest, ArgsProblemsArePrefixed) {
   job.mutable_data()->set_builtin("arithmetic");
   job.mutable_args()->set_max_steps(0);
   EXPECT_THAT(ValidateTrainJob(job).message(), HasSubstr("args: max_steps=0"));
+}
+
+// The dotted paths of every singular float or double field reachable from `type` through
+// singular message fields (each message type once per path, so a recursive type ends).
+void FloatFieldPaths(const google::protobuf::Descriptor* type, const std::string& prefix,
+                     std::vector<std::string> seen, std::vector<std::string>* paths) {
+  using google::protobuf::FieldDescriptor;
+  seen.push_back(type->full_name());
+  for (int i = 0; i < type->field_count(); ++i) {
+    const FieldDescriptor* field = type->field(i);
+    if (field->is_repeated()) continue;
+    const std::string path = absl::StrCat(prefix, field->name());
+    if (field->cpp_type() == FieldDescriptor::CPPTYPE_DOUBLE ||
+        field->cpp_type() == FieldDescriptor::CPPTYPE_FLOAT) {
+      paths->push_back(path);
+    } else if (field->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE &&
+               std::find(seen.begin(), seen.end(), field->message_type()->full_name()) ==
+                   seen.end()) {
+      FloatFieldPaths(field->message_type(), absl::StrCat(path, "."), seen, paths);
+    }
+  }
+}
+
+// Sets the float or double field at `path` (from FloatFieldPaths) of `message` to `value`.
+void SetFloatField(google::protobuf::Message* message, const std::string& path, double value) {
+  using google::protobuf::FieldDescriptor;
+  const size_t dot = path.find('.');
+  const FieldDescriptor* field =
+      message->GetDescriptor()->FindFieldByName(path.substr(0, dot));
+  ASSERT_NE(field, nullptr) << path;
+  const google::protobuf::Reflection* reflection = message->GetReflection();
+  if (dot != std::string::npos) {
+    SetFloatField(reflection->MutableMessage(message, field), path.substr(dot + 1), value);
+  } else if (field->cpp_type() == FieldDescriptor::CPPTYPE_DOUBLE) {
+    reflection->SetDouble(message, field, value);
+  } else {
+    reflection->SetFloat(message, field, static_cast<float>(value));
+  }
+}
+
+// Every float and double field of the job, the training arguments' included, set to NaN or
+// an infinity, is refused by name and value; found by reflection, so new fields are covered.
+TEST(ValidateTrainJobTest, EveryFloatFieldMustBeFinite) {
+  std::vector<std::string> paths;
+  FloatFieldPaths(proto::TrainJob::descriptor(), "", {}, &paths);
+  // A sample of the fields the walk must reach, so an empty walk cannot pass.
+  for (const char* expected : {"args.learning_rate", "args.weight_decay", "args.warmup_steps",
+                               "args.lr_scheduler_kwargs.min_lr", "args.ddp.bucket_cap_mb",
+                               "model.decoder.rope_theta"}) {
+    EXPECT_THAT(paths, Contains(std::string(expected)));
+  }
+  const std::pair<double, const char*> bad[] = {
+      {std::numeric_limits<double>::quiet_NaN(), "nan"},
+      {std::numeric_limits<double>::infinity(), "inf"},
+      {-std::numeric_limits<double>::infinity(), "-inf"},
+  };
+  for (const std::string& path : paths) {
+    for (const auto& [value, name] : bad) {
+      proto::TrainJob job;
+      job.mutable_model()->set_name("tiny");
+      job.mutable_data()->set_builtin("arithmetic");
+      SetFloatField(&job, path, value);
+      // Problems in args are listed as "args: <path inside args>".
+      const std::string expected =
+          absl::StartsWith(path, "args.")
+              ? absl::StrCat("args: ", path.substr(5), "=", name, " is not a finite number")
+              : absl::StrCat(path, "=", name, " is not a finite number");
+      EXPECT_THAT(ValidateTrainJob(job).message(), HasSubstr(expected)) << path << "=" << name;
+    }
+  }
+  EXPECT_GE(paths.size(), 30u);
+}
+
+// The values reach validation from the command line and from files.
+TEST(LoadTrainJobTest, NonFiniteOverridesAreRefused) {
+  for (const char* set : {"args.learning_rate=nan", "args.learning_rate=inf",
+                          "args.weight_decay=nan", "args.warmup_steps=nan",
+                          "args.warmup_steps=-inf"}) {
+    absl::StatusOr<proto::TrainJob> job = LoadTrainJob(FixturePath(), {set});
+    ASSERT_FALSE(job.ok()) << set;
+    const std::string field = std::string(set).substr(5);
+    EXPECT_THAT(job.status().message(), HasSubstr(absl::StrCat(
+                                            "args: ", field, " is not a finite number")));
+  }
 }
 
 }  // namespace

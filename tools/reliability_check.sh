@@ -97,9 +97,10 @@ fresh nan_bytes && edit nan "$work/nan_bytes/checkpoint-20/model.safetensors" mo
 show nan_bytes resume nan_bytes "$work/nan_bytes/checkpoint-20"
 
 # NaN with matching checksums: a run that diverged (no clipping, lr 1e30; its logged loss stays
-# finite while the weights and the optimizer state are NaN).
+# finite while the weights and the optimizer state are NaN). Training now stops before saving
+# such a checkpoint; CPPTRAIN_TEST_SAVE_DIVERGED=1 turns that off to make one.
 job "$work/diverged" "qk_norm: true" > "$work/diverged.textproto"
-"$train" --config="$work/diverged.textproto" --set=args.learning_rate=1e30 \
+CPPTRAIN_TEST_SAVE_DIVERGED=1 "$train" --config="$work/diverged.textproto" --set=args.learning_rate=1e30 \
   --set=args.max_grad_norm=0 --set=args.eval_strategy=NO --set=args.max_steps=4 \
   --set=args.save_steps=2 > "$work/diverged_train.log" 2>&1
 show diverged resume diverged "$work/diverged/checkpoint-4"

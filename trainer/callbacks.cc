@@ -52,6 +52,14 @@ void CallbackHandler::Log(const CallbackContext& c, const Metrics& logs) {
 
 #undef CT_FOR_EACH_CALLBACK
 
+absl::Status CallbackHandler::FirstError() const {
+  for (const auto& callback : callbacks_) {
+    absl::Status status = callback->status();
+    if (!status.ok()) return status;
+  }
+  return absl::OkStatus();
+}
+
 void DefaultFlowCallback::OnStepEnd(const CallbackContext& c) {
   using Args = proto::TrainingArguments;
   const int64_t step = c.state.global_step;

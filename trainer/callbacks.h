@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "proto/training_args.pb.h"
 
 namespace torch::optim {
@@ -88,6 +89,9 @@ class TrainerCallback {
   virtual void OnPredict(const CallbackContext&, const Metrics& metrics) {}
   virtual void OnSave(const CallbackContext&) {}
   virtual void OnLog(const CallbackContext&, const Metrics& logs) {}
+  // The first failure the run must not outlive (a metrics file that could not be written),
+  // or OK. The Trainer reads it after each log and ends the run with it, saving first.
+  virtual absl::Status status() const { return absl::OkStatus(); }
 };
 
 // Calls callbacks in order, resetting control flags the way Hugging Face does (step begin
@@ -110,6 +114,8 @@ class CallbackHandler {
   void Predict(const CallbackContext& c, const Metrics& metrics);
   void Save(const CallbackContext& c);
   void Log(const CallbackContext& c, const Metrics& logs);
+  // The first callback's non-OK status(), in order, or OK.
+  absl::Status FirstError() const;
 
  private:
   std::vector<std::shared_ptr<TrainerCallback>> callbacks_;

@@ -1,13 +1,17 @@
 // Writes every log record as one JSON object per line to <output_dir>/metrics.jsonl (world
-// process 0 only), flushed after each line so a crashed run keeps what it logged. A resumed
-// run's file holds the checkpoint's log history followed by the resumed steps.
+// process 0 only), written through to the file after each line so a crashed run keeps what it
+// logged. A resumed run's file holds the checkpoint's log history followed by the resumed
+// steps. A write that fails (a full disk) is cut back to the last whole line where the file
+// allows it, nothing more is written, and status() names the file and the cause: the Trainer
+// ends the run with it.
 //
 //   trainer.AddCallback(std::make_shared<MetricsLogCallback>("/tmp/run/metrics.jsonl"));
 #ifndef CPPTRAIN_TRAINER_METRICS_LOG_H_
 #define CPPTRAIN_TRAINER_METRICS_LOG_H_
 
-#include <fstream>
 #include <string>
+
+#include "absl/status/status.h"
 
 #include "trainer/callbacks.h"
 
@@ -24,11 +28,17 @@ class MetricsLogCallback : public TrainerCallback {
   // so the steps after the checkpoint, which the resumed run logs again, appear once.
   void OnTrainBegin(const CallbackContext& c) override;
   void OnLog(const CallbackContext& c, const Metrics& logs) override;
+  void OnTrainEnd(const CallbackContext& c) override;
+  absl::Status status() const override { return status_; }
   const std::string& path() const { return path_; }
+  ~MetricsLogCallback() override;
 
  private:
+  void Close();
+
   std::string path_;
-  std::ofstream out_;
+  int fd_ = -1;
+  absl::Status status_;
 };
 
 // Shows progress: a bar with steps, rate, ETA and the last loss when stderr is a terminal;

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -61,10 +62,13 @@ absl::StatusOr<std::unique_ptr<TensorBoardWriter>> TensorBoardWriter::Open(
                                                       error.message()));
   }
   const auto seconds = static_cast<int64_t>(WallTime());
-  const std::string path = (std::filesystem::path(dir) /
-                            absl::StrCat("events.out.tfevents.", seconds, ".", HostName(), ".",
-                                         getpid()))
-                               .string();
+  std::string path = (std::filesystem::path(dir) /
+                      absl::StrCat("events.out.tfevents.", seconds, ".", HostName(), ".", getpid()))
+                         .string();
+  // For tests of a failing disk: the event file is this path instead (/dev/full).
+  if (const char* file = std::getenv("CPPTRAIN_TEST_TENSORBOARD_EVENT_FILE"); file != nullptr) {
+    path = file;
+  }
   std::FILE* file = std::fopen(path.c_str(), "wb");
   if (file == nullptr) {
     return absl::FailedPreconditionError(
@@ -85,7 +89,7 @@ absl::Status TensorBoardWriter::WriteRecord(absl::string_view data) {
   const std::string record = TfRecord(data);
   if (std::fwrite(record.data(), 1, record.size(), file_) != record.size()) {
     return absl::DataLossError(
-        absl::StrCat("writing TensorBoard event file ", path_, ": ", std::strerror(errno)));
+        absl::StrCat("cannot write TensorBoard event file '", path_, "': ", std::strerror(errno)));
   }
   return absl::OkStatus();
 }
@@ -103,13 +107,13 @@ absl::Status TensorBoardWriter::AddScalar(const std::string& tag, float value, i
 absl::Status TensorBoardWriter::Flush() {
   if (std::fflush(file_) != 0) {
     return absl::DataLossError(
-        absl::StrCat("flushing TensorBoard event file ", path_, ": ", std::strerror(errno)));
+        absl::StrCat("cannot write TensorBoard event file '", path_, "': ", std::strerror(errno)));
   }
   return absl::OkStatus();
 }
 
 void TensorBoardCallback::OnLog(const CallbackContext& c, const Metrics& logs) {
-  if (!c.state.is_world_process_zero || failed_) return;
+  if (!c.state.is_world_process_zero || !status_.ok()) return;
   absl::Status status = absl::OkStatus();
   if (writer_ == nullptr) {
     absl::StatusOr<std::unique_ptr<TensorBoardWriter>> opened = TensorBoardWriter::Open(dir_);
@@ -122,15 +126,20 @@ void TensorBoardCallback::OnLog(const CallbackContext& c, const Metrics& logs) {
                                 c.state.global_step);
   }
   if (status.ok()) status = writer_->Flush();
+  // report_to asked for the dashboard: a run that silently stops feeding it is not what was
+  // asked for, so the Trainer ends the run (after a checkpoint) with this.
   if (!status.ok()) {
-    // Losing the dashboard is not worth losing the run: one warning, then silence.
-    LOG(WARNING) << "report_to tensorboard: " << status.message() << "; no more events written";
-    failed_ = true;
+    status_ = absl::Status(status.code(), absl::StrCat("report_to tensorboard: ", status.message(),
+                                                       "; free space on that disk or set "
+                                                       "logging_dir to another one"));
   }
 }
 
 void TensorBoardCallback::OnTrainEnd(const CallbackContext& c) {
-  if (writer_ != nullptr) (void)writer_->Flush();
+  if (writer_ != nullptr && status_.ok()) {
+    const absl::Status flushed = writer_->Flush();
+    if (!flushed.ok()) status_ = flushed;
+  }
 }
 
 }  // namespace cpptrain

@@ -53,17 +53,19 @@ std::string TfRecord(absl::string_view data);
 std::string TensorBoardTag(const std::string& key);
 
 // Logs every metric of every log event (not "step", the x axis) on the world's process 0,
-// opening its event file at the first one.
+// opening its event file at the first one. A write that fails stops the writing, and status()
+// names the file and the cause: the Trainer ends the run with it.
 class TensorBoardCallback : public TrainerCallback {
  public:
   explicit TensorBoardCallback(std::string logging_dir) : dir_(std::move(logging_dir)) {}
   void OnLog(const CallbackContext& c, const Metrics& logs) override;
   void OnTrainEnd(const CallbackContext& c) override;
+  absl::Status status() const override { return status_; }
 
  private:
   std::string dir_;
   std::unique_ptr<TensorBoardWriter> writer_;
-  bool failed_ = false;  // one warning, then no more attempts
+  absl::Status status_;  // the first failure; nothing is written after it
 };
 
 }  // namespace cpptrain

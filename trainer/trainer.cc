@@ -289,6 +289,8 @@ absl::StatusOr<TrainOutput> Trainer::InnerTrainingLoop(int64_t batch_size) {
     }
   }
   absl::Cleanup drop_graph = [this] { step_graph_.reset(); };
+  training_ = true;
+  absl::Cleanup not_training = [this] { training_ = false; };
 
   const int64_t ga = ResolvedGradientAccumulationSteps(args_);
   // Every rank counts the busiest rank's batches (without even_batches some have fewer and
@@ -313,6 +315,7 @@ absl::StatusOr<TrainOutput> Trainer::InnerTrainingLoop(int64_t batch_size) {
   loss_total_ = loss_since_log_ = torch::Tensor();
   resumed_loss_total_ = 0;
   train_loss_from_step_ = 0;
+  divergence_.Reset();
 
   CT_ASSIGN_OR_RETURN(schedule_, CreateScheduler(max_steps));
   plateau_.reset();
@@ -359,6 +362,7 @@ absl::StatusOr<TrainOutput> Trainer::InnerTrainingLoop(int64_t batch_size) {
     callbacks_.EpochEnd(Context());
     CT_RETURN_IF_ERROR(MaybeLogEvaluateSave());
   }
+  CT_RETURN_IF_ERROR(CheckNotDiverged());
   callbacks_.TrainEnd(Context());
 
   const double runtime = MonotonicSeconds() - start;
@@ -386,6 +390,7 @@ absl::StatusOr<TrainOutput> Trainer::InnerTrainingLoop(int64_t batch_size) {
   }
   if (args_.load_best_model_at_end()) CT_RETURN_IF_ERROR(LoadBestModel());
   Log(out.metrics);
+  CT_RETURN_IF_ERROR(LogWritesOk());
   return out;
 }
 
@@ -471,8 +476,8 @@ absl::StatusOr<Trainer::StepResult> Trainer::StepDeviceWork(const std::vector<Ba
     CT_ASSIGN_OR_RETURN(out.grad_norm, engine_->ClipGradNorm(args_.max_grad_norm()));
   }
   if (callbacks) callbacks_.PreOptimizerStep(Context());
-  CT_ASSIGN_OR_RETURN(bool stepped, engine_->OptimizerStep());
-  (void)stepped;  // a skipped step still counts as a step, as in Hugging Face
+  // A skipped step still counts as a step, as in Hugging Face.
+  CT_ASSIGN_OR_RETURN(out.stepped, engine_->OptimizerStep());
   return out;
 }
 
@@ -559,6 +564,8 @@ absl::Status Trainer::RunOptimizerStep(MicroBatches& step) {
   engine_->ZeroGrad();
   ++state_.global_step;
   StepFinished(step.batches, result.loss);
+  // A step the engine skipped left the weights as they were (the loss scaler's business).
+  if (result.stepped) divergence_.Record(state_.global_step, result.loss, result.grad_norm);
   torch::Tensor step_loss = result.loss;
   if (!loss_total_.defined()) {
     loss_total_ = torch::zeros_like(step_loss);
@@ -576,7 +583,42 @@ absl::Status Trainer::RunOptimizerStep(MicroBatches& step) {
   return absl::OkStatus();
 }
 
+absl::Status Trainer::CheckNotDiverged() {
+  // For tests of what loading a diverged run's checkpoints does (tools/reliability_check.sh):
+  // CPPTRAIN_TEST_SAVE_DIVERGED=1 keeps training and saving as before this check existed.
+  if (const char* keep = std::getenv("CPPTRAIN_TEST_SAVE_DIVERGED");
+      keep != nullptr && std::string(keep) == "1") {
+    return absl::OkStatus();
+  }
+  std::vector<std::pair<std::string, torch::Tensor>> params;
+  for (const auto& item : model_->named_parameters()) params.emplace_back(item.key(), item.value());
+  divergence_.RecordParameters(state_.global_step, params);
+  return divergence_.Check(*engine_);
+}
+
+absl::Status Trainer::LogWritesOk() {
+  const absl::Status agreed = AllRanksOk(callbacks_.FirstError());
+  if (agreed.ok()) return agreed;
+  const std::string name = absl::StrCat("checkpoint-", state_.global_step);
+  std::string saved = absl::StrCat("; ", name, " was saved at this step");
+  if (state_.global_step == 0) {
+    saved = "; nothing was trained yet, so no checkpoint";
+  } else if (last_saved_step_ != state_.global_step) {
+    const absl::Status s = SaveCheckpoint();
+    if (s.ok()) last_saved_step_ = state_.global_step;
+    saved = s.ok() ? absl::StrCat("; saved ", name, " first")
+                   : absl::StrCat("; ", name, " could not be saved either: ", s.message());
+  }
+  return absl::Status(agreed.code(),
+                      absl::StrCat("training stops after step ", state_.global_step,
+                                   " because a log could not be written: ", agreed.message(),
+                                   saved, ". Resume with resume_from_checkpoint: latest"));
+}
+
 absl::Status Trainer::MaybeLogEvaluateSave() {
+  // Where the host reads the step's results anyway; SaveCheckpoint checks on its own.
+  const bool logs = control_.should_log || control_.should_evaluate;
+  if (logs) CT_RETURN_IF_ERROR(CheckNotDiverged());
   if (control_.should_log && logged_steps_ > 0) {
     CT_ASSIGN_OR_RETURN(torch::Tensor loss_sum,
                         engine_->AllReduceSum(loss_since_log_.cpu().reshape({1})));
@@ -597,6 +639,8 @@ absl::Status Trainer::MaybeLogEvaluateSave() {
       if (auto it = metrics.find(name); it != metrics.end()) plateau_->Step(it->second);
     }
   }
+  // Every rank learns whether rank 0's metrics file or event file took the records.
+  if (logs) CT_RETURN_IF_ERROR(LogWritesOk());
   if (control_.should_save) {
     control_.should_save = false;
     CT_RETURN_IF_ERROR(SaveCheckpoint());

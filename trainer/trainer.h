@@ -30,6 +30,7 @@
 #include "trainer/callbacks.h"
 #include "trainer/data/collator.h"
 #include "trainer/data/dataset.h"
+#include "trainer/internal/divergence_watch.h"
 #include "trainer/scheduler.h"
 
 namespace cpptrain {
@@ -194,6 +195,7 @@ class Trainer {
   struct StepResult {
     torch::Tensor loss;       // this rank's share, a device scalar
     torch::Tensor grad_norm;  // undefined without clipping
+    bool stepped = true;      // false when the engine skipped the update (fp16 overflow)
   };
   // Forward and backward of each micro-batch (already on the device), clipping, the optimizer
   // step; with `callbacks`, on_substep_end and on_pre_optimizer_step between the parts.
@@ -215,6 +217,12 @@ class Trainer {
   // runs `io` (which may be collective) and every rank returns an error.
   absl::Status WithMasterWeights(const std::function<absl::Status()>& io);
   absl::Status MaybeLogEvaluateSave();
+  // Collective: an error on every rank once any rank's applied step had a non-finite loss or
+  // gradient norm (trainer/internal/divergence_watch.h).
+  absl::Status CheckNotDiverged();
+  // Collective: OK, or (when a callback's write failed, e.g. rank 0's metrics.jsonl) an error
+  // on every rank naming the file, after saving a checkpoint of this step where one can be.
+  absl::Status LogWritesOk();
   // After the step in which a rank got SIGTERM/SIGINT: a checkpoint (unless this step saved
   // one), then a Cancelled error naming it.
   absl::Status SaveAndStopForSignal();
@@ -293,8 +301,12 @@ class Trainer {
   // The last step's gradient norm, on the device until a log reads it; undefined when
   // max_grad_norm is 0 (none computed).
   torch::Tensor last_grad_norm_;
+  // The first applied step whose loss or gradient norm was not finite; checked (collectively)
+  // before logging, evaluating and saving, and at the end of training.
+  trainer_internal::DivergenceWatch divergence_;
   double last_lr_ = 0;
   std::string best_model_checkpoint_;  // "" until a checkpoint holds the best metric
+  bool training_ = false;  // inside Train, whose log points check the callbacks' writes
   int stop_signal_ = 0;                // agreed by all ranks in the step's all-reduce
   int stopped_by_signal_ = 0;
   int64_t last_saved_step_ = -1;

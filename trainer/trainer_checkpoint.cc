@@ -158,6 +158,7 @@ absl::StatusOr<std::string> LatestCheckpoint(const std::string& output_dir) {
 }
 
 absl::Status Trainer::SaveCheckpoint() {
+  CT_RETURN_IF_ERROR(CheckNotDiverged());  // never a checkpoint of NaN weights
   const std::string name = absl::StrCat(kPrefix, state_.global_step);
   const std::string temp_dir =
       (fs::path(args_.output_dir()) / absl::StrCat(".tmp-", name)).string();

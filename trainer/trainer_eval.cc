@@ -229,6 +229,9 @@ absl::StatusOr<Metrics> Trainer::Evaluate(std::shared_ptr<const Dataset> dataset
   Metrics metrics = ResultMetrics(result, prefix);
   callbacks_.Evaluate(Context(), metrics);
   Log(metrics);
+  // Within Train the log point checks (and saves first); on its own, every rank learns here
+  // whether rank 0's metrics file took the record.
+  if (!training_) CT_RETURN_IF_ERROR(AllRanksOk(callbacks_.FirstError()));
   return metrics;
 }
 

@@ -1,13 +1,13 @@
 #include "trainer/data/token_file_dataset.h"
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <algorithm>
 #include <utility>
 
 #include <ATen/ATen.h>
@@ -69,7 +69,7 @@ absl::StatusOr<std::shared_ptr<TokenFileDataset>> TokenFileDataset::Open(const s
                      meta->dtype, "\" but the data is read as token_dtype ", TokenWidthName(width),
                      ": set data.token_dtype: ", absl::AsciiStrToUpper(meta->dtype)));
   }
-  const ScopedFd fd{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
+  ScopedFd fd{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
   if (fd.fd < 0) return FileError(errno, path, "open");
   struct stat st;
   if (::fstat(fd.fd, &st) != 0) return FileError(errno, path, "stat");
@@ -97,52 +97,61 @@ absl::StatusOr<std::shared_ptr<TokenFileDataset>> TokenFileDataset::Open(const s
                                                    "shorter than one sample of seq_len ", seq_len,
                                                    ": use a larger file or a smaller seq_len"));
   }
-  // The mapping stays valid after the descriptor is closed.
-  void* mapping = ::mmap(nullptr, static_cast<size_t>(bytes), PROT_READ, MAP_SHARED, fd.fd, 0);
-  if (mapping == MAP_FAILED) return FileError(errno, path, "memory-map");
+  // The descriptor stays open for the dataset's reads (pread: no shared offset between the
+  // loader's threads, and a file cut short is a short read, not a SIGBUS as with a mapping).
   auto dataset = std::shared_ptr<TokenFileDataset>(
-      new TokenFileDataset(path, width, seq_len, mapping, static_cast<size_t>(bytes), num_tokens));
+      new TokenFileDataset(path, width, seq_len, fd.fd, bytes, num_tokens));
+  fd.fd = -1;
   dataset->metadata_ = std::move(meta);
   return dataset;
 }
 
-TokenFileDataset::TokenFileDataset(std::string path, TokenWidth width, int64_t seq_len,
-                                   const void* data, size_t mapped_bytes, int64_t num_tokens)
+TokenFileDataset::TokenFileDataset(std::string path, TokenWidth width, int64_t seq_len, int fd,
+                                   int64_t opened_bytes, int64_t num_tokens)
     : path_(std::move(path)),
       width_(width),
       seq_len_(seq_len),
-      data_(static_cast<const unsigned char*>(data)),
-      mapped_bytes_(mapped_bytes),
+      fd_(fd),
+      opened_bytes_(opened_bytes),
       num_tokens_(num_tokens) {}
 
 TokenFileDataset::~TokenFileDataset() {
-  if (data_ != nullptr) ::munmap(const_cast<unsigned char*>(data_), mapped_bytes_);
+  if (fd_ >= 0) ::close(fd_);
 }
 
 int64_t TokenFileDataset::size() const { return num_tokens_ / seq_len_; }
 
-int64_t TokenFileDataset::TokenAt(int64_t position) const {
-  const unsigned char* p = data_ + position * TokenWidthBytes(width_);
-  if (width_ == TokenWidth::kUint16) {
-    return static_cast<int64_t>(p[0]) | static_cast<int64_t>(p[1]) << 8;
+absl::Status TokenFileDataset::Read(int64_t offset, int64_t count, const std::string& what,
+                                    unsigned char* out) const {
+  int64_t done = 0;
+  while (done < count) {
+    const ssize_t n = ::pread(fd_, out + done, static_cast<size_t>(count - done), offset + done);
+    if (n > 0) {
+      done += n;
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return FileError(errno, path_, "read");
+    struct stat st;
+    const std::string now = ::fstat(fd_, &st) == 0 ? absl::StrCat(st.st_size) : "fewer";
+    return absl::DataLossError(absl::StrCat(
+        "token file ", path_, " was truncated while in use: ", what, " needs bytes [", offset,
+        ", ", offset + count, "), but the file now holds ", now, " bytes (", opened_bytes_,
+        " bytes when it was opened). Something rewrote it in place; restore it, or write a new "
+        "file beside it and rename it over the old one (WriteTokenFile does), which a running "
+        "job keeps reading as it was"));
   }
-  return static_cast<int64_t>(p[0]) | static_cast<int64_t>(p[1]) << 8 |
-         static_cast<int64_t>(p[2]) << 16 | static_cast<int64_t>(p[3]) << 24;
+  return absl::OkStatus();
 }
 
 namespace {
 
-// The largest of `n` little-endian tokens of type T at `data` (memcpy per element: the
-// mapping need not be aligned; compilers vectorize the loop on little-endian hosts).
-template <typename T>
-uint64_t MaxOf(const unsigned char* data, int64_t n) {
-  T max = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    T value;
-    std::memcpy(&value, data + i * sizeof(T), sizeof(T));
-    max = value > max ? value : max;
-  }
-  return max;
+// Token i of `data`, little-endian.
+int64_t Decode(const unsigned char* data, int64_t i, int64_t width) {
+  const unsigned char* p = data + i * width;
+  int64_t token = 0;
+  for (int64_t b = 0; b < width; ++b) token |= static_cast<int64_t>(p[b]) << (8 * b);
+  return token;
 }
 
 }  // namespace
@@ -155,27 +164,65 @@ absl::Status TokenFileDataset::CheckTokensBelow(int64_t vocab_size) const {
         ": the file was tokenized for a larger vocabulary; use a model with vocab_size >= ",
         metadata_->vocab_size, " or tokenize with the model's tokenizer"));
   }
+  // One pass over the samples' tokens, in chunks: the largest token, the first at or above
+  // vocab_size, and whether every odd 16-bit word is 0.
+  const int64_t width = TokenWidthBytes(width_);
   const int64_t n = size() * seq_len_;
-  const uint64_t max = width_ == TokenWidth::kUint16 ? MaxOf<uint16_t>(data_, n)
-                                                     : MaxOf<uint32_t>(data_, n);
-  if (max < static_cast<uint64_t>(vocab_size)) return absl::OkStatus();
-  int64_t first = 0;
-  while (first < n && TokenAt(first) < vocab_size) ++first;
-  return absl::InvalidArgumentError(absl::StrCat(
-      "token file ", path_, ": token ", TokenAt(first), " at byte offset ",
-      first * TokenWidthBytes(width_), " (token ", first, ") is not below the model's vocab_size ",
-      vocab_size, " (largest token in the file: ", max,
-      "): the file was tokenized for another vocabulary, or data.token_dtype (",
-      TokenWidthName(width_), ") is not the file's"));
+  constexpr int64_t kChunkTokens = 1 << 18;
+  std::vector<unsigned char> buffer(static_cast<size_t>(std::min(n, kChunkTokens) * width));
+  int64_t max = 0;
+  int64_t first = -1;
+  bool odd_words_zero = true;
+  for (int64_t begin = 0; begin < n; begin += kChunkTokens) {
+    const int64_t count = std::min(kChunkTokens, n - begin);
+    CT_RETURN_IF_ERROR(Read(begin * width, count * width,
+                            absl::StrCat("checking tokens ", begin, " to ", begin + count),
+                            buffer.data()));
+    for (int64_t i = 0; i < count; ++i) {
+      const int64_t token = Decode(buffer.data(), i, width);
+      if (token >= vocab_size && first < 0) first = begin + i;
+      max = std::max(max, token);
+      // begin is even, so begin + i is odd exactly when i is.
+      if (i % 2 == 1 && token != 0) odd_words_zero = false;
+    }
+  }
+  if (first >= 0) {
+    std::vector<unsigned char> bytes(static_cast<size_t>(width));
+    CT_RETURN_IF_ERROR(Read(first * width, width, "the first offending token", bytes.data()));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "token file ", path_, ": token ", Decode(bytes.data(), 0, width), " at byte offset ",
+        first * width, " (token ", first, ") is not below the model's vocab_size ", vocab_size,
+        " (largest token in the file: ", max,
+        "): the file was tokenized for another vocabulary, or data.token_dtype (",
+        TokenWidthName(width_), ") is not the file's"));
+  }
+  // uint32 ids read as uint16: the high halves are the odd words, all zero when every id is
+  // below 65536. A real uint16 corpus has no such pattern, so with enough words (and no
+  // metadata, which would have named the dtype) this is the wrong width, not the data.
+  constexpr int64_t kMinWordsForWidthGuess = 64;
+  if (width_ == TokenWidth::kUint16 && !metadata_.has_value() && n >= kMinWordsForWidthGuess &&
+      odd_words_zero && max > 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "token file ", path_, " is read as token_dtype UINT16, but every second one of the ", n,
+        " 16-bit words in its samples is 0: it looks like uint32 token ids (each one's high half 0). If it is, "
+        "set data.token_dtype: UINT32; write a ", TokenFileMetadataPath(path_),
+        " with its dtype to make the file's width explicit"));
+  }
+  return absl::OkStatus();
 }
 
 Example TokenFileDataset::Get(int64_t index) const {
   Example example;
   if (index < 0 || index >= size()) return example;
+  const int64_t width = TokenWidthBytes(width_);
+  std::vector<unsigned char> bytes(static_cast<size_t>(seq_len_ * width));
+  const absl::Status read =
+      Read(index * seq_len_ * width, seq_len_ * width, absl::StrCat("sample ", index), bytes.data());
+  // Dataset::Get has no status: the loader turns this c10::Error into its status (CatchTorch).
+  TORCH_CHECK(read.ok(), std::string(read.message()));
   example.inputs = at::empty({seq_len_}, at::kLong);
   int64_t* out = example.inputs.data_ptr<int64_t>();
-  const int64_t begin = index * seq_len_;
-  for (int64_t i = 0; i < seq_len_; ++i) out[i] = TokenAt(begin + i);
+  for (int64_t i = 0; i < seq_len_; ++i) out[i] = Decode(bytes.data(), i, width);
   return example;
 }
 

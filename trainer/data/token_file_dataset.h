@@ -1,7 +1,9 @@
 // A pre-tokenized corpus on disk: a flat file of little-endian uint16 or uint32 token ids
-// (the nanoGPT / llm.c layout without a header), memory-mapped read-only and cut into
-// consecutive, non-overlapping samples of seq_len tokens. The trailing partial sample is
-// dropped. The file must not be truncated or rewritten while a dataset maps it.
+// (the nanoGPT / llm.c layout without a header), read with pread and cut into consecutive,
+// non-overlapping samples of seq_len tokens. The trailing partial sample is dropped. A file
+// renamed over (WriteTokenFile) keeps being read as it was; one cut short in place makes the
+// read of a sample past its new end an error naming the file and both sizes (not a SIGBUS, as
+// a memory mapping would give).
 //
 //   CT_RETURN_IF_ERROR(WriteTokenFile("/tmp/t.bin", {1, 2, 3, 4}, TokenWidth::kUint16));
 //   CT_ASSIGN_OR_RETURN(std::shared_ptr<TokenFileDataset> ds,
@@ -49,13 +51,16 @@ class TokenFileDataset final : public Dataset {
   // Number of whole samples: num_tokens() / seq_len().
   int64_t size() const override;
   // inputs: int64 [seq_len] tokens [index * seq_len, (index + 1) * seq_len); labels
-  // undefined. Returns an empty Example when index is out of range.
+  // undefined. Returns an empty Example when index is out of range. Throws c10::Error (which
+  // the DataLoader returns as its status) when the file was truncated under it.
   Example Get(int64_t index) const override;
 
   // An error when the metadata's vocab_size is above `vocab_size` (naming both), else one
   // pass over the samples' tokens: an error naming the file, the first offending token, its
   // byte offset and the largest token when any is >= vocab_size (instead of an out-of-range
-  // index deep inside the first forward that reads it).
+  // index deep inside the first forward that reads it); and, for a UINT16 file of 64 tokens or
+  // more without metadata, an error when every odd 16-bit word is 0 (uint32 ids read as
+  // uint16, which no range check catches).
   absl::Status CheckTokensBelow(int64_t vocab_size) const;
 
   const std::string& path() const { return path_; }
@@ -66,17 +71,19 @@ class TokenFileDataset final : public Dataset {
   const std::optional<TokenFileMetadata>& metadata() const { return metadata_; }
 
  private:
-  TokenFileDataset(std::string path, TokenWidth width, int64_t seq_len, const void* data,
-                   size_t mapped_bytes, int64_t num_tokens);
+  TokenFileDataset(std::string path, TokenWidth width, int64_t seq_len, int fd,
+                   int64_t opened_bytes, int64_t num_tokens);
 
-  // Token at `position` (0 <= position < num_tokens_), decoded little-endian.
-  int64_t TokenAt(int64_t position) const;
+  // Reads `count` bytes at `offset` into `out`; a short read (the file was cut under us) is an
+  // error naming the file, `what` needed the bytes, and the sizes then and now.
+  absl::Status Read(int64_t offset, int64_t count, const std::string& what,
+                    unsigned char* out) const;
 
   std::string path_;
   TokenWidth width_;
   int64_t seq_len_;
-  const unsigned char* data_;  // The read-only mapping, or nullptr.
-  size_t mapped_bytes_;
+  int fd_;                // open read-only for the dataset's life
+  int64_t opened_bytes_;  // the file's size at Open
   int64_t num_tokens_;
   std::optional<TokenFileMetadata> metadata_;
 };

@@ -4,15 +4,20 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <fstream>
 #include <iterator>
 #include <string>
 #include <vector>
 
+#include "base/torch_status.h"
+
 namespace cpptrain {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 std::string TempPath(const std::string& name) { return ::testing::TempDir() + "/" + name; }
@@ -186,6 +191,58 @@ TEST(TokenFileDatasetTest, TruncatedFileNamesSizeAndDtype) {
   EXPECT_THAT(std::string(ds.status().message()),
               HasSubstr("not a multiple of 4 (token_dtype UINT32)"));
   EXPECT_TRUE(TokenFileDataset::Open(path, TokenWidth::kUint16, 4).ok());
+}
+
+// A file cut short while a run reads it (another job rewrote it in place) used to be a SIGBUS
+// on the first sample past the new end (the memory mapping); now reading that sample is an
+// error naming the file and both sizes, which the data loader (CatchTorch) returns as a status.
+TEST(TokenFileDatasetTest, FileTruncatedWhileOpenIsAnErrorNotACrash) {
+  const std::string path = TempPath("shrinking.bin");
+  std::vector<int64_t> tokens(8192);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int64_t>(i % 1000) + 1;
+  ASSERT_TRUE(WriteTokenFile(path, tokens, TokenWidth::kUint16).ok());
+  absl::StatusOr<std::shared_ptr<TokenFileDataset>> ds =
+      TokenFileDataset::Open(path, TokenWidth::kUint16, 64);
+  ASSERT_TRUE(ds.ok()) << ds.status();
+  ASSERT_EQ((*ds)->size(), 128);
+  ASSERT_EQ(::truncate(path.c_str(), 1000), 0);
+  // The samples still wholly in the file read as before.
+  EXPECT_EQ(ToVector((*ds)->Get(3).inputs)[0], 3 * 64 + 1);
+  const absl::Status read = CatchTorch([&] { (*ds)->Get(127); });
+  ASSERT_FALSE(read.ok());
+  EXPECT_THAT(std::string(read.message()),
+              AllOf(HasSubstr(path), HasSubstr("was truncated while in use"),
+                    HasSubstr("now holds 1000 bytes"), HasSubstr("16384 bytes when it was opened"),
+                    HasSubstr("sample 127 needs bytes [16256, 16384)")));
+  const absl::Status check = (*ds)->CheckTokensBelow(2000);
+  EXPECT_THAT(std::string(check.message()), AllOf(HasSubstr(path), HasSubstr("now holds 1000")));
+}
+
+// uint32 ids below 65536 read as uint16 without a metadata file: every second 16-bit word is
+// the zero high half, and every id is below the vocabulary, so nothing else notices.
+TEST(TokenFileDatasetTest, Uint32IdsReadAsUint16AreRecognised) {
+  const std::string path = TempPath("wide.bin");
+  std::vector<int64_t> tokens(300);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int64_t>(i * 7 % 500) + 1;
+  ASSERT_TRUE(WriteTokenFile(path, tokens, TokenWidth::kUint32).ok());
+  absl::StatusOr<std::shared_ptr<TokenFileDataset>> ds =
+      TokenFileDataset::Open(path, TokenWidth::kUint16, 15);
+  ASSERT_TRUE(ds.ok()) << ds.status();
+  const absl::Status check = (*ds)->CheckTokensBelow(1000);
+  EXPECT_EQ(check.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(check.message()),
+              AllOf(HasSubstr(path), HasSubstr("every second one of the 600 16-bit words in its samples is 0"),
+                    HasSubstr("set data.token_dtype: UINT32")));
+  // Read as what it is, it passes.
+  ds = TokenFileDataset::Open(path, TokenWidth::kUint32, 16);
+  ASSERT_TRUE(ds.ok()) << ds.status();
+  EXPECT_TRUE((*ds)->CheckTokensBelow(1000).ok());
+  // A real uint16 file with many zeros, but not at every odd position, passes.
+  for (size_t i = 0; i < tokens.size(); i += 2) tokens[i + 1] = i % 10 == 0 ? 5 : 0;
+  ASSERT_TRUE(WriteTokenFile(path, tokens, TokenWidth::kUint16).ok());
+  ds = TokenFileDataset::Open(path, TokenWidth::kUint16, 16);
+  ASSERT_TRUE(ds.ok()) << ds.status();
+  EXPECT_TRUE((*ds)->CheckTokensBelow(1000).ok());
 }
 
 TEST(TokenFileDatasetTest, MissingFileSaysCheckThePath) {

@@ -13,6 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
+#include "checkpoint/files.h"
 #include "checkpoint/internal/checkpoint_files.h"
 #include "checkpoint/manifest.h"
 #include "checkpoint/safetensors.h"
@@ -134,7 +135,13 @@ void VerifyTrainerFiles(const std::string& dir, const proto::CheckpointManifest&
     if (absl::StartsWith(name, kRngStatePrefix)) rng_files.insert(name);
   }
   for (const std::string& name : rng_files) {
-    VerifyFile(absl::StrCat(dir, "/", name), /*finite=*/false, report);
+    // Checked before it is opened: no link, no FIFO.
+    absl::StatusOr<std::string> path = CheckpointFilePath(dir, name);
+    if (path.ok()) {
+      VerifyFile(*path, /*finite=*/false, report);
+    } else {
+      report.problems.push_back(path.status());
+    }
   }
   if (!state.rng_state_saved()) return;
   for (int rank = 0; rank < state.world_size(); ++rank) {

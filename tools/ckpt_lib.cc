@@ -277,8 +277,9 @@ class ModelSource {
   absl::StatusOr<const SafetensorsFile*> File(const std::string& name) {
     auto it = files_.find(name);
     if (it == files_.end()) {
-      CT_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> file,
-                          SafetensorsFile::Open(Join(dir_, name)));
+      // Checked before it is opened: a plain name in the directory, a regular file, no link.
+      CT_ASSIGN_OR_RETURN(const std::string path, CheckpointFilePath(dir_, name));
+      CT_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> file, SafetensorsFile::Open(path));
       it = files_.emplace(name, std::move(file)).first;
     }
     return it->second.get();

@@ -1,4 +1,5 @@
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <torch/torch.h>
 
 #include <cstdlib>
@@ -20,7 +21,9 @@
 #include "checkpoint/crc32c.h"
 #include "checkpoint/files.h"
 #include "checkpoint/hf_config.h"
+#include "checkpoint/manifest.h"
 #include "checkpoint/safetensors.h"
+#include "checkpoint/test_dirs.h"
 #include "models/configs.h"
 #include "models/decoder.h"
 #include "sharding/host_group.h"
@@ -469,6 +472,23 @@ TEST(CkptChecksumTest, ToShardedWritesChecksumsThatLoadingVerifies) {
   const absl::Status loaded = LoadModelState(sharded, *fresh, /*optimizer=*/nullptr);
   EXPECT_EQ(loaded.code(), absl::StatusCode::kDataLoss) << loaded;
   EXPECT_NE(loaded.message().find(ShardName(1, 3)), std::string::npos) << loaded;
+}
+
+// ckpt verify of a checkpoint with a FIFO for its data: refused without blocking.
+TEST(CkptChecksumTest, VerifyRefusesAFifoWithoutBlocking) {
+  std::shared_ptr<DecoderLM> model = TinyModel(1);
+  const std::string dir = TestDir("fifo");
+  SaveFull(dir, *model);
+  const std::string fifo = (fs::path(dir) / kSafetensorsFileName).string();
+  fs::remove(fifo);
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  std::ostringstream text;
+  const absl::Status status = WithinTimeout<absl::Status>(
+      {fifo}, [&] { return VerifyDirectory(dir, text); });
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+  EXPECT_NE(status.message().find("'model.safetensors' is a FIFO (named pipe)"),
+            std::string::npos)
+      << status;
 }
 
 TEST(CkptChecksumTest, ModelDirectoriesWithAndWithoutChecksums) {

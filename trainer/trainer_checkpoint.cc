@@ -427,7 +427,11 @@ absl::StatusOr<proto::TrainerCheckpointState> Trainer::VerifyResumableOnThisRank
   CT_RETURN_IF_ERROR(VerifyModelState(dir, *model_, engine_->optimizer(), options));
   if (saved.world_size() != engine_->world_size()) return saved;  // the RNG is not restored
   const std::string rng_path = RngStatePath(dir, engine_->rank());
-  if (!fs::exists(rng_path)) {
+  // Checked before it is opened: a regular file, no link, no FIFO.
+  const absl::StatusOr<std::string> rng_checked =
+      CheckpointFilePath(dir, fs::path(rng_path).filename().string());
+  if (!rng_checked.ok() && !absl::IsNotFound(rng_checked.status())) return rng_checked.status();
+  if (!rng_checked.ok()) {
     if (!saved.rng_state_saved()) return saved;  // save_only_model, or an older checkpoint
     const std::string missing = absl::StrCat(
         "checkpoint '", dir, "': '", fs::path(rng_path).filename().string(),

@@ -3,6 +3,7 @@
 // directories are never picked, save_total_limit keeps the newest and the best, and
 // load_best_model_at_end restores the best one.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <torch/torch.h>
 
 #include <cstdlib>
@@ -17,6 +18,7 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/hf_model.h"
 #include "checkpoint/safetensors.h"
+#include "checkpoint/test_dirs.h"
 #include "gmock/gmock.h"
 #include "models/configs.h"
 #include "models/decoder.h"
@@ -333,6 +335,54 @@ TEST(TrainerCheckpointIntegrityTest, UnfinishedFirstSaveIsSkippedAndTrainingStar
                                    "step 0")));
   EXPECT_FALSE(fs::exists(dir + "/.tmp-checkpoint-3"));  // the first save cleared it
   EXPECT_TRUE(fs::exists(dir + "/checkpoint-6/" + kTrainerStateFileName));
+}
+
+// resume_from_checkpoint: latest with a FIFO in place of `file` of checkpoint-6: skipped
+// without blocking (under a timeout), with a warning naming it, and checkpoint-3 resumed.
+void ExpectLatestSkipsFifo(const std::string& dir, const std::string& file) {
+  TrainSixSteps(dir);
+  const std::string fifo = dir + "/checkpoint-6/" + file;
+  fs::remove(fifo);
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  std::string log;
+  auto out = WithinTimeout<absl::StatusOr<TrainOutput>>(
+      {fifo}, [&] { return Resume(dir, "latest", 6, &log); });
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(out->global_step, 6);
+  EXPECT_THAT(log, AllOf(HasSubstr("latest skips " + dir + "/checkpoint-6, which fails"),
+                         HasSubstr("'" + file + "' is a FIFO (named pipe), not a regular file"),
+                         HasSubstr("latest falls back to " + dir + "/checkpoint-3")));
+}
+
+TEST(TrainerCheckpointIntegrityTest, LatestSkipsAFifoInPlaceOfTheModelFile) {
+  ExpectLatestSkipsFifo(TestTempDir("latest_fifo_model"), "model.safetensors");
+}
+
+TEST(TrainerCheckpointIntegrityTest, LatestSkipsAFifoInPlaceOfTheManifest) {
+  ExpectLatestSkipsFifo(TestTempDir("latest_fifo_manifest"), kManifestFileName);
+}
+
+TEST(TrainerCheckpointIntegrityTest, ExplicitPathWithALinkedOrFifoFileIsRefused) {
+  const std::string dir = TestTempDir("explicit_link");
+  TrainSixSteps(dir);
+  const std::string ckpt = dir + "/checkpoint-6";
+  fs::rename(ckpt + "/model.safetensors", dir + "/outside.safetensors");
+  fs::create_symlink(dir + "/outside.safetensors", ckpt + "/model.safetensors");
+  auto out = Resume(dir, ckpt, 8);
+  ASSERT_FALSE(out.ok());
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kDataLoss) << out.status();
+  EXPECT_THAT(std::string(out.status().message()),
+              HasSubstr("'model.safetensors' is a symbolic link"));
+
+  fs::remove(ckpt + "/rng_state_0.safetensors");
+  ASSERT_EQ(::mkfifo((ckpt + "/rng_state_0.safetensors").c_str(), 0644), 0);
+  fs::remove(ckpt + "/model.safetensors");
+  fs::rename(dir + "/outside.safetensors", ckpt + "/model.safetensors");
+  out = WithinTimeout<absl::StatusOr<TrainOutput>>(
+      {ckpt + "/rng_state_0.safetensors"}, [&] { return Resume(dir, ckpt, 8); });
+  ASSERT_FALSE(out.ok());
+  EXPECT_THAT(std::string(out.status().message()),
+              HasSubstr("'rng_state_0.safetensors' is a FIFO (named pipe), not a regular file"));
 }
 
 TEST(TrainerCheckpointIntegrityTest, MissingRngStateIsAnErrorUnlessNotStrict) {

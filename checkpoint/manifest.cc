@@ -118,6 +118,15 @@ absl::StatusOr<proto::TrainerCheckpointState> ReadTrainerState(const std::string
 
 absl::StatusOr<proto::CheckpointManifest> ReadManifest(const std::string& dir) {
   absl::StatusOr<std::string> bytes = ReadCheckpointFile(dir, kManifestFileName);
+  if (absl::IsNotFound(bytes.status()) &&
+      CheckpointFilePath(dir, kTrainerStateFileName).ok()) {
+    // trainer_state.textproto is written after the manifest: this checkpoint was finished.
+    return absl::DataLossError(absl::StrCat(
+        Where(dir), "missing, but ", kTrainerStateFileName,
+        " beside it marks a finished checkpoint (the Trainer writes it after the manifest): the "
+        "manifest was lost or removed after the save, so the checkpoint cannot be read; use "
+        "another checkpoint"));
+  }
   if (!bytes.ok()) {
     return absl::Status(bytes.status().code(),
                         absl::StrCat(Where(dir), "unreadable: ", bytes.status().message(),

@@ -160,7 +160,10 @@ absl::StatusOr<CheckpointVerification> VerifyCheckpoint(const std::string& dir,
                                                         const std::string& tensor_prefix) {
   const auto start = std::chrono::steady_clock::now();
   CheckpointVerification report;
-  if (Exists(absl::StrCat(dir, "/", kManifestFileName))) {
+  // A Trainer checkpoint (trainer_state.textproto) without its manifest is damaged, not a
+  // Hugging Face directory: ReadManifest says the manifest is missing.
+  if (Exists(absl::StrCat(dir, "/", kManifestFileName)) ||
+      Exists(absl::StrCat(dir, "/", kTrainerStateFileName))) {
     CT_ASSIGN_OR_RETURN(proto::CheckpointManifest manifest, ReadManifest(dir));
     report.format_version = manifest.format_version();
     VerifyPieces(dir, manifest, tensor_prefix, report);

@@ -99,7 +99,10 @@ absl::StatusOr<DirKind> Classify(const std::string& dir) {
         "'", dir, "' is not a directory", ec ? absl::StrCat(" (", ec.message(), ")") : "",
         ": pass a checkpoint directory or a Hugging Face model directory"));
   }
-  if (Exists(Join(dir, kManifestFileName))) return DirKind::kCheckpoint;
+  // A Trainer checkpoint without its manifest is a damaged checkpoint, not a model directory.
+  if (Exists(Join(dir, kManifestFileName)) || Exists(Join(dir, kTrainerStateFileName))) {
+    return DirKind::kCheckpoint;
+  }
   if (Exists(Join(dir, kSafetensorsFileName)) || Exists(Join(dir, kSafetensorsIndexFileName))) {
     return DirKind::kModelDir;
   }

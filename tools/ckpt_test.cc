@@ -474,6 +474,30 @@ TEST(CkptChecksumTest, ToShardedWritesChecksumsThatLoadingVerifies) {
   EXPECT_NE(loaded.message().find(ShardName(1, 3)), std::string::npos) << loaded;
 }
 
+// A Trainer checkpoint (trainer_state.textproto beside the data) whose manifest.pb is gone:
+// verify names the missing file instead of passing model.safetensors as a model directory,
+// and so does every command.
+TEST(CkptChecksumTest, VerifyRefusesATrainerCheckpointWithoutItsManifest) {
+  std::shared_ptr<DecoderLM> model = TinyModel(1);
+  for (const bool full : {true, false}) {
+    const std::string dir = TestDir(full ? "full" : "sharded");
+    SaveFull(dir, *model, full);
+    ASSERT_TRUE(WriteFileAtomically((fs::path(dir) / kTrainerStateFileName).string(),
+                                    WithChecksumLine("global_step: 1\n"))
+                    .ok());
+    std::ostringstream text;
+    ASSERT_TRUE(VerifyDirectory(dir, text).ok()) << text.str();
+    fs::remove(fs::path(dir) / kManifestFileName);
+    const absl::Status status = VerifyDirectory(dir, text);
+    EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+    EXPECT_NE(status.message().find(dir + "/manifest.pb' is missing, but trainer_state.textproto"),
+              std::string::npos)
+        << status;
+    std::ostringstream inspected;
+    EXPECT_EQ(InspectCheckpoint(dir, inspected).code(), absl::StatusCode::kDataLoss);
+  }
+}
+
 // ckpt verify of a checkpoint with a FIFO for its data: refused without blocking.
 TEST(CkptChecksumTest, VerifyRefusesAFifoWithoutBlocking) {
   std::shared_ptr<DecoderLM> model = TinyModel(1);

@@ -385,6 +385,24 @@ TEST(TrainerCheckpointIntegrityTest, ExplicitPathWithALinkedOrFifoFileIsRefused)
               HasSubstr("'rng_state_0.safetensors' is a FIFO (named pipe), not a regular file"));
 }
 
+TEST(TrainerCheckpointIntegrityTest, LatestSkipsACheckpointWithoutItsManifest) {
+  const std::string dir = TestTempDir("latest_no_manifest");
+  TrainSixSteps(dir);
+  fs::remove(dir + "/checkpoint-6/" + kManifestFileName);
+  std::string log;
+  auto out = Resume(dir, "latest", 6, &log);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(out->global_step, 6);
+  EXPECT_THAT(log, AllOf(HasSubstr("latest skips " + dir + "/checkpoint-6, which fails"),
+                         HasSubstr("checkpoint-6/manifest.pb' is missing"),
+                         HasSubstr("latest falls back to " + dir + "/checkpoint-3")));
+  // Named explicitly (the resumed run saved checkpoint-6 again), an error naming the file.
+  fs::remove(dir + "/checkpoint-6/" + kManifestFileName);
+  out = Resume(dir, dir + "/checkpoint-6", 8);
+  ASSERT_FALSE(out.ok());
+  EXPECT_THAT(std::string(out.status().message()), HasSubstr("manifest.pb' is missing"));
+}
+
 TEST(TrainerCheckpointIntegrityTest, MissingRngStateIsAnErrorUnlessNotStrict) {
   const std::string dir = TestTempDir("missing_rng");
   TrainSixSteps(dir);

@@ -32,6 +32,7 @@
 #include "trainer/metrics_log.h"
 #include "trainer/optimizer.h"
 #include "trainer/optimizer_choice.h"
+#include "trainer/output_dir_lock.h"
 #include "trainer/stop_signals.h"
 #include "trainer/tensorboard.h"
 
@@ -206,6 +207,19 @@ absl::StatusOr<TrainOutput> Trainer::Train() {
     return absl::InvalidArgumentError(absl::StrCat(
         "eval_strategy is ", proto::TrainingArguments::Strategy_Name(args_.eval_strategy()),
         " but the Trainer has no eval dataset: pass one, or set eval_strategy: NO"));
+  }
+  // Before anything is written to output_dir: one job at a time (rank 0 holds the lock until
+  // Train returns, on every path; the kernel drops it if the process dies).
+  std::unique_ptr<OutputDirLock> output_lock;
+  {
+    absl::Status locked = absl::OkStatus();
+    if (engine_->rank() == 0) {
+      absl::StatusOr<std::unique_ptr<OutputDirLock>> taken =
+          OutputDirLock::Acquire(args_.output_dir());
+      if (taken.ok()) output_lock = *std::move(taken);
+      locked = taken.status();
+    }
+    CT_RETURN_IF_ERROR(AllRanksOk(locked));
   }
   CT_RETURN_IF_ERROR(Preflight());
   CT_RETURN_IF_ERROR(PrepareOutputDir());

@@ -208,8 +208,11 @@ absl::StatusOr<TrainOutput> Trainer::Train() {
         "eval_strategy is ", proto::TrainingArguments::Strategy_Name(args_.eval_strategy()),
         " but the Trainer has no eval dataset: pass one, or set eval_strategy: NO"));
   }
-  // Before anything is written to output_dir: one job at a time (rank 0 holds the lock until
-  // Train returns, on every path; the kernel drops it if the process dies).
+  // The preflight only probes output_dir (writable, free space) and leaves nothing there.
+  CT_RETURN_IF_ERROR(Preflight());
+  // Before anything is written to output_dir (checkpoints removed, metrics, saves): one job at
+  // a time (rank 0 holds the lock until Train returns, on every path; the kernel drops it if
+  // the process dies).
   std::unique_ptr<OutputDirLock> output_lock;
   {
     absl::Status locked = absl::OkStatus();
@@ -221,7 +224,6 @@ absl::StatusOr<TrainOutput> Trainer::Train() {
     }
     CT_RETURN_IF_ERROR(AllRanksOk(locked));
   }
-  CT_RETURN_IF_ERROR(Preflight());
   CT_RETURN_IF_ERROR(PrepareOutputDir());
   // SIGTERM/SIGINT from here on end training at a step boundary with a checkpoint.
   StopSignals stop_signals;

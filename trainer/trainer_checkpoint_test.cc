@@ -22,6 +22,7 @@
 #include "gmock/gmock.h"
 #include "models/configs.h"
 #include "models/decoder.h"
+#include "trainer/run_identity.h"
 #include "trainer/testing/trainer_testing.h"
 #include "trainer/trainer.h"
 
@@ -401,6 +402,71 @@ TEST(TrainerCheckpointIntegrityTest, LatestSkipsACheckpointWithoutItsManifest) {
   out = Resume(dir, dir + "/checkpoint-6", 8);
   ASSERT_FALSE(out.ok());
   EXPECT_THAT(std::string(out.status().message()), HasSubstr("manifest.pb' is missing"));
+}
+
+// A job of another configuration started on an output_dir that holds another run's
+// checkpoints (as a job killed before its first save and restarted with latest finds them):
+// latest refuses them, naming both identities and the way to continue anyway; the explicit
+// path continues; the same run with more steps (max_steps is not part of the identity) resumes.
+TEST(TrainerCheckpointIntegrityTest, LatestRefusesAnotherRunsCheckpoint) {
+  const std::string dir = TestTempDir("another_run");
+  TrainSixSteps(dir);  // learning_rate 1e-2
+  proto::TrainingArguments other = Args(dir, 6);
+  other.set_learning_rate(2e-2);
+  const std::string theirs = RunIdentity(Args(dir, 6));
+  const std::string mine = RunIdentity(other);
+  ASSERT_NE(theirs, mine);
+  other.set_resume_from_checkpoint("latest");
+  {
+    Trainer trainer(other, TinyDecoder(2), VariableLengthTokens(24, 4));
+    auto out = trainer.Train();
+    ASSERT_FALSE(out.ok());
+    EXPECT_EQ(out.status().code(), absl::StatusCode::kFailedPrecondition) << out.status();
+    EXPECT_THAT(std::string(out.status().message()),
+                AllOf(HasSubstr("latest found " + dir + "/checkpoint-6, but another run saved it"),
+                      HasSubstr("its run identity is " + theirs + ", this job's is " + mine),
+                      HasSubstr("set resume_from_checkpoint to its path")));
+  }
+  other.set_resume_from_checkpoint(dir + "/checkpoint-6");
+  other.set_max_steps(9);
+  {
+    Trainer trainer(other, TinyDecoder(2), VariableLengthTokens(24, 4));
+    auto out = trainer.Train();
+    ASSERT_TRUE(out.ok()) << out.status();
+    EXPECT_EQ(out->global_step, 9);
+  }
+  // checkpoint-9 is the other run's: latest with its arguments and more steps continues it.
+  other.set_resume_from_checkpoint("latest");
+  other.set_max_steps(12);
+  {
+    std::string log;
+    Trainer trainer(other, TinyDecoder(2), VariableLengthTokens(24, 4));
+    ::testing::internal::CaptureStderr();
+    auto out = trainer.Train();
+    log = ::testing::internal::GetCapturedStderr();
+    ASSERT_TRUE(out.ok()) << out.status();
+    EXPECT_EQ(out->global_step, 12);
+    EXPECT_THAT(log, HasSubstr("resumed from " + dir + "/checkpoint-9 at step 9"));
+  }
+}
+
+TEST(RunIdentityTest, IgnoresWhatAResumeMayChangeAndNamesRealFields) {
+  proto::TrainingArguments args = Args("/a", 6);
+  const std::string base = RunIdentity(args);
+  EXPECT_EQ(base.size(), 16u);
+  proto::TrainingArguments changed = args;
+  changed.set_output_dir("/b");
+  changed.set_max_steps(100);
+  changed.set_save_steps(7);
+  changed.set_resume_from_checkpoint("latest");
+  changed.mutable_ddp();
+  EXPECT_EQ(RunIdentity(changed), base);
+  changed.set_seed(7);
+  EXPECT_NE(RunIdentity(changed), base);
+  EXPECT_NE(RunIdentity(args, "data a"), RunIdentity(args, "data b"));
+  for (const std::string& name : RunIdentityIgnoredFields()) {
+    EXPECT_NE(proto::TrainingArguments::descriptor()->FindFieldByName(name), nullptr) << name;
+  }
 }
 
 TEST(TrainerCheckpointIntegrityTest, MissingRngStateIsAnErrorUnlessNotStrict) {

@@ -421,6 +421,11 @@ absl::Status Trainer::SameRun(const std::string& dir, const proto::TrainerCheckp
 
 absl::StatusOr<proto::TrainerCheckpointState> Trainer::VerifyResumable(const std::string& dir) {
   absl::StatusOr<proto::TrainerCheckpointState> saved = VerifyResumableOnThisRank(dir);
+  // With several ranks, each says in its own log why it refuses (rank 0's warnings and every
+  // rank's error repeat it, gathered); one process says it once, below.
+  if (!saved.ok() && engine_->world_size() > 1) {
+    LOG(WARNING) << "this rank cannot resume from " << dir << ": " << saved.status().message();
+  }
   // Every rank checked what it will read; all decide alike: DataLoss (latest then tries an
   // older checkpoint) only when every rank that failed found damage.
   CT_ASSIGN_OR_RETURN(std::vector<RankFailure> failures, GatherFailures(*engine_, saved.status()));

@@ -272,9 +272,11 @@ void CompareDecoderConfig(const std::string& dir, const proto::CheckpointManifes
     problems.AddConfigDifferences(DecoderConfigDifferences(manifest.decoder(), decoder->config()));
     return;
   }
-  const std::string config_json = dir + "/config.json";
-  if (!std::filesystem::exists(config_json)) return;
-  absl::StatusOr<proto::DecoderConfig> saved = DecoderConfigFromHfConfig(config_json);
+  absl::StatusOr<std::string> config_json = CheckpointFilePath(dir, "config.json");
+  if (absl::IsNotFound(config_json.status())) return;
+  absl::StatusOr<proto::DecoderConfig> saved =
+      config_json.ok() ? DecoderConfigFromHfConfig(*config_json)
+                       : absl::StatusOr<proto::DecoderConfig>(config_json.status());
   if (!saved.ok()) {
     LOG(WARNING) << "checkpoint '" << dir
                  << "': cannot compare the model with config.json: " << saved.status();

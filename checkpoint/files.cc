@@ -110,6 +110,85 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
+namespace {
+
+std::string KindOf(mode_t mode) {
+  if (S_ISLNK(mode)) return "a symbolic link";
+  if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISCHR(mode) || S_ISBLK(mode)) return "a device";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a regular file";
+}
+
+absl::Status NotRegular(const std::string& dir, const std::string& name, mode_t mode,
+                        FileLinks links) {
+  const std::string where = absl::StrCat("checkpoint directory '", dir, "': '", name, "' is ");
+  if (S_ISLNK(mode)) {
+    return absl::DataLossError(absl::StrCat(
+        where, "a symbolic link, which a checkpoint never holds (its files are written in "
+               "place), so it may lead outside the checkpoint; replace it with the file itself, "
+               "or use another checkpoint"));
+  }
+  return absl::DataLossError(absl::StrCat(
+      where, KindOf(mode), ", not a regular file", links == FileLinks::kFollow ? " (after links)" : "",
+      "; it is refused without being opened (a FIFO would block the reader): put the file "
+      "itself there, or use another checkpoint"));
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> CheckpointFilePath(const std::string& dir, const std::string& name,
+                                               FileLinks links) {
+  if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos ||
+      name.find('\0') != std::string::npos) {
+    return absl::DataLossError(absl::StrCat(
+        "checkpoint directory '", dir, "': its index names the file \"", name,
+        "\", which is not a plain file name inside the directory (expected a name without '/', "
+        "not \".\" or \"..\", so not an absolute path or one in another directory): the "
+        "manifest or index is damaged or was edited; use another checkpoint"));
+  }
+  const std::string path = absl::StrCat(dir, "/", name);
+  struct stat info;
+  const int found = links == FileLinks::kRefuse ? ::lstat(path.c_str(), &info)
+                                                : ::stat(path.c_str(), &info);
+  if (found != 0) {
+    const int error = errno;
+    if (error == ENOENT) {
+      return absl::NotFoundError(absl::StrCat("'", path, "' does not exist"));
+    }
+    return absl::ErrnoToStatus(error, absl::StrCat("checkpoint directory '", dir,
+                                                   "': cannot look at '", name, "'"));
+  }
+  if (!S_ISREG(info.st_mode)) return NotRegular(dir, name, info.st_mode, links);
+  return path;
+}
+
+absl::StatusOr<std::string> ReadCheckpointFile(const std::string& dir, const std::string& name,
+                                               FileLinks links) {
+  CT_ASSIGN_OR_RETURN(const std::string path, CheckpointFilePath(dir, name, links));
+  const int flags =
+      O_RDONLY | O_NONBLOCK | O_CLOEXEC | (links == FileLinks::kRefuse ? O_NOFOLLOW : 0);
+  ScopedFd fd{::open(path.c_str(), flags)};
+  struct stat info;
+  if (fd.fd < 0 || ::fstat(fd.fd, &info) != 0) {
+    const int error = errno;
+    if (error == ELOOP) return NotRegular(dir, name, S_IFLNK, links);  // became a link
+    return absl::ErrnoToStatus(error, absl::StrCat("cannot read '", path, "'"));
+  }
+  if (!S_ISREG(info.st_mode)) return NotRegular(dir, name, info.st_mode, links);
+  std::string contents;
+  char buffer[1 << 16];
+  while (true) {
+    const ssize_t n = ::read(fd.fd, buffer, sizeof(buffer));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return absl::ErrnoToStatus(errno, absl::StrCat("cannot read '", path, "'"));
+    if (n == 0) break;
+    contents.append(buffer, static_cast<size_t>(n));
+  }
+  return contents;
+}
+
 absl::Status FsyncDirectory(const std::string& dir) {
   ScopedFd fd{::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)};
   if (fd.fd < 0 || ::fsync(fd.fd) != 0) {

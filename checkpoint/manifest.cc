@@ -74,7 +74,11 @@ std::string WithChecksumLine(const std::string& text) {
 }
 
 absl::StatusOr<std::string> ReadChecksummedText(const std::string& path, bool required) {
-  CT_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
+  const size_t slash = path.find_last_of('/');
+  CT_ASSIGN_OR_RETURN(std::string text,
+                      slash == std::string::npos
+                          ? ReadCheckpointFile(".", path)
+                          : ReadCheckpointFile(path.substr(0, slash), path.substr(slash + 1)));
   const size_t line = text.rfind(kChecksumLine);
   if (line == std::string::npos || (line > 0 && text[line - 1] != '\n')) {
     if (!required) return text;
@@ -113,7 +117,16 @@ absl::StatusOr<proto::TrainerCheckpointState> ReadTrainerState(const std::string
 }
 
 absl::StatusOr<proto::CheckpointManifest> ReadManifest(const std::string& dir) {
-  absl::StatusOr<std::string> bytes = ReadFile(absl::StrCat(dir, "/", kManifestFileName));
+  absl::StatusOr<std::string> bytes = ReadCheckpointFile(dir, kManifestFileName);
+  if (absl::IsNotFound(bytes.status()) &&
+      CheckpointFilePath(dir, kTrainerStateFileName).ok()) {
+    // trainer_state.textproto is written after the manifest: this checkpoint was finished.
+    return absl::DataLossError(absl::StrCat(
+        Where(dir), "missing, but ", kTrainerStateFileName,
+        " beside it marks a finished checkpoint (the Trainer writes it after the manifest): the "
+        "manifest was lost or removed after the save, so the checkpoint cannot be read; use "
+        "another checkpoint"));
+  }
   if (!bytes.ok()) {
     return absl::Status(bytes.status().code(),
                         absl::StrCat(Where(dir), "unreadable: ", bytes.status().message(),

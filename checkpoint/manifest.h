@@ -42,7 +42,9 @@ absl::Status WriteManifest(const std::string& dir, const proto::CheckpointManife
 
 // Reads `dir`/manifest.pb. A damaged file is a DataLoss error naming it and saying what is
 // wrong: "corrupted (could not be parsed)", "corrupted (checksum mismatch: ...)", or a format-2
-// manifest without its trailing checksum ("corrupted (truncated?)").
+// manifest without its trailing checksum ("corrupted (truncated?)"); so is a manifest.pb that is
+// not a regular file (CheckpointFilePath: a link, a FIFO, a directory), and a missing one in a
+// finished Trainer checkpoint (trainer_state.textproto present). Missing elsewhere: NotFound.
 absl::StatusOr<proto::CheckpointManifest> ReadManifest(const std::string& dir);
 
 // Whether the manifest carries checksums (format 2 or later).

@@ -476,10 +476,16 @@ absl::StatusOr<std::vector<std::string>> NamesByOffset(
 
 absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::string& path) {
   const std::string where = absl::StrCat("safetensors file '", path, "': ");
-  ScopedFd fd{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
+  // O_NONBLOCK: a FIFO in the file's place is refused below instead of blocking this open.
+  ScopedFd fd{::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC)};
   struct stat st;
   if (fd.fd < 0 || ::fstat(fd.fd, &st) != 0) {
     return absl::ErrnoToStatus(errno, absl::StrCat("cannot open safetensors file '", path, "'"));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, "not a regular file (", S_ISDIR(st.st_mode) ? "a directory" : S_ISFIFO(st.st_mode) ? "a FIFO" : "a device or socket",
+        "); expected the safetensors file itself"));
   }
   const uint64_t file_size = static_cast<uint64_t>(st.st_size);
   if (file_size < 8) {
@@ -658,14 +664,17 @@ absl::StatusOr<std::unique_ptr<SafetensorsModelDir>> SafetensorsModelDir::Open(
                                               kSafetensorsIndexFileName, " nor ",
                                               kSafetensorsFileName));
     }
-    CT_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> file, SafetensorsFile::Open(single_path));
+    CT_ASSIGN_OR_RETURN(const std::string checked,
+                        CheckpointFilePath(dir, kSafetensorsFileName, FileLinks::kFollow));
+    CT_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> file, SafetensorsFile::Open(checked));
     for (const std::string& name : file->names()) model->file_of_[name] = file.get();
     model->files_.push_back(std::move(file));
     return model;
   }
 
   const std::string where = absl::StrCat("safetensors index '", index_path, "': ");
-  CT_ASSIGN_OR_RETURN(std::string text, ReadFile(index_path));
+  CT_ASSIGN_OR_RETURN(std::string text,
+                      ReadCheckpointFile(dir, kSafetensorsIndexFileName, FileLinks::kFollow));
   absl::StatusOr<JsonValue> root = checkpoint_internal::ParseJson(text);
   if (!root.ok()) return absl::InvalidArgumentError(absl::StrCat(where, root.status().message()));
   const JsonValue* weight_map = root->is_object() ? root->Find("weight_map") : nullptr;
@@ -685,8 +694,12 @@ absl::StatusOr<std::unique_ptr<SafetensorsModelDir>> SafetensorsModelDir::Open(
     }
     const SafetensorsFile*& file = shards[shard.string];
     if (file == nullptr) {
+      // Links are followed: the Hub's cache links each file to ../../blobs/<hash>.
+      absl::StatusOr<std::string> checked =
+          CheckpointFilePath(dir, shard.string, FileLinks::kFollow);
       absl::StatusOr<std::unique_ptr<SafetensorsFile>> opened =
-          SafetensorsFile::Open(absl::StrCat(dir, "/", shard.string));
+          checked.ok() ? SafetensorsFile::Open(*checked)
+                       : absl::StatusOr<std::unique_ptr<SafetensorsFile>>(checked.status());
       if (!opened.ok()) {
         return absl::Status(opened.status().code(), absl::StrCat(where, "shard for tensor '", name,
                                                                  "': ", opened.status().message()));

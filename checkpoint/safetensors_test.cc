@@ -647,8 +647,7 @@ TEST(SafetensorsModelDirTest, RejectsInconsistentDirectories) {
       HasSubstr("shard 's1.safetensors' holds tensor 'b', which the weight_map does not map"));
   EXPECT_THAT(open_error({{"a", "../s1.safetensors"}}), HasSubstr("expected a file name"));
   EXPECT_THAT(open_error({{"a", "s2.safetensors"}}),
-              AllOf(HasSubstr("shard for tensor 'a': cannot open safetensors file"),
-                    HasSubstr("s2.safetensors")));
+              HasSubstr("shard for tensor 'a': '" + dir + "/s2.safetensors' does not exist"));
   EXPECT_THAT(WriteSafetensorsIndex(dir, {}, -1).message(), HasSubstr("total_size is -1"));
 }
 

@@ -1,14 +1,25 @@
 // Paths for checkpoint tests: a fresh scratch directory per test, and files under
-// checkpoint/testdata (run under Bazel, or CTest through cmake/run_test.sh).
+// checkpoint/testdata (run under Bazel, or CTest through cmake/run_test.sh); and a timeout for
+// code that must not block on a FIFO.
 //
 //   const std::string dir = FreshTestDir();                   // TEST_TMPDIR/<suite>.<test>
 //   const std::string golden = TestdataPath("golden.safetensors");
+//   absl::Status s = WithinTimeout<absl::Status>({fifo}, [&] { return Load(dir); });
 #ifndef CPPTRAIN_CHECKPOINT_TEST_DIRS_H_
 #define CPPTRAIN_CHECKPOINT_TEST_DIRS_H_
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
+#include <future>
 #include <string>
+#include <thread>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "checkpoint/files.h"
@@ -32,6 +43,29 @@ inline std::string FreshTestDir() {
 inline std::string TestdataPath(const std::string& name) {
   return absl::StrCat(std::getenv("TEST_SRCDIR"), "/", std::getenv("TEST_WORKSPACE"),
                       "/checkpoint/testdata/", name);
+}
+
+// Runs `body` on a thread of its own and returns its result. While it runs past `timeout` (a
+// reader blocked in open() of a FIFO), every FIFO of `fifos` is opened for writing and closed
+// again, every 100 ms, which lets a blocked open return and read an empty file, and the test
+// fails: a regression fails instead of hanging the test.
+template <typename T>
+T WithinTimeout(const std::vector<std::string>& fifos, std::function<T()> body,
+                std::chrono::seconds timeout = std::chrono::seconds(20)) {
+  std::packaged_task<T()> task(std::move(body));
+  std::future<T> result = task.get_future();
+  std::thread thread(std::move(task));
+  if (result.wait_for(timeout) != std::future_status::ready) {
+    ADD_FAILURE() << "still blocked after " << timeout.count() << " s: a FIFO was opened";
+    while (result.wait_for(std::chrono::milliseconds(100)) != std::future_status::ready) {
+      for (const std::string& fifo : fifos) {
+        const int fd = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);
+        if (fd >= 0) ::close(fd);
+      }
+    }
+  }
+  thread.join();
+  return result.get();
 }
 
 }  // namespace cpptrain

@@ -13,6 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
+#include "checkpoint/files.h"
 #include "checkpoint/internal/checkpoint_files.h"
 #include "checkpoint/manifest.h"
 #include "checkpoint/safetensors.h"
@@ -134,7 +135,13 @@ void VerifyTrainerFiles(const std::string& dir, const proto::CheckpointManifest&
     if (absl::StartsWith(name, kRngStatePrefix)) rng_files.insert(name);
   }
   for (const std::string& name : rng_files) {
-    VerifyFile(absl::StrCat(dir, "/", name), /*finite=*/false, report);
+    // Checked before it is opened: no link, no FIFO.
+    absl::StatusOr<std::string> path = CheckpointFilePath(dir, name);
+    if (path.ok()) {
+      VerifyFile(*path, /*finite=*/false, report);
+    } else {
+      report.problems.push_back(path.status());
+    }
   }
   if (!state.rng_state_saved()) return;
   for (int rank = 0; rank < state.world_size(); ++rank) {
@@ -153,7 +160,10 @@ absl::StatusOr<CheckpointVerification> VerifyCheckpoint(const std::string& dir,
                                                         const std::string& tensor_prefix) {
   const auto start = std::chrono::steady_clock::now();
   CheckpointVerification report;
-  if (Exists(absl::StrCat(dir, "/", kManifestFileName))) {
+  // A Trainer checkpoint (trainer_state.textproto) without its manifest is damaged, not a
+  // Hugging Face directory: ReadManifest says the manifest is missing.
+  if (Exists(absl::StrCat(dir, "/", kManifestFileName)) ||
+      Exists(absl::StrCat(dir, "/", kTrainerStateFileName))) {
     CT_ASSIGN_OR_RETURN(proto::CheckpointManifest manifest, ReadManifest(dir));
     report.format_version = manifest.format_version();
     VerifyPieces(dir, manifest, tensor_prefix, report);

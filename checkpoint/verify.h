@@ -43,7 +43,9 @@ struct CheckpointVerification {
   double seconds = 0;                // spent reading and checking
 };
 
-// `dir` is a checkpoint directory (manifest.pb) or a Hugging Face model directory. Only tensors
+// `dir` is a checkpoint directory (manifest.pb; a Trainer checkpoint, with
+// trainer_state.textproto, whose manifest is missing is a DataLoss error naming it) or a Hugging
+// Face model directory. Only tensors
 // whose manifest name starts with `tensor_prefix` are read ("model." for the model alone; the
 // Trainer's other files are then not checked). Errors only when `dir` is neither kind or its
 // manifest cannot be read (damaged: DataLoss); everything else is in the report.

@@ -99,7 +99,10 @@ absl::StatusOr<DirKind> Classify(const std::string& dir) {
         "'", dir, "' is not a directory", ec ? absl::StrCat(" (", ec.message(), ")") : "",
         ": pass a checkpoint directory or a Hugging Face model directory"));
   }
-  if (Exists(Join(dir, kManifestFileName))) return DirKind::kCheckpoint;
+  // A Trainer checkpoint without its manifest is a damaged checkpoint, not a model directory.
+  if (Exists(Join(dir, kManifestFileName)) || Exists(Join(dir, kTrainerStateFileName))) {
+    return DirKind::kCheckpoint;
+  }
   if (Exists(Join(dir, kSafetensorsFileName)) || Exists(Join(dir, kSafetensorsIndexFileName))) {
     return DirKind::kModelDir;
   }
@@ -277,8 +280,9 @@ class ModelSource {
   absl::StatusOr<const SafetensorsFile*> File(const std::string& name) {
     auto it = files_.find(name);
     if (it == files_.end()) {
-      CT_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> file,
-                          SafetensorsFile::Open(Join(dir_, name)));
+      // Checked before it is opened: a plain name in the directory, a regular file, no link.
+      CT_ASSIGN_OR_RETURN(const std::string path, CheckpointFilePath(dir_, name));
+      CT_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> file, SafetensorsFile::Open(path));
       it = files_.emplace(name, std::move(file)).first;
     }
     return it->second.get();

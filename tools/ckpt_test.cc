@@ -1,4 +1,5 @@
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <torch/torch.h>
 
 #include <cstdlib>
@@ -20,7 +21,9 @@
 #include "checkpoint/crc32c.h"
 #include "checkpoint/files.h"
 #include "checkpoint/hf_config.h"
+#include "checkpoint/manifest.h"
 #include "checkpoint/safetensors.h"
+#include "checkpoint/test_dirs.h"
 #include "models/configs.h"
 #include "models/decoder.h"
 #include "sharding/host_group.h"
@@ -469,6 +472,47 @@ TEST(CkptChecksumTest, ToShardedWritesChecksumsThatLoadingVerifies) {
   const absl::Status loaded = LoadModelState(sharded, *fresh, /*optimizer=*/nullptr);
   EXPECT_EQ(loaded.code(), absl::StatusCode::kDataLoss) << loaded;
   EXPECT_NE(loaded.message().find(ShardName(1, 3)), std::string::npos) << loaded;
+}
+
+// A Trainer checkpoint (trainer_state.textproto beside the data) whose manifest.pb is gone:
+// verify names the missing file instead of passing model.safetensors as a model directory,
+// and so does every command.
+TEST(CkptChecksumTest, VerifyRefusesATrainerCheckpointWithoutItsManifest) {
+  std::shared_ptr<DecoderLM> model = TinyModel(1);
+  for (const bool full : {true, false}) {
+    const std::string dir = TestDir(full ? "full" : "sharded");
+    SaveFull(dir, *model, full);
+    ASSERT_TRUE(WriteFileAtomically((fs::path(dir) / kTrainerStateFileName).string(),
+                                    WithChecksumLine("global_step: 1\n"))
+                    .ok());
+    std::ostringstream text;
+    ASSERT_TRUE(VerifyDirectory(dir, text).ok()) << text.str();
+    fs::remove(fs::path(dir) / kManifestFileName);
+    const absl::Status status = VerifyDirectory(dir, text);
+    EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+    EXPECT_NE(status.message().find(dir + "/manifest.pb' is missing, but trainer_state.textproto"),
+              std::string::npos)
+        << status;
+    std::ostringstream inspected;
+    EXPECT_EQ(InspectCheckpoint(dir, inspected).code(), absl::StatusCode::kDataLoss);
+  }
+}
+
+// ckpt verify of a checkpoint with a FIFO for its data: refused without blocking.
+TEST(CkptChecksumTest, VerifyRefusesAFifoWithoutBlocking) {
+  std::shared_ptr<DecoderLM> model = TinyModel(1);
+  const std::string dir = TestDir("fifo");
+  SaveFull(dir, *model);
+  const std::string fifo = (fs::path(dir) / kSafetensorsFileName).string();
+  fs::remove(fifo);
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  std::ostringstream text;
+  const absl::Status status = WithinTimeout<absl::Status>(
+      {fifo}, [&] { return VerifyDirectory(dir, text); });
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+  EXPECT_NE(status.message().find("'model.safetensors' is a FIFO (named pipe)"),
+            std::string::npos)
+      << status;
 }
 
 TEST(CkptChecksumTest, ModelDirectoriesWithAndWithoutChecksums) {

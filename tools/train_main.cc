@@ -159,6 +159,8 @@ absl::Status Run(const std::string& config_path, const std::vector<std::string>&
 
   Trainer trainer(args, model, data.train, data.eval, std::move(built.engine));
   if (model_config.has_pad_token_id()) trainer.set_pad_token_id(model_config.pad_token_id());
+  trainer.set_job_identity(
+      absl::StrCat("model ", job.model().ShortDebugString(), " data ", job.data().ShortDebugString()));
   if (job.data().builtin() == "arithmetic") trainer.set_compute_metrics(ArithmeticExactMatch);
   Metrics summary;
   if (args.do_train()) {

@@ -32,6 +32,7 @@
 #include "trainer/metrics_log.h"
 #include "trainer/optimizer.h"
 #include "trainer/optimizer_choice.h"
+#include "trainer/output_dir_lock.h"
 #include "trainer/stop_signals.h"
 #include "trainer/tensorboard.h"
 
@@ -208,7 +209,22 @@ absl::StatusOr<TrainOutput> Trainer::Train() {
         " but the Trainer has no eval dataset: pass one, or set eval_strategy: NO"));
   }
   CT_ASSIGN_OR_RETURN(const absl::Duration stop_grace, StopGraceFromEnvironment());
+  // The preflight only probes output_dir (writable, free space) and leaves nothing there.
   CT_RETURN_IF_ERROR(Preflight());
+  // Before anything is written to output_dir (checkpoints removed, metrics, saves): one job at
+  // a time (rank 0 holds the lock until Train returns, on every path; the kernel drops it if
+  // the process dies).
+  std::unique_ptr<OutputDirLock> output_lock;
+  {
+    absl::Status locked = absl::OkStatus();
+    if (engine_->rank() == 0) {
+      absl::StatusOr<std::unique_ptr<OutputDirLock>> taken =
+          OutputDirLock::Acquire(args_.output_dir());
+      if (taken.ok()) output_lock = *std::move(taken);
+      locked = taken.status();
+    }
+    CT_RETURN_IF_ERROR(AllRanksOk(locked));
+  }
   CT_RETURN_IF_ERROR(PrepareOutputDir());
   // SIGTERM/SIGINT from here on end training at a step boundary with a checkpoint, or end the
   // process stop_grace later if the step or the save is stuck.

@@ -116,6 +116,9 @@ class Trainer {
   void set_data_collator(DataCollatorFn fn) { data_collator_ = std::move(fn); }
   // Padding token the collator uses for token datasets (default 0).
   void set_pad_token_id(int64_t id) { pad_token_id_ = id; }
+  // What defines the run besides the training arguments (tools/train: its model and data
+  // configuration), part of the run identity saved with each checkpoint (trainer/run_identity.h).
+  void set_job_identity(std::string extra) { job_identity_ = std::move(extra); }
 
   const proto::TrainingArguments& args() const { return args_; }
   const TrainerState& state() const { return state_; }
@@ -252,6 +255,9 @@ class Trainer {
   // Collective: every rank verifies what it will load (VerifyResumableOnThisRank) and all
   // agree. DataLoss when any rank found the checkpoint damaged.
   absl::StatusOr<proto::TrainerCheckpointState> VerifyResumable(const std::string& dir);
+  // OK unless `saved` records a run identity other than this job's (resume_from_checkpoint:
+  // latest only; an explicit path continues whatever it names).
+  absl::Status SameRun(const std::string& dir, const proto::TrainerCheckpointState& saved);
   // trainer_state.textproto (checksum, parse), the model and optimizer state this rank reads
   // (VerifyModelState, strict by load_strict) and this rank's rng_state file.
   absl::StatusOr<proto::TrainerCheckpointState> VerifyResumableOnThisRank(const std::string& dir);
@@ -305,6 +311,7 @@ class Trainer {
   // before logging, evaluating and saving, and at the end of training.
   trainer_internal::DivergenceWatch divergence_;
   double last_lr_ = 0;
+  std::string job_identity_;
   std::string best_model_checkpoint_;  // "" until a checkpoint holds the best metric
   bool training_ = false;  // inside Train, whose log points check the callbacks' writes
   int stop_signal_ = 0;                // agreed by all ranks in the step's all-reduce

@@ -34,6 +34,7 @@
 #include "sharding/host_group.h"
 #include "trainer/internal/preflight.h"
 #include "trainer/metrics_log.h"
+#include "trainer/run_identity.h"
 #include "trainer/trainer.h"
 
 namespace cpptrain {
@@ -301,6 +302,7 @@ absl::Status Trainer::FinishCheckpoint(const std::string& name, const std::strin
   saved.set_world_size(engine_->world_size());
   saved.set_loss_total(loss_total_to_save_);
   saved.set_rng_state_saved(!args_.save_only_model());
+  saved.set_run_identity(RunIdentity(args_, job_identity_));
   std::string args_text, state_text;
   google::protobuf::TextFormat::PrintToString(args_, &args_text);
   google::protobuf::TextFormat::PrintToString(saved, &state_text);
@@ -385,6 +387,7 @@ absl::Status Trainer::ResumeFromCheckpoint(const std::string& requested) {
     const std::string dir = it->second.string();
     absl::StatusOr<proto::TrainerCheckpointState> saved = VerifyResumable(dir);
     if (saved.ok()) {
+      CT_RETURN_IF_ERROR(SameRun(dir, *saved));
       if (!damaged.empty()) {
         CT_LOG_RANK0(WARNING) << "resume_from_checkpoint: latest falls back to " << dir;
       }
@@ -402,8 +405,28 @@ absl::Status Trainer::ResumeFromCheckpoint(const std::string& requested) {
                    ". Resume from a copy, or start again without resume_from_checkpoint"));
 }
 
+absl::Status Trainer::SameRun(const std::string& dir, const proto::TrainerCheckpointState& saved) {
+  // The same arguments on every rank: every rank decides alike, without a collective.
+  const std::string mine = RunIdentity(args_, job_identity_);
+  if (!saved.has_run_identity() || saved.run_identity() == mine) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "resume_from_checkpoint: latest found ", dir, ", but another run saved it: its run identity "
+      "is ", saved.run_identity(), ", this job's is ", mine,
+      " (a hash of the training arguments without the fields a resumed run may change, such as "
+      "max_steps, num_train_epochs, output_dir, the logging, evaluation and saving schedule and "
+      "the engine; and of the model and data configuration; trainer/run_identity.h lists them). "
+      "Compare its training_args.textproto with this job's. To continue that checkpoint anyway, "
+      "set resume_from_checkpoint to its path (\"", dir, "\"); to start a new run, use another "
+      "output_dir"));
+}
+
 absl::StatusOr<proto::TrainerCheckpointState> Trainer::VerifyResumable(const std::string& dir) {
   absl::StatusOr<proto::TrainerCheckpointState> saved = VerifyResumableOnThisRank(dir);
+  // With several ranks, each says in its own log why it refuses (rank 0's warnings and every
+  // rank's error repeat it, gathered); one process says it once, below.
+  if (!saved.ok() && engine_->world_size() > 1) {
+    LOG(WARNING) << "this rank cannot resume from " << dir << ": " << saved.status().message();
+  }
   // Every rank checked what it will read; all decide alike: DataLoss (latest then tries an
   // older checkpoint) only when every rank that failed found damage.
   CT_ASSIGN_OR_RETURN(std::vector<RankFailure> failures, GatherFailures(*engine_, saved.status()));
@@ -428,7 +451,11 @@ absl::StatusOr<proto::TrainerCheckpointState> Trainer::VerifyResumableOnThisRank
   CT_RETURN_IF_ERROR(VerifyModelState(dir, *model_, engine_->optimizer(), options));
   if (saved.world_size() != engine_->world_size()) return saved;  // the RNG is not restored
   const std::string rng_path = RngStatePath(dir, engine_->rank());
-  if (!fs::exists(rng_path)) {
+  // Checked before it is opened: a regular file, no link, no FIFO.
+  const absl::StatusOr<std::string> rng_checked =
+      CheckpointFilePath(dir, fs::path(rng_path).filename().string());
+  if (!rng_checked.ok() && !absl::IsNotFound(rng_checked.status())) return rng_checked.status();
+  if (!rng_checked.ok()) {
     if (!saved.rng_state_saved()) return saved;  // save_only_model, or an older checkpoint
     const std::string missing = absl::StrCat(
         "checkpoint '", dir, "': '", fs::path(rng_path).filename().string(),

@@ -3,6 +3,7 @@
 // directories are never picked, save_total_limit keeps the newest and the best, and
 // load_best_model_at_end restores the best one.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <torch/torch.h>
 
 #include <cstdlib>
@@ -17,9 +18,11 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/hf_model.h"
 #include "checkpoint/safetensors.h"
+#include "checkpoint/test_dirs.h"
 #include "gmock/gmock.h"
 #include "models/configs.h"
 #include "models/decoder.h"
+#include "trainer/run_identity.h"
 #include "trainer/testing/trainer_testing.h"
 #include "trainer/trainer.h"
 
@@ -333,6 +336,137 @@ TEST(TrainerCheckpointIntegrityTest, UnfinishedFirstSaveIsSkippedAndTrainingStar
                                    "step 0")));
   EXPECT_FALSE(fs::exists(dir + "/.tmp-checkpoint-3"));  // the first save cleared it
   EXPECT_TRUE(fs::exists(dir + "/checkpoint-6/" + kTrainerStateFileName));
+}
+
+// resume_from_checkpoint: latest with a FIFO in place of `file` of checkpoint-6: skipped
+// without blocking (under a timeout), with a warning naming it, and checkpoint-3 resumed.
+void ExpectLatestSkipsFifo(const std::string& dir, const std::string& file) {
+  TrainSixSteps(dir);
+  const std::string fifo = dir + "/checkpoint-6/" + file;
+  fs::remove(fifo);
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  std::string log;
+  auto out = WithinTimeout<absl::StatusOr<TrainOutput>>(
+      {fifo}, [&] { return Resume(dir, "latest", 6, &log); });
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(out->global_step, 6);
+  EXPECT_THAT(log, AllOf(HasSubstr("latest skips " + dir + "/checkpoint-6, which fails"),
+                         HasSubstr("'" + file + "' is a FIFO (named pipe), not a regular file"),
+                         HasSubstr("latest falls back to " + dir + "/checkpoint-3")));
+}
+
+TEST(TrainerCheckpointIntegrityTest, LatestSkipsAFifoInPlaceOfTheModelFile) {
+  ExpectLatestSkipsFifo(TestTempDir("latest_fifo_model"), "model.safetensors");
+}
+
+TEST(TrainerCheckpointIntegrityTest, LatestSkipsAFifoInPlaceOfTheManifest) {
+  ExpectLatestSkipsFifo(TestTempDir("latest_fifo_manifest"), kManifestFileName);
+}
+
+TEST(TrainerCheckpointIntegrityTest, ExplicitPathWithALinkedOrFifoFileIsRefused) {
+  const std::string dir = TestTempDir("explicit_link");
+  TrainSixSteps(dir);
+  const std::string ckpt = dir + "/checkpoint-6";
+  fs::rename(ckpt + "/model.safetensors", dir + "/outside.safetensors");
+  fs::create_symlink(dir + "/outside.safetensors", ckpt + "/model.safetensors");
+  auto out = Resume(dir, ckpt, 8);
+  ASSERT_FALSE(out.ok());
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kDataLoss) << out.status();
+  EXPECT_THAT(std::string(out.status().message()),
+              HasSubstr("'model.safetensors' is a symbolic link"));
+
+  fs::remove(ckpt + "/rng_state_0.safetensors");
+  ASSERT_EQ(::mkfifo((ckpt + "/rng_state_0.safetensors").c_str(), 0644), 0);
+  fs::remove(ckpt + "/model.safetensors");
+  fs::rename(dir + "/outside.safetensors", ckpt + "/model.safetensors");
+  out = WithinTimeout<absl::StatusOr<TrainOutput>>(
+      {ckpt + "/rng_state_0.safetensors"}, [&] { return Resume(dir, ckpt, 8); });
+  ASSERT_FALSE(out.ok());
+  EXPECT_THAT(std::string(out.status().message()),
+              HasSubstr("'rng_state_0.safetensors' is a FIFO (named pipe), not a regular file"));
+}
+
+TEST(TrainerCheckpointIntegrityTest, LatestSkipsACheckpointWithoutItsManifest) {
+  const std::string dir = TestTempDir("latest_no_manifest");
+  TrainSixSteps(dir);
+  fs::remove(dir + "/checkpoint-6/" + kManifestFileName);
+  std::string log;
+  auto out = Resume(dir, "latest", 6, &log);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(out->global_step, 6);
+  EXPECT_THAT(log, AllOf(HasSubstr("latest skips " + dir + "/checkpoint-6, which fails"),
+                         HasSubstr("checkpoint-6/manifest.pb' is missing"),
+                         HasSubstr("latest falls back to " + dir + "/checkpoint-3")));
+  // Named explicitly (the resumed run saved checkpoint-6 again), an error naming the file.
+  fs::remove(dir + "/checkpoint-6/" + kManifestFileName);
+  out = Resume(dir, dir + "/checkpoint-6", 8);
+  ASSERT_FALSE(out.ok());
+  EXPECT_THAT(std::string(out.status().message()), HasSubstr("manifest.pb' is missing"));
+}
+
+// A job of another configuration started on an output_dir that holds another run's
+// checkpoints (as a job killed before its first save and restarted with latest finds them):
+// latest refuses them, naming both identities and the way to continue anyway; the explicit
+// path continues; the same run with more steps (max_steps is not part of the identity) resumes.
+TEST(TrainerCheckpointIntegrityTest, LatestRefusesAnotherRunsCheckpoint) {
+  const std::string dir = TestTempDir("another_run");
+  TrainSixSteps(dir);  // learning_rate 1e-2
+  proto::TrainingArguments other = Args(dir, 6);
+  other.set_learning_rate(2e-2);
+  const std::string theirs = RunIdentity(Args(dir, 6));
+  const std::string mine = RunIdentity(other);
+  ASSERT_NE(theirs, mine);
+  other.set_resume_from_checkpoint("latest");
+  {
+    Trainer trainer(other, TinyDecoder(2), VariableLengthTokens(24, 4));
+    auto out = trainer.Train();
+    ASSERT_FALSE(out.ok());
+    EXPECT_EQ(out.status().code(), absl::StatusCode::kFailedPrecondition) << out.status();
+    EXPECT_THAT(std::string(out.status().message()),
+                AllOf(HasSubstr("latest found " + dir + "/checkpoint-6, but another run saved it"),
+                      HasSubstr("its run identity is " + theirs + ", this job's is " + mine),
+                      HasSubstr("set resume_from_checkpoint to its path")));
+  }
+  other.set_resume_from_checkpoint(dir + "/checkpoint-6");
+  other.set_max_steps(9);
+  {
+    Trainer trainer(other, TinyDecoder(2), VariableLengthTokens(24, 4));
+    auto out = trainer.Train();
+    ASSERT_TRUE(out.ok()) << out.status();
+    EXPECT_EQ(out->global_step, 9);
+  }
+  // checkpoint-9 is the other run's: latest with its arguments and more steps continues it.
+  other.set_resume_from_checkpoint("latest");
+  other.set_max_steps(12);
+  {
+    std::string log;
+    Trainer trainer(other, TinyDecoder(2), VariableLengthTokens(24, 4));
+    ::testing::internal::CaptureStderr();
+    auto out = trainer.Train();
+    log = ::testing::internal::GetCapturedStderr();
+    ASSERT_TRUE(out.ok()) << out.status();
+    EXPECT_EQ(out->global_step, 12);
+    EXPECT_THAT(log, HasSubstr("resumed from " + dir + "/checkpoint-9 at step 9"));
+  }
+}
+
+TEST(RunIdentityTest, IgnoresWhatAResumeMayChangeAndNamesRealFields) {
+  proto::TrainingArguments args = Args("/a", 6);
+  const std::string base = RunIdentity(args);
+  EXPECT_EQ(base.size(), 16u);
+  proto::TrainingArguments changed = args;
+  changed.set_output_dir("/b");
+  changed.set_max_steps(100);
+  changed.set_save_steps(7);
+  changed.set_resume_from_checkpoint("latest");
+  changed.mutable_ddp();
+  EXPECT_EQ(RunIdentity(changed), base);
+  changed.set_seed(7);
+  EXPECT_NE(RunIdentity(changed), base);
+  EXPECT_NE(RunIdentity(args, "data a"), RunIdentity(args, "data b"));
+  for (const std::string& name : RunIdentityIgnoredFields()) {
+    EXPECT_NE(proto::TrainingArguments::descriptor()->FindFieldByName(name), nullptr) << name;
+  }
 }
 
 TEST(TrainerCheckpointIntegrityTest, MissingRngStateIsAnErrorUnlessNotStrict) {

@@ -13,6 +13,7 @@
 #include "base/status.h"
 #include "base/torch_status.h"
 #include "checkpoint/crc32c.h"
+#include "checkpoint/files.h"
 #include "checkpoint/manifest.h"
 
 namespace cpptrain {
@@ -48,12 +49,18 @@ std::string TensorDisplayName(const std::string& manifest_name) {
 absl::StatusOr<const SafetensorsFile*> CheckpointFiles::File(const std::string& name) {
   auto it = files_.find(name);
   if (it != files_.end()) return it->second.get();
-  const std::string path = absl::StrCat(dir_, "/", name);
-  if (::access(path.c_str(), F_OK) != 0) {
+  // Checked before anything opens or maps it: a plain name, a regular file, no link.
+  absl::StatusOr<std::string> path = CheckpointFilePath(dir_, name);
+  if (absl::IsNotFound(path.status())) {
     return absl::DataLossError(absl::StrCat("checkpoint '", dir_, "': file '", name,
                                             "', which the manifest lists, is missing"));
   }
-  absl::StatusOr<std::unique_ptr<SafetensorsFile>> opened = SafetensorsFile::Open(path);
+  if (!path.ok()) {
+    return absl::DataLossError(absl::StrCat("checkpoint '", dir_, "': file '", name,
+                                            "', which the manifest lists, is refused: ",
+                                            path.status().message()));
+  }
+  absl::StatusOr<std::unique_ptr<SafetensorsFile>> opened = SafetensorsFile::Open(*path);
   if (!opened.ok()) {
     return absl::DataLossError(absl::StrCat("checkpoint '", dir_, "': file '", name,
                                             "' is damaged: ", opened.status().message()));

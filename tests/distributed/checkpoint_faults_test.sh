@@ -92,6 +92,24 @@ for n in 2 3; do
     "Input/output error" --engine=fsdp --resume="$tmp/base/checkpoint-2" --max_steps=4
 done
 
+# latest where one rank's file is gone (rng_state_1.safetensors): rank 1 alone refuses the
+# checkpoint; it says why in its own log, and rank 0's warning and every rank's error name it.
+mkdir -p "$tmp/one_rank"
+cp -r "$tmp/base/checkpoint-2" "$tmp/one_rank/"
+rm "$tmp/one_rank/checkpoint-2/rng_state_1.safetensors"
+timeout 90 "$launch" --nproc_per_node=2 --master_port=0 --grace_period_s=60 "$program" \
+  --use_cpu --engine=fsdp --resume=latest --max_steps=4 --output_dir="$tmp/one_rank" \
+  >"$tmp/one_rank.log" 2>&1
+code=$?
+ran=$((ran + 1))
+echo "== one_rank: 2 processes, rng_state_1.safetensors removed, latest: exit $code"
+own=$(grep -m1 "^\[rank 1\] .*this rank cannot resume from $tmp/one_rank/checkpoint-2: .*'rng_state_1.safetensors' is missing" "$tmp/one_rank.log")
+echo "  ${own:0:400}"
+[[ -n "$own" ]] || fail "one_rank: rank 1 does not log why it refused the checkpoint"
+grep -q "^\[rank 0\] .*latest skips $tmp/one_rank/checkpoint-2, which fails verification: rank 1 failed: .*rng_state_1.safetensors' is missing" \
+  "$tmp/one_rank.log" || fail "one_rank: rank 0's warning does not give rank 1's reason"
+[[ $code -ne 0 ]] || fail "one_rank: exit 0 with the only checkpoint refused"
+
 # split: each rank's output_dir is its own directory, mounted at the same path.
 wrap="$tmp/own_output_dir.sh"
 cat >"$wrap" <<'EOF'

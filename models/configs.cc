@@ -1,5 +1,6 @@
 #include "models/configs.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -60,7 +61,76 @@ absl::Status CheckPositive(absl::string_view field, bool has, int64_t value) {
   return absl::OkStatus();
 }
 
+// What the model type's transformers class can build: each feature set is one that class has.
+absl::Status CheckModelTypeFeatures(const proto::DecoderConfig& c) {
+  const std::string type = ResolvedModelType(c);
+  const std::vector<std::string> types = SupportedModelTypes();
+  if (std::find(types.begin(), types.end(), type) == types.end()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "DecoderConfig.model_type = \"", type, "\" is not implemented; supported: ",
+        absl::StrJoin(types, ", "), " (Gemma, Phi-3, mixture-of-experts and encoder-decoder "
+        "models are not)"));
+  }
+  auto refuse = [&](absl::string_view what) {
+    return absl::InvalidArgumentError(absl::StrCat("DecoderConfig with model_type \"", type,
+                                                   "\" ", what,
+                                                   "; transformers' class for that type has no "
+                                                   "such model: change the field or model_type"));
+  };
+  if (c.attention_bias() && c.qkv_bias()) {
+    return absl::InvalidArgumentError(
+        "DecoderConfig sets both attention_bias (biases on q, k, v and o) and qkv_bias (q, k and "
+        "v only); set one");
+  }
+  if (type == "qwen3" && !c.qk_norm()) return refuse("has qk_norm false (Qwen3 always has it)");
+  if (type != "qwen3" && c.qk_norm()) return refuse("has qk_norm true (only qwen3 has it)");
+  if (type == "qwen2" && !c.qkv_bias()) {
+    return refuse("has qkv_bias false (Qwen2 always has q/k/v biases)");
+  }
+  if (type != "qwen2" && c.qkv_bias()) return refuse("has qkv_bias true (only qwen2 has it)");
+  if ((type == "qwen2" || type == "mistral") && c.attention_bias()) {
+    return refuse("has attention_bias true");
+  }
+  if (type != "llama" && c.mlp_bias()) return refuse("has mlp_bias true (only llama has it)");
+  if (type == "llama" && c.has_sliding_window()) {
+    return refuse("has a sliding_window (use model_type \"mistral\")");
+  }
+  if (type == "mistral" && c.first_sliding_layer() != 0) {
+    return refuse("has first_sliding_layer > 0 (Mistral's window is in every layer)");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckAttentionOptions(const proto::DecoderConfig& c) {
+  if (c.has_sliding_window() && c.sliding_window() <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("DecoderConfig.sliding_window = ", c.sliding_window(),
+                     " must be positive; leave it unset for attention to the whole prefix"));
+  }
+  if (c.first_sliding_layer() < 0 || c.first_sliding_layer() > c.num_hidden_layers()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "DecoderConfig.first_sliding_layer = ", c.first_sliding_layer(),
+        " is outside [0, num_hidden_layers = ", c.num_hidden_layers(), "]"));
+  }
+  if (!(c.attention_dropout() >= 0 && c.attention_dropout() < 1)) {
+    return absl::InvalidArgumentError(absl::StrCat("DecoderConfig.attention_dropout = ",
+                                                   c.attention_dropout(),
+                                                   " must be in [0, 1)"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+std::vector<std::string> SupportedModelTypes() { return {"llama", "mistral", "qwen2", "qwen3"}; }
+
+std::string ResolvedModelType(const proto::DecoderConfig& c) {
+  if (c.has_model_type()) return c.model_type();
+  if (c.qk_norm()) return "qwen3";
+  if (c.qkv_bias()) return "qwen2";
+  if (c.has_sliding_window()) return "mistral";
+  return "llama";
+}
 
 std::vector<std::string> KnownDecoderConfigNames() {
   std::vector<std::string> names;
@@ -133,6 +203,8 @@ absl::Status ValidateDecoderConfig(const proto::DecoderConfig& c) {
         "DecoderConfig needs rope_theta > 0, rms_norm_eps > 0 and initializer_range >= 0; got ",
         c.rope_theta(), ", ", c.rms_norm_eps(), ", ", c.initializer_range()));
   }
+  CT_RETURN_IF_ERROR(CheckAttentionOptions(c));
+  CT_RETURN_IF_ERROR(CheckModelTypeFeatures(c));
   return ValidateRopeScaling(c);
 }
 
@@ -151,6 +223,8 @@ int64_t DecoderParameterCount(const proto::DecoderConfig& c) {
                       3 * hidden * c.intermediate_size() + 2 * hidden;
   if (c.qk_norm()) per_layer += 2 * head_dim;
   if (c.attention_bias()) per_layer += q_size + 2 * kv_size + hidden;
+  if (c.qkv_bias()) per_layer += q_size + 2 * kv_size;
+  if (c.mlp_bias()) per_layer += 2 * c.intermediate_size() + hidden;
   const int64_t embedding = c.vocab_size() * hidden;
   const int64_t lm_head = c.tie_word_embeddings() ? 0 : c.vocab_size() * hidden;
   return embedding + c.num_hidden_layers() * per_layer + hidden + lm_head;

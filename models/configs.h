@@ -29,8 +29,19 @@ absl::StatusOr<proto::DecoderConfig> NamedDecoderConfig(absl::string_view name);
 absl::StatusOr<proto::DecoderConfig> ResolveModelSpec(const proto::ModelSpec& spec);
 
 // Every size is set and positive; heads are a multiple of KV heads; without head_dim,
-// hidden_size is a multiple of num_attention_heads; head_dim is even (rotary pairs).
+// hidden_size is a multiple of num_attention_heads; head_dim is even (rotary pairs);
+// sliding_window, first_sliding_layer and attention_dropout are in range; and the model type
+// (ResolvedModelType) has the features set: qwen3 has qk_norm, qwen2 has qkv_bias, only llama
+// has mlp_bias, llama has no sliding window, mistral has no biases.
 absl::Status ValidateDecoderConfig(const proto::DecoderConfig& config);
+
+// The Hugging Face model types the decoder implements, for error messages:
+// "llama", "mistral", "qwen2", "qwen3".
+std::vector<std::string> SupportedModelTypes();
+
+// config.model_type when set; otherwise "qwen3" with qk_norm, "qwen2" with qkv_bias, "mistral"
+// with a sliding window, else "llama".
+std::string ResolvedModelType(const proto::DecoderConfig& config);
 
 // Validates `config` and builds the model on the CPU, initialized as `init` says (default:
 // from the global generator).

@@ -1,6 +1,6 @@
 // The architectures beyond Llama and Qwen3 against transformers: Qwen2 (q/k/v biases; tied and
-// untied; use_sliding_window off and on), Llama with mlp_bias, and Mistral (a sliding window
-// shorter than the sequence). Directories written by tests/golden/gen_hf_arch_golden.py load
+// untied; use_sliding_window off and on), Qwen3 with a sliding window, Llama with mlp_bias, and
+// Mistral (a sliding window shorter than the sequence). Directories written by tests/golden/gen_hf_arch_golden.py load
 // into DecoderLM and give transformers' logits, loss and 20 AdamW steps; config.json fields map
 // onto DecoderConfig and back; architectures the decoder does not implement are refused with
 // the list of those it does.
@@ -8,9 +8,13 @@
 #include <torch/optim/adamw.h>
 #include <torch/utils.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
+#include <iomanip>
+#include <iostream>
 #include <fstream>
 #include <iterator>
 #include <string>
@@ -87,15 +91,18 @@ void ExpectTransformersParity(const std::string& name) {
   const Golden golden = ReadGolden(dir);
   ASSERT_TRUE(golden.logits.defined());
   const Batch batch = LmBatch(golden.input_ids);
+  double logits_diff = 0, loss_relative_diff = 0, train_diff = 0;
   model.eval();
   {
     at::NoGradGuard no_grad;
     const at::Tensor logits = model.Logits(golden.input_ids);
     ASSERT_EQ(logits.sizes(), golden.logits.sizes());
-    EXPECT_LT((logits - golden.logits).abs().max().item<double>(), 1e-5);
+    logits_diff = (logits - golden.logits).abs().max().item<double>();
+    EXPECT_LT(logits_diff, 1e-5);
     EXPECT_GT(golden.logits.std().item<double>(), 0.1);  // far from zero and from each other
     const double loss = MeanLoss(model, batch).item<double>();
-    EXPECT_LT(std::abs(loss - golden.loss), 1e-6 * std::abs(golden.loss))
+    loss_relative_diff = std::abs(loss - golden.loss) / std::abs(golden.loss);
+    EXPECT_LT(loss_relative_diff, 1e-6)
         << "loss " << loss << ", transformers " << golden.loss;
   }
 
@@ -110,7 +117,11 @@ void ExpectTransformersParity(const std::string& name) {
     adamw.step();
     const double want = golden.train_losses[step].item<double>();
     EXPECT_NEAR(loss.item<double>(), want, 1e-5) << "step " << step;
+    train_diff = std::max(train_diff, std::abs(loss.item<double>() - want));
   }
+  std::cout << name << ": logits max |diff| " << logits_diff << ", loss "
+            << std::setprecision(9) << golden.loss << std::setprecision(6) << " relative diff "
+            << loss_relative_diff << ", 20 steps' losses max |diff| " << train_diff << "\n";
   // The steps trained something: the last loss is far below the first.
   EXPECT_LT(golden.train_losses[steps - 1].item<double>(),
             0.5 * golden.train_losses[0].item<double>());
@@ -176,6 +187,19 @@ TEST(HfArchTest, Qwen2SlidingWindowInTheLastLayersGivesTransformersResults) {
   EXPECT_EQ(model->layers()[1]->self_attn()->window(), 4);
   ExpectTransformersParity("hf_qwen2_sliding_tiny");
   ExpectFeatureMatters("hf_qwen2_sliding_tiny", [](proto::DecoderConfig& c) {
+    c.clear_sliding_window();
+    c.clear_first_sliding_layer();
+  });
+}
+
+TEST(HfArchTest, Qwen3SlidingWindowGivesTransformersResults) {
+  auto config = DecoderConfigFromHfConfig(TestdataPath("hf_qwen3_sliding_tiny") + "/config.json");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(ResolvedModelType(*config), "qwen3");
+  EXPECT_EQ(config->sliding_window(), 5);
+  EXPECT_EQ(config->first_sliding_layer(), 1);
+  ExpectTransformersParity("hf_qwen3_sliding_tiny");
+  ExpectFeatureMatters("hf_qwen3_sliding_tiny", [](proto::DecoderConfig& c) {
     c.clear_sliding_window();
     c.clear_first_sliding_layer();
   });

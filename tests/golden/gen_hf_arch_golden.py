@@ -19,6 +19,8 @@ the logits. Under checkpoint/testdata/:
                            attends to the whole prefix, layer 1 through the window.
   hf_llama_mlp_bias_tiny/  LlamaForCausalLM with mlp_bias (gate/up/down biases), untied.
   hf_mistral_tiny/         MistralForCausalLM, sliding_window 4 in every layer, untied.
+  hf_qwen3_sliding_tiny/   Qwen3ForCausalLM (q/k norm, head_dim 8, tied) with
+                           use_sliding_window true, sliding_window 5, max_window_layers 1.
 Each directory also gets expected_logits.safetensors, computed by transformers (eager attention)
 from the directory reloaded with from_pretrained(dtype=torch.float32):
   "input_ids"    int64 [2, 12], drawn from the seed (longer than the windows of 4);
@@ -35,7 +37,7 @@ import sys
 import torch
 from safetensors.torch import save_file
 from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
-                          Qwen2Config, Qwen2ForCausalLM)
+                          Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
 SEED = 4321
 TESTDATA = "checkpoint/testdata"
@@ -127,6 +129,11 @@ def main():
                 mlp_bias=True, rms_norm_eps=1e-5), "hf_llama_mlp_bias_tiny")
     write(build(MistralForCausalLM, MistralConfig, SEED + 4, tie_word_embeddings=False,
                 sliding_window=4, rms_norm_eps=1e-5), "hf_mistral_tiny")
+    qwen3 = build(Qwen3ForCausalLM, Qwen3Config, SEED + 5, head_dim=8, tie_word_embeddings=True,
+                  use_sliding_window=True, sliding_window=5, max_window_layers=1, **qwen2)
+    assert qwen3.config.layer_types == ["full_attention", "sliding_attention"], \
+        qwen3.config.layer_types
+    write(qwen3, "hf_qwen3_sliding_tiny")
 
 
 if __name__ == "__main__":

@@ -16,6 +16,8 @@ struct Shape {
   int64_t vocab, hidden, intermediate, layers, heads, kv_heads, head_dim;  // head_dim 0: unset
   double theta, eps;
   bool tied, qk_norm;
+  bool qkv_bias = false;       // Qwen2
+  int64_t sliding_window = 0;  // Mistral; 0: none
 };
 
 proto::DecoderConfig FromShape(const Shape& s) {
@@ -31,6 +33,8 @@ proto::DecoderConfig FromShape(const Shape& s) {
   c.set_rms_norm_eps(s.eps);
   c.set_tie_word_embeddings(s.tied);
   c.set_qk_norm(s.qk_norm);
+  if (s.qkv_bias) c.set_qkv_bias(true);
+  if (s.sliding_window > 0) c.set_sliding_window(s.sliding_window);
   return c;
 }
 
@@ -42,6 +46,8 @@ const std::vector<std::pair<std::string, Shape>>& NamedShapes() {
       {"llama3-8b", {128256, 4096, 14336, 32, 32, 8, 0, 500000, 1e-5, false, false}},
       {"llama3.2-1b", {128256, 2048, 8192, 16, 32, 8, 64, 500000, 1e-5, true, false}},
       {"llama3.2-3b", {128256, 3072, 8192, 28, 24, 8, 128, 500000, 1e-5, true, false}},
+      {"qwen2.5-0.5b", {151936, 896, 4864, 24, 14, 2, 0, 1e6, 1e-6, true, false, true}},
+      {"mistral-7b", {32000, 4096, 14336, 32, 32, 8, 0, 10000, 1e-5, false, false, false, 4096}},
       {"tiny", {64, 32, 64, 2, 4, 2, 8, 10000, 1e-6, true, true}},
       {"demo", {32, 64, 128, 2, 4, 2, 0, 10000, 1e-6, false, false}},
   };
@@ -241,10 +247,17 @@ int64_t DecoderMatmulParameterCount(const proto::DecoderConfig& c) {
 }
 
 double DecoderTrainingFlopsPerToken(const proto::DecoderConfig& c, int64_t seq_len) {
+  // A sliding-window layer attends to at most `sliding_window` keys.
+  const int64_t sliding_layers =
+      c.has_sliding_window() ? c.num_hidden_layers() - c.first_sliding_layer() : 0;
+  const double context =
+      static_cast<double>(c.num_hidden_layers() - sliding_layers) * static_cast<double>(seq_len) +
+      static_cast<double>(sliding_layers) *
+          static_cast<double>(std::min(seq_len, c.has_sliding_window() ? c.sliding_window()
+                                                                       : seq_len));
   return 6.0 * static_cast<double>(DecoderMatmulParameterCount(c)) +
-         12.0 * static_cast<double>(c.num_hidden_layers()) *
-             static_cast<double>(c.num_attention_heads()) *
-             static_cast<double>(ResolvedHeadDim(c)) * static_cast<double>(seq_len);
+         12.0 * static_cast<double>(c.num_attention_heads()) *
+             static_cast<double>(ResolvedHeadDim(c)) * context;
 }
 
 }  // namespace cpptrain

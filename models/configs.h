@@ -1,5 +1,5 @@
-// Named decoder shapes ("qwen3-0.6b", "llama3-8b", "tiny", "demo"), their validation, the
-// builder, and the parameter / FLOP counts benchmarks report.
+// Named decoder shapes ("qwen3-0.6b", "llama3-8b", "qwen2.5-0.5b", "mistral-7b", "tiny", "demo"),
+// their validation, the builder, and the parameter / FLOP counts benchmarks report.
 //
 //   CT_ASSIGN_OR_RETURN(proto::DecoderConfig config, ResolveModelSpec(job.model()));
 //   CT_ASSIGN_OR_RETURN(std::shared_ptr<DecoderLM> model, BuildDecoder(config));
@@ -58,7 +58,8 @@ int64_t DecoderParameterCount(const proto::DecoderConfig& config);
 int64_t DecoderMatmulParameterCount(const proto::DecoderConfig& config);
 
 // Training FLOPs per token at sequence length `seq_len` (PaLM, appendix B):
-//   6 * matmul parameters + 12 * layers * heads * head_dim * seq_len.
+//   6 * matmul parameters + 12 * layers * heads * head_dim * seq_len,
+// with min(seq_len, sliding_window) in place of seq_len for the sliding-window layers.
 double DecoderTrainingFlopsPerToken(const proto::DecoderConfig& config, int64_t seq_len);
 
 }  // namespace cpptrain

@@ -21,6 +21,9 @@ the logits. Under checkpoint/testdata/:
   hf_mistral_tiny/         MistralForCausalLM, sliding_window 4 in every layer, untied.
   hf_qwen3_sliding_tiny/   Qwen3ForCausalLM (q/k norm, head_dim 8, tied) with
                            use_sliding_window true, sliding_window 5, max_window_layers 1.
+And tools/testdata/hf_arch_eval/ for //tools:train_arch_test: eval.bin (uint16 tokens, 8 samples
+of 24, longer than the windows) and expected.json, transformers' mean loss of each directory
+over those samples (labels = input_ids, as tools/train evaluates a token file).
 Each directory also gets expected_logits.safetensors, computed by transformers (eager attention)
 from the directory reloaded with from_pretrained(dtype=torch.float32):
   "input_ids"    int64 [2, 12], drawn from the seed (longer than the windows of 4);
@@ -30,13 +33,14 @@ from the directory reloaded with from_pretrained(dtype=torch.float32):
   "train_losses" float32 [20], the loss before each of 20 steps of torch.optim.AdamW(lr=1e-2,
                  defaults otherwise) on that one batch (train mode; attention_dropout is 0).
 """
+import json
 import os
 import shutil
 import sys
 
 import torch
 from safetensors.torch import save_file
-from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
+from transformers import (AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
                           Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
 SEED = 4321
@@ -103,6 +107,29 @@ def write(model, name):
         sys.exit(f"{out_dir} is {total} bytes, over {MAX_DIR_BYTES}: make the model smaller")
 
 
+def write_eval_golden(names):
+    """eval.bin and transformers' eval loss of every directory on it."""
+    out_dir = "tools/testdata/hf_arch_eval"
+    os.makedirs(out_dir, exist_ok=True)
+    torch.manual_seed(SEED + 20)
+    samples, seq_len = 8, 24
+    tokens = torch.randint(0, SIZES["vocab_size"], (samples * seq_len,), dtype=torch.int64)
+    tokens.to(torch.int16).numpy().astype("<u2").tofile(os.path.join(out_dir, "eval.bin"))
+    ids = tokens.reshape(samples, seq_len)
+    losses = {}
+    for name in names:
+        model = AutoModelForCausalLM.from_pretrained(os.path.join(TESTDATA, name),
+                                                     dtype=torch.float32,
+                                                     attn_implementation="eager")
+        model.eval()
+        with torch.no_grad():
+            losses[name] = model(input_ids=ids, labels=ids).loss.item()
+    with open(os.path.join(out_dir, "expected.json"), "w") as f:
+        json.dump({"eval_file": "eval.bin", "seq_len": seq_len, "eval_loss": losses}, f, indent=2)
+        f.write("\n")
+    print(f"{out_dir}: {losses}")
+
+
 def build(cls, config_cls, seed, **kwargs):
     torch.manual_seed(seed)
     model = cls(config_cls(**SIZES, attn_implementation="eager", **kwargs))
@@ -134,6 +161,8 @@ def main():
     assert qwen3.config.layer_types == ["full_attention", "sliding_attention"], \
         qwen3.config.layer_types
     write(qwen3, "hf_qwen3_sliding_tiny")
+    write_eval_golden(["hf_qwen2_tiny", "hf_qwen2_tied_tiny", "hf_qwen2_sliding_tiny",
+                       "hf_qwen3_sliding_tiny", "hf_llama_mlp_bias_tiny", "hf_mistral_tiny"])
 
 
 if __name__ == "__main__":

@@ -2,7 +2,9 @@
 # The architectures beyond Llama and Qwen3 through the whole job: for each Hugging Face
 # directory saved by transformers (tests/golden/gen_hf_arch_golden.py: Qwen2 untied and tied,
 # Qwen2 and Qwen3 with a sliding window, Llama with mlp_bias, Mistral with a window of 4 on
-# 24-token samples), //tools:train with model { pretrained: DIR } must
+# 24-token samples),
+#  0. //tools:generate completes a 4-token prompt greedily with transformers' 20 tokens;
+# and //tools:train with model { pretrained: DIR } must
 #  1. evaluate at step 0 to transformers' loss on the same samples (expected.json, fp32) within
 #     1e-6 relative;
 #  2. fine-tune 5 steps and save checkpoint-5;
@@ -15,6 +17,8 @@ ckpt="$2"
 testdata="$3"    # checkpoint/testdata
 golden_dir="$4"  # tools/testdata/hf_arch_eval
 checker="$5"     # tools/hf_eval_loss.py
+generate="$6"
+prompt=$(sed -nE 's/.*"prompt": "([0-9 ]+)".*/\1/p' "$golden_dir/expected.json")
 eval_file="$golden_dir/eval.bin"
 seq_len=$(sed -nE 's/.*"seq_len": ([0-9]+).*/\1/p' "$golden_dir/expected.json")
 python="${CPPTRAIN_VENV:-/nonexistent}/bin/python"
@@ -26,6 +30,13 @@ for name in hf_qwen2_tiny hf_qwen2_tied_tiny hf_qwen2_sliding_tiny hf_qwen3_slid
   model_dir="$testdata/$name"
   expected=$(sed -nE "s/.*\"$name\": ([0-9.eE+-]+).*/\1/p" "$golden_dir/expected.json")
   [[ -n "$expected" ]] || { echo "FAIL: no eval_loss for $name in expected.json"; exit 1; }
+  want=$(sed -nE "s/.*\"$name\": \"([0-9 ]+)\".*/\1/p" "$golden_dir/expected.json" | tr ' ' ',')
+  [[ -n "$want" ]] || { echo "FAIL: no completion for $name in expected.json"; exit 1; }
+  got=$("$generate" --model="$model_dir" --prompt="$prompt" --max_new_tokens=20 2>/dev/null |
+        sed -nE 's/.*"completion_ids":\[([0-9,]*)\].*/\1/p')
+  echo "$name: greedy completion $got, transformers $want"
+  [[ "$got" == "$want" ]] || { echo "FAIL: $name: the greedy completion differs from transformers'"; exit 1; }
+
   out="${TEST_TMPDIR}/$name"
   job="${TEST_TMPDIR}/$name.textproto"
   cat >"$job" <<JOB

@@ -23,7 +23,9 @@ the logits. Under checkpoint/testdata/:
                            use_sliding_window true, sliding_window 5, max_window_layers 1.
 And tools/testdata/hf_arch_eval/ for //tools:train_arch_test: eval.bin (uint16 tokens, 8 samples
 of 24, longer than the windows) and expected.json, transformers' mean loss of each directory
-over those samples (labels = input_ids, as tools/train evaluates a token file).
+over those samples (labels = input_ids, as tools/train evaluates a token file) and its greedy
+completion of GENERATE_PROMPT (generate with do_sample=False, max_new_tokens=20, stopping at the
+directory's eos_token_id as tools/generate does; 24 tokens in all, longer than the windows).
 Each directory also gets expected_logits.safetensors, computed by transformers (eager attention)
 from the directory reloaded with from_pretrained(dtype=torch.float32):
   "input_ids"    int64 [2, 12], drawn from the seed (longer than the windows of 4);
@@ -48,6 +50,7 @@ TESTDATA = "checkpoint/testdata"
 MAX_DIR_BYTES = 200 * 1024
 SEQ_LEN = 12
 TRAIN_STEPS = 20
+GENERATE_PROMPT = [3, 17, 42, 8]
 
 SIZES = dict(
     vocab_size=64,
@@ -116,7 +119,8 @@ def write_eval_golden(names):
     tokens = torch.randint(0, SIZES["vocab_size"], (samples * seq_len,), dtype=torch.int64)
     tokens.to(torch.int16).numpy().astype("<u2").tofile(os.path.join(out_dir, "eval.bin"))
     ids = tokens.reshape(samples, seq_len)
-    losses = {}
+    losses, completions = {}, {}
+    prompt = torch.tensor([GENERATE_PROMPT], dtype=torch.int64)
     for name in names:
         model = AutoModelForCausalLM.from_pretrained(os.path.join(TESTDATA, name),
                                                      dtype=torch.float32,
@@ -124,10 +128,15 @@ def write_eval_golden(names):
         model.eval()
         with torch.no_grad():
             losses[name] = model(input_ids=ids, labels=ids).loss.item()
+            out = model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
+                                 max_new_tokens=20)
+        completions[name] = " ".join(str(t) for t in out[0, prompt.size(1):].tolist())
     with open(os.path.join(out_dir, "expected.json"), "w") as f:
-        json.dump({"eval_file": "eval.bin", "seq_len": seq_len, "eval_loss": losses}, f, indent=2)
+        json.dump({"eval_file": "eval.bin", "seq_len": seq_len, "eval_loss": losses,
+                   "prompt": " ".join(str(t) for t in GENERATE_PROMPT),
+                   "completion": completions}, f, indent=2)
         f.write("\n")
-    print(f"{out_dir}: {losses}")
+    print(f"{out_dir}: {losses}, {completions}")
 
 
 def build(cls, config_cls, seed, **kwargs):

@@ -2,6 +2,10 @@
 #include "models/decoder_layer.h"
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <memory>
+#include <mutex>
 
 #include "base/torch_compat.h"
 #include "models/recompute.h"
@@ -157,13 +161,42 @@ void DecoderLayer::set_fused_kernels(bool enabled) {
 torch::Tensor DecoderLayer::Forward(torch::Tensor x, const RotaryTables& rope) {
   return Hooked(std::move(x), [&](const torch::Tensor& h) {
     if (!gradient_checkpointing_) return Body(h, rope);
-    TORCH_CHECK(!(is_training() && self_attn_->dropout() > 0 && at::GradMode::is_enabled()),
-                "attention_dropout = ", self_attn_->dropout(),
-                " with gradient checkpointing is not supported: the recomputed forward would "
-                "draw other dropout masks than the first one. Turn gradient_checkpointing off, "
-                "or set attention_dropout to 0");
-    // The body is kept until backward: capture the tables by value.
-    return RecomputeInBackward([this, rope](const torch::Tensor& in) { return Body(in, rope); }, h);
+    const bool draws = is_training() && self_attn_->dropout() > 0 && at::GradMode::is_enabled();
+    if (!draws) {
+      // The body is kept until backward: capture the tables by value.
+      return RecomputeInBackward([this, rope](const torch::Tensor& in) { return Body(in, rope); },
+                                 h);
+    }
+    // Dropout draws from the default generator: the recomputation must draw the forward's masks
+    // (torch.utils.checkpoint's preserve_rng_state). Done for the CPU generator; a CUDA one's
+    // state cannot be set while a graph is captured, so CUDA is refused.
+    TORCH_CHECK(h.device().is_cpu(), "attention_dropout = ", self_attn_->dropout(),
+                " with gradient checkpointing is supported on the CPU only (the recomputation "
+                "must replay the forward's dropout masks), not on ", h.device(),
+                ". Turn gradient_checkpointing off, or set attention_dropout to 0");
+    auto forward_state = std::make_shared<at::Tensor>();
+    return RecomputeInBackward(
+        [this, rope, forward_state](const torch::Tensor& in) {
+          at::Generator generator = at::detail::getDefaultCPUGenerator();
+          if (!forward_state->defined()) {  // the forward
+            {
+              std::lock_guard<std::mutex> lock(generator.mutex());
+              *forward_state = generator.get_state();
+            }
+            return Body(in, rope);
+          }
+          at::Tensor now;
+          {
+            std::lock_guard<std::mutex> lock(generator.mutex());
+            now = generator.get_state();
+            generator.set_state(*forward_state);
+          }
+          at::Tensor out = Body(in, rope);
+          std::lock_guard<std::mutex> lock(generator.mutex());
+          generator.set_state(now);
+          return out;
+        },
+        h);
   });
 }
 

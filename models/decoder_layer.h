@@ -109,9 +109,10 @@ class DecoderLayer : public Unit {
 
   // Runs the block through the unit hook. With checkpointing, the block runs inside the hook
   // through RecomputeInBackward, so a hook that gathers parameters before the forward (and
-  // again before the backward) has them in place for the recomputation too. Checkpointing a
-  // layer with attention dropout in training mode throws: the recomputation would draw other
-  // dropout masks than the forward did (RecomputeInBackward does not restore the RNG).
+  // again before the backward) has them in place for the recomputation too. With attention
+  // dropout in training mode the recomputation replays the forward's masks (the CPU generator's
+  // state is kept from the forward and set around the recomputation); on CUDA that combination
+  // throws.
   torch::Tensor Forward(torch::Tensor x, const RotaryTables& rope);
 
   void set_gradient_checkpointing(bool enabled) { gradient_checkpointing_ = enabled; }

@@ -44,6 +44,16 @@ std::string OptimizerStateKey(const at::Tensor& param) {
 }
 #endif
 
+// [T, T] booleans, true where query t may attend to key s: s <= t and, with a window > 0,
+// s > t - window.
+at::Tensor SlidingWindowMask(int64_t t, int64_t window, const at::Device& device) {
+  const at::Tensor positions = at::arange(t, at::TensorOptions().dtype(at::kLong).device(device));
+  const at::Tensor distance = positions.unsqueeze(1) - positions.unsqueeze(0);  // t - s
+  at::Tensor allowed = distance.ge(0);
+  if (window > 0) allowed = allowed.logical_and(distance.lt(window));
+  return allowed;
+}
+
 }  // namespace
 
 torch::optim::OptimizerParamState* FindOptimizerParamState(torch::optim::Optimizer& optimizer,
@@ -111,16 +121,25 @@ void MultiplyByDeviceScalar(const std::vector<at::Tensor>& tensors, const at::Te
   at::_foreach_mul_(tensors, scalar.to(tensors[0].device(), tensors[0].scalar_type()));
 }
 
-at::Tensor CausalAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+at::Tensor CausalAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                           const AttentionOptions& options) {
   const int64_t groups = q.size(1) / k.size(1);
+  if (options.window > 0 && options.window < q.size(2)) {
+    // The kernels that take a mask do not all take grouped keys: expand them.
+    const at::Tensor key = groups == 1 ? k : k.repeat_interleave(groups, 1);
+    const at::Tensor value = groups == 1 ? v : v.repeat_interleave(groups, 1);
+    return at::scaled_dot_product_attention(q, key, value,
+                                            SlidingWindowMask(q.size(2), options.window, q.device()),
+                                            options.dropout, /*is_causal=*/false);
+  }
   if (groups == 1) {
-    return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0,
+    return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, options.dropout,
                                             /*is_causal=*/true);
   }
   // Grouped keys and values go in as they are: cuDNN's flash attention on Hopper reads them
   // per group (tools/sdpa_gqa_check.py on an H200: forward + backward 0.78 ms instead of
   // 1.00 ms with them expanded to every head, qwen3-0.6b's attention at micro-batch 4).
-  return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0,
+  return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, options.dropout,
                                           /*is_causal=*/true, /*scale=*/std::nullopt,
                                           /*enable_gqa=*/true);
 }
@@ -174,15 +193,17 @@ void MultiplyByDeviceScalar(const std::vector<at::Tensor>& tensors, const at::Te
   for (const at::Tensor& t : tensors) t.mul_(scalar.to(t.device(), t.scalar_type()));
 }
 
-at::Tensor CausalAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+at::Tensor CausalAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                           const AttentionOptions& options) {
   const int64_t groups = q.size(1) / k.size(1);
   at::Tensor key = groups == 1 ? k : k.repeat_interleave(groups, 1);
   at::Tensor value = groups == 1 ? v : v.repeat_interleave(groups, 1);
-  const int64_t t = q.size(2);
   at::Tensor scores = at::matmul(q, key.transpose(-2, -1)) / std::sqrt(double(q.size(-1)));
-  at::Tensor future = at::ones({t, t}, q.options().dtype(at::kBool)).triu(1);
-  scores = scores.masked_fill(future, -std::numeric_limits<float>::infinity());
+  const at::Tensor allowed = SlidingWindowMask(q.size(2), options.window, q.device());
+  scores = scores.masked_fill(allowed.logical_not(), -std::numeric_limits<float>::infinity());
   at::Tensor probs = at::softmax(scores, -1, at::kFloat).to(q.scalar_type());
+  // Where transformers' eager attention drops: the probabilities, before they weigh the values.
+  if (options.dropout > 0) probs = at::dropout(probs, options.dropout, /*train=*/true);
   return at::matmul(probs, value);
 }
 

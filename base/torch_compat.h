@@ -76,10 +76,24 @@ bool HasFusedAdamWWithDeviceLr();
 // takes the scalar in the tensors' dtype (so it is rounded to it first); a mul_ each in 1.13.
 void MultiplyByDeviceScalar(const std::vector<at::Tensor>& tensors, const at::Tensor& scalar);
 
+// What CausalAttention may add to plain causal attention.
+struct AttentionOptions {
+  // > 0: query t attends to keys t - window < s <= t only (Mistral's sliding window, the mask of
+  // transformers' sliding_window_overlay); 0: to every key s <= t.
+  int64_t window = 0;
+  // Dropout on the attention probabilities (softmax output), each kept one scaled by
+  // 1 / (1 - dropout), drawn from the default generator; 0 in eval mode.
+  double dropout = 0;
+};
+
 // Causal self-attention. q: [B, H, T, D]; k, v: [B, Hkv, T, D] with H a multiple of Hkv
 // (grouped-query attention). Returns [B, H, T, D]. Uses the fused kernel where LibTorch has
-// one (2.x), a reference implementation otherwise.
-at::Tensor CausalAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
+// one (2.x), a reference implementation otherwise. A window shorter than T is a boolean mask
+// for scaled_dot_product_attention in 2.x (its flash and cuDNN kernels take no window: the
+// memory-efficient or math kernel runs that call, with the keys and values expanded to every
+// head), and a banded mask in the reference.
+at::Tensor CausalAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                           const AttentionOptions& options = {});
 
 }  // namespace cpptrain
 

@@ -37,8 +37,17 @@ struct HfDefaults {
 
 std::optional<HfDefaults> DefaultsFor(absl::string_view model_type) {
   if (model_type == "llama") return HfDefaults{0, 10000, 1e-6, 0.02};
+  if (model_type == "qwen2") return HfDefaults{0, 10000, 1e-6, 0.02};
   if (model_type == "qwen3") return HfDefaults{128, 10000, 1e-6, 0.02};
+  if (model_type == "mistral") return HfDefaults{0, 10000, 1e-6, 0.02};
   return std::nullopt;
+}
+
+// "\"llama\", \"mistral\", \"qwen2\", \"qwen3\"".
+std::string QuotedModelTypes() {
+  std::vector<std::string> quoted;
+  for (const std::string& type : SupportedModelTypes()) quoted.push_back(absl::StrCat("\"", type, "\""));
+  return absl::StrJoin(quoted, ", ");
 }
 
 absl::StatusOr<std::string> ReadTextFile(const std::string& path) {
@@ -59,6 +68,10 @@ class ConfigFields {
  public:
   ConfigFields(std::string path, const JsonValue& object, std::string prefix = "")
       : path_(std::move(path)), object_(object), prefix_(std::move(prefix)) {}
+
+  // Whether the key is present at all (null included): for defaults transformers applies only
+  // to an absent key.
+  bool Has(absl::string_view key) const { return object_.Find(key) != nullptr; }
 
   const JsonValue* Find(absl::string_view key) const {
     const JsonValue* value = object_.Find(key);
@@ -122,44 +135,98 @@ class ConfigFields {
 
 // Fields whose values the decoder does not implement: each must be absent, null or the value
 // that means "off".
-absl::Status CheckUnsupportedFeatures(const ConfigFields& fields) {
+absl::Status CheckUnsupportedFeatures(const ConfigFields& fields, absl::string_view model_type) {
   CT_ASSIGN_OR_RETURN(std::optional<std::string> act, fields.String("hidden_act"));
   if (act.has_value() && *act != "silu") {
     return fields.Error("hidden_act", *fields.Find("hidden_act"),
                         "the decoder's MLP is SwiGLU: only \"silu\" is supported");
   }
   CT_ASSIGN_OR_RETURN(std::optional<bool> mlp_bias, fields.Bool("mlp_bias"));
-  if (mlp_bias.value_or(false)) {
+  if (model_type != "llama" && mlp_bias.value_or(false)) {
     return fields.Error("mlp_bias", *fields.Find("mlp_bias"),
-                        "the decoder's MLP has no biases: only false is supported");
-  }
-  CT_ASSIGN_OR_RETURN(std::optional<bool> sliding, fields.Bool("use_sliding_window"));
-  if (sliding.value_or(false)) {
-    return fields.Error("use_sliding_window", *fields.Find("use_sliding_window"),
-                        "the decoder attends to the whole causal prefix: only false is supported");
-  }
-  if (const JsonValue* layer_types = fields.Find("layer_types"); layer_types != nullptr) {
-    if (!layer_types->is_array()) {
-      return fields.Error("layer_types", *layer_types, "expected an array of strings");
-    }
-    for (const JsonValue& type : layer_types->values) {
-      if (!type.is_string() || type.string != "full_attention") {
-        return fields.Error("layer_types", *layer_types,
-                            absl::StrCat("found ", JsonToString(type),
-                                         "; the decoder supports only \"full_attention\" layers"));
-      }
-    }
+                        absl::StrCat("transformers' ", model_type,
+                                     " MLP has no biases (only llama reads mlp_bias): only false "
+                                     "is supported"));
   }
   CT_ASSIGN_OR_RETURN(std::optional<double> partial, fields.Number("partial_rotary_factor"));
   if (partial.has_value() && *partial != 1.0) {
     return fields.Error("partial_rotary_factor", *fields.Find("partial_rotary_factor"),
                         "the decoder rotates the whole head: only 1.0 is supported");
   }
-  CT_ASSIGN_OR_RETURN(std::optional<double> dropout, fields.Number("attention_dropout"));
-  if (dropout.value_or(0.0) != 0.0) {
-    LOG(WARNING) << fields.Where() << "attention_dropout = " << *dropout
-                 << " is ignored: the decoder has no dropout";
+  return absl::OkStatus();
+}
+
+// Which layers attend through a window, as transformers decides it:
+//  - mistral: every layer, when sliding_window is not null (absent: transformers' 4096);
+//  - qwen2, qwen3: with use_sliding_window, the layers from max_window_layers (default 28) on, or
+//    those layer_types names "sliding_attention" (they must be the last ones);
+//  - llama: none (layer_types, when present, must be all "full_attention").
+absl::Status ReadSlidingWindow(const ConfigFields& fields, absl::string_view model_type,
+                               int64_t layers, proto::DecoderConfig& config) {
+  CT_ASSIGN_OR_RETURN(std::optional<int64_t> window, fields.Int("sliding_window"));
+  if (model_type == "mistral") {
+    if (!fields.Has("sliding_window")) window = 4096;
+    if (window.has_value()) config.set_sliding_window(*window);
+    return absl::OkStatus();
   }
+  std::optional<int64_t> first_sliding;  // from layer_types
+  if (const JsonValue* layer_types = fields.Find("layer_types"); layer_types != nullptr) {
+    if (!layer_types->is_array() || static_cast<int64_t>(layer_types->values.size()) != layers) {
+      return fields.Error("layer_types", *layer_types,
+                          absl::StrCat("expected an array of num_hidden_layers = ", layers,
+                                       " strings"));
+    }
+    for (int64_t i = 0; i < layers; ++i) {
+      const JsonValue& type = layer_types->values[i];
+      const bool sliding = type.is_string() && type.string == "sliding_attention";
+      if (!sliding && !(type.is_string() && type.string == "full_attention")) {
+        return fields.Error("layer_types", *layer_types,
+                            absl::StrCat("found ", JsonToString(type),
+                                         "; the decoder supports \"full_attention\" and "
+                                         "\"sliding_attention\" layers"));
+      }
+      if (sliding && !first_sliding.has_value()) first_sliding = i;
+      if (!sliding && first_sliding.has_value()) {
+        return fields.Error("layer_types", *layer_types,
+                            absl::StrCat("layer ", i, " attends to the whole prefix after "
+                                         "sliding-window layer ", *first_sliding,
+                                         "; the decoder supports windows in the last layers "
+                                         "only (Qwen2's max_window_layers)"));
+      }
+    }
+  }
+  if (model_type == "llama") {
+    if (first_sliding.has_value()) {
+      return fields.Error("layer_types", *fields.Find("layer_types"),
+                          "transformers' Llama has no sliding-window layers");
+    }
+    return absl::OkStatus();
+  }
+  // qwen2, qwen3.
+  CT_ASSIGN_OR_RETURN(std::optional<bool> use_sliding, fields.Bool("use_sliding_window"));
+  CT_ASSIGN_OR_RETURN(std::optional<int64_t> max_window_layers, fields.Int("max_window_layers"));
+  if (!use_sliding.value_or(false)) {
+    if (first_sliding.has_value()) {
+      return fields.Error("layer_types", *fields.Find("layer_types"),
+                          "names sliding_attention layers but use_sliding_window is false");
+    }
+    return absl::OkStatus();
+  }
+  if (!fields.Has("sliding_window")) window = 4096;
+  if (!window.has_value()) {
+    if (first_sliding.has_value()) {
+      return fields.Error("layer_types", *fields.Find("layer_types"),
+                          "names sliding_attention layers but sliding_window is null");
+    }
+    return absl::OkStatus();  // transformers: no sliding layers
+  }
+  const int64_t first = first_sliding.has_value() ? *first_sliding
+                        : fields.Find("layer_types") != nullptr
+                            ? layers
+                            : std::min(layers, std::max<int64_t>(0, max_window_layers.value_or(28)));
+  if (first == layers) return absl::OkStatus();  // no layer reaches max_window_layers
+  config.set_sliding_window(*window);
+  config.set_first_sliding_layer(first);
   return absl::OkStatus();
 }
 
@@ -331,19 +398,26 @@ std::string JsonObject(std::vector<std::pair<std::string, std::string>> fields) 
 
 }  // namespace
 
+// transformers' class name for each model type.
+std::string ArchitectureOf(absl::string_view type) {
+  if (type == "qwen2") return "Qwen2ForCausalLM";
+  if (type == "qwen3") return "Qwen3ForCausalLM";
+  if (type == "mistral") return "MistralForCausalLM";
+  return "LlamaForCausalLM";
+}
+
 std::string HfConfigJson(const proto::DecoderConfig& config) {
-  const bool qwen3 = config.qk_norm();
+  const std::string type = ResolvedModelType(config);
   std::vector<std::pair<std::string, std::string>> fields = {
-      {"architectures", qwen3 ? R"(["Qwen3ForCausalLM"])" : R"(["LlamaForCausalLM"])"},
-      {"attention_bias", JsonBool(config.attention_bias())},
-      {"attention_dropout", "0.0"},
+      {"architectures", absl::StrCat("[\"", ArchitectureOf(type), "\"]")},
+      {"attention_dropout", JsonDouble(config.attention_dropout())},
       {"dtype", R"("float32")"},
       {"hidden_act", R"("silu")"},
       {"hidden_size", absl::StrCat(config.hidden_size())},
       {"initializer_range", JsonDouble(config.initializer_range())},
       {"intermediate_size", absl::StrCat(config.intermediate_size())},
       {"max_position_embeddings", absl::StrCat(config.max_position_embeddings())},
-      {"model_type", qwen3 ? R"("qwen3")" : R"("llama")"},
+      {"model_type", absl::StrCat("\"", type, "\"")},
       {"num_attention_heads", absl::StrCat(config.num_attention_heads())},
       {"num_hidden_layers", absl::StrCat(config.num_hidden_layers())},
       {"num_key_value_heads", absl::StrCat(config.num_key_value_heads())},
@@ -357,11 +431,30 @@ std::string HfConfigJson(const proto::DecoderConfig& config) {
       {"vocab_size", absl::StrCat(config.vocab_size())},
   };
   for (auto& field : TokenIdFields(config)) fields.push_back(std::move(field));
-  if (!qwen3) fields.emplace_back("mlp_bias", "false");
-  if (qwen3) fields.emplace_back("use_sliding_window", "false");
-  // Llama's default head_dim is hidden / heads, which an unset head_dim means here; Qwen3's
-  // default is 128, so it is always written.
-  if (config.has_head_dim() || qwen3) {
+  // Qwen2 and Mistral read neither attention_bias nor mlp_bias; Qwen3 has no mlp_bias.
+  if (type == "llama" || type == "qwen3") {
+    fields.emplace_back("attention_bias", JsonBool(config.attention_bias()));
+  }
+  if (type == "llama") fields.emplace_back("mlp_bias", JsonBool(config.mlp_bias()));
+  const std::string window =
+      config.has_sliding_window() ? absl::StrCat(config.sliding_window()) : "null";
+  if (type == "mistral") fields.emplace_back("sliding_window", window);
+  if (type == "qwen2" || type == "qwen3") {
+    // Both the 4.x fields and 5.x's layer_types, which say the same.
+    const int64_t layers = config.num_hidden_layers();
+    const int64_t first = config.has_sliding_window() ? config.first_sliding_layer() : layers;
+    std::vector<std::string> layer_types;
+    for (int64_t i = 0; i < layers; ++i) {
+      layer_types.push_back(i >= first ? R"("sliding_attention")" : R"("full_attention")");
+    }
+    fields.emplace_back("layer_types", absl::StrCat("[", absl::StrJoin(layer_types, ", "), "]"));
+    fields.emplace_back("max_window_layers", absl::StrCat(first));
+    fields.emplace_back("sliding_window", window);
+    fields.emplace_back("use_sliding_window", JsonBool(config.has_sliding_window()));
+  }
+  // An unset head_dim means hidden / heads, which is Llama's, Qwen2's and Mistral's default;
+  // Qwen3's default is 128, so it is always written.
+  if (config.has_head_dim() || type == "qwen3" || type == "mistral") {
     const int64_t head_dim = config.has_head_dim()
                                  ? config.head_dim()
                                  : config.hidden_size() / config.num_attention_heads();
@@ -421,17 +514,18 @@ absl::StatusOr<proto::DecoderConfig> DecoderConfigFromHfConfig(const std::string
   CT_ASSIGN_OR_RETURN(std::optional<std::string> model_type, fields.String("model_type"));
   if (!model_type.has_value()) {
     return absl::InvalidArgumentError(
-        absl::StrCat(fields.Where(),
-                     "\"model_type\" is missing or null; expected \"llama\" or \"qwen3\" (is "
-                     "this a transformers config.json?)"));
+        absl::StrCat(fields.Where(), "\"model_type\" is missing or null; expected one of ",
+                     QuotedModelTypes(), " (is this a transformers config.json?)"));
   }
   const std::optional<HfDefaults> defaults = DefaultsFor(*model_type);
   if (!defaults.has_value()) {
     return fields.Error("model_type", *fields.Find("model_type"),
-                        "supported model types are \"llama\" and \"qwen3\" (the reference "
-                        "decoder's architectures)");
+                        absl::StrCat("supported model types are ", QuotedModelTypes(),
+                                     " (the reference decoder's architectures; Gemma, Phi-3, "
+                                     "mixture-of-experts and encoder-decoder models are not "
+                                     "implemented)"));
   }
-  CT_RETURN_IF_ERROR(CheckUnsupportedFeatures(fields));
+  CT_RETURN_IF_ERROR(CheckUnsupportedFeatures(fields, *model_type));
 
   proto::DecoderConfig config;
   CT_ASSIGN_OR_RETURN(int64_t vocab_size, fields.RequiredInt("vocab_size"));
@@ -446,7 +540,9 @@ absl::StatusOr<proto::DecoderConfig> DecoderConfigFromHfConfig(const std::string
   CT_ASSIGN_OR_RETURN(std::optional<double> eps, fields.Number("rms_norm_eps"));
   CT_ASSIGN_OR_RETURN(std::optional<bool> tied, fields.Bool("tie_word_embeddings"));
   CT_ASSIGN_OR_RETURN(std::optional<bool> attention_bias, fields.Bool("attention_bias"));
+  CT_ASSIGN_OR_RETURN(std::optional<bool> mlp_bias, fields.Bool("mlp_bias"));
   CT_ASSIGN_OR_RETURN(std::optional<double> init_range, fields.Number("initializer_range"));
+  CT_ASSIGN_OR_RETURN(std::optional<double> attention_dropout, fields.Number("attention_dropout"));
 
   config.set_vocab_size(vocab_size);
   config.set_hidden_size(hidden_size);
@@ -466,8 +562,18 @@ absl::StatusOr<proto::DecoderConfig> DecoderConfigFromHfConfig(const std::string
   config.set_rms_norm_eps(eps.value_or(defaults->rms_norm_eps));
   config.set_tie_word_embeddings(tied.value_or(false));
   config.set_qk_norm(*model_type == "qwen3");
-  config.set_attention_bias(attention_bias.value_or(false));
+  // Qwen2 has q/k/v biases whatever the file says; Qwen2 and Mistral do not read
+  // attention_bias.
+  if (*model_type == "qwen2") config.set_qkv_bias(true);
+  if (*model_type == "llama" || *model_type == "qwen3") {
+    config.set_attention_bias(attention_bias.value_or(false));
+  }
+  if (*model_type == "llama" && mlp_bias.value_or(false)) config.set_mlp_bias(true);
+  CT_RETURN_IF_ERROR(ReadSlidingWindow(fields, *model_type, layers, config));
+  if (attention_dropout.value_or(0.0) != 0.0) config.set_attention_dropout(*attention_dropout);
   config.set_initializer_range(init_range.value_or(defaults->initializer_range));
+  // Only where the fields do not already say it (a Mistral model without a window).
+  if (ResolvedModelType(config) != *model_type) config.set_model_type(*model_type);
 
   if (absl::Status valid = ValidateDecoderConfig(config); !valid.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(fields.Where(), valid.message()));

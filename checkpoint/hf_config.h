@@ -18,35 +18,42 @@
 
 namespace cpptrain {
 
-// The DecoderConfig of a config.json whose model_type is "llama" or "qwen3" (which adds the
-// per-head q/k norm). Reads the sizes, head_dim, num_key_value_heads, rms_norm_eps,
-// tie_word_embeddings, attention_bias, initializer_range, max_position_embeddings, the token ids
-// (bos, eos: one or a list, pad), rope_theta either at the top level (transformers 4.x) or in
-// "rope_parameters" (5.x), and RoPE scaling ("linear", "dynamic", "llama3") from
-// "rope_parameters" or "rope_scaling" (4.x). A field that is absent or null takes
-// transformers' default (head_dim: hidden / heads for Llama, 128 for Qwen3;
-// num_key_value_heads: the attention heads; llama3's original_max_position_embeddings:
-// max_position_embeddings). Other fields (dtype, ...) do not change the decoder and are not read.
-// Errors name the file, the field, the value and what to change: another model_type, a RoPE
-// type the decoder does not implement (yarn, longrope, ...), an activation other than silu,
-// mlp_bias, sliding-window attention, a wrong JSON type, or a config that fails
-// ValidateDecoderConfig.
+// The DecoderConfig of a config.json whose model_type is "llama", "qwen2" (q/k/v biases),
+// "qwen3" (the per-head q/k norm) or "mistral" (a sliding window in every layer). Reads the
+// sizes, head_dim, num_key_value_heads, rms_norm_eps, tie_word_embeddings, attention_bias (llama,
+// qwen3), mlp_bias (llama), attention_dropout, initializer_range, max_position_embeddings, the
+// token ids (bos, eos: one or a list, pad), rope_theta either at the top level (transformers 4.x)
+// or in "rope_parameters" (5.x), RoPE scaling ("linear", "dynamic", "llama3") from
+// "rope_parameters" or "rope_scaling" (4.x), and the sliding window as transformers applies it:
+// mistral's sliding_window (absent: 4096; null: none); qwen2's and qwen3's only with
+// use_sliding_window, in the layers from max_window_layers on or those layer_types names
+// "sliding_attention" (which must be the last ones). A field that is absent or null takes
+// transformers' default (head_dim: hidden / heads, 128 for Qwen3; num_key_value_heads: the
+// attention heads; llama3's original_max_position_embeddings: max_position_embeddings). Other
+// fields (dtype, ...) do not change the decoder and are not read.
+// Errors name the file, the field, the value and what to change: another model_type (the
+// message lists the supported ones), a RoPE type the decoder does not implement (yarn,
+// longrope, ...), an activation other than silu, mlp_bias outside llama, sliding layers before
+// full ones, a wrong JSON type, or a config that fails ValidateDecoderConfig.
 absl::StatusOr<proto::DecoderConfig> DecoderConfigFromHfConfig(const std::string& config_json_path);
 
 // The weights' dtype config.json names ("dtype" in transformers 5.x, "torch_dtype" in 4.x),
 // such as "bfloat16"; "" when neither is set.
 absl::StatusOr<std::string> HfConfigDtype(const std::string& config_json_path);
 
-// The config.json of `config` for transformers (4.x and 5.x): model_type "qwen3" with
-// architectures ["Qwen3ForCausalLM"] when the config has qk_norm, else "llama" with
-// ["LlamaForCausalLM"]; the sizes, rms_norm_eps, tie_word_embeddings, attention_bias,
+// The config.json of `config` for transformers (4.x and 5.x): model_type and architectures of
+// ResolvedModelType(config) ("qwen3" / Qwen3ForCausalLM, "qwen2" / Qwen2ForCausalLM, "mistral" /
+// MistralForCausalLM, "llama" / LlamaForCausalLM); the sizes, rms_norm_eps,
+// tie_word_embeddings, attention_bias (llama, qwen3), mlp_bias (llama), attention_dropout,
 // initializer_range, max_position_embeddings, the token ids (null when unset), hidden_act
 // "silu", dtype "float32", rope_theta at the top level (4.x), the rotary embedding in
 // "rope_parameters" (5.x: rope_type, rope_theta and the scaling fields) and, when scaled, in
-// "rope_scaling" (4.x). Floating-point values are written with the fewest digits that read back
-// as the same double, so DecoderConfigFromHfConfig returns an equal config. head_dim is written
-// when set, and for Qwen3 always (transformers' Qwen3 default is 128, not hidden / heads).
-// `config` must pass ValidateDecoderConfig (a non-finite number would not be JSON).
+// "rope_scaling" (4.x); the window as sliding_window (mistral) or use_sliding_window,
+// sliding_window, max_window_layers and layer_types (qwen2, qwen3). Floating-point values are
+// written with the fewest digits that read back as the same double, so DecoderConfigFromHfConfig
+// returns an equivalent config. head_dim is written when set, and for Qwen3 (whose default is
+// 128, not hidden / heads) and Mistral always. `config` must pass ValidateDecoderConfig (a
+// non-finite number would not be JSON).
 std::string HfConfigJson(const proto::DecoderConfig& config);
 
 // generation_config.json for transformers' generate: the token ids and greedy decoding.

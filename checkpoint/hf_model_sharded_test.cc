@@ -176,7 +176,10 @@ TEST_P(HfShardedLoadTest, EachRankLoadsItsRows) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Directories, HfShardedLoadTest,
-                         ::testing::Values(Case{"hf_llama_tiny", 2}, Case{"hf_qwen3_tiny", 3}),
+                         ::testing::Values(Case{"hf_llama_tiny", 2}, Case{"hf_qwen3_tiny", 3},
+                                           Case{"hf_qwen2_tiny", 3},
+                                           Case{"hf_llama_mlp_bias_tiny", 3},
+                                           Case{"hf_mistral_tiny", 2}),
                          [](const ::testing::TestParamInfo<Case>& info) {
                            return absl::StrCat(info.param.dir_name, "_", info.param.world,
                                                "_ranks");

@@ -34,6 +34,12 @@ std::string Number(double value) {
 
 std::string Bool(bool value) { return value ? "true" : "false"; }
 
+// "none", or the window and the first layer that has it.
+std::string Window(const proto::DecoderConfig& c) {
+  if (!c.has_sliding_window()) return "none";
+  return absl::StrCat(c.sliding_window(), " from layer ", c.first_sliding_layer());
+}
+
 // "none", or the type and the fields that change the frequencies.
 std::string Rope(const proto::DecoderConfig& c) {
   if (!c.has_rope_scaling()) return "none";
@@ -98,6 +104,10 @@ std::vector<std::string> DecoderConfigDifferences(const proto::DecoderConfig& sa
        {Bool(saved.tie_word_embeddings()), Bool(model.tie_word_embeddings())}},
       {"qk_norm", {Bool(saved.qk_norm()), Bool(model.qk_norm())}},
       {"attention_bias", {Bool(saved.attention_bias()), Bool(model.attention_bias())}},
+      {"qkv_bias", {Bool(saved.qkv_bias()), Bool(model.qkv_bias())}},
+      {"mlp_bias", {Bool(saved.mlp_bias()), Bool(model.mlp_bias())}},
+      {"sliding_window", {Window(saved), Window(model)}},
+      {"model_type", {saved.model_type(), model.model_type()}},
   };
   std::vector<std::string> out;
   for (const auto& [field, values] : fields) {

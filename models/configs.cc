@@ -1,5 +1,6 @@
 #include "models/configs.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -15,6 +16,8 @@ struct Shape {
   int64_t vocab, hidden, intermediate, layers, heads, kv_heads, head_dim;  // head_dim 0: unset
   double theta, eps;
   bool tied, qk_norm;
+  bool qkv_bias = false;       // Qwen2
+  int64_t sliding_window = 0;  // Mistral; 0: none
 };
 
 proto::DecoderConfig FromShape(const Shape& s) {
@@ -30,6 +33,8 @@ proto::DecoderConfig FromShape(const Shape& s) {
   c.set_rms_norm_eps(s.eps);
   c.set_tie_word_embeddings(s.tied);
   c.set_qk_norm(s.qk_norm);
+  if (s.qkv_bias) c.set_qkv_bias(true);
+  if (s.sliding_window > 0) c.set_sliding_window(s.sliding_window);
   return c;
 }
 
@@ -41,6 +46,8 @@ const std::vector<std::pair<std::string, Shape>>& NamedShapes() {
       {"llama3-8b", {128256, 4096, 14336, 32, 32, 8, 0, 500000, 1e-5, false, false}},
       {"llama3.2-1b", {128256, 2048, 8192, 16, 32, 8, 64, 500000, 1e-5, true, false}},
       {"llama3.2-3b", {128256, 3072, 8192, 28, 24, 8, 128, 500000, 1e-5, true, false}},
+      {"qwen2.5-0.5b", {151936, 896, 4864, 24, 14, 2, 0, 1e6, 1e-6, true, false, true}},
+      {"mistral-7b", {32000, 4096, 14336, 32, 32, 8, 0, 10000, 1e-5, false, false, false, 4096}},
       {"tiny", {64, 32, 64, 2, 4, 2, 8, 10000, 1e-6, true, true}},
       {"demo", {32, 64, 128, 2, 4, 2, 0, 10000, 1e-6, false, false}},
   };
@@ -60,7 +67,76 @@ absl::Status CheckPositive(absl::string_view field, bool has, int64_t value) {
   return absl::OkStatus();
 }
 
+// What the model type's transformers class can build: each feature set is one that class has.
+absl::Status CheckModelTypeFeatures(const proto::DecoderConfig& c) {
+  const std::string type = ResolvedModelType(c);
+  const std::vector<std::string> types = SupportedModelTypes();
+  if (std::find(types.begin(), types.end(), type) == types.end()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "DecoderConfig.model_type = \"", type, "\" is not implemented; supported: ",
+        absl::StrJoin(types, ", "), " (Gemma, Phi-3, mixture-of-experts and encoder-decoder "
+        "models are not)"));
+  }
+  auto refuse = [&](absl::string_view what) {
+    return absl::InvalidArgumentError(absl::StrCat("DecoderConfig with model_type \"", type,
+                                                   "\" ", what,
+                                                   "; transformers' class for that type has no "
+                                                   "such model: change the field or model_type"));
+  };
+  if (c.attention_bias() && c.qkv_bias()) {
+    return absl::InvalidArgumentError(
+        "DecoderConfig sets both attention_bias (biases on q, k, v and o) and qkv_bias (q, k and "
+        "v only); set one");
+  }
+  if (type == "qwen3" && !c.qk_norm()) return refuse("has qk_norm false (Qwen3 always has it)");
+  if (type != "qwen3" && c.qk_norm()) return refuse("has qk_norm true (only qwen3 has it)");
+  if (type == "qwen2" && !c.qkv_bias()) {
+    return refuse("has qkv_bias false (Qwen2 always has q/k/v biases)");
+  }
+  if (type != "qwen2" && c.qkv_bias()) return refuse("has qkv_bias true (only qwen2 has it)");
+  if ((type == "qwen2" || type == "mistral") && c.attention_bias()) {
+    return refuse("has attention_bias true");
+  }
+  if (type != "llama" && c.mlp_bias()) return refuse("has mlp_bias true (only llama has it)");
+  if (type == "llama" && c.has_sliding_window()) {
+    return refuse("has a sliding_window (use model_type \"mistral\")");
+  }
+  if (type == "mistral" && c.first_sliding_layer() != 0) {
+    return refuse("has first_sliding_layer > 0 (Mistral's window is in every layer)");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckAttentionOptions(const proto::DecoderConfig& c) {
+  if (c.has_sliding_window() && c.sliding_window() <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("DecoderConfig.sliding_window = ", c.sliding_window(),
+                     " must be positive; leave it unset for attention to the whole prefix"));
+  }
+  if (c.first_sliding_layer() < 0 || c.first_sliding_layer() > c.num_hidden_layers()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "DecoderConfig.first_sliding_layer = ", c.first_sliding_layer(),
+        " is outside [0, num_hidden_layers = ", c.num_hidden_layers(), "]"));
+  }
+  if (!(c.attention_dropout() >= 0 && c.attention_dropout() < 1)) {
+    return absl::InvalidArgumentError(absl::StrCat("DecoderConfig.attention_dropout = ",
+                                                   c.attention_dropout(),
+                                                   " must be in [0, 1)"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+std::vector<std::string> SupportedModelTypes() { return {"llama", "mistral", "qwen2", "qwen3"}; }
+
+std::string ResolvedModelType(const proto::DecoderConfig& c) {
+  if (c.has_model_type()) return c.model_type();
+  if (c.qk_norm()) return "qwen3";
+  if (c.qkv_bias()) return "qwen2";
+  if (c.has_sliding_window()) return "mistral";
+  return "llama";
+}
 
 std::vector<std::string> KnownDecoderConfigNames() {
   std::vector<std::string> names;
@@ -133,6 +209,8 @@ absl::Status ValidateDecoderConfig(const proto::DecoderConfig& c) {
         "DecoderConfig needs rope_theta > 0, rms_norm_eps > 0 and initializer_range >= 0; got ",
         c.rope_theta(), ", ", c.rms_norm_eps(), ", ", c.initializer_range()));
   }
+  CT_RETURN_IF_ERROR(CheckAttentionOptions(c));
+  CT_RETURN_IF_ERROR(CheckModelTypeFeatures(c));
   return ValidateRopeScaling(c);
 }
 
@@ -151,6 +229,8 @@ int64_t DecoderParameterCount(const proto::DecoderConfig& c) {
                       3 * hidden * c.intermediate_size() + 2 * hidden;
   if (c.qk_norm()) per_layer += 2 * head_dim;
   if (c.attention_bias()) per_layer += q_size + 2 * kv_size + hidden;
+  if (c.qkv_bias()) per_layer += q_size + 2 * kv_size;
+  if (c.mlp_bias()) per_layer += 2 * c.intermediate_size() + hidden;
   const int64_t embedding = c.vocab_size() * hidden;
   const int64_t lm_head = c.tie_word_embeddings() ? 0 : c.vocab_size() * hidden;
   return embedding + c.num_hidden_layers() * per_layer + hidden + lm_head;
@@ -167,10 +247,17 @@ int64_t DecoderMatmulParameterCount(const proto::DecoderConfig& c) {
 }
 
 double DecoderTrainingFlopsPerToken(const proto::DecoderConfig& c, int64_t seq_len) {
+  // A sliding-window layer attends to at most `sliding_window` keys.
+  const int64_t sliding_layers =
+      c.has_sliding_window() ? c.num_hidden_layers() - c.first_sliding_layer() : 0;
+  const double context =
+      static_cast<double>(c.num_hidden_layers() - sliding_layers) * static_cast<double>(seq_len) +
+      static_cast<double>(sliding_layers) *
+          static_cast<double>(std::min(seq_len, c.has_sliding_window() ? c.sliding_window()
+                                                                       : seq_len));
   return 6.0 * static_cast<double>(DecoderMatmulParameterCount(c)) +
-         12.0 * static_cast<double>(c.num_hidden_layers()) *
-             static_cast<double>(c.num_attention_heads()) *
-             static_cast<double>(ResolvedHeadDim(c)) * static_cast<double>(seq_len);
+         12.0 * static_cast<double>(c.num_attention_heads()) *
+             static_cast<double>(ResolvedHeadDim(c)) * context;
 }
 
 }  // namespace cpptrain

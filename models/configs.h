@@ -1,5 +1,5 @@
-// Named decoder shapes ("qwen3-0.6b", "llama3-8b", "tiny", "demo"), their validation, the
-// builder, and the parameter / FLOP counts benchmarks report.
+// Named decoder shapes ("qwen3-0.6b", "llama3-8b", "qwen2.5-0.5b", "mistral-7b", "tiny", "demo"),
+// their validation, the builder, and the parameter / FLOP counts benchmarks report.
 //
 //   CT_ASSIGN_OR_RETURN(proto::DecoderConfig config, ResolveModelSpec(job.model()));
 //   CT_ASSIGN_OR_RETURN(std::shared_ptr<DecoderLM> model, BuildDecoder(config));
@@ -29,8 +29,19 @@ absl::StatusOr<proto::DecoderConfig> NamedDecoderConfig(absl::string_view name);
 absl::StatusOr<proto::DecoderConfig> ResolveModelSpec(const proto::ModelSpec& spec);
 
 // Every size is set and positive; heads are a multiple of KV heads; without head_dim,
-// hidden_size is a multiple of num_attention_heads; head_dim is even (rotary pairs).
+// hidden_size is a multiple of num_attention_heads; head_dim is even (rotary pairs);
+// sliding_window, first_sliding_layer and attention_dropout are in range; and the model type
+// (ResolvedModelType) has the features set: qwen3 has qk_norm, qwen2 has qkv_bias, only llama
+// has mlp_bias, llama has no sliding window, mistral has no biases.
 absl::Status ValidateDecoderConfig(const proto::DecoderConfig& config);
+
+// The Hugging Face model types the decoder implements, for error messages:
+// "llama", "mistral", "qwen2", "qwen3".
+std::vector<std::string> SupportedModelTypes();
+
+// config.model_type when set; otherwise "qwen3" with qk_norm, "qwen2" with qkv_bias, "mistral"
+// with a sliding window, else "llama".
+std::string ResolvedModelType(const proto::DecoderConfig& config);
 
 // Validates `config` and builds the model on the CPU, initialized as `init` says (default:
 // from the global generator).
@@ -47,7 +58,8 @@ int64_t DecoderParameterCount(const proto::DecoderConfig& config);
 int64_t DecoderMatmulParameterCount(const proto::DecoderConfig& config);
 
 // Training FLOPs per token at sequence length `seq_len` (PaLM, appendix B):
-//   6 * matmul parameters + 12 * layers * heads * head_dim * seq_len.
+//   6 * matmul parameters + 12 * layers * heads * head_dim * seq_len,
+// with min(seq_len, sliding_window) in place of seq_len for the sliding-window layers.
 double DecoderTrainingFlopsPerToken(const proto::DecoderConfig& config, int64_t seq_len);
 
 }  // namespace cpptrain

@@ -145,6 +145,16 @@ TEST(ConfigsTest, ReferenceModelParameterCounts) {
   const int64_t llama1b = FormulaCount(128256, 2048, 8192, 16, 32, 8, 64, true, false);
   EXPECT_EQ(DecoderParameterCount(NamedDecoderConfig("llama3.2-1b").value()), llama1b);
   EXPECT_EQ(llama1b, 1235814400);  // "1.24B" on the model card
+  // With the q/k/v biases (896 + 2 * 128 a layer).
+  const proto::DecoderConfig qwen2 = NamedDecoderConfig("qwen2.5-0.5b").value();
+  EXPECT_EQ(ResolvedModelType(qwen2), "qwen2");
+  EXPECT_EQ(DecoderParameterCount(qwen2),
+            FormulaCount(151936, 896, 4864, 24, 14, 2, 64, true, false) + 24 * (896 + 2 * 128));
+  EXPECT_EQ(DecoderParameterCount(qwen2), 494032768);  // "0.49B" on the model card
+  const proto::DecoderConfig mistral = NamedDecoderConfig("mistral-7b").value();
+  EXPECT_EQ(ResolvedModelType(mistral), "mistral");
+  EXPECT_EQ(mistral.sliding_window(), 4096);
+  EXPECT_EQ(DecoderParameterCount(mistral), 7241732096);  // Mistral-7B-v0.1's 7.24B
 }
 
 TEST(ConfigsTest, FlopsPerToken) {
@@ -157,6 +167,15 @@ TEST(ConfigsTest, FlopsPerToken) {
   const proto::DecoderConfig llama = NamedDecoderConfig("llama3-8b").value();
   EXPECT_EQ(DecoderMatmulParameterCount(llama),
             DecoderParameterCount(llama) - 128256LL * 4096 - 65 * 4096);
+  // A window of 4 in layer 1 of 2: that layer's attention counts 4 keys, not 16.
+  proto::DecoderConfig windowed = c;
+  windowed.set_qk_norm(false);
+  windowed.set_qkv_bias(true);
+  windowed.set_sliding_window(4);
+  windowed.set_first_sliding_layer(1);
+  EXPECT_DOUBLE_EQ(DecoderTrainingFlopsPerToken(windowed, 16),
+                   6.0 * matmul + 12.0 * 4 * 8 * (16 + 4));
+  EXPECT_DOUBLE_EQ(DecoderTrainingFlopsPerToken(windowed, 3), 6.0 * matmul + 12.0 * 4 * 8 * 6);
 }
 
 }  // namespace

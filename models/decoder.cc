@@ -24,7 +24,7 @@ DecoderLM::DecoderLM(const proto::DecoderConfig& config, DecoderInit init)
   Settle(*embed_tokens_);
   layer_list_ = model_->register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < config.num_hidden_layers(); ++i) {
-    layers_.push_back(std::make_shared<DecoderLayer>(config));
+    layers_.push_back(std::make_shared<DecoderLayer>(config, i));
     Settle(*layers_.back());
     layer_list_->push_back(layers_.back());
   }

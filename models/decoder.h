@@ -1,5 +1,6 @@
-// A Llama/Qwen3-family causal decoder LM whose named_parameters() match Hugging Face's
-// (model.embed_tokens.weight, model.layers.{i}.self_attn.q_proj.weight, ..., lm_head.weight).
+// A Llama/Qwen2/Qwen3/Mistral-family causal decoder LM whose named_parameters() match Hugging
+// Face's (model.embed_tokens.weight, model.layers.{i}.self_attn.q_proj.weight, ...,
+// lm_head.weight).
 // Build it through BuildDecoder (configs.h), which validates the config first.
 //
 //   CT_ASSIGN_OR_RETURN(std::shared_ptr<DecoderLM> model, BuildDecoder(config));

@@ -2,6 +2,10 @@
 #include "models/decoder_layer.h"
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <memory>
+#include <mutex>
 
 #include "base/torch_compat.h"
 #include "models/recompute.h"
@@ -56,17 +60,22 @@ torch::Tensor ApplyRotary(const torch::Tensor& x, const RotaryTables& rope) {
   return kernels::ApplyRotaryReference(x, rope.cos, rope.sin);
 }
 
-Attention::Attention(const proto::DecoderConfig& config)
+Attention::Attention(const proto::DecoderConfig& config, int64_t layer_index)
     : torch::nn::Module("Attention"),
+      window_(config.has_sliding_window() && layer_index >= config.first_sliding_layer()
+                  ? config.sliding_window()
+                  : 0),
+      dropout_(config.attention_dropout()),
       num_heads_(config.num_attention_heads()),
       num_kv_heads_(config.num_key_value_heads()),
       head_dim_(ResolvedHeadDim(config)) {
   const int64_t hidden = config.hidden_size();
-  const bool bias = config.attention_bias();
+  const bool bias = config.attention_bias() || config.qkv_bias();
   q_proj_ = register_module("q_proj", MakeLinear(hidden, num_heads_ * head_dim_, bias));
   k_proj_ = register_module("k_proj", MakeLinear(hidden, num_kv_heads_ * head_dim_, bias));
   v_proj_ = register_module("v_proj", MakeLinear(hidden, num_kv_heads_ * head_dim_, bias));
-  o_proj_ = register_module("o_proj", MakeLinear(num_heads_ * head_dim_, hidden, bias));
+  o_proj_ = register_module("o_proj",
+                            MakeLinear(num_heads_ * head_dim_, hidden, config.attention_bias()));
   if (config.qk_norm()) {
     const double eps = config.rms_norm_eps();
     q_norm_ = register_module("q_norm", std::make_shared<RmsNorm>(head_dim_, eps));
@@ -88,7 +97,7 @@ torch::Tensor Attention::Forward(const torch::Tensor& x, const RotaryTables& rop
                             v.scalar_type(), /*fused=*/true);
     k = kernels::QkNormRope(k, k_norm_ ? k_norm_->weight() : no_weight, eps, rope.cos, rope.sin,
                             v.scalar_type(), /*fused=*/true);
-    const at::Tensor out = CausalAttention(q, k, v);  // [B, H, T, D]
+    const at::Tensor out = CausalAttention(q, k, v, Options());  // [B, H, T, D]
     return o_proj_->forward(out.transpose(1, 2).reshape({b, t, num_heads_ * head_dim_}));
   }
   if (q_norm_ != nullptr) {
@@ -99,9 +108,14 @@ torch::Tensor Attention::Forward(const torch::Tensor& x, const RotaryTables& rop
   k = ApplyRotary(k.transpose(1, 2), rope);
   // Under autocast the norms promote q and k to fp32 while v stays in the compute dtype; the
   // attention kernels want one dtype.
-  const at::Tensor out =
-      CausalAttention(q.to(v.scalar_type()), k.to(v.scalar_type()), v);  // [B, H, T, D]
+  const at::Tensor out = CausalAttention(q.to(v.scalar_type()), k.to(v.scalar_type()), v,
+                                         Options());  // [B, H, T, D]
   return o_proj_->forward(out.transpose(1, 2).reshape({b, t, num_heads_ * head_dim_}));
+}
+
+AttentionOptions Attention::Options() const {
+  // transformers passes dropout=0.0 outside training, as nn.functional.dropout does.
+  return {window_, is_training() ? dropout_ : 0.0};
 }
 
 void Attention::set_fused_kernels(bool enabled) {
@@ -113,9 +127,10 @@ void Attention::set_fused_kernels(bool enabled) {
 SwiGluMlp::SwiGluMlp(const proto::DecoderConfig& config) : torch::nn::Module("SwiGluMlp") {
   const int64_t hidden = config.hidden_size();
   const int64_t inter = config.intermediate_size();
-  gate_proj_ = register_module("gate_proj", MakeLinear(hidden, inter, false));
-  up_proj_ = register_module("up_proj", MakeLinear(hidden, inter, false));
-  down_proj_ = register_module("down_proj", MakeLinear(inter, hidden, false));
+  const bool bias = config.mlp_bias();
+  gate_proj_ = register_module("gate_proj", MakeLinear(hidden, inter, bias));
+  up_proj_ = register_module("up_proj", MakeLinear(hidden, inter, bias));
+  down_proj_ = register_module("down_proj", MakeLinear(inter, hidden, bias));
 }
 
 torch::Tensor SwiGluMlp::Forward(const torch::Tensor& x) {
@@ -124,8 +139,9 @@ torch::Tensor SwiGluMlp::Forward(const torch::Tensor& x) {
 
 // Registration order follows HF's LlamaDecoderLayer.__init__, so named_parameters() lists
 // parameters in the same order as Hugging Face does.
-DecoderLayer::DecoderLayer(const proto::DecoderConfig& config) : Unit("DecoderLayer") {
-  self_attn_ = register_module("self_attn", std::make_shared<Attention>(config));
+DecoderLayer::DecoderLayer(const proto::DecoderConfig& config, int64_t layer_index)
+    : Unit("DecoderLayer") {
+  self_attn_ = register_module("self_attn", std::make_shared<Attention>(config, layer_index));
   mlp_ = register_module("mlp", std::make_shared<SwiGluMlp>(config));
   input_layernorm_ = register_module(
       "input_layernorm", std::make_shared<RmsNorm>(config.hidden_size(), config.rms_norm_eps()));
@@ -145,8 +161,42 @@ void DecoderLayer::set_fused_kernels(bool enabled) {
 torch::Tensor DecoderLayer::Forward(torch::Tensor x, const RotaryTables& rope) {
   return Hooked(std::move(x), [&](const torch::Tensor& h) {
     if (!gradient_checkpointing_) return Body(h, rope);
-    // The body is kept until backward: capture the tables by value.
-    return RecomputeInBackward([this, rope](const torch::Tensor& in) { return Body(in, rope); }, h);
+    const bool draws = is_training() && self_attn_->dropout() > 0 && at::GradMode::is_enabled();
+    if (!draws) {
+      // The body is kept until backward: capture the tables by value.
+      return RecomputeInBackward([this, rope](const torch::Tensor& in) { return Body(in, rope); },
+                                 h);
+    }
+    // Dropout draws from the default generator: the recomputation must draw the forward's masks
+    // (torch.utils.checkpoint's preserve_rng_state). Done for the CPU generator; a CUDA one's
+    // state cannot be set while a graph is captured, so CUDA is refused.
+    TORCH_CHECK(h.device().is_cpu(), "attention_dropout = ", self_attn_->dropout(),
+                " with gradient checkpointing is supported on the CPU only (the recomputation "
+                "must replay the forward's dropout masks), not on ", h.device(),
+                ". Turn gradient_checkpointing off, or set attention_dropout to 0");
+    auto forward_state = std::make_shared<at::Tensor>();
+    return RecomputeInBackward(
+        [this, rope, forward_state](const torch::Tensor& in) {
+          at::Generator generator = at::detail::getDefaultCPUGenerator();
+          if (!forward_state->defined()) {  // the forward
+            {
+              std::lock_guard<std::mutex> lock(generator.mutex());
+              *forward_state = generator.get_state();
+            }
+            return Body(in, rope);
+          }
+          at::Tensor now;
+          {
+            std::lock_guard<std::mutex> lock(generator.mutex());
+            now = generator.get_state();
+            generator.set_state(*forward_state);
+          }
+          at::Tensor out = Body(in, rope);
+          std::lock_guard<std::mutex> lock(generator.mutex());
+          generator.set_state(now);
+          return out;
+        },
+        h);
   });
 }
 

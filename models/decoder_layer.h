@@ -1,9 +1,9 @@
-// The pieces of a Llama/Qwen3 decoder layer, with Hugging Face's submodule names so that
+// The pieces of a Llama/Qwen2/Qwen3/Mistral decoder layer, with Hugging Face's submodule names so that
 // named_parameters() reads "self_attn.q_proj.weight", "mlp.gate_proj.weight", ...
 // DecoderLM (decoder.h) stacks them; use that rather than these directly.
 //
 //   RotaryTables rope = ComputeRotary(seq_len, head_dim, theta, device);
-//   auto layer = std::make_shared<DecoderLayer>(config);
+//   auto layer = std::make_shared<DecoderLayer>(config, /*layer_index=*/0);
 //   torch::Tensor out = layer->Forward(hidden, rope);   // [B, T, hidden], through the hook
 #ifndef CPPTRAIN_MODELS_DECODER_LAYER_H_
 #define CPPTRAIN_MODELS_DECODER_LAYER_H_
@@ -13,6 +13,7 @@
 #include <torch/nn/module.h>
 #include <torch/nn/modules/linear.h>
 
+#include "base/torch_compat.h"
 #include "proto/model.pb.h"
 #include "module/unit.h"
 
@@ -55,16 +56,25 @@ RotaryTables ComputeRotary(int64_t seq_len, const at::Tensor& inv_freq);
 torch::Tensor ApplyRotary(const torch::Tensor& x, const RotaryTables& rope);
 
 // Grouped-query causal self-attention: q_proj, k_proj, v_proj, o_proj (bias on all four when
-// attention_bias, as in HF Llama/Qwen3), and Qwen3's per-head q_norm / k_norm when qk_norm.
+// attention_bias, as in HF Llama/Qwen3; on q, k and v when qkv_bias, as in Qwen2), Qwen3's
+// per-head q_norm / k_norm when qk_norm, the sliding window in layers from
+// first_sliding_layer on, and attention_dropout on the probabilities in training mode.
 class Attention : public torch::nn::Module {
  public:
-  explicit Attention(const proto::DecoderConfig& config);
+  Attention(const proto::DecoderConfig& config, int64_t layer_index);
   // x: [B, T, hidden] -> [B, T, hidden].
   torch::Tensor Forward(const torch::Tensor& x, const RotaryTables& rope);
   void set_fused_kernels(bool enabled);
+  // 0: the whole causal prefix.
+  int64_t window() const { return window_; }
+  double dropout() const { return dropout_; }
 
  private:
+  AttentionOptions Options() const;
+
   bool fused_ = false;
+  int64_t window_ = 0;
+  double dropout_ = 0;
   int64_t num_heads_;
   int64_t num_kv_heads_;
   int64_t head_dim_;
@@ -76,7 +86,7 @@ class Attention : public torch::nn::Module {
   std::shared_ptr<RmsNorm> k_norm_;
 };
 
-// down_proj(silu(gate_proj(x)) * up_proj(x)), no biases.
+// down_proj(silu(gate_proj(x)) * up_proj(x)), with biases when mlp_bias (Llama).
 class SwiGluMlp : public torch::nn::Module {
  public:
   explicit SwiGluMlp(const proto::DecoderConfig& config);
@@ -94,11 +104,15 @@ class SwiGluMlp : public torch::nn::Module {
 //   h = x + self_attn(input_layernorm(x)); out = h + mlp(post_attention_layernorm(h)).
 class DecoderLayer : public Unit {
  public:
-  explicit DecoderLayer(const proto::DecoderConfig& config);
+  // `layer_index` (from 0) decides whether the layer has the sliding window.
+  DecoderLayer(const proto::DecoderConfig& config, int64_t layer_index);
 
   // Runs the block through the unit hook. With checkpointing, the block runs inside the hook
   // through RecomputeInBackward, so a hook that gathers parameters before the forward (and
-  // again before the backward) has them in place for the recomputation too.
+  // again before the backward) has them in place for the recomputation too. With attention
+  // dropout in training mode the recomputation replays the forward's masks (the CPU generator's
+  // state is kept from the forward and set around the recomputation); on CUDA that combination
+  // throws.
   torch::Tensor Forward(torch::Tensor x, const RotaryTables& rope);
 
   void set_gradient_checkpointing(bool enabled) { gradient_checkpointing_ = enabled; }
@@ -106,6 +120,7 @@ class DecoderLayer : public Unit {
   // The fused CUDA kernels of kernels/fused_ops.h for the norms, QK-norm + rotary and SwiGLU
   // (each falls back to its eager reference where it does not apply, e.g. on the CPU).
   void set_fused_kernels(bool enabled);
+  const std::shared_ptr<Attention>& self_attn() const { return self_attn_; }
 
  private:
   torch::Tensor Body(const torch::Tensor& x, const RotaryTables& rope);

@@ -14,6 +14,7 @@
 #include "models/configs.h"
 #include "models/decoder_layer.h"
 #include "models/row_init.h"
+#include "module/batch.h"
 
 namespace cpptrain {
 namespace {
@@ -43,7 +44,7 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> ExpectedNamesAndShapes
   out.push_back({"model.embed_tokens.weight", {v, h}});
   for (int64_t l = 0; l < c.num_hidden_layers(); ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
-    const bool bias = c.attention_bias();
+    const bool bias = c.attention_bias() || c.qkv_bias();
     out.push_back({p + "self_attn.q_proj.weight", {q, h}});
     if (bias) out.push_back({p + "self_attn.q_proj.bias", {q}});
     out.push_back({p + "self_attn.k_proj.weight", {kv, h}});
@@ -51,14 +52,17 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> ExpectedNamesAndShapes
     out.push_back({p + "self_attn.v_proj.weight", {kv, h}});
     if (bias) out.push_back({p + "self_attn.v_proj.bias", {kv}});
     out.push_back({p + "self_attn.o_proj.weight", {h, q}});
-    if (bias) out.push_back({p + "self_attn.o_proj.bias", {h}});
+    if (c.attention_bias()) out.push_back({p + "self_attn.o_proj.bias", {h}});
     if (c.qk_norm()) {
       out.push_back({p + "self_attn.q_norm.weight", {d}});
       out.push_back({p + "self_attn.k_norm.weight", {d}});
     }
     out.push_back({p + "mlp.gate_proj.weight", {i, h}});
+    if (c.mlp_bias()) out.push_back({p + "mlp.gate_proj.bias", {i}});
     out.push_back({p + "mlp.up_proj.weight", {i, h}});
+    if (c.mlp_bias()) out.push_back({p + "mlp.up_proj.bias", {i}});
     out.push_back({p + "mlp.down_proj.weight", {h, i}});
+    if (c.mlp_bias()) out.push_back({p + "mlp.down_proj.bias", {h}});
     out.push_back({p + "input_layernorm.weight", {h}});
     out.push_back({p + "post_attention_layernorm.weight", {h}});
   }
@@ -89,10 +93,158 @@ TEST(DecoderTest, ParameterNamesAndShapesMatchHuggingFace) {
   proto::DecoderConfig untied_bias_qk = Tiny();
   untied_bias_qk.set_tie_word_embeddings(false);
   untied_bias_qk.set_attention_bias(true);
-  for (const auto& config : {tied_qk, untied_plain, tied_plain, untied_bias_qk}) {
+  proto::DecoderConfig qwen2 = untied_plain;
+  qwen2.set_qkv_bias(true);
+  proto::DecoderConfig llama_mlp_bias = untied_plain;
+  llama_mlp_bias.set_mlp_bias(true);
+  for (const auto& config :
+       {tied_qk, untied_plain, tied_plain, untied_bias_qk, qwen2, llama_mlp_bias}) {
     auto model = Build(config);
     EXPECT_EQ(NamesAndShapes(*model), ExpectedNamesAndShapes(config)) << config.ShortDebugString();
+    EXPECT_EQ(static_cast<int64_t>(torch::nn::utils::parameters_to_vector(model->parameters())
+                                       .numel()),
+              DecoderParameterCount(config))
+        << config.ShortDebugString();
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sliding window and attention dropout (CausalAttention, base/torch_compat.h)
+
+// With q = k = 0 every allowed key gets the same probability, and with v = the identity
+// (D = T) the output row of query t is its probability row: out[..., t, s] = P(t attends s).
+at::Tensor AttentionProbabilities(int64_t batch, int64_t heads, int64_t t,
+                                  const AttentionOptions& options) {
+  const at::Tensor zeros = at::zeros({batch, heads, t, t});
+  const at::Tensor v = at::eye(t).expand({batch, heads / 2, t, t}).contiguous();  // 2 groups
+  return CausalAttention(zeros, zeros.slice(1, 0, heads / 2), v, options);
+}
+
+TEST(AttentionTest, SlidingWindowAttendsToTheLastWindowKeys) {
+  const int64_t t = 10, window = 3;
+  const at::Tensor probs = AttentionProbabilities(1, 2, t, {window, 0.0})[0][0];
+  for (int64_t q = 0; q < t; ++q) {
+    const double share = 1.0 / std::min<int64_t>(q + 1, window);
+    for (int64_t s = 0; s < t; ++s) {
+      const bool allowed = s <= q && s > q - window;  // transformers' sliding_window_overlay
+      EXPECT_NEAR(probs[q][s].item<double>(), allowed ? share : 0.0, 1e-6) << q << ", " << s;
+    }
+  }
+  // A window as long as the sequence is plain causal attention.
+  EXPECT_TRUE(at::allclose(AttentionProbabilities(1, 2, t, {t, 0.0}),
+                           AttentionProbabilities(1, 2, t, {0, 0.0})));
+}
+
+// Dropout acts on the probabilities after the softmax, as in transformers' eager attention:
+// each one is zeroed with probability p or divided by 1 - p. Statistically: the share of the
+// T(T+1)/2 * B * H causal probabilities zeroed is p within 5 standard deviations.
+TEST(AttentionTest, DropoutZeroesProbabilitiesAtTheRateAndRescalesTheRest) {
+  const int64_t batch = 64, heads = 4, t = 16;
+  const double p = 0.3;
+  torch::manual_seed(5);
+  const at::Tensor dropped = AttentionProbabilities(batch, heads, t, {0, p});
+  const at::Tensor plain = AttentionProbabilities(batch, heads, t, {0, 0.0});
+  const at::Tensor causal = at::ones({t, t}, at::kBool).tril().expand_as(dropped);
+  // Nothing leaks to future keys.
+  EXPECT_EQ(dropped.masked_select(causal.logical_not()).abs().max().item<double>(), 0.0);
+  const at::Tensor kept = dropped.masked_select(causal);
+  const at::Tensor reference = plain.masked_select(causal);
+  const at::Tensor zeroed = kept.eq(0);
+  // Kept values are the probability / (1 - p).
+  const at::Tensor ratio = kept.masked_select(zeroed.logical_not()) /
+                           reference.masked_select(zeroed.logical_not());
+  EXPECT_NEAR(ratio.min().item<double>(), 1 / (1 - p), 1e-5);
+  EXPECT_NEAR(ratio.max().item<double>(), 1 / (1 - p), 1e-5);
+  const double n = static_cast<double>(kept.numel());
+  const double rate = zeroed.sum().item<double>() / n;
+  const double sigma = std::sqrt(p * (1 - p) / n);
+  EXPECT_NEAR(rate, p, 5 * sigma) << "n = " << n;
+  // Unbiased: the mean over the batch of each probability is the undropped one within 5 sigma
+  // of its own spread (a probability q kept with 1 - p has variance q^2 p / (1 - p)).
+  const at::Tensor mean = dropped.flatten(0, 1).mean(0);
+  const at::Tensor expected = plain[0][0];
+  const at::Tensor spread = expected * std::sqrt(p / (1 - p) / (batch * heads));
+  EXPECT_TRUE(((mean - expected).abs() <= 5 * spread + 1e-7).all().item<bool>());
+  // Two draws differ; no dropout is deterministic.
+  EXPECT_FALSE(at::equal(dropped, AttentionProbabilities(batch, heads, t, {0, p})));
+}
+
+TEST(DecoderTest, AttentionDropoutOnlyInTrainingMode) {
+  proto::DecoderConfig with = Tiny();
+  with.set_attention_dropout(0.5);
+  auto dropout = Build(with, 3);
+  auto none = Build(Tiny(), 3);
+  const at::Tensor ids = RandomIds(2, 12, with.vocab_size(), 4);
+  torch::NoGradGuard no_grad;
+  none->eval();
+  const at::Tensor reference = none->Logits(ids);
+  dropout->eval();
+  EXPECT_TRUE(at::equal(dropout->Logits(ids), reference));
+  dropout->train();
+  const at::Tensor first = dropout->Logits(ids);
+  EXPECT_GT((first - reference).abs().max().item<double>(), 1e-3);
+  EXPECT_FALSE(at::equal(first, dropout->Logits(ids)));
+  // The fused switch (eager on the CPU) drops too.
+  dropout->SetFusedKernels(true);
+  EXPECT_GT((dropout->Logits(ids) - reference).abs().max().item<double>(), 1e-3);
+}
+
+// Checkpointed layers replay the forward's dropout masks when recomputed: the same seed gives
+// the same loss and gradients as without checkpointing (and different ones for another seed).
+TEST(DecoderTest, GradientCheckpointingReplaysTheAttentionDropoutMasks) {
+  proto::DecoderConfig with = Tiny();
+  with.set_attention_dropout(0.3);
+  auto plain = Build(with, 8);
+  auto checkpointed = Build(with, 8);
+  checkpointed->SetGradientCheckpointing(true);
+  const at::Tensor ids = RandomIds(2, 12, with.vocab_size(), 9);
+  Batch batch;
+  batch.inputs = ids;
+  batch.labels = ids;
+  auto gradients = [&](DecoderLM& model, uint64_t seed) {
+    model.zero_grad();
+    torch::manual_seed(seed);
+    const at::Tensor loss = model.LossSum(model.Forward(batch), batch);
+    loss.backward();
+    std::vector<at::Tensor> out = {loss.detach()};
+    for (const auto& p : model.parameters()) out.push_back(p.grad().clone());
+    return out;
+  };
+  const std::vector<at::Tensor> want = gradients(*plain, 21);
+  const std::vector<at::Tensor> got = gradients(*checkpointed, 21);
+  ASSERT_EQ(want.size(), got.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_TRUE(at::allclose(got[i], want[i], 1e-5, 1e-6)) << "tensor " << i;
+  }
+  const std::vector<at::Tensor> other = gradients(*plain, 22);
+  EXPECT_FALSE(at::allclose(other[0], want[0], 1e-5, 1e-6)) << "the masks change nothing";
+  // The generator continues after the backward as it would without checkpointing.
+  gradients(*plain, 23);
+  const at::Tensor after_plain = torch::rand({4});
+  gradients(*checkpointed, 23);
+  EXPECT_TRUE(at::equal(torch::rand({4}), after_plain));
+}
+
+TEST(DecoderTest, SlidingWindowLayersFollowFirstSlidingLayer) {
+  proto::DecoderConfig config = Tiny();
+  config.set_qk_norm(false);
+  config.set_qkv_bias(true);  // qwen2
+  config.set_sliding_window(4);
+  config.set_first_sliding_layer(1);
+  auto model = Build(config, 2);
+  EXPECT_EQ(model->layers()[0]->self_attn()->window(), 0);
+  EXPECT_EQ(model->layers()[1]->self_attn()->window(), 4);
+  // Tokens more than a window back still reach the last position through layer 0 and the
+  // window's chain; the logits of the first 4 positions equal full attention's.
+  proto::DecoderConfig full = config;
+  full.clear_sliding_window();
+  auto plain = Build(full, 2);
+  const at::Tensor ids = RandomIds(2, 10, config.vocab_size(), 6);
+  torch::NoGradGuard no_grad;
+  const at::Tensor windowed = model->Logits(ids);
+  const at::Tensor reference = plain->Logits(ids);
+  EXPECT_TRUE(at::allclose(windowed.slice(1, 0, 4), reference.slice(1, 0, 4), 1e-6, 1e-6));
+  EXPECT_GT((windowed.slice(1, 4) - reference.slice(1, 4)).abs().max().item<double>(), 1e-4);
 }
 
 TEST(DecoderTest, InitializationIsReproducibleAndHfStyle) {

@@ -1,0 +1,446 @@
+// The architectures beyond Llama and Qwen3 against transformers: Qwen2 (q/k/v biases; tied and
+// untied; use_sliding_window off and on), Qwen3 with a sliding window, Llama with mlp_bias, and
+// Mistral (a sliding window shorter than the sequence). Directories written by tests/golden/gen_hf_arch_golden.py load
+// into DecoderLM and give transformers' logits, loss and 20 AdamW steps; config.json fields map
+// onto DecoderConfig and back; architectures the decoder does not implement are refused with
+// the list of those it does.
+#include <ATen/ATen.h>
+#include <torch/optim/adamw.h>
+#include <torch/utils.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <functional>
+#include <iomanip>
+#include <iostream>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "checkpoint/files.h"
+#include "checkpoint/hf_config.h"
+#include "checkpoint/hf_model.h"
+#include "checkpoint/safetensors.h"
+#include "checkpoint/test_dirs.h"
+#include "gmock/gmock.h"
+#include "google/protobuf/util/message_differencer.h"
+#include "gtest/gtest.h"
+#include "models/configs.h"
+#include "models/decoder.h"
+#include "module/batch.h"
+
+namespace cpptrain {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+std::string WriteText(const std::string& path, const std::string& text) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << text;
+  return path;
+}
+
+std::string ReadBytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// What transformers computed on the directory (gen_hf_arch_golden.py).
+struct Golden {
+  at::Tensor input_ids;
+  at::Tensor logits;
+  double loss = 0;
+  at::Tensor train_losses;
+};
+
+Golden ReadGolden(const std::string& dir) {
+  auto file = SafetensorsFile::Open(dir + "/expected_logits.safetensors");
+  EXPECT_TRUE(file.ok()) << file.status();
+  if (!file.ok()) return {};
+  return {(*file)->GetCopy("input_ids").value(), (*file)->GetCopy("logits").value(),
+          (*file)->GetCopy("loss").value().item<double>(),
+          (*file)->GetCopy("train_losses").value()};
+}
+
+Batch LmBatch(const at::Tensor& input_ids) {
+  Batch batch;
+  batch.inputs = input_ids;
+  batch.labels = input_ids;
+  return batch;
+}
+
+// transformers' loss: the mean over the shifted targets.
+at::Tensor MeanLoss(DecoderLM& model, const Batch& batch) {
+  return model.LossSum(model.Forward(batch), batch) / model.CountLossTargets(batch);
+}
+
+// Logits within 1e-5, the loss within 1e-6 relative, and each of 20 AdamW steps' losses within
+// 1e-5 of transformers'.
+void ExpectTransformersParity(const std::string& name) {
+  SCOPED_TRACE(name);
+  const std::string dir = TestdataPath(name);
+  auto loaded = LoadHfDecoder(dir);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  DecoderLM& model = **loaded;
+  const Golden golden = ReadGolden(dir);
+  ASSERT_TRUE(golden.logits.defined());
+  const Batch batch = LmBatch(golden.input_ids);
+  double logits_diff = 0, loss_relative_diff = 0, train_diff = 0;
+  model.eval();
+  {
+    at::NoGradGuard no_grad;
+    const at::Tensor logits = model.Logits(golden.input_ids);
+    ASSERT_EQ(logits.sizes(), golden.logits.sizes());
+    logits_diff = (logits - golden.logits).abs().max().item<double>();
+    EXPECT_LT(logits_diff, 1e-5);
+    EXPECT_GT(golden.logits.std().item<double>(), 0.1);  // far from zero and from each other
+    const double loss = MeanLoss(model, batch).item<double>();
+    loss_relative_diff = std::abs(loss - golden.loss) / std::abs(golden.loss);
+    EXPECT_LT(loss_relative_diff, 1e-6)
+        << "loss " << loss << ", transformers " << golden.loss;
+  }
+
+  model.train();
+  torch::optim::AdamW adamw(model.parameters(), torch::optim::AdamWOptions(1e-2));
+  const int64_t steps = golden.train_losses.numel();
+  ASSERT_EQ(steps, 20);
+  for (int64_t step = 0; step < steps; ++step) {
+    adamw.zero_grad();
+    const at::Tensor loss = MeanLoss(model, batch);
+    loss.backward();
+    adamw.step();
+    const double want = golden.train_losses[step].item<double>();
+    EXPECT_NEAR(loss.item<double>(), want, 1e-5) << "step " << step;
+    train_diff = std::max(train_diff, std::abs(loss.item<double>() - want));
+  }
+  std::cout << name << ": logits max |diff| " << logits_diff << ", loss "
+            << std::setprecision(9) << golden.loss << std::setprecision(6) << " relative diff "
+            << loss_relative_diff << ", 20 steps' losses max |diff| " << train_diff << "\n";
+  // The steps trained something: the last loss is far below the first.
+  EXPECT_LT(golden.train_losses[steps - 1].item<double>(),
+            0.5 * golden.train_losses[0].item<double>());
+}
+
+// The model of `name` built with `change` applied to its config and loaded without strictness
+// gives logits further than 1e-3 from transformers': the feature `change` removes matters.
+void ExpectFeatureMatters(const std::string& name,
+                          const std::function<void(proto::DecoderConfig&)>& change) {
+  const std::string dir = TestdataPath(name);
+  auto config = DecoderConfigFromHfConfig(dir + "/config.json");
+  ASSERT_TRUE(config.ok()) << config.status();
+  change(*config);
+  auto model = BuildDecoder(*config);
+  ASSERT_TRUE(model.ok()) << model.status();
+  ASSERT_TRUE(LoadHfWeights(dir, **model, {/*strict=*/false}).ok());
+  const Golden golden = ReadGolden(dir);
+  at::NoGradGuard no_grad;
+  EXPECT_GT(((*model)->Logits(golden.input_ids) - golden.logits).abs().max().item<double>(), 1e-3)
+      << name << ": the feature changes too little for the test to mean anything";
+}
+
+// ---------------------------------------------------------------------------------------------
+// Qwen2
+
+TEST(HfArchTest, Qwen2UntiedGivesTransformersResults) {
+  auto config = DecoderConfigFromHfConfig(TestdataPath("hf_qwen2_tiny") + "/config.json");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(ResolvedModelType(*config), "qwen2");
+  EXPECT_TRUE(config->qkv_bias());
+  EXPECT_FALSE(config->attention_bias());
+  EXPECT_FALSE(config->qk_norm());
+  EXPECT_FALSE(config->tie_word_embeddings());
+  EXPECT_FALSE(config->has_sliding_window());  // use_sliding_window: false
+  EXPECT_EQ(config->rope_theta(), 1e6);
+  auto model = BuildDecoder(*config).value();
+  const auto params = model->named_parameters();
+  EXPECT_TRUE(params.contains("model.layers.1.self_attn.k_proj.bias"));
+  EXPECT_FALSE(params.contains("model.layers.1.self_attn.o_proj.bias"));
+  EXPECT_FALSE(params.contains("model.layers.1.mlp.up_proj.bias"));
+  ExpectTransformersParity("hf_qwen2_tiny");
+  ExpectFeatureMatters("hf_qwen2_tiny", [](proto::DecoderConfig& c) {
+    c.set_qkv_bias(false);
+    c.set_model_type("llama");
+  });
+}
+
+TEST(HfArchTest, Qwen2TiedGivesTransformersResults) {
+  auto model = LoadHfDecoder(TestdataPath("hf_qwen2_tied_tiny"));
+  ASSERT_TRUE(model.ok()) << model.status();
+  EXPECT_TRUE((*model)->config().tie_word_embeddings());
+  EXPECT_FALSE((*model)->named_parameters().contains("lm_head.weight"));
+  ExpectTransformersParity("hf_qwen2_tied_tiny");
+}
+
+TEST(HfArchTest, Qwen2SlidingWindowInTheLastLayersGivesTransformersResults) {
+  auto config = DecoderConfigFromHfConfig(TestdataPath("hf_qwen2_sliding_tiny") + "/config.json");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->sliding_window(), 4);
+  EXPECT_EQ(config->first_sliding_layer(), 1);  // max_window_layers
+  auto model = BuildDecoder(*config).value();
+  EXPECT_EQ(model->layers()[0]->self_attn()->window(), 0);
+  EXPECT_EQ(model->layers()[1]->self_attn()->window(), 4);
+  ExpectTransformersParity("hf_qwen2_sliding_tiny");
+  ExpectFeatureMatters("hf_qwen2_sliding_tiny", [](proto::DecoderConfig& c) {
+    c.clear_sliding_window();
+    c.clear_first_sliding_layer();
+  });
+}
+
+TEST(HfArchTest, Qwen3SlidingWindowGivesTransformersResults) {
+  auto config = DecoderConfigFromHfConfig(TestdataPath("hf_qwen3_sliding_tiny") + "/config.json");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(ResolvedModelType(*config), "qwen3");
+  EXPECT_EQ(config->sliding_window(), 5);
+  EXPECT_EQ(config->first_sliding_layer(), 1);
+  ExpectTransformersParity("hf_qwen3_sliding_tiny");
+  ExpectFeatureMatters("hf_qwen3_sliding_tiny", [](proto::DecoderConfig& c) {
+    c.clear_sliding_window();
+    c.clear_first_sliding_layer();
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Llama with mlp_bias, Mistral
+
+TEST(HfArchTest, LlamaMlpBiasGivesTransformersResults) {
+  auto config =
+      DecoderConfigFromHfConfig(TestdataPath("hf_llama_mlp_bias_tiny") + "/config.json");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_TRUE(config->mlp_bias());
+  EXPECT_EQ(ResolvedModelType(*config), "llama");
+  auto model = BuildDecoder(*config).value();
+  for (const std::string proj : {"gate_proj", "up_proj", "down_proj"}) {
+    EXPECT_TRUE(model->named_parameters().contains(
+        absl::StrCat("model.layers.0.mlp.", proj, ".bias")));
+  }
+  ExpectTransformersParity("hf_llama_mlp_bias_tiny");
+  ExpectFeatureMatters("hf_llama_mlp_bias_tiny",
+                       [](proto::DecoderConfig& c) { c.set_mlp_bias(false); });
+}
+
+TEST(HfArchTest, MistralSlidingWindowShorterThanTheSequenceGivesTransformersResults) {
+  auto config = DecoderConfigFromHfConfig(TestdataPath("hf_mistral_tiny") + "/config.json");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(ResolvedModelType(*config), "mistral");
+  EXPECT_EQ(config->sliding_window(), 4);
+  EXPECT_EQ(config->first_sliding_layer(), 0);
+  EXPECT_EQ(ReadGolden(TestdataPath("hf_mistral_tiny")).input_ids.size(1), 12);  // > 4
+  ExpectTransformersParity("hf_mistral_tiny");
+  ExpectFeatureMatters("hf_mistral_tiny", [](proto::DecoderConfig& c) {
+    c.clear_sliding_window();
+    c.set_model_type("mistral");
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// config.json
+
+std::string Config(const std::string& fields) {
+  return absl::StrCat(R"({"vocab_size": 64, "hidden_size": 32, "intermediate_size": 64,
+      "num_hidden_layers": 4, "num_attention_heads": 4, )",
+                      fields, "}");
+}
+
+absl::StatusOr<proto::DecoderConfig> Read(const std::string& text) {
+  return DecoderConfigFromHfConfig(WriteText(FreshTestDir() + "/config.json", text));
+}
+
+std::string ReadError(const std::string& text) {
+  auto config = Read(text);
+  EXPECT_FALSE(config.ok()) << text;
+  return config.ok() ? "" : std::string(config.status().message());
+}
+
+TEST(HfArchConfigTest, SlidingWindowFieldsAsTransformersReadThem) {
+  // Qwen2: off by default whatever sliding_window says.
+  auto off = Read(Config(R"("model_type": "qwen2", "sliding_window": 4096,
+                            "use_sliding_window": false)"));
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_FALSE(off->has_sliding_window());
+  // On: max_window_layers (default 28) decides, and 28 >= 4 layers means none.
+  auto on = Read(Config(R"("model_type": "qwen2", "use_sliding_window": true,
+                           "max_window_layers": 2)"));
+  ASSERT_TRUE(on.ok()) << on.status();
+  EXPECT_EQ(on->sliding_window(), 4096);  // transformers' default
+  EXPECT_EQ(on->first_sliding_layer(), 2);
+  auto beyond = Read(Config(R"("model_type": "qwen2", "use_sliding_window": true,
+                               "sliding_window": 8)"));
+  ASSERT_TRUE(beyond.ok()) << beyond.status();
+  EXPECT_FALSE(beyond->has_sliding_window());
+  // Qwen3 reads the same fields.
+  auto qwen3 = Read(Config(R"("model_type": "qwen3", "head_dim": 8, "use_sliding_window": true,
+      "sliding_window": 16, "layer_types": ["full_attention", "full_attention",
+      "sliding_attention", "sliding_attention"])"));
+  ASSERT_TRUE(qwen3.ok()) << qwen3.status();
+  EXPECT_EQ(qwen3->sliding_window(), 16);
+  EXPECT_EQ(qwen3->first_sliding_layer(), 2);
+  // Mistral: absent is transformers' 4096, null is none.
+  auto absent = Read(Config(R"("model_type": "mistral")"));
+  ASSERT_TRUE(absent.ok()) << absent.status();
+  EXPECT_EQ(absent->sliding_window(), 4096);
+  auto none = Read(Config(R"("model_type": "mistral", "sliding_window": null)"));
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_FALSE(none->has_sliding_window());
+  EXPECT_EQ(ResolvedModelType(*none), "mistral");
+  // attention_dropout is read (and applied in training, models/decoder_test.cc).
+  auto dropout = Read(Config(R"("model_type": "llama", "attention_dropout": 0.1)"));
+  ASSERT_TRUE(dropout.ok()) << dropout.status();
+  EXPECT_EQ(dropout->attention_dropout(), 0.1);
+}
+
+TEST(HfArchConfigTest, UnsupportedArchitecturesAndFeaturesAreRefused) {
+  for (const std::string type : {"gemma", "gemma2", "phi3", "mixtral", "qwen2_moe", "t5"}) {
+    EXPECT_THAT(ReadError(Config(absl::StrCat(R"("model_type": ")", type, "\""))),
+                AllOf(HasSubstr(absl::StrCat("\"model_type\" is \"", type, "\"")),
+                      HasSubstr(R"("llama", "mistral", "qwen2", "qwen3")"),
+                      HasSubstr("Gemma, Phi-3, mixture-of-experts and encoder-decoder")))
+        << type;
+  }
+  EXPECT_THAT(ReadError(Config(R"("model_type": "qwen2", "mlp_bias": true)")),
+              AllOf(HasSubstr("\"mlp_bias\" is true"), HasSubstr("only llama reads mlp_bias")));
+  EXPECT_THAT(ReadError(Config(R"("model_type": "qwen2", "use_sliding_window": true,
+      "sliding_window": 4, "layer_types": ["sliding_attention", "full_attention",
+      "full_attention", "full_attention"])")),
+              HasSubstr("windows in the last layers only"));
+  EXPECT_THAT(ReadError(Config(R"("model_type": "qwen2", "layer_types": ["full_attention",
+      "full_attention", "full_attention", "sliding_attention"])")),
+              HasSubstr("but use_sliding_window is false"));
+  EXPECT_THAT(ReadError(Config(R"("model_type": "llama", "layer_types": ["full_attention",
+      "full_attention", "full_attention", "sliding_attention"])")),
+              HasSubstr("Llama has no sliding-window layers"));
+  EXPECT_THAT(ReadError(Config(R"("model_type": "mistral", "sliding_window": 0)")),
+              HasSubstr("sliding_window = 0 must be positive"));
+  EXPECT_THAT(ReadError(Config(R"("model_type": "llama", "attention_dropout": 1.0)")),
+              HasSubstr("attention_dropout = 1 must be in [0, 1)"));
+
+  // Configs built by hand: each feature only where transformers' class has it.
+  proto::DecoderConfig config = NamedDecoderConfig("demo").value();
+  config.set_mlp_bias(true);
+  config.set_model_type("mistral");
+  EXPECT_THAT(std::string(ValidateDecoderConfig(config).message()),
+              HasSubstr("model_type \"mistral\" has mlp_bias true"));
+  config = NamedDecoderConfig("demo").value();
+  config.set_qkv_bias(true);
+  config.set_attention_bias(true);
+  EXPECT_THAT(std::string(ValidateDecoderConfig(config).message()), HasSubstr("set one"));
+  config = NamedDecoderConfig("demo").value();
+  config.set_model_type("gemma");
+  EXPECT_THAT(std::string(ValidateDecoderConfig(config).message()),
+              AllOf(HasSubstr("\"gemma\" is not implemented"),
+                    HasSubstr("llama, mistral, qwen2, qwen3")));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Writing model directories for transformers
+
+// Where the export tests write: $CPPTRAIN_HF_EXPORT_DIR<suffix>, for
+// tests/golden/check_hf_export.py to load into transformers, else under TEST_TMPDIR.
+std::string ExportDir(const std::string& suffix) {
+  const char* dir = std::getenv("CPPTRAIN_HF_EXPORT_DIR");
+  const std::string path = dir != nullptr && *dir != '\0' ? absl::StrCat(dir, suffix)
+                                                          : FreshTestDir() + "/export" + suffix;
+  EXPECT_TRUE(RemoveTree(path).ok());
+  std::filesystem::create_directories(path);
+  return path;
+}
+
+// A model of `config` written as a Hugging Face directory with its logits on a 12-token batch
+// (longer than the windows used here), then loaded back: the same config and logits.
+void ExportAndReload(const proto::DecoderConfig& config, const std::string& suffix) {
+  const std::string dir = ExportDir(suffix);
+  torch::manual_seed(99);
+  auto model = BuildDecoder(config);
+  ASSERT_TRUE(model.ok()) << model.status();
+  std::vector<std::pair<std::string, at::Tensor>> weights;
+  {
+    at::NoGradGuard no_grad;
+    for (const auto& item : (*model)->named_parameters()) {
+      // Biases are initialized to zero: make them count.
+      if (item.key().find(".bias") != std::string::npos) item.value().normal_(0, 0.1);
+      weights.emplace_back(item.key(), item.value().detach());
+    }
+  }
+  ASSERT_TRUE(WriteSafetensors(dir + "/model.safetensors", weights, {{"format", "pt"}}).ok());
+  ASSERT_TRUE(WriteHfModelConfigs(config, dir).ok());
+  const at::Tensor input_ids = at::arange(24, at::kLong).remainder(config.vocab_size())
+                                   .reshape({2, 12});
+  at::NoGradGuard no_grad;
+  (*model)->eval();  // no attention dropout
+  const at::Tensor logits = (*model)->Logits(input_ids).contiguous();
+  ASSERT_TRUE(WriteSafetensors(dir + "/expected_logits.safetensors",
+                               {{"input_ids", input_ids}, {"logits", logits}}, {{"format", "pt"}})
+                  .ok());
+  auto loaded = LoadHfDecoder(dir);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  // Equal as configs: a field set to its default equals the field unset.
+  google::protobuf::util::MessageDifferencer differencer;
+  differencer.set_message_field_comparison(
+      google::protobuf::util::MessageDifferencer::EQUIVALENT);
+  std::string report;
+  differencer.ReportDifferencesToString(&report);
+  EXPECT_TRUE(differencer.Compare(config, (*loaded)->config())) << report;
+  (*loaded)->eval();
+  EXPECT_TRUE(at::equal((*loaded)->Logits(input_ids), logits));
+}
+
+proto::DecoderConfig Tiny(const std::string& model_type) {
+  proto::DecoderConfig config = NamedDecoderConfig("tiny").value();
+  config.set_qk_norm(false);  // head_dim stays 8: Mistral's config.json always has it
+  if (model_type != "llama") config.set_model_type(model_type);
+  return config;
+}
+
+TEST(HfArchExportTest, Qwen2LoadsBack) {
+  proto::DecoderConfig config = Tiny("qwen2");
+  config.set_qkv_bias(true);
+  config.clear_model_type();  // qkv_bias says qwen2
+  ExportAndReload(config, "_qwen2");
+  const std::string json = HfConfigJson(config);
+  EXPECT_THAT(json, AllOf(HasSubstr(R"("model_type": "qwen2")"),
+                          HasSubstr(R"("architectures": ["Qwen2ForCausalLM"])"),
+                          HasSubstr(R"("use_sliding_window": false)"),
+                          Not(HasSubstr("attention_bias")), Not(HasSubstr("mlp_bias"))));
+}
+
+TEST(HfArchExportTest, Qwen2WithSlidingLayersLoadsBack) {
+  proto::DecoderConfig config = Tiny("qwen2");
+  config.set_qkv_bias(true);
+  config.clear_model_type();
+  config.set_tie_word_embeddings(false);
+  config.set_sliding_window(3);
+  config.set_first_sliding_layer(1);
+  ExportAndReload(config, "_qwen2_sliding");
+  EXPECT_THAT(HfConfigJson(config),
+              AllOf(HasSubstr(R"("layer_types": ["full_attention", "sliding_attention"])"),
+                    HasSubstr(R"("max_window_layers": 1)"), HasSubstr(R"("sliding_window": 3)"),
+                    HasSubstr(R"("use_sliding_window": true)")));
+}
+
+TEST(HfArchExportTest, MistralLoadsBack) {
+  proto::DecoderConfig config = Tiny("mistral");
+  config.clear_model_type();  // the window says mistral
+  config.set_sliding_window(5);
+  config.set_tie_word_embeddings(false);
+  ExportAndReload(config, "_mistral");
+  proto::DecoderConfig no_window = Tiny("mistral");
+  ExportAndReload(no_window, "_mistral_nowindow");
+  EXPECT_THAT(HfConfigJson(no_window), HasSubstr(R"("sliding_window": null)"));
+}
+
+TEST(HfArchExportTest, LlamaWithMlpBiasLoadsBack) {
+  proto::DecoderConfig config = Tiny("llama");
+  config.set_mlp_bias(true);
+  config.set_attention_dropout(0.25);
+  ExportAndReload(config, "_llama_mlp_bias");
+  EXPECT_THAT(HfConfigJson(config),
+              AllOf(HasSubstr(R"("mlp_bias": true)"), HasSubstr(R"("attention_dropout": 0.25)")));
+}
+
+}  // namespace
+}  // namespace cpptrain

@@ -1,0 +1,178 @@
+#!/usr/bin/env python3
+"""Writes tiny Hugging Face model directories of the architectures beyond Llama and Qwen3 with
+transformers' save_pretrained, and what transformers computes on them, for
+checkpoint/hf_arch_test.cc to check that LoadHfDecoder (checkpoint/hf_model.h) builds the same
+model: the same logits, the same loss, and the same losses over 20 AdamW steps.
+
+Run from the repository root:
+  python3 tests/golden/gen_hf_arch_golden.py        # (re)writes the directories below
+Needs: torch, transformers 5.x, safetensors (from PyPI).
+
+Every model has vocab 64, hidden 32, intermediate 64, 2 layers, 4 heads, 2 KV heads (head_dim
+hidden / heads = 8), float32, one model.safetensors, and every parameter random (norms and
+biases included, gen_hf_golden.py's randomize), so a tensor loaded into the wrong place changes
+the logits. Under checkpoint/testdata/:
+  hf_qwen2_tiny/           Qwen2ForCausalLM (q/k/v biases, no o_proj bias), untied,
+                           use_sliding_window false (Qwen2's default), rope_theta 1e6.
+  hf_qwen2_tied_tiny/      the same with tied embeddings (no lm_head.weight in the file).
+  hf_qwen2_sliding_tiny/   use_sliding_window true, sliding_window 4, max_window_layers 1: layer 0
+                           attends to the whole prefix, layer 1 through the window.
+  hf_llama_mlp_bias_tiny/  LlamaForCausalLM with mlp_bias (gate/up/down biases), untied.
+  hf_mistral_tiny/         MistralForCausalLM, sliding_window 4 in every layer, untied.
+  hf_qwen3_sliding_tiny/   Qwen3ForCausalLM (q/k norm, head_dim 8, tied) with
+                           use_sliding_window true, sliding_window 5, max_window_layers 1.
+And tools/testdata/hf_arch_eval/ for //tools:train_arch_test: eval.bin (uint16 tokens, 8 samples
+of 24, longer than the windows) and expected.json, transformers' mean loss of each directory
+over those samples (labels = input_ids, as tools/train evaluates a token file) and its greedy
+completion of GENERATE_PROMPT (generate with do_sample=False, max_new_tokens=20, stopping at the
+directory's eos_token_id as tools/generate does; 24 tokens in all, longer than the windows).
+Each directory also gets expected_logits.safetensors, computed by transformers (eager attention)
+from the directory reloaded with from_pretrained(dtype=torch.float32):
+  "input_ids"    int64 [2, 12], drawn from the seed (longer than the windows of 4);
+  "logits"       float32 [2, 12, 64], in eval mode;
+  "loss"         float32 [], the model's loss with labels = input_ids (mean over the 22
+                 shifted targets), in eval mode;
+  "train_losses" float32 [20], the loss before each of 20 steps of torch.optim.AdamW(lr=1e-2,
+                 defaults otherwise) on that one batch (train mode; attention_dropout is 0).
+"""
+import json
+import os
+import shutil
+import sys
+
+import torch
+from safetensors.torch import save_file
+from transformers import (AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
+                          Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
+
+SEED = 4321
+TESTDATA = "checkpoint/testdata"
+MAX_DIR_BYTES = 200 * 1024
+SEQ_LEN = 12
+TRAIN_STEPS = 20
+GENERATE_PROMPT = [3, 17, 42, 8]
+
+SIZES = dict(
+    vocab_size=64,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+)
+
+
+def randomize(model):
+    """Replaces every parameter by a seeded draw: norms around 1, the rest around 0."""
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.copy_(1.0 + 0.2 * torch.randn_like(param))
+            elif name.endswith(".bias"):
+                param.copy_(0.1 * torch.randn_like(param))
+            else:
+                param.copy_(0.15 * torch.randn_like(param))
+
+
+def write(model, name):
+    out_dir = os.path.join(TESTDATA, name)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    model.save_pretrained(out_dir)
+    input_ids = torch.randint(0, SIZES["vocab_size"], (2, SEQ_LEN), dtype=torch.int64)
+
+    model = type(model).from_pretrained(out_dir, dtype=torch.float32, attn_implementation="eager")
+    model.eval()
+    with torch.no_grad():
+        out = model(input_ids=input_ids, labels=input_ids)
+    logits = out.logits.to(torch.float32).contiguous()
+    loss = out.loss.to(torch.float32).reshape([])
+
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    train_losses = []
+    for _ in range(TRAIN_STEPS):
+        optimizer.zero_grad()
+        step_loss = model(input_ids=input_ids, labels=input_ids).loss
+        step_loss.backward()
+        optimizer.step()
+        train_losses.append(step_loss.item())
+
+    save_file(
+        {"input_ids": input_ids, "logits": logits, "loss": loss,
+         "train_losses": torch.tensor(train_losses, dtype=torch.float32)},
+        os.path.join(out_dir, "expected_logits.safetensors"),
+        metadata={"format": "pt"},
+    )
+    total = sum(os.path.getsize(os.path.join(out_dir, f)) for f in os.listdir(out_dir))
+    print(f"{out_dir}: {sorted(os.listdir(out_dir))}, {total} bytes, loss {loss.item():.6f}, "
+          f"train {train_losses[0]:.4f} -> {train_losses[-1]:.4f}")
+    if total > MAX_DIR_BYTES:
+        sys.exit(f"{out_dir} is {total} bytes, over {MAX_DIR_BYTES}: make the model smaller")
+
+
+def write_eval_golden(names):
+    """eval.bin and transformers' eval loss of every directory on it."""
+    out_dir = "tools/testdata/hf_arch_eval"
+    os.makedirs(out_dir, exist_ok=True)
+    torch.manual_seed(SEED + 20)
+    samples, seq_len = 8, 24
+    tokens = torch.randint(0, SIZES["vocab_size"], (samples * seq_len,), dtype=torch.int64)
+    tokens.to(torch.int16).numpy().astype("<u2").tofile(os.path.join(out_dir, "eval.bin"))
+    ids = tokens.reshape(samples, seq_len)
+    losses, completions = {}, {}
+    prompt = torch.tensor([GENERATE_PROMPT], dtype=torch.int64)
+    for name in names:
+        model = AutoModelForCausalLM.from_pretrained(os.path.join(TESTDATA, name),
+                                                     dtype=torch.float32,
+                                                     attn_implementation="eager")
+        model.eval()
+        with torch.no_grad():
+            losses[name] = model(input_ids=ids, labels=ids).loss.item()
+            out = model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
+                                 max_new_tokens=20)
+        completions[name] = " ".join(str(t) for t in out[0, prompt.size(1):].tolist())
+    with open(os.path.join(out_dir, "expected.json"), "w") as f:
+        json.dump({"eval_file": "eval.bin", "seq_len": seq_len, "eval_loss": losses,
+                   "prompt": " ".join(str(t) for t in GENERATE_PROMPT),
+                   "completion": completions}, f, indent=2)
+        f.write("\n")
+    print(f"{out_dir}: {losses}, {completions}")
+
+
+def build(cls, config_cls, seed, **kwargs):
+    torch.manual_seed(seed)
+    model = cls(config_cls(**SIZES, attn_implementation="eager", **kwargs))
+    randomize(model)
+    return model
+
+
+def main():
+    if not os.path.isdir(TESTDATA):
+        sys.exit(f"run from the repository root ({TESTDATA} not found)")
+    qwen2 = dict(rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+                 rms_norm_eps=1e-6)
+    write(build(Qwen2ForCausalLM, Qwen2Config, SEED, tie_word_embeddings=False, **qwen2),
+          "hf_qwen2_tiny")
+    tied = build(Qwen2ForCausalLM, Qwen2Config, SEED + 1, tie_word_embeddings=True, **qwen2)
+    assert tied.lm_head.weight.data_ptr() == tied.model.embed_tokens.weight.data_ptr()
+    write(tied, "hf_qwen2_tied_tiny")
+    sliding = build(Qwen2ForCausalLM, Qwen2Config, SEED + 2, tie_word_embeddings=False,
+                    use_sliding_window=True, sliding_window=4, max_window_layers=1, **qwen2)
+    assert sliding.config.layer_types == ["full_attention", "sliding_attention"], \
+        sliding.config.layer_types
+    write(sliding, "hf_qwen2_sliding_tiny")
+    write(build(LlamaForCausalLM, LlamaConfig, SEED + 3, tie_word_embeddings=False,
+                mlp_bias=True, rms_norm_eps=1e-5), "hf_llama_mlp_bias_tiny")
+    write(build(MistralForCausalLM, MistralConfig, SEED + 4, tie_word_embeddings=False,
+                sliding_window=4, rms_norm_eps=1e-5), "hf_mistral_tiny")
+    qwen3 = build(Qwen3ForCausalLM, Qwen3Config, SEED + 5, head_dim=8, tie_word_embeddings=True,
+                  use_sliding_window=True, sliding_window=5, max_window_layers=1, **qwen2)
+    assert qwen3.config.layer_types == ["full_attention", "sliding_attention"], \
+        qwen3.config.layer_types
+    write(qwen3, "hf_qwen3_sliding_tiny")
+    write_eval_golden(["hf_qwen2_tiny", "hf_qwen2_tied_tiny", "hf_qwen2_sliding_tiny",
+                       "hf_qwen3_sliding_tiny", "hf_llama_mlp_bias_tiny", "hf_mistral_tiny"])
+
+
+if __name__ == "__main__":
+    main()

@@ -6,10 +6,12 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <string>
 #include <unordered_set>
+#include <vector>
 
 #include <torch/torch.h>
 
@@ -26,6 +28,12 @@
 namespace cpptrain {
 namespace {
 
+uint64_t Fnv1a(const std::string& bytes) {
+  uint64_t hash = 1469598103934665603ull;
+  for (unsigned char c : bytes) hash = (hash ^ c) * 1099511628211ull;
+  return hash;
+}
+
 // FNV-1a over the deterministic serialization. Without checkpoints each rank may write its
 // metrics to its own output_dir, so the directory counts only when checkpoints are saved.
 uint64_t ArgumentsHash(proto::TrainingArguments args) {
@@ -37,9 +45,31 @@ uint64_t ArgumentsHash(proto::TrainingArguments args) {
     coded.SetSerializationDeterministic(true);
     args.SerializeToCodedStream(&coded);
   }
-  uint64_t hash = 1469598103934665603ull;
-  for (unsigned char c : bytes) hash = (hash ^ c) * 1099511628211ull;
-  return hash;
+  return Fnv1a(bytes);
+}
+
+// The launcher's id of this job (TORCHELASTIC_RUN_ID: tools/launch and torchrun make one per
+// job), empty without one (srun, mpirun).
+std::string LaunchRunId() {
+  const char* id = std::getenv("TORCHELASTIC_RUN_ID");
+  return id == nullptr ? "" : id;
+}
+
+// Two doubles that hold a 64-bit hash exactly.
+void AppendHash(uint64_t hash, std::vector<double>& out) {
+  out.push_back(static_cast<double>(hash >> 32));
+  out.push_back(static_cast<double>(hash & 0xFFFFFFFFull));
+}
+
+// The ranks (as text) whose `field`-th hash (two doubles from `first`) differs from rank 0's.
+std::vector<std::string> RanksDiffering(const torch::Tensor& all, int64_t first) {
+  std::vector<std::string> ranks;
+  for (int64_t r = 1; r < all.size(0); ++r) {
+    if (!all[r].slice(0, first, first + 2).equal(all[0].slice(0, first, first + 2))) {
+      ranks.push_back(absl::StrCat(r));
+    }
+  }
+  return ranks;
 }
 
 }  // namespace
@@ -118,29 +148,45 @@ absl::Status Trainer::Preflight() {
                              CheckpointBytes(*model_, !args_.save_only_model()));
     }
   }
+  // What every rank must share: the training arguments, the model and data (job_identity_)
+  // and the launcher's job; then this rank's verdict.
   const uint64_t hash = ArgumentsHash(args_);
-  const torch::Tensor mine = torch::tensor(
-      {static_cast<double>(hash >> 32), static_cast<double>(hash & 0xFFFFFFFFull),
-       local.ok() ? 0.0 : 1.0},
-      torch::kFloat64);
-  CT_ASSIGN_OR_RETURN(torch::Tensor all, engine_->AllGather(mine));
-  all = all.view({-1, 3});
+  std::vector<double> mine;
+  AppendHash(hash, mine);
+  AppendHash(Fnv1a(job_identity_), mine);
+  AppendHash(Fnv1a(LaunchRunId()), mine);
+  mine.push_back(local.ok() ? 0.0 : 1.0);
+  CT_ASSIGN_OR_RETURN(torch::Tensor all,
+                      engine_->AllGather(torch::tensor(mine, torch::kFloat64)));
+  all = all.view({-1, static_cast<int64_t>(mine.size())});
   if (!local.ok()) return local;
-  std::vector<std::string> failed, differ;
+  std::vector<std::string> failed;
   for (int64_t r = 0; r < all.size(0); ++r) {
-    if (all[r][2].item<double>() != 0) failed.push_back(absl::StrCat(r));
-    if (!all[r].slice(0, 0, 2).equal(all[0].slice(0, 0, 2))) differ.push_back(absl::StrCat(r));
+    if (all[r][6].item<double>() != 0) failed.push_back(absl::StrCat(r));
   }
   if (!failed.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "rank(s) ", absl::StrJoin(failed, ", "), " failed the checks before training (their "
         "logs say why)"));
   }
-  if (!differ.empty()) {
+  if (const std::vector<std::string> other_job = RanksDiffering(all, 4); !other_job.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank(s) ", absl::StrJoin(other_job, ", "), " were started by another launcher than "
+        "rank 0 (TORCHELASTIC_RUN_ID differs; here it is \"", LaunchRunId(), "\"): two jobs are "
+        "using one MASTER_ADDR:MASTER_PORT; give each job its own --master_port, or "
+        "--master_port=0 for a free one on a single node"));
+  }
+  if (const std::vector<std::string> differ = RanksDiffering(all, 0); !differ.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "rank(s) ", absl::StrJoin(differ, ", "), " were started with other training arguments "
         "than rank 0 (this rank's hash ", absl::Hex(hash), "): start every rank with the same "
         "config file and --set flags"));
+  }
+  if (const std::vector<std::string> differ = RanksDiffering(all, 2); !differ.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank(s) ", absl::StrJoin(differ, ", "), " were started with another model or data "
+        "configuration than rank 0 (data files, seq_len, seed, sample counts, the model): start "
+        "every rank with the same config file and --set flags"));
   }
   return absl::OkStatus();
 }

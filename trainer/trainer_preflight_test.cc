@@ -1,5 +1,9 @@
 // Trainer::Preflight over two ranks (threads, the store communicator): ranks started with
-// different training arguments all fail before the first step, naming the odd rank.
+// different training arguments, or another model or data configuration, all fail before the
+// first step, naming the odd rank. (Ranks of another launcher's job: two_jobs_test.sh.)
+#include <functional>
+#include <string>
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -15,7 +19,11 @@ namespace {
 
 using ::testing::HasSubstr;
 
-TEST(TrainerPreflightTest, RanksWithDifferentArgumentsFailBeforeTheFirstStep) {
+// Trains two ranks whose arguments and job identity `vary` sets per rank; every rank's status
+// must name rank 1 with `expected`, and no step may run.
+void ExpectRankOneRefused(
+    const std::function<void(int, proto::TrainingArguments&, std::string&)>& vary,
+    const std::string& expected) {
   std::vector<absl::Status> results(2);
   std::vector<int64_t> steps(2, -1);
   const absl::Status s = multi_rank::RunRanksAsThreads(2, [&](int rank, auto store) {
@@ -26,20 +34,36 @@ TEST(TrainerPreflightTest, RanksWithDifferentArgumentsFailBeforeTheFirstStep) {
     if (!engine.ok()) return engine.status();
     proto::TrainingArguments args = testing::EquivalenceArgs(
         2, testing::TestTempDir(absl::StrCat("preflight_rank", rank)));
-    args.set_learning_rate(rank == 0 ? 0.5 : 0.25);  // rank 1 got another --set
+    std::string job = "model tiny data seq_len: 8";
+    vary(rank, args, job);
     testing::SgdTrainer trainer(args, testing::TinyDecoder(1), testing::VariableLengthTokens(8, 1),
                                 nullptr, std::move(*engine));
+    trainer.set_job_identity(job);
     results[rank] = trainer.Train().status();
     steps[rank] = trainer.state().global_step;
     return absl::OkStatus();
   });
   ASSERT_TRUE(s.ok()) << s;
   for (int rank = 0; rank < 2; ++rank) {
-    EXPECT_THAT(std::string(results[rank].message()),
-                HasSubstr("rank(s) 1 were started with other training arguments than rank 0"))
-        << "rank " << rank;
+    EXPECT_THAT(std::string(results[rank].message()), HasSubstr(expected)) << "rank " << rank;
     EXPECT_EQ(steps[rank], 0) << "rank " << rank;
   }
+}
+
+TEST(TrainerPreflightTest, RanksWithDifferentArgumentsFailBeforeTheFirstStep) {
+  ExpectRankOneRefused(
+      [](int rank, proto::TrainingArguments& args, std::string&) {
+        args.set_learning_rate(rank == 0 ? 0.5 : 0.25);  // rank 1 got another --set
+      },
+      "rank(s) 1 were started with other training arguments than rank 0");
+}
+
+TEST(TrainerPreflightTest, RanksWithAnotherDataConfigurationFailBeforeTheFirstStep) {
+  ExpectRankOneRefused(
+      [](int rank, proto::TrainingArguments&, std::string& job) {
+        if (rank == 1) job = "model tiny data seq_len: 16";  // another job's data
+      },
+      "rank(s) 1 were started with another model or data configuration than rank 0");
 }
 
 }  // namespace

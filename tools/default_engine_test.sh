@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Under a launcher of several processes, a job that selects no engine trains with DDP, as
+# Hugging Face's Trainer does (before: every rank trained its own single-process copy into the
+# same output_dir), and says so in one line; selecting the local engine there is an error that
+# names WORLD_SIZE and the fix. The demo job (no engine in its file) on 2 processes over Gloo.
+set -euo pipefail
+train="$1"
+config="$2"
+launch="$3"
+fail() { echo "FAIL: $1"; [[ -n "${2:-}" ]] && cat "$2"; exit 1; }
+common=(--config="$config" --set=args.max_steps=4 --set=args.logging_steps=1
+        --set=args.eval_strategy=NO --set=args.save_strategy=NO --set=args.use_cpu=true)
+
+# The losses metrics.jsonl of output_dir $1 holds, one a line.
+losses() { grep '"loss":' "$1/metrics.jsonl" | sed -E 's/.*"loss":([^,}]*).*/\1/'; }
+
+# No engine: DDP, announced once (rank 0).
+out="$TEST_TMPDIR/default"
+timeout 300 "$launch" --nproc_per_node=2 --master_port=0 "$train" "${common[@]}" \
+  --set="args.output_dir=$out" >/dev/null 2>"$TEST_TMPDIR/default.log" ||
+  fail "the default engine under 2 processes did not train" "$TEST_TMPDIR/default.log"
+said=$(grep -c "No engine selected and WORLD_SIZE=2 (from torchrun): training with DDP" \
+  "$TEST_TMPDIR/default.log" || true)
+[[ "$said" -eq 1 ]] || fail "expected one line saying the default is DDP, saw $said" "$TEST_TMPDIR/default.log"
+grep "No engine selected" "$TEST_TMPDIR/default.log"
+grep -q "engine ddp on cpu, world 2" "$TEST_TMPDIR/default.log" ||
+  fail "the run did not train with engine ddp over world 2" "$TEST_TMPDIR/default.log"
+
+# The same job with `ddp {}` selected: the same losses at every step (one DDP run, both ranks'
+# gradients averaged), and one writer of metrics.jsonl (4 steps, 4 lines; two single-process
+# copies would write 8).
+explicit="$TEST_TMPDIR/explicit"
+timeout 300 "$launch" --nproc_per_node=2 --master_port=0 "$train" "${common[@]}" \
+  '--set=args.ddp={}' --set="args.output_dir=$explicit" >/dev/null 2>"$TEST_TMPDIR/explicit.log" ||
+  fail "the explicit ddp run failed" "$TEST_TMPDIR/explicit.log"
+[[ "$(losses "$out" | wc -l)" -eq 4 ]] || fail "metrics.jsonl has $(losses "$out" | wc -l) losses, not 4" "$out/metrics.jsonl"
+[[ "$(losses "$out")" == "$(losses "$explicit")" ]] ||
+  fail "the default run's losses $(losses "$out" | tr '\n' ' ') differ from ddp's $(losses "$explicit" | tr '\n' ' ')"
+echo "default and ddp losses: $(losses "$out" | tr '\n' ' ')"
+
+# The local engine chosen explicitly under WORLD_SIZE=2: an error on every rank, no training.
+rc=0; timeout 300 "$launch" --nproc_per_node=2 --master_port=0 "$train" "${common[@]}" \
+  '--set=args.local={}' --set="args.output_dir=$TEST_TMPDIR/local" >/dev/null \
+  2>"$TEST_TMPDIR/local.log" || rc=$?
+[[ "$rc" -ne 0 ]] || fail "the local engine under WORLD_SIZE=2 exited 0" "$TEST_TMPDIR/local.log"
+for rank in 0 1; do
+  grep -q "^\[rank $rank\].*the training arguments select the \`local\` engine but WORLD_SIZE=2 .*Remove \`local { ... }\`" \
+    "$TEST_TMPDIR/local.log" || fail "rank $rank did not name WORLD_SIZE and the fix" "$TEST_TMPDIR/local.log"
+done
+[[ ! -e "$TEST_TMPDIR/local/metrics.jsonl" ]] || fail "the refused local run logged training steps"
+echo "local: exit $rc, $(grep -o 'the training arguments select the `local` engine.*' "$TEST_TMPDIR/local.log" | sort -u | head -1)"
+echo PASS

@@ -5,12 +5,17 @@
 #include <cstring>
 #include <ctime>
 
+#include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "base/status.h"
 #include "config/internal/validation.h"
 #include "config/text_proto.h"
@@ -127,13 +132,88 @@ void CheckData(const proto::TrainJob& job, Problems* problems) {
   }
 }
 
+
+// Hugging Face's string form of `fsdp` ("full_shard auto_wrap", "shard_grad_op offload") as
+// the text-format body of our FsdpConfig: FSDP1 (transformers' fsdp string without an fsdp
+// version), the one sharding strategy named (FULL_SHARD when none), offload_params with
+// "offload", and auto_wrap_policy TRANSFORMER_BASED_WRAP with "auto_wrap", NO_WRAP without it
+// (transformers wraps nothing then). The same errors as transformers for offload alone and for
+// two strategies.
+absl::StatusOr<std::string> FsdpBodyFromHfString(absl::string_view value) {
+  static constexpr std::pair<const char*, const char*> kStrategies[] = {
+      {"full_shard", "FULL_SHARD"},       {"shard_grad_op", "SHARD_GRAD_OP"},
+      {"no_shard", "NO_SHARD"},           {"hybrid_shard", "HYBRID_SHARD"},
+      {"hybrid_shard_zero2", "HYBRID_SHARD_ZERO2"}};
+  std::vector<std::string> strategies;
+  bool offload = false;
+  bool auto_wrap = false;
+  for (absl::string_view word : absl::StrSplit(value, absl::ByAnyChar(" ,"), absl::SkipEmpty())) {
+    const std::string option = absl::AsciiStrToLower(word);
+    if (option == "offload") {
+      offload = true;
+    } else if (option == "auto_wrap") {
+      auto_wrap = true;
+    } else if (auto it = std::find_if(std::begin(kStrategies), std::end(kStrategies),
+                                      [&](const auto& s) { return option == s.first; });
+               it != std::end(kStrategies)) {
+      strategies.push_back(it->second);
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "fsdp=\"", value, "\": \"", word, "\" is not one of Hugging Face's fsdp options "
+          "(full_shard, shard_grad_op, no_shard, hybrid_shard, hybrid_shard_zero2, offload, "
+          "auto_wrap); or give the fsdp block in braces, fsdp={version: 2}"));
+    }
+  }
+  if (strategies.size() > 1) {
+    return absl::InvalidArgumentError(absl::StrCat("fsdp=\"", value, "\" names ",
+                                                   strategies.size(),
+                                                   " sharding strategies; name one"));
+  }
+  if (offload && (strategies.empty() || (strategies[0] != "FULL_SHARD" &&
+                                         strategies[0] != "SHARD_GRAD_OP"))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "fsdp=\"", value, "\": offload can't work on its own; add it to full_shard or "
+        "shard_grad_op (\"full_shard offload\"), as in Hugging Face"));
+  }
+  return absl::StrCat("{version: 1 sharding_strategy: ",
+                      strategies.empty() ? "FULL_SHARD" : strategies[0],
+                      " auto_wrap_policy: ", auto_wrap ? "TRANSFORMER_BASED_WRAP" : "NO_WRAP",
+                      offload ? " offload_params: true" : "", "}");
+}
+
+// The overrides with `fsdp_path`=<Hugging Face's string form> turned into fsdp={...}.
+absl::StatusOr<std::vector<std::string>> WithFsdpStringForm(
+    const std::vector<std::string>& overrides, absl::string_view fsdp_path) {
+  std::vector<std::string> out;
+  for (const std::string& assignment : overrides) {
+    const size_t eq = assignment.find('=');
+    const absl::string_view value =
+        eq == std::string::npos ? ""
+                                : absl::StripAsciiWhitespace(absl::string_view(assignment).substr(eq + 1));
+    if (eq == std::string::npos ||
+        absl::StripAsciiWhitespace(absl::string_view(assignment).substr(0, eq)) != fsdp_path ||
+        value.empty() || value.front() == '{') {
+      out.push_back(assignment);
+      continue;
+    }
+    absl::StatusOr<std::string> body = FsdpBodyFromHfString(value);
+    if (!body.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--set=", assignment, ": ", body.status().message()));
+    }
+    out.push_back(absl::StrCat(fsdp_path, "=", *body));
+  }
+  return out;
+}
+
 }  // namespace
 
 absl::StatusOr<TrainingArguments> LoadTrainingArguments(const std::string& path,
                                                         const std::vector<std::string>& overrides) {
   TrainingArguments args;
   if (!path.empty()) CT_RETURN_IF_ERROR(LoadTextProtoFile(path, &args));
-  CT_RETURN_IF_ERROR(ApplyOverrides(overrides, &args));
+  CT_ASSIGN_OR_RETURN(const std::vector<std::string> assignments,
+                      WithFsdpStringForm(overrides, "fsdp"));
+  CT_RETURN_IF_ERROR(ApplyOverrides(assignments, &args));
   CT_RETURN_IF_ERROR(WithSource(path, ValidateTrainingArguments(args)));
   return args;
 }
@@ -142,9 +222,21 @@ absl::StatusOr<proto::TrainJob> LoadTrainJob(const std::string& path,
                                              const std::vector<std::string>& overrides) {
   proto::TrainJob job;
   if (!path.empty()) CT_RETURN_IF_ERROR(LoadTextProtoFile(path, &job));
-  CT_RETURN_IF_ERROR(ApplyOverrides(overrides, &job));
+  CT_ASSIGN_OR_RETURN(const std::vector<std::string> assignments,
+                      WithFsdpStringForm(overrides, "args.fsdp"));
+  CT_RETURN_IF_ERROR(ApplyOverrides(assignments, &job));
   CT_RETURN_IF_ERROR(WithSource(path, ValidateTrainJob(job)));
   return job;
+}
+
+proto::DdpConfig ResolvedDdpConfig(const TrainingArguments& args) {
+  proto::DdpConfig ddp = args.ddp();
+  if (args.has_ddp_find_unused_parameters()) {
+    ddp.set_find_unused_parameters(args.ddp_find_unused_parameters());
+  }
+  if (args.has_ddp_bucket_cap_mb()) ddp.set_bucket_cap_mb(args.ddp_bucket_cap_mb());
+  if (args.has_ddp_broadcast_buffers()) ddp.set_broadcast_buffers(args.ddp_broadcast_buffers());
+  return ddp;
 }
 
 absl::Status ValidateTrainingArguments(const TrainingArguments& args) {

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/logging.h"
 #include "base/status.h"
+#include "config/training_args.h"
 #include "engines/ddp/ddp_engine.h"
 #include "engines/fsdp/fsdp1_engine.h"
 #include "engines/fsdp/fsdp2_engine.h"
@@ -47,12 +48,21 @@ absl::StatusOr<std::unique_ptr<Engine>> CreateDdpEngine(const proto::TrainingArg
                                                         MixedPrecision precision) {
   const std::chrono::milliseconds timeout(int64_t{args.ddp_timeout()} * 1000);
   CT_ASSIGN_OR_RETURN(const c10::Device device, DataParallelDevice(env, args.use_cpu()));
+  const char* backend = device.is_cuda() ? "nccl" : "gloo";
+  if (!args.ddp_backend().empty() && args.ddp_backend() != backend) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ddp_backend=\"", args.ddp_backend(), "\" but this rank trains on ", device.str(),
+        ", whose communicator is ", backend, ": the backend follows the device; ",
+        device.is_cuda() ? "set use_cpu=true to train over Gloo" : "run on GPUs for NCCL",
+        ", or drop ddp_backend"));
+  }
   CT_ASSIGN_OR_RETURN(auto store, NextEngineStore(env, timeout));
   CT_ASSIGN_OR_RETURN(
       std::unique_ptr<Communicator> comm,
       CreateCommunicatorForDevice(store, env.rank, env.world_size, device.type(), timeout));
   CT_ASSIGN_OR_RETURN(std::unique_ptr<DdpEngine> engine,
-                      DdpEngine::Create(args.ddp(), precision, device, std::move(comm)));
+                      DdpEngine::Create(ResolvedDdpConfig(args), precision, device,
+                                        std::move(comm)));
   return std::unique_ptr<Engine>(std::move(engine));
 }
 

@@ -49,4 +49,20 @@ for rank in 0 1; do
 done
 [[ ! -e "$TEST_TMPDIR/local/metrics.jsonl" ]] || fail "the refused local run logged training steps"
 echo "local: exit $rc, $(grep -o 'the training arguments select the `local` engine.*' "$TEST_TMPDIR/local.log" | sort -u | head -1)"
+
+# Hugging Face's flat ddp_* names reach that default DDP: ddp_bucket_cap_mb=0.01 splits the
+# demo model's gradients into many buckets; ddp_backend must name the device's communicator.
+out="$TEST_TMPDIR/flat"
+timeout 300 "$launch" --nproc_per_node=2 --master_port=0 "$train" "${common[@]}" \
+  --set=args.max_steps=1 --set=args.ddp_bucket_cap_mb=0.01 --set=args.ddp_backend=gloo \
+  --set="args.output_dir=$out" >/dev/null 2>"$TEST_TMPDIR/flat.log" ||
+  fail "the run with ddp_bucket_cap_mb and ddp_backend=gloo failed" "$TEST_TMPDIR/flat.log"
+grep -q "buckets of up to 0.01 MiB over 2 ranks (gloo)" "$TEST_TMPDIR/flat.log" ||
+  fail "ddp_bucket_cap_mb=0.01 did not reach the DDP engine" "$TEST_TMPDIR/flat.log"
+grep -o "DDP: .*" "$TEST_TMPDIR/flat.log"
+rc=0; "$train" "${common[@]}" --set=args.ddp_backend=nccl --set="args.output_dir=$TEST_TMPDIR/nccl" \
+  >/dev/null 2>"$TEST_TMPDIR/nccl.log" || rc=$?
+[[ "$rc" -ne 0 ]] && grep -q 'ddp_backend="nccl" but use_cpu=true' "$TEST_TMPDIR/nccl.log" ||
+  fail "ddp_backend=nccl with use_cpu=true was not refused (exit $rc)" "$TEST_TMPDIR/nccl.log"
+echo "nccl on the CPU: exit $rc, $(grep -o 'ddp_backend="nccl" but use_cpu=true[^;]*' "$TEST_TMPDIR/nccl.log" | head -1)"
 echo PASS

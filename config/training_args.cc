@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <iterator>
+#include <regex>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -205,12 +206,40 @@ absl::StatusOr<std::vector<std::string>> WithFsdpStringForm(
   return out;
 }
 
+// A config file's `fsdp: "full_shard auto_wrap"` (Hugging Face's string form, where our fsdp
+// is a message) as `fsdp {...}` on the same line. Only TrainingArguments has a field named
+// fsdp; a quoted value after it is never valid text format, so nothing else is changed.
+absl::StatusOr<std::string> WithFsdpStringInText(const std::string& text,
+                                                 const std::string& path) {
+  static const std::regex kFsdpString(R"re((^|[\s{;,])fsdp(\s*:\s*)"([^"\\\n]*)")re");
+  std::string out;
+  size_t done = 0;
+  for (auto it = std::sregex_iterator(text.begin(), text.end(), kFsdpString);
+       it != std::sregex_iterator(); ++it) {
+    const std::smatch& m = *it;
+    absl::StatusOr<std::string> body = FsdpBodyFromHfString(m[3].str());
+    if (!body.ok()) {
+      const int line = 1 + std::count(text.begin(), text.begin() + m.position(0), '\n');
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ":", line, ": ", body.status().message()));
+    }
+    absl::StrAppend(&out, text.substr(done, m.position(0) - done), m[1].str(), "fsdp ", *body);
+    done = m.position(0) + m.length(0);
+  }
+  absl::StrAppend(&out, text.substr(done));
+  return out;
+}
+
+TextRewrite FsdpStringRewrite(const std::string& path) {
+  return [path](const std::string& text) { return WithFsdpStringInText(text, path); };
+}
+
 }  // namespace
 
 absl::StatusOr<TrainingArguments> LoadTrainingArguments(const std::string& path,
                                                         const std::vector<std::string>& overrides) {
   TrainingArguments args;
-  if (!path.empty()) CT_RETURN_IF_ERROR(LoadTextProtoFile(path, &args));
+  if (!path.empty()) CT_RETURN_IF_ERROR(LoadTextProtoFile(path, &args, FsdpStringRewrite(path)));
   CT_ASSIGN_OR_RETURN(const std::vector<std::string> assignments,
                       WithFsdpStringForm(overrides, "fsdp"));
   CT_RETURN_IF_ERROR(ApplyOverrides(assignments, &args));
@@ -221,7 +250,7 @@ absl::StatusOr<TrainingArguments> LoadTrainingArguments(const std::string& path,
 absl::StatusOr<proto::TrainJob> LoadTrainJob(const std::string& path,
                                              const std::vector<std::string>& overrides) {
   proto::TrainJob job;
-  if (!path.empty()) CT_RETURN_IF_ERROR(LoadTextProtoFile(path, &job));
+  if (!path.empty()) CT_RETURN_IF_ERROR(LoadTextProtoFile(path, &job, FsdpStringRewrite(path)));
   CT_ASSIGN_OR_RETURN(const std::vector<std::string> assignments,
                       WithFsdpStringForm(overrides, "args.fsdp"));
   CT_RETURN_IF_ERROR(ApplyOverrides(assignments, &job));

@@ -31,8 +31,8 @@ absl::StatusOr<proto::TrainingArguments> LoadTrainingArguments(
 
 // The same for a TrainJob file; override paths start at the job ("args.fsdp.version=1",
 // "data.seq_len=256"). Validates with ValidateTrainJob.
-// Both also take `fsdp` in Hugging Face's string form ("--set=args.fsdp=full_shard auto_wrap",
-// "shard_grad_op offload", "hybrid_shard"): FSDP1 with that sharding_strategy, offload_params
+// Both also take `fsdp` in Hugging Face's string form, by --set ("--set=args.fsdp=full_shard
+// auto_wrap", "shard_grad_op offload", "hybrid_shard") and in the file (fsdp: "full_shard"): FSDP1 with that sharding_strategy, offload_params
 // for "offload", TRANSFORMER_BASED_WRAP with "auto_wrap" and NO_WRAP without it.
 absl::StatusOr<proto::TrainJob> LoadTrainJob(const std::string& path,
                                              const std::vector<std::string>& overrides);

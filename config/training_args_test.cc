@@ -504,5 +504,31 @@ TEST(HfFsdpStringTest, OptionsTransformersRefusesAreRefused) {
                     HasSubstr("auto_wrap")));
 }
 
+TEST(HfFsdpStringTest, TheStringFormInAConfigFile) {
+  const std::string path = absl::StrCat(EnvOrEmpty("TEST_TMPDIR"), "/hf_fsdp.textproto");
+  std::ofstream(path) << "logging_steps: 10\nfsdp: \"shard_grad_op auto_wrap\"\n"
+                      << "run_name: \"fsdp: 'x'\"\n";
+  absl::StatusOr<proto::TrainingArguments> args = LoadTrainingArguments(path, {});
+  ASSERT_TRUE(args.ok()) << args.status();
+  EXPECT_EQ(args->fsdp().version(), 1);
+  EXPECT_EQ(args->fsdp().sharding_strategy(), proto::FsdpConfig::SHARD_GRAD_OP);
+  EXPECT_EQ(args->fsdp().auto_wrap_policy(), proto::FsdpConfig::TRANSFORMER_BASED_WRAP);
+  EXPECT_EQ(args->run_name(), "fsdp: 'x'");
+
+  std::ofstream(path) << "logging_steps: 10\n  fsdp: \"offload\"\n";
+  args = LoadTrainingArguments(path, {});
+  ASSERT_FALSE(args.ok());
+  EXPECT_THAT(args.status().message(),
+              AllOf(HasSubstr(absl::StrCat(path, ":2: ")), HasSubstr("can't work on its own")));
+
+  const std::string job_path = absl::StrCat(EnvOrEmpty("TEST_TMPDIR"), "/hf_fsdp_job.textproto");
+  std::ofstream(job_path) << "args { fsdp: \"full_shard\" }\nmodel { name: \"tiny\" }\n"
+                          << "data { builtin: \"arithmetic\" }\n";
+  absl::StatusOr<proto::TrainJob> job = LoadTrainJob(job_path, {});
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->args().fsdp().sharding_strategy(), proto::FsdpConfig::FULL_SHARD);
+  EXPECT_EQ(job->args().fsdp().auto_wrap_policy(), proto::FsdpConfig::NO_WRAP);
+}
+
 }  // namespace
 }  // namespace cpptrain

@@ -65,4 +65,15 @@ rc=0; "$train" "${common[@]}" --set=args.ddp_backend=nccl --set="args.output_dir
 [[ "$rc" -ne 0 ]] && grep -q 'ddp_backend="nccl" but use_cpu=true' "$TEST_TMPDIR/nccl.log" ||
   fail "ddp_backend=nccl with use_cpu=true was not refused (exit $rc)" "$TEST_TMPDIR/nccl.log"
 echo "nccl on the CPU: exit $rc, $(grep -o 'ddp_backend="nccl" but use_cpu=true[^;]*' "$TEST_TMPDIR/nccl.log" | head -1)"
+# On a host without GPUs DDP runs on the CPU over Gloo even without use_cpu, so
+# ddp_backend=nccl is refused when the engine is made, naming the device.
+if ! command -v nvidia-smi >/dev/null 2>&1; then
+  rc=0; timeout 300 "$launch" --nproc_per_node=2 --master_port=0 "$train" --config="$config" \
+    --set=args.max_steps=1 --set=args.eval_strategy=NO --set=args.save_strategy=NO \
+    --set=args.ddp_backend=nccl --set="args.output_dir=$TEST_TMPDIR/nccl_cpu" >/dev/null \
+    2>"$TEST_TMPDIR/nccl_cpu.log" || rc=$?
+  [[ "$rc" -ne 0 ]] && grep -q 'ddp_backend="nccl" but this rank trains on cpu, whose communicator is gloo' \
+    "$TEST_TMPDIR/nccl_cpu.log" || fail "ddp_backend=nccl on a CPU host was not refused (exit $rc)" "$TEST_TMPDIR/nccl_cpu.log"
+  echo "nccl on a CPU host: exit $rc"
+fi
 echo PASS

@@ -474,7 +474,8 @@ absl::Status ParseTextProto(absl::string_view text, absl::string_view source_nam
       FormatErrors(errors, readable, source_name, msg->GetDescriptor()));
 }
 
-absl::Status LoadTextProtoFile(const std::string& path, Message* msg) {
+absl::Status LoadTextProtoFile(const std::string& path, Message* msg,
+                               const TextRewrite& rewrite) {
   std::ifstream file(path, std::ios::binary);
   if (!file) {
     return absl::NotFoundError(
@@ -485,7 +486,9 @@ absl::Status LoadTextProtoFile(const std::string& path, Message* msg) {
   if (file.bad()) {
     return absl::DataLossError(absl::StrCat("error while reading config file \"", path, "\""));
   }
-  return ParseTextProto(contents.str(), path, msg);
+  if (!rewrite) return ParseTextProto(contents.str(), path, msg);
+  CT_ASSIGN_OR_RETURN(const std::string text, rewrite(contents.str()));
+  return ParseTextProto(text, path, msg);
 }
 
 absl::Status ApplyOverride(absl::string_view assignment, Message* msg) {

@@ -9,10 +9,12 @@
 #ifndef CPPTRAIN_CONFIG_TEXT_PROTO_H_
 #define CPPTRAIN_CONFIG_TEXT_PROTO_H_
 
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "google/protobuf/message.h"
 
@@ -26,8 +28,11 @@ absl::Status ParseTextProto(absl::string_view text, absl::string_view source_nam
                             google::protobuf::Message* msg);
 
 // Reads the file at `path` and parses it with ParseTextProto. A file that cannot be read is
-// a NotFound error naming the path.
-absl::Status LoadTextProtoFile(const std::string& path, google::protobuf::Message* msg);
+// a NotFound error naming the path. `rewrite`, when given, sees the text first and returns the
+// text to parse (keeping its lines, so errors point into the file) or an error.
+using TextRewrite = std::function<absl::StatusOr<std::string>(const std::string& text)>;
+absl::Status LoadTextProtoFile(const std::string& path, google::protobuf::Message* msg,
+                               const TextRewrite& rewrite = nullptr);
 
 // Applies one "path.to.field=value" assignment (a --set flag) to `msg`.
 //  - Each path component but the last names a singular message field; reaching into a oneof

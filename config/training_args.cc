@@ -5,12 +5,18 @@
 #include <cstring>
 #include <ctime>
 
+#include <algorithm>
 #include <cmath>
+#include <iterator>
+#include <regex>
 #include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "base/status.h"
 #include "config/internal/validation.h"
 #include "config/text_proto.h"
@@ -127,13 +133,116 @@ void CheckData(const proto::TrainJob& job, Problems* problems) {
   }
 }
 
+
+// Hugging Face's string form of `fsdp` ("full_shard auto_wrap", "shard_grad_op offload") as
+// the text-format body of our FsdpConfig: FSDP1 (transformers' fsdp string without an fsdp
+// version), the one sharding strategy named (FULL_SHARD when none), offload_params with
+// "offload", and auto_wrap_policy TRANSFORMER_BASED_WRAP with "auto_wrap", NO_WRAP without it
+// (transformers wraps nothing then). The same errors as transformers for offload alone and for
+// two strategies.
+absl::StatusOr<std::string> FsdpBodyFromHfString(absl::string_view value) {
+  static constexpr std::pair<const char*, const char*> kStrategies[] = {
+      {"full_shard", "FULL_SHARD"},       {"shard_grad_op", "SHARD_GRAD_OP"},
+      {"no_shard", "NO_SHARD"},           {"hybrid_shard", "HYBRID_SHARD"},
+      {"hybrid_shard_zero2", "HYBRID_SHARD_ZERO2"}};
+  std::vector<std::string> strategies;
+  bool offload = false;
+  bool auto_wrap = false;
+  for (absl::string_view word : absl::StrSplit(value, absl::ByAnyChar(" ,"), absl::SkipEmpty())) {
+    const std::string option = absl::AsciiStrToLower(word);
+    if (option == "offload") {
+      offload = true;
+    } else if (option == "auto_wrap") {
+      auto_wrap = true;
+    } else if (auto it = std::find_if(std::begin(kStrategies), std::end(kStrategies),
+                                      [&](const auto& s) { return option == s.first; });
+               it != std::end(kStrategies)) {
+      strategies.push_back(it->second);
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "fsdp=\"", value, "\": \"", word, "\" is not one of Hugging Face's fsdp options "
+          "(full_shard, shard_grad_op, no_shard, hybrid_shard, hybrid_shard_zero2, offload, "
+          "auto_wrap); or give the fsdp block in braces, fsdp={version: 2}"));
+    }
+  }
+  if (strategies.size() > 1) {
+    return absl::InvalidArgumentError(absl::StrCat("fsdp=\"", value, "\" names ",
+                                                   strategies.size(),
+                                                   " sharding strategies; name one"));
+  }
+  if (offload && (strategies.empty() || (strategies[0] != "FULL_SHARD" &&
+                                         strategies[0] != "SHARD_GRAD_OP"))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "fsdp=\"", value, "\": offload can't work on its own; add it to full_shard or "
+        "shard_grad_op (\"full_shard offload\"), as in Hugging Face"));
+  }
+  return absl::StrCat("{version: 1 sharding_strategy: ",
+                      strategies.empty() ? "FULL_SHARD" : strategies[0],
+                      " auto_wrap_policy: ", auto_wrap ? "TRANSFORMER_BASED_WRAP" : "NO_WRAP",
+                      offload ? " offload_params: true" : "", "}");
+}
+
+// The overrides with `fsdp_path`=<Hugging Face's string form> turned into fsdp={...}.
+absl::StatusOr<std::vector<std::string>> WithFsdpStringForm(
+    const std::vector<std::string>& overrides, absl::string_view fsdp_path) {
+  std::vector<std::string> out;
+  for (const std::string& assignment : overrides) {
+    const size_t eq = assignment.find('=');
+    const absl::string_view value =
+        eq == std::string::npos ? ""
+                                : absl::StripAsciiWhitespace(absl::string_view(assignment).substr(eq + 1));
+    if (eq == std::string::npos ||
+        absl::StripAsciiWhitespace(absl::string_view(assignment).substr(0, eq)) != fsdp_path ||
+        value.empty() || value.front() == '{') {
+      out.push_back(assignment);
+      continue;
+    }
+    absl::StatusOr<std::string> body = FsdpBodyFromHfString(value);
+    if (!body.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--set=", assignment, ": ", body.status().message()));
+    }
+    out.push_back(absl::StrCat(fsdp_path, "=", *body));
+  }
+  return out;
+}
+
+// A config file's `fsdp: "full_shard auto_wrap"` (Hugging Face's string form, where our fsdp
+// is a message) as `fsdp {...}` on the same line. Only TrainingArguments has a field named
+// fsdp; a quoted value after it is never valid text format, so nothing else is changed.
+absl::StatusOr<std::string> WithFsdpStringInText(const std::string& text,
+                                                 const std::string& path) {
+  static const std::regex kFsdpString(R"re((^|[\s{;,])fsdp(\s*:\s*)"([^"\\\n]*)")re");
+  std::string out;
+  size_t done = 0;
+  for (auto it = std::sregex_iterator(text.begin(), text.end(), kFsdpString);
+       it != std::sregex_iterator(); ++it) {
+    const std::smatch& m = *it;
+    absl::StatusOr<std::string> body = FsdpBodyFromHfString(m[3].str());
+    if (!body.ok()) {
+      const int line = 1 + std::count(text.begin(), text.begin() + m.position(0), '\n');
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ":", line, ": ", body.status().message()));
+    }
+    absl::StrAppend(&out, text.substr(done, m.position(0) - done), m[1].str(), "fsdp ", *body);
+    done = m.position(0) + m.length(0);
+  }
+  absl::StrAppend(&out, text.substr(done));
+  return out;
+}
+
+TextRewrite FsdpStringRewrite(const std::string& path) {
+  return [path](const std::string& text) { return WithFsdpStringInText(text, path); };
+}
+
 }  // namespace
 
 absl::StatusOr<TrainingArguments> LoadTrainingArguments(const std::string& path,
                                                         const std::vector<std::string>& overrides) {
   TrainingArguments args;
-  if (!path.empty()) CT_RETURN_IF_ERROR(LoadTextProtoFile(path, &args));
-  CT_RETURN_IF_ERROR(ApplyOverrides(overrides, &args));
+  if (!path.empty()) CT_RETURN_IF_ERROR(LoadTextProtoFile(path, &args, FsdpStringRewrite(path)));
+  CT_ASSIGN_OR_RETURN(const std::vector<std::string> assignments,
+                      WithFsdpStringForm(overrides, "fsdp"));
+  CT_RETURN_IF_ERROR(ApplyOverrides(assignments, &args));
   CT_RETURN_IF_ERROR(WithSource(path, ValidateTrainingArguments(args)));
   return args;
 }
@@ -141,10 +250,22 @@ absl::StatusOr<TrainingArguments> LoadTrainingArguments(const std::string& path,
 absl::StatusOr<proto::TrainJob> LoadTrainJob(const std::string& path,
                                              const std::vector<std::string>& overrides) {
   proto::TrainJob job;
-  if (!path.empty()) CT_RETURN_IF_ERROR(LoadTextProtoFile(path, &job));
-  CT_RETURN_IF_ERROR(ApplyOverrides(overrides, &job));
+  if (!path.empty()) CT_RETURN_IF_ERROR(LoadTextProtoFile(path, &job, FsdpStringRewrite(path)));
+  CT_ASSIGN_OR_RETURN(const std::vector<std::string> assignments,
+                      WithFsdpStringForm(overrides, "args.fsdp"));
+  CT_RETURN_IF_ERROR(ApplyOverrides(assignments, &job));
   CT_RETURN_IF_ERROR(WithSource(path, ValidateTrainJob(job)));
   return job;
+}
+
+proto::DdpConfig ResolvedDdpConfig(const TrainingArguments& args) {
+  proto::DdpConfig ddp = args.ddp();
+  if (args.has_ddp_find_unused_parameters()) {
+    ddp.set_find_unused_parameters(args.ddp_find_unused_parameters());
+  }
+  if (args.has_ddp_bucket_cap_mb()) ddp.set_bucket_cap_mb(args.ddp_bucket_cap_mb());
+  if (args.has_ddp_broadcast_buffers()) ddp.set_broadcast_buffers(args.ddp_broadcast_buffers());
+  return ddp;
 }
 
 absl::Status ValidateTrainingArguments(const TrainingArguments& args) {

@@ -31,6 +31,9 @@ absl::StatusOr<proto::TrainingArguments> LoadTrainingArguments(
 
 // The same for a TrainJob file; override paths start at the job ("args.fsdp.version=1",
 // "data.seq_len=256"). Validates with ValidateTrainJob.
+// Both also take `fsdp` in Hugging Face's string form, by --set ("--set=args.fsdp=full_shard
+// auto_wrap", "shard_grad_op offload", "hybrid_shard") and in the file (fsdp: "full_shard"): FSDP1 with that sharding_strategy, offload_params
+// for "offload", TRANSFORMER_BASED_WRAP with "auto_wrap" and NO_WRAP without it.
 absl::StatusOr<proto::TrainJob> LoadTrainJob(const std::string& path,
                                              const std::vector<std::string>& overrides);
 
@@ -49,6 +52,11 @@ std::vector<std::string> TrainingArgumentsWarnings(const proto::TrainingArgument
 // Checks that depend on the number of processes: split_batches needs batch sizes divisible
 // by world_size; the FSDP mesh (dp_replicate_size x dp_shard_size) must cover world_size.
 absl::Status ValidateForWorld(const proto::TrainingArguments& args, int world_size);
+
+// The DDP engine's config: `ddp { ... }` with Hugging Face's flat ddp_find_unused_parameters,
+// ddp_bucket_cap_mb and ddp_broadcast_buffers laid over it (validation refuses the two when
+// they disagree). Also for the DDP that no engine means under several processes.
+proto::DdpConfig ResolvedDdpConfig(const proto::TrainingArguments& args);
 
 // eval_steps, or logging_steps when eval_steps is unset or 0 (still a ratio when < 1).
 double ResolvedEvalSteps(const proto::TrainingArguments& args);

@@ -411,5 +411,124 @@ TEST(LoadTrainJobTest, NonFiniteOverridesAreRefused) {
   }
 }
 
+
+// ---------------------------------------------------------------------------------------
+// Hugging Face's flat ddp_* names and fsdp's string form, as transformers spells them.
+
+TEST(HfDdpArgumentsTest, FlatNamesMapOntoTheDdpBlock) {
+  for (const char* engine : {"ddp={}", "learning_rate=1e-3"}) {  // selected, or left to default
+    absl::StatusOr<proto::TrainingArguments> args = LoadTrainingArguments(
+        "", {engine, "ddp_find_unused_parameters=true", "ddp_bucket_cap_mb=50",
+             "ddp_broadcast_buffers=false", "ddp_backend=gloo", "ddp_static_graph=false"});
+    ASSERT_TRUE(args.ok()) << args.status();
+    const proto::DdpConfig ddp = ResolvedDdpConfig(*args);
+    EXPECT_TRUE(ddp.find_unused_parameters()) << engine;
+    EXPECT_DOUBLE_EQ(ddp.bucket_cap_mb(), 50) << engine;
+    EXPECT_FALSE(ddp.broadcast_buffers()) << engine;
+  }
+  // In a config file as well, and the nested block alone still counts.
+  const proto::TrainingArguments file = Args("ddp_bucket_cap_mb: 10 ddp { broadcast_buffers: false }");
+  EXPECT_DOUBLE_EQ(ResolvedDdpConfig(file).bucket_cap_mb(), 10);
+  EXPECT_FALSE(ResolvedDdpConfig(file).broadcast_buffers());
+  EXPECT_DOUBLE_EQ(ResolvedDdpConfig(Args("")).bucket_cap_mb(), 25);
+}
+
+TEST(HfDdpArgumentsTest, DisagreeingOrUnsupportedValuesAreRefusedWithTheFix) {
+  EXPECT_THAT(Problems("ddp_find_unused_parameters: true ddp { find_unused_parameters: false }"),
+              AllOf(HasSubstr("ddp_find_unused_parameters=true and "
+                              "ddp.find_unused_parameters=false disagree"),
+                    HasSubstr("keep one of them")));
+  EXPECT_THAT(Problems("ddp_bucket_cap_mb: 50 ddp { bucket_cap_mb: 25 }"),
+              HasSubstr("ddp_bucket_cap_mb=50 and ddp.bucket_cap_mb=25 disagree"));
+  EXPECT_THAT(Problems("ddp_bucket_cap_mb: 0"), HasSubstr("ddp_bucket_cap_mb=0 must be positive"));
+  EXPECT_THAT(Problems("ddp_backend: \"mpi\""),
+              AllOf(HasSubstr("ddp_backend=\"mpi\" is not built"),
+                    HasSubstr("\"nccl\" on CUDA and \"gloo\" on the CPU")));
+  EXPECT_THAT(Problems("ddp_backend: \"nccl\" use_cpu: true"),
+              HasSubstr("ddp_backend=\"nccl\" but use_cpu=true"));
+  EXPECT_THAT(Problems("ddp_static_graph: true"),
+              AllOf(HasSubstr("ddp_static_graph=true has no equivalent"),
+                    HasSubstr("ddp.find_unused_parameters")));
+  ExpectValid("ddp_bucket_cap_mb: 25 ddp { bucket_cap_mb: 25 } ddp_backend: \"nccl\"");
+}
+
+TEST(HfDdpArgumentsTest, IgnoredOutsideDdpWithAWarning) {
+  EXPECT_THAT(TrainingArgumentsWarnings(Args("ddp_find_unused_parameters: false zero { stage: 2 }")),
+              Contains(HasSubstr("apply to the DDP engine only and are ignored: the `zero` engine")));
+  EXPECT_THAT(TrainingArgumentsWarnings(Args("ddp_find_unused_parameters: false")), IsEmpty());
+}
+
+TEST(HfFsdpStringTest, OptionsMapOntoTheFsdpBlock) {
+  absl::StatusOr<proto::TrainingArguments> args =
+      LoadTrainingArguments("", {"fsdp=full_shard auto_wrap"});
+  ASSERT_TRUE(args.ok()) << args.status();
+  ASSERT_TRUE(args->has_fsdp());
+  EXPECT_EQ(args->fsdp().version(), 1);
+  EXPECT_EQ(args->fsdp().sharding_strategy(), proto::FsdpConfig::FULL_SHARD);
+  EXPECT_EQ(args->fsdp().auto_wrap_policy(), proto::FsdpConfig::TRANSFORMER_BASED_WRAP);
+  EXPECT_FALSE(args->fsdp().offload_params());
+
+  args = LoadTrainingArguments("", {"fsdp=shard_grad_op offload"});
+  ASSERT_TRUE(args.ok()) << args.status();
+  EXPECT_EQ(args->fsdp().sharding_strategy(), proto::FsdpConfig::SHARD_GRAD_OP);
+  EXPECT_TRUE(args->fsdp().offload_params());
+  EXPECT_EQ(args->fsdp().auto_wrap_policy(), proto::FsdpConfig::NO_WRAP);
+
+  args = LoadTrainingArguments("", {"fsdp=HYBRID_SHARD,auto_wrap"});
+  ASSERT_TRUE(args.ok()) << args.status();
+  EXPECT_EQ(args->fsdp().sharding_strategy(), proto::FsdpConfig::HYBRID_SHARD);
+
+  absl::StatusOr<proto::TrainJob> job =
+      LoadTrainJob(FixturePath(), {"args.fsdp=full_shard auto_wrap"});
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->args().fsdp().version(), 1);
+  EXPECT_EQ(job->args().fsdp().auto_wrap_policy(), proto::FsdpConfig::TRANSFORMER_BASED_WRAP);
+  // The braces form is unchanged.
+  args = LoadTrainingArguments("", {"fsdp={version: 2}"});
+  ASSERT_TRUE(args.ok()) << args.status();
+  EXPECT_EQ(args->fsdp().version(), 2);
+}
+
+TEST(HfFsdpStringTest, OptionsTransformersRefusesAreRefused) {
+  auto error = [](const std::string& value) {
+    absl::StatusOr<proto::TrainingArguments> args =
+        LoadTrainingArguments("", {absl::StrCat("fsdp=", value)});
+    EXPECT_FALSE(args.ok()) << value;
+    return std::string(args.status().message());
+  };
+  EXPECT_THAT(error("offload"), AllOf(HasSubstr("--set=fsdp=offload"),
+                                      HasSubstr("offload can't work on its own")));
+  EXPECT_THAT(error("full_shard shard_grad_op"), HasSubstr("names 2 sharding strategies"));
+  EXPECT_THAT(error("full_shard autowrap"),
+              AllOf(HasSubstr("\"autowrap\" is not one of Hugging Face's fsdp options"),
+                    HasSubstr("auto_wrap")));
+}
+
+TEST(HfFsdpStringTest, TheStringFormInAConfigFile) {
+  const std::string path = absl::StrCat(EnvOrEmpty("TEST_TMPDIR"), "/hf_fsdp.textproto");
+  std::ofstream(path) << "logging_steps: 10\nfsdp: \"shard_grad_op auto_wrap\"\n"
+                      << "run_name: \"fsdp: 'x'\"\n";
+  absl::StatusOr<proto::TrainingArguments> args = LoadTrainingArguments(path, {});
+  ASSERT_TRUE(args.ok()) << args.status();
+  EXPECT_EQ(args->fsdp().version(), 1);
+  EXPECT_EQ(args->fsdp().sharding_strategy(), proto::FsdpConfig::SHARD_GRAD_OP);
+  EXPECT_EQ(args->fsdp().auto_wrap_policy(), proto::FsdpConfig::TRANSFORMER_BASED_WRAP);
+  EXPECT_EQ(args->run_name(), "fsdp: 'x'");
+
+  std::ofstream(path) << "logging_steps: 10\n  fsdp: \"offload\"\n";
+  args = LoadTrainingArguments(path, {});
+  ASSERT_FALSE(args.ok());
+  EXPECT_THAT(args.status().message(),
+              AllOf(HasSubstr(absl::StrCat(path, ":2: ")), HasSubstr("can't work on its own")));
+
+  const std::string job_path = absl::StrCat(EnvOrEmpty("TEST_TMPDIR"), "/hf_fsdp_job.textproto");
+  std::ofstream(job_path) << "args { fsdp: \"full_shard\" }\nmodel { name: \"tiny\" }\n"
+                          << "data { builtin: \"arithmetic\" }\n";
+  absl::StatusOr<proto::TrainJob> job = LoadTrainJob(job_path, {});
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->args().fsdp().sharding_strategy(), proto::FsdpConfig::FULL_SHARD);
+  EXPECT_EQ(job->args().fsdp().auto_wrap_policy(), proto::FsdpConfig::NO_WRAP);
+}
+
 }  // namespace
 }  // namespace cpptrain

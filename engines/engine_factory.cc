@@ -7,7 +7,9 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "base/logging.h"
 #include "base/status.h"
+#include "config/training_args.h"
 #include "engines/ddp/ddp_engine.h"
 #include "engines/fsdp/fsdp1_engine.h"
 #include "engines/fsdp/fsdp2_engine.h"
@@ -39,6 +41,54 @@ absl::StatusOr<c10::intrusive_ptr<c10d::Store>> NextEngineStore(const Distribute
   }
   return c10::intrusive_ptr<c10d::Store>(
       c10::make_intrusive<c10d::PrefixStore>(absl::StrCat("engine_", created++), store));
+}
+
+absl::StatusOr<std::unique_ptr<Engine>> CreateDdpEngine(const proto::TrainingArguments& args,
+                                                        const DistributedEnv& env,
+                                                        MixedPrecision precision) {
+  const std::chrono::milliseconds timeout(int64_t{args.ddp_timeout()} * 1000);
+  CT_ASSIGN_OR_RETURN(const c10::Device device, DataParallelDevice(env, args.use_cpu()));
+  const char* backend = device.is_cuda() ? "nccl" : "gloo";
+  if (!args.ddp_backend().empty() && args.ddp_backend() != backend) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ddp_backend=\"", args.ddp_backend(), "\" but this rank trains on ", device.str(),
+        ", whose communicator is ", backend, ": the backend follows the device; ",
+        device.is_cuda() ? "set use_cpu=true to train over Gloo" : "run on GPUs for NCCL",
+        ", or drop ddp_backend"));
+  }
+  CT_ASSIGN_OR_RETURN(auto store, NextEngineStore(env, timeout));
+  CT_ASSIGN_OR_RETURN(
+      std::unique_ptr<Communicator> comm,
+      CreateCommunicatorForDevice(store, env.rank, env.world_size, device.type(), timeout));
+  CT_ASSIGN_OR_RETURN(std::unique_ptr<DdpEngine> engine,
+                      DdpEngine::Create(ResolvedDdpConfig(args), precision, device,
+                                        std::move(comm)));
+  return std::unique_ptr<Engine>(std::move(engine));
+}
+
+// No engine, or `local`: one process trains alone. Under a launcher of several processes no
+// engine means DDP, as in Hugging Face's Trainer; `local` would have every rank train its own
+// copy into one output_dir, so it is refused.
+absl::StatusOr<std::unique_ptr<Engine>> CreateDefaultOrLocalEngine(
+    const proto::TrainingArguments& args, MixedPrecision precision) {
+  CT_ASSIGN_OR_RETURN(DistributedEnv env, DistributedEnvFromEnvironment());
+  if (env.world_size > 1 && args.has_local()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the training arguments select the `local` engine but WORLD_SIZE=", env.world_size,
+        " (from ", env.source, "): every process would train its own copy of the model into the "
+        "same output_dir. Remove `local { ... }` (with several processes the default is DDP), "
+        "select `ddp {}`, `fsdp {}` or `zero {}`, or start one process"));
+  }
+  if (env.world_size > 1) {
+    CT_LOG_RANK0(INFO) << "No engine selected and WORLD_SIZE=" << env.world_size << " (from "
+                       << env.source << "): training with DDP, as Hugging Face's Trainer does; "
+                       << "select `ddp {}`, `fsdp {}` or `zero {}` to configure the engine";
+    return CreateDdpEngine(args, env, precision);
+  }
+  proto::LocalEngineConfig local = args.local();
+  if (args.use_cpu() && local.device() == "auto") local.set_device("cpu");
+  CT_ASSIGN_OR_RETURN(std::unique_ptr<LocalEngine> engine, LocalEngine::Create(local, precision));
+  return std::unique_ptr<Engine>(std::move(engine));
 }
 
 }  // namespace
@@ -148,24 +198,11 @@ absl::StatusOr<std::unique_ptr<Engine>> CreateEngine(const proto::TrainingArgume
   }
   switch (args.engine_case()) {
     case proto::TrainingArguments::ENGINE_NOT_SET:
-    case proto::TrainingArguments::kLocal: {
-      proto::LocalEngineConfig local = args.local();
-      if (args.use_cpu() && local.device() == "auto") local.set_device("cpu");
-      CT_ASSIGN_OR_RETURN(std::unique_ptr<LocalEngine> engine,
-                          LocalEngine::Create(local, precision));
-      return std::unique_ptr<Engine>(std::move(engine));
-    }
+    case proto::TrainingArguments::kLocal:
+      return CreateDefaultOrLocalEngine(args, precision);
     case proto::TrainingArguments::kDdp: {
       CT_ASSIGN_OR_RETURN(DistributedEnv env, DistributedEnvFromEnvironment());
-      const std::chrono::milliseconds timeout(int64_t{args.ddp_timeout()} * 1000);
-      CT_ASSIGN_OR_RETURN(const c10::Device device, DataParallelDevice(env, args.use_cpu()));
-      CT_ASSIGN_OR_RETURN(auto store, NextEngineStore(env, timeout));
-      CT_ASSIGN_OR_RETURN(
-          std::unique_ptr<Communicator> comm,
-          CreateCommunicatorForDevice(store, env.rank, env.world_size, device.type(), timeout));
-      CT_ASSIGN_OR_RETURN(std::unique_ptr<DdpEngine> engine,
-                          DdpEngine::Create(args.ddp(), precision, device, std::move(comm)));
-      return std::unique_ptr<Engine>(std::move(engine));
+      return CreateDdpEngine(args, env, precision);
     }
     case proto::TrainingArguments::kFsdp: {
       if (args.fsdp().version() != 1 && args.fsdp().version() != 2) break;

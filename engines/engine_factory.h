@@ -1,5 +1,6 @@
-// Chooses the engine from the training arguments' `engine` oneof (unset: local), so the
-// Trainer never names an engine class. Applications may also build an engine themselves and
+// Chooses the engine from the training arguments' `engine` oneof, so the Trainer never names
+// an engine class. Unset: local for one process, DDP under a launcher of several (WORLD_SIZE > 1,
+// as Hugging Face's Trainer), where an explicit `local` is an error. Applications may also build an engine themselves and
 // hand it to the Trainer.
 //
 //   CT_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, CreateEngine(args));

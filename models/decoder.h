@@ -79,6 +79,13 @@ class DecoderLM : public TrainableModel {
   int64_t CountLossTargets(const Batch& batch) const override;
 
   std::vector<std::string> LayerUnitClasses() const override { return {"DecoderLayer"}; }
+  // "DecoderLayer" is also transformers' layer class of the model's type: Qwen3DecoderLayer
+  // with qk_norm (model_type qwen3), LlamaDecoderLayer otherwise (llama), as HfConfigJson
+  // writes the type.
+  std::vector<std::string> UnitClassAliases(const std::string& unit_class) const override {
+    if (unit_class != "DecoderLayer") return {};
+    return {config_.qk_norm() ? "Qwen3DecoderLayer" : "LlamaDecoderLayer"};
+  }
   void SetGradientCheckpointing(bool enabled) override;
   // The norms, QK-norm + rotary and SwiGLU as fused CUDA kernels (eager on the CPU), and the
   // LM head fused with the loss (every device).

@@ -45,6 +45,14 @@ class TrainableModel : public Unit {
   // Unit classes a transformer-based wrap policy shards by default (HF _no_split_modules).
   virtual std::vector<std::string> LayerUnitClasses() const { return {}; }
 
+  // Other names a wrap policy may give `unit_class`: Hugging Face's class name for it in the
+  // model's architecture ("LlamaDecoderLayer" for a llama-type decoder's "DecoderLayer"), so a
+  // transformer_layer_cls_to_wrap written for transformers wraps the same layers here.
+  virtual std::vector<std::string> UnitClassAliases(const std::string& unit_class) const {
+    (void)unit_class;
+    return {};
+  }
+
   // Recompute each layer's activations in backward instead of keeping them.
   virtual void SetGradientCheckpointing(bool enabled) { (void)enabled; }
 

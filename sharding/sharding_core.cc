@@ -13,6 +13,7 @@
 #include "base/status.h"
 #include "base/torch_status.h"
 #include "module/deferred.h"
+#include "sharding/wrap_classes.h"
 
 namespace cpptrain {
 
@@ -669,9 +670,9 @@ void MoveTiedAcrossGroupsToRoot(int root_index, std::vector<Assignment>* assignm
 
 absl::Status AssignGroups(TrainableModel& model, const WrapPolicy& policy,
                           std::vector<Unit*>* units, std::vector<Assignment>* assignments) {
-  std::vector<std::string> classes = policy.classes;
-  if (policy.kind == WrapPolicy::Kind::kTransformer && classes.empty()) {
-    classes = model.LayerUnitClasses();
+  std::vector<std::string> classes;
+  if (policy.kind == WrapPolicy::Kind::kTransformer) {
+    CT_ASSIGN_OR_RETURN(classes, ResolveWrapClasses(model, policy.classes));
   }
   std::function<bool(const Unit&)> wrap = [&](const Unit& unit) {
     switch (policy.kind) {

@@ -59,7 +59,8 @@ struct ShardMesh {
 struct WrapPolicy {
   enum class Kind { kTransformer, kSize, kNone };
   Kind kind = Kind::kTransformer;
-  // kTransformer: unit classes to wrap; empty: the model's LayerUnitClasses().
+  // kTransformer: unit classes to wrap, or Hugging Face's names for them (ResolveWrapClasses);
+  // empty: the model's LayerUnitClasses().
   std::vector<std::string> classes;
   // kSize: a unit is wrapped when it holds at least this many parameters.
   int64_t min_num_params = 0;
@@ -277,7 +278,8 @@ struct Assignment {
 // unit above it, the root (index units.size()) otherwise. A tensor registered in two groups
 // (weights tied across units) goes to the root, which is gathered around the whole forward
 // and backward (FSDP1's rule: a shared parameter belongs to the lowest common ancestor).
-// Each tensor appears once. Errors: a unit that already has a hook.
+// Each tensor appears once. Errors: a unit that already has a hook; a class name that is no
+// unit class of the model (ResolveWrapClasses).
 absl::Status AssignGroups(TrainableModel& model, const WrapPolicy& policy,
                           std::vector<Unit*>* units, std::vector<Assignment>* assignments);
 

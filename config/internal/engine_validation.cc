@@ -225,7 +225,57 @@ void CheckZero(const TrainingArguments& args, Problems* problems) {
 
 }  // namespace
 
+// Hugging Face's flat ddp_* arguments: each must agree with the nested ddp field it maps onto;
+// the two without one are checked for what can be honored.
+void CheckHfDdpArguments(const TrainingArguments& args, Problems* problems) {
+  const proto::DdpConfig& ddp = args.ddp();
+  auto agree = [&](bool flat_set, bool nested_set, bool same, const std::string& flat,
+                   const std::string& nested) {
+    if (flat_set && nested_set && !same) {
+      problems->push_back(absl::StrCat(flat, " and ", nested,
+                                       " disagree (Hugging Face's flat name and the ddp block "
+                                       "set the same thing); keep one of them"));
+    }
+  };
+  agree(args.has_ddp_find_unused_parameters(), ddp.has_find_unused_parameters(),
+        args.ddp_find_unused_parameters() == ddp.find_unused_parameters(),
+        absl::StrCat("ddp_find_unused_parameters=", Bool(args.ddp_find_unused_parameters())),
+        absl::StrCat("ddp.find_unused_parameters=", Bool(ddp.find_unused_parameters())));
+  agree(args.has_ddp_bucket_cap_mb(), ddp.has_bucket_cap_mb(),
+        args.ddp_bucket_cap_mb() == ddp.bucket_cap_mb(),
+        absl::StrCat("ddp_bucket_cap_mb=", Num(args.ddp_bucket_cap_mb())),
+        absl::StrCat("ddp.bucket_cap_mb=", Num(ddp.bucket_cap_mb())));
+  agree(args.has_ddp_broadcast_buffers(), ddp.has_broadcast_buffers(),
+        args.ddp_broadcast_buffers() == ddp.broadcast_buffers(),
+        absl::StrCat("ddp_broadcast_buffers=", Bool(args.ddp_broadcast_buffers())),
+        absl::StrCat("ddp.broadcast_buffers=", Bool(ddp.broadcast_buffers())));
+  if (args.has_ddp_bucket_cap_mb() && !(args.ddp_bucket_cap_mb() > 0)) {
+    problems->push_back(absl::StrCat("ddp_bucket_cap_mb=", Num(args.ddp_bucket_cap_mb()),
+                                     " must be positive (default 25)"));
+  }
+  const std::string& backend = args.ddp_backend();
+  if (!backend.empty() && backend != "nccl" && backend != "gloo") {
+    problems->push_back(absl::StrCat(
+        "ddp_backend=\"", backend, "\" is not built: the communicator follows the device, ",
+        "\"nccl\" on CUDA and \"gloo\" on the CPU (use_cpu=true); set one of those or drop "
+        "ddp_backend"));
+  }
+  if (backend == "nccl" && args.use_cpu()) {
+    problems->push_back(
+        "ddp_backend=\"nccl\" but use_cpu=true, which trains over Gloo: drop use_cpu to train "
+        "on GPUs over NCCL, or set ddp_backend=gloo");
+  }
+  if (args.ddp_static_graph()) {
+    problems->push_back(
+        "ddp_static_graph=true has no equivalent: the DDP engine has no static-graph mode (its "
+        "buckets follow the order gradients arrive in, and gradient checkpointing and unused "
+        "parameters work without it, the latter with ddp.find_unused_parameters); drop "
+        "ddp_static_graph or set it to false");
+  }
+}
+
 void CheckEngine(const TrainingArguments& args, Problems* problems) {
+  CheckHfDdpArguments(args, problems);
   switch (args.engine_case()) {
     case TrainingArguments::kLocal:
       CheckLocal(args.local(), problems);
@@ -249,6 +299,16 @@ void CheckEngine(const TrainingArguments& args, Problems* problems) {
 }
 
 void AddEngineWarnings(const TrainingArguments& args, std::vector<std::string>* warnings) {
+  const bool hf_ddp = args.has_ddp_find_unused_parameters() || args.has_ddp_bucket_cap_mb() ||
+                      args.has_ddp_broadcast_buffers() || args.has_ddp_static_graph();
+  if (hf_ddp && (args.has_fsdp() || args.has_zero() || args.has_local())) {
+    const std::string selected =
+        args.GetDescriptor()->FindFieldByNumber(args.engine_case())->name();
+    warnings->push_back(absl::StrCat(
+        "ddp_find_unused_parameters / ddp_bucket_cap_mb / ddp_broadcast_buffers / "
+        "ddp_static_graph apply to the DDP engine only and are ignored: the `", selected,
+        "` engine is selected"));
+  }
   if (!args.has_fsdp()) return;
   const FsdpConfig& fsdp = args.fsdp();
   // gradient_checkpointing and fsdp.activation_checkpointing are the same mechanism here:

@@ -130,13 +130,6 @@ absl::Status CheckAttentionOptions(const proto::DecoderConfig& c) {
 
 std::vector<std::string> SupportedModelTypes() { return {"llama", "mistral", "qwen2", "qwen3"}; }
 
-std::string ResolvedModelType(const proto::DecoderConfig& c) {
-  if (c.has_model_type()) return c.model_type();
-  if (c.qk_norm()) return "qwen3";
-  if (c.qkv_bias()) return "qwen2";
-  if (c.has_sliding_window()) return "mistral";
-  return "llama";
-}
 
 std::vector<std::string> KnownDecoderConfigNames() {
   std::vector<std::string> names;

@@ -39,10 +39,6 @@ absl::Status ValidateDecoderConfig(const proto::DecoderConfig& config);
 // "llama", "mistral", "qwen2", "qwen3".
 std::vector<std::string> SupportedModelTypes();
 
-// config.model_type when set; otherwise "qwen3" with qk_norm, "qwen2" with qkv_bias, "mistral"
-// with a sliding window, else "llama".
-std::string ResolvedModelType(const proto::DecoderConfig& config);
-
 // Validates `config` and builds the model on the CPU, initialized as `init` says (default:
 // from the global generator).
 absl::StatusOr<std::shared_ptr<DecoderLM>> BuildDecoder(const proto::DecoderConfig& config,

@@ -174,4 +174,21 @@ void DecoderLM::SetGradientCheckpointing(bool enabled) {
   for (const auto& layer : layers_) layer->set_gradient_checkpointing(enabled);
 }
 
+std::string ResolvedModelType(const proto::DecoderConfig& c) {
+  if (c.has_model_type()) return c.model_type();
+  if (c.qk_norm()) return "qwen3";
+  if (c.qkv_bias()) return "qwen2";
+  if (c.has_sliding_window()) return "mistral";
+  return "llama";
+}
+
+std::vector<std::string> DecoderLM::UnitClassAliases(const std::string& unit_class) const {
+  if (unit_class != "DecoderLayer") return {};
+  const std::string type = ResolvedModelType(config_);
+  if (type == "qwen2") return {"Qwen2DecoderLayer"};
+  if (type == "qwen3") return {"Qwen3DecoderLayer"};
+  if (type == "mistral") return {"MistralDecoderLayer"};
+  return {"LlamaDecoderLayer"};
+}
+
 }  // namespace cpptrain

@@ -61,6 +61,10 @@ struct DecoderInit {
   uint64_t seed = 0;
 };
 
+// The Hugging Face model_type of `config`: config.model_type when set; otherwise "qwen3" with
+// qk_norm, "qwen2" with qkv_bias, "mistral" with a sliding window, else "llama".
+std::string ResolvedModelType(const proto::DecoderConfig& config);
+
 class DecoderLM : public TrainableModel {
  public:
   // `config` must pass ValidateDecoderConfig (configs.h).
@@ -79,13 +83,9 @@ class DecoderLM : public TrainableModel {
   int64_t CountLossTargets(const Batch& batch) const override;
 
   std::vector<std::string> LayerUnitClasses() const override { return {"DecoderLayer"}; }
-  // "DecoderLayer" is also transformers' layer class of the model's type: Qwen3DecoderLayer
-  // with qk_norm (model_type qwen3), LlamaDecoderLayer otherwise (llama), as HfConfigJson
-  // writes the type.
-  std::vector<std::string> UnitClassAliases(const std::string& unit_class) const override {
-    if (unit_class != "DecoderLayer") return {};
-    return {config_.qk_norm() ? "Qwen3DecoderLayer" : "LlamaDecoderLayer"};
-  }
+  // "DecoderLayer" is also transformers' layer class of the model's type (ResolvedModelType):
+  // LlamaDecoderLayer, MistralDecoderLayer, Qwen2DecoderLayer or Qwen3DecoderLayer.
+  std::vector<std::string> UnitClassAliases(const std::string& unit_class) const override;
   void SetGradientCheckpointing(bool enabled) override;
   // The norms, QK-norm + rotary and SwiGLU as fused CUDA kernels (eager on the CPU), and the
   // LM head fused with the loss (every device).

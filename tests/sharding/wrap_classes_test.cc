@@ -1,5 +1,5 @@
 // ResolveWrapClasses and AssignGroups on the reference decoder: Hugging Face's layer class of
-// the model's type (LlamaDecoderLayer, Qwen3DecoderLayer) wraps the same layers as the
+// the model's type (Llama-, Mistral-, Qwen2- and Qwen3DecoderLayer) wraps the same layers as the
 // project's "DecoderLayer"; a name that matches no module (another architecture's class or a
 // made-up one) is an error listing the classes that exist, instead of wrapping nothing.
 #include "sharding/wrap_classes.h"
@@ -28,6 +28,16 @@ std::shared_ptr<DecoderLM> Decoder(bool qk_norm) {
   return *BuildDecoder(config);
 }
 
+std::shared_ptr<DecoderLM> DecoderOfType(const std::string& model_type) {
+  proto::DecoderConfig config = *NamedDecoderConfig("tiny");
+  config.set_model_type(model_type);
+  config.set_qk_norm(model_type == "qwen3");
+  config.set_qkv_bias(model_type == "qwen2");  // what ValidateDecoderConfig requires per type
+  absl::StatusOr<std::shared_ptr<DecoderLM>> model = BuildDecoder(config);
+  EXPECT_TRUE(model.ok()) << model_type << ": " << model.status();
+  return *model;
+}
+
 std::string ErrorOf(const TrainableModel& model, const std::vector<std::string>& names) {
   absl::StatusOr<std::vector<std::string>> classes = ResolveWrapClasses(model, names);
   EXPECT_FALSE(classes.ok()) << "names resolved to " << classes->size() << " classes";
@@ -39,6 +49,12 @@ TEST(WrapClassesTest, HuggingFaceLayerClassOfTheModelTypeSelectsTheLayers) {
   auto qwen3 = Decoder(/*qk_norm=*/true);
   EXPECT_THAT(*ResolveWrapClasses(*llama, {"LlamaDecoderLayer"}), ElementsAre("DecoderLayer"));
   EXPECT_THAT(*ResolveWrapClasses(*qwen3, {"Qwen3DecoderLayer"}), ElementsAre("DecoderLayer"));
+  EXPECT_THAT(*ResolveWrapClasses(*DecoderOfType("qwen2"), {"Qwen2DecoderLayer"}),
+              ElementsAre("DecoderLayer"));
+  EXPECT_THAT(*ResolveWrapClasses(*DecoderOfType("mistral"), {"MistralDecoderLayer"}),
+              ElementsAre("DecoderLayer"));
+  EXPECT_THAT(ErrorOf(*DecoderOfType("mistral"), {"Qwen2DecoderLayer"}),
+              HasSubstr("DecoderLayer (also MistralDecoderLayer)"));
   EXPECT_THAT(*ResolveWrapClasses(*llama, {"DecoderLayer"}), ElementsAre("DecoderLayer"));
   EXPECT_THAT(*ResolveWrapClasses(*llama, {"DecoderLayer", "LlamaDecoderLayer"}),
               ElementsAre("DecoderLayer"));

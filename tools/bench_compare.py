@@ -470,8 +470,12 @@ def main():
         for line in failures:
             print("  " + line)
         sys.exit(1)
+    mixed = any(parameter_precision(r) != parameter_precision(records[0]) for r in records)
+    grad = (f"{a.grad_norm_tolerance:g}" if not mixed else
+            f"{a.grad_norm_tolerance:g} ({max(a.grad_norm_tolerance, a.mixed_grad_norm_tolerance):g}"
+            " between runs whose parameters differ in precision)")
     print(f"\nbench_compare: verified: over {len(records)} runs, first_loss within "
-          f"{a.tolerance:g}, first_grad_norm within {a.grad_norm_tolerance:g}, param_checksum "
+          f"{a.tolerance:g}, first_grad_norm within {grad}, param_checksum "
           f"within {a.checksum_tolerance:g}, last_loss within {a.last_loss_tolerance:g} of the "
           f"loss's fall, same token ids")
 

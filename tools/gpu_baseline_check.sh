@@ -71,7 +71,8 @@ fi
 
 bench=$(find_bin bench)
 launch=$(find_bin launch)
-gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | awk '{print tolower($NF)}')
+# "NVIDIA H200" -> h200, "NVIDIA H100 80GB HBM3" -> h100: the first word after the vendor.
+gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | awk '{print tolower($2)}')
 jsonl="$final/$(date -u +%F)-1x${gpu_name}.jsonl"
 for row in ${ROWS:-local:qwen3-0.6b:4:graphs}; do
   IFS=: read -r engine model micro graphs <<<"$row"

@@ -15,6 +15,7 @@
 
 #include <torch/torch.h>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/logging.h"
@@ -55,13 +56,36 @@ std::string LaunchRunId() {
   return id == nullptr ? "" : id;
 }
 
+// This rank's node among the launchers (GROUP_RANK), -1 when no launcher says. Every node runs
+// a launcher of its own, and tools/launch makes its run id per launcher, so only ranks of one
+// node must share the run id.
+double LaunchNode() {
+  const char* node = std::getenv("GROUP_RANK");
+  int value = -1;
+  return node != nullptr && absl::SimpleAtoi(node, &value) ? value : -1;
+}
+
 // Two doubles that hold a 64-bit hash exactly.
 void AppendHash(uint64_t hash, std::vector<double>& out) {
   out.push_back(static_cast<double>(hash >> 32));
   out.push_back(static_cast<double>(hash & 0xFFFFFFFFull));
 }
 
-// The ranks (as text) whose `field`-th hash (two doubles from `first`) differs from rank 0's.
+// The ranks (as text) whose run id (the hash at columns 4-5) differs from that of the first rank
+// of their node (column 6).
+std::vector<std::string> RanksOfAnotherLauncher(const torch::Tensor& all) {
+  std::vector<std::string> ranks;
+  for (int64_t r = 1; r < all.size(0); ++r) {
+    for (int64_t q = 0; q < r; ++q) {
+      if (all[q][6].item<double>() != all[r][6].item<double>()) continue;
+      if (!all[r].slice(0, 4, 6).equal(all[q].slice(0, 4, 6))) ranks.push_back(absl::StrCat(r));
+      break;
+    }
+  }
+  return ranks;
+}
+
+// The ranks (as text) whose hash (two doubles from `first`) differs from rank 0's.
 std::vector<std::string> RanksDiffering(const torch::Tensor& all, int64_t first) {
   std::vector<std::string> ranks;
   for (int64_t r = 1; r < all.size(0); ++r) {
@@ -148,13 +172,14 @@ absl::Status Trainer::Preflight() {
                              CheckpointBytes(*model_, !args_.save_only_model()));
     }
   }
-  // What every rank must share: the training arguments, the model and data (job_identity_)
-  // and the launcher's job; then this rank's verdict.
+  // What every rank must share: the training arguments, the model and data (job_identity_),
+  // and with the other ranks of its node the launcher's job; then this rank's verdict.
   const uint64_t hash = ArgumentsHash(args_);
   std::vector<double> mine;
   AppendHash(hash, mine);
   AppendHash(Fnv1a(job_identity_), mine);
   AppendHash(Fnv1a(LaunchRunId()), mine);
+  mine.push_back(LaunchNode());
   mine.push_back(local.ok() ? 0.0 : 1.0);
   CT_ASSIGN_OR_RETURN(torch::Tensor all,
                       engine_->AllGather(torch::tensor(mine, torch::kFloat64)));
@@ -162,17 +187,19 @@ absl::Status Trainer::Preflight() {
   if (!local.ok()) return local;
   std::vector<std::string> failed;
   for (int64_t r = 0; r < all.size(0); ++r) {
-    if (all[r][6].item<double>() != 0) failed.push_back(absl::StrCat(r));
+    if (all[r][7].item<double>() != 0) failed.push_back(absl::StrCat(r));
   }
   if (!failed.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "rank(s) ", absl::StrJoin(failed, ", "), " failed the checks before training (their "
         "logs say why)"));
   }
-  if (const std::vector<std::string> other_job = RanksDiffering(all, 4); !other_job.empty()) {
+  if (const std::vector<std::string> other_job = RanksOfAnotherLauncher(all);
+      !other_job.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "rank(s) ", absl::StrJoin(other_job, ", "), " were started by another launcher than "
-        "rank 0 (TORCHELASTIC_RUN_ID differs; here it is \"", LaunchRunId(), "\"): two jobs are "
+        "the ranks before them on their node (TORCHELASTIC_RUN_ID differs; here it is \"",
+        LaunchRunId(), "\"): two jobs are "
         "using one MASTER_ADDR:MASTER_PORT; give each job its own --master_port, or "
         "--master_port=0 for a free one on a single node"));
   }

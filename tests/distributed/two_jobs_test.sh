@@ -46,7 +46,7 @@ echo "the same job on both ranks: exit $code"
 run other_launcher "TORCHELASTIC_RUN_ID=another-job; export TORCHELASTIC_RUN_ID"
 grep -E "another launcher|launch:" <<<"$out" | cut -c1-240
 expect_refused "rank 1 from another launcher" \
-  "rank(s) 1 were started by another launcher than rank 0 (TORCHELASTIC_RUN_ID differs"
+  "rank(s) 1 were started by another launcher than the ranks before them on their node"
 
 run other_data "set -- \"\$@\" --set=data.seq_len=32"
 grep -E "model or data|launch:" <<<"$out" | cut -c1-240

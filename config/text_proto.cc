@@ -241,8 +241,10 @@ void MoveToToken(absl::string_view text, absl::string_view token, int* line, int
 
 // The dotted path of the field whose value sits at byte `offset` of `text`: the innermost
 // "name {" blocks open there and the last "name:" before it, e.g. "args.learning_rate"; ""
-// when it cannot be told. Strings and # comments are skipped.
-std::string FieldPathAt(absl::string_view text, size_t offset) {
+// when it cannot be told. With `field_name`, the blocks open there and that name instead (for
+// an error the parser reports at a field's name, where the last "name:" is the field before).
+// Strings and # comments are skipped.
+std::string FieldPathAt(absl::string_view text, size_t offset, absl::string_view field_name = "") {
   std::vector<std::string> open;
   std::string last;   // the identifier most recently read
   std::string field;  // the last "name:" in the innermost open block
@@ -267,6 +269,7 @@ std::string FieldPathAt(absl::string_view text, size_t offset) {
       field.clear();
     }
   }
+  if (!field_name.empty()) field = std::string(field_name);
   if (field.empty()) return "";
   open.push_back(field);
   return absl::StrJoin(open, ".");
@@ -279,7 +282,12 @@ std::string FormatErrors(const CollectingErrors& errors, absl::string_view text,
   for (const CollectingErrors::Error& e : errors.errors()) {
     int line = e.line;
     int column = e.column;
-    if (absl::StrContains(e.message, "has no field named")) {
+    // A repeated field is reported at the ':' after its name, where the last "name:" read is
+    // the field before it: point at the name and build the path from it.
+    const std::string repeated = Between(e.message, "Non-repeated field \"", "\"");
+    if (!repeated.empty()) {
+      MoveToToken(text, repeated, &line, &column);
+    } else if (absl::StrContains(e.message, "has no field named")) {
       MoveToToken(text, Between(e.message, "has no field named \"", "\""), &line, &column);
     } else if (absl::StrContains(e.message, "Unknown enumeration value of")) {
       MoveToToken(text, Between(e.message, "Unknown enumeration value of \"", "\""), &line,
@@ -288,7 +296,7 @@ std::string FormatErrors(const CollectingErrors& errors, absl::string_view text,
     // A value the parser refused (wrong type, out of range) also names its field.
     std::string field;
     if (!absl::StrContains(e.message, "has no field named")) {
-      const std::string path = FieldPathAt(text, OffsetOf(text, line, column));
+      const std::string path = FieldPathAt(text, OffsetOf(text, line, column), repeated);
       if (!path.empty()) field = absl::StrCat("field ", path, ": ");
     }
     lines.push_back(absl::StrCat(source_name, ":", line + 1, ":", column + 1, ": ", field,

@@ -132,6 +132,22 @@ TEST(ParseTextProtoTest, RepeatedSingularFieldIsAnError) {
   EXPECT_THAT(error, AllOf(HasSubstr("run.textproto:2:"), HasSubstr("seed")));
 }
 
+// The parser reports a repeated field at its name, where the last "name:" before is the
+// field before it; the error names the repeated field.
+TEST(ParseTextProtoTest, RepeatedSingularFieldIsNamedItself) {
+  proto::TrainJob job;
+  const absl::Status status = ParseTextProto(
+      "args {\n  learning_rate: 0.001\n  weight_decay: 0.1\n  learning_rate: 0.002\n}\n",
+      "job.textproto", &job);
+  const std::string error(status.message());
+  EXPECT_THAT(error, AllOf(HasSubstr("job.textproto:4:3: field args.learning_rate: "),
+                           HasSubstr("\"learning_rate\" is specified multiple times"),
+                           Not(HasSubstr("weight_decay"))))
+      << error;
+  EXPECT_THAT(ParseError("seed: 1\nmax_steps: 3\nseed: 2\n"),
+              AllOf(HasSubstr("run.textproto:3:1: field seed: "), Not(HasSubstr("max_steps"))));
+}
+
 TEST(ParseTextProtoTest, TwoEnginesAreAnError) {
   const std::string error = ParseError("ddp {}\nfsdp {}\n");
   EXPECT_THAT(error, AllOf(HasSubstr("run.textproto:2:"), HasSubstr("oneof")));

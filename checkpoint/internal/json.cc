@@ -67,13 +67,14 @@ class Parser {
   absl::Status Error(absl::string_view expected) const { return ErrorAt(pos_, expected); }
 
   absl::Status ErrorAt(size_t pos, absl::string_view expected) const {
-    std::string found = "the end of the text";
-    if (pos < text_.size()) {
-      const unsigned char c = static_cast<unsigned char>(text_[pos]);
-      found =
-          (c >= 0x20 && c < 0x7F) ? absl::StrFormat("'%c'", c) : absl::StrFormat("byte 0x%02X", c);
-    }
-    return Invalid(pos, absl::StrCat("expected ", expected, ", found ", found));
+    return Invalid(pos, absl::StrCat("expected ", expected, ", found ", Found(pos)));
+  }
+
+  // What is at `pos`: "'x'", "byte 0xFF" or "the end of the text".
+  std::string Found(size_t pos) const {
+    if (pos >= text_.size()) return "the end of the text";
+    const unsigned char c = static_cast<unsigned char>(text_[pos]);
+    return (c >= 0x20 && c < 0x7F) ? absl::StrFormat("'%c'", c) : absl::StrFormat("byte 0x%02X", c);
   }
 
   static absl::Status Invalid(size_t pos, absl::string_view problem) {
@@ -210,17 +211,28 @@ class Parser {
     }
     if (c != 'u') return ErrorAt(escape_pos + 1, "an escape: one of \"\\/bfnrtu");
     CT_ASSIGN_OR_RETURN(uint32_t code_point, ParseHex4());
+    const std::string escape(text_.substr(escape_pos, 6));
+    constexpr absl::string_view kPairs =
+        "; a character above U+FFFF is written as a high surrogate (\\uD800-\\uDBFF) followed "
+        "by a low one (\\uDC00-\\uDFFF), e.g. \\uD83D\\uDE00, or as the character itself";
     if (code_point >= 0xDC00 && code_point <= 0xDFFF) {
-      return Invalid(escape_pos, "a low surrogate \\u escape without a high surrogate before it");
+      return Invalid(escape_pos, absl::StrCat(escape,
+                                              " is a low surrogate without a high surrogate "
+                                              "before it, which is no character",
+                                              kPairs));
     }
     if (code_point >= 0xD800 && code_point <= 0xDBFF) {
       if (text_.substr(pos_, 2) != "\\u") {
-        return Error("a \\u low surrogate after a high surrogate");
+        return Invalid(pos_, absl::StrCat("expected a \\u low surrogate after the high surrogate ",
+                                          escape, ", found ", Found(pos_), kPairs));
       }
+      const size_t low_pos = pos_;
       pos_ += 2;
       CT_ASSIGN_OR_RETURN(uint32_t low, ParseHex4());
       if (low < 0xDC00 || low > 0xDFFF) {
-        return ErrorAt(pos_ - 6, "a low surrogate (\\uDC00-\\uDFFF)");
+        return Invalid(low_pos, absl::StrCat("expected a \\u low surrogate after the high "
+                                             "surrogate ",
+                                             escape, ", found ", text_.substr(low_pos, 6), kPairs));
       }
       code_point = 0x10000 + ((code_point - 0xD800) << 10) + (low - 0xDC00);
     }
@@ -228,20 +240,73 @@ class Parser {
     return absl::OkStatus();
   }
 
-  // Copies one UTF-8 encoded character of two or more bytes, checking its form.
-  absl::Status CopyUtf8(std::string* out) {
-    const unsigned char lead = static_cast<unsigned char>(Peek());
-    const size_t length = (lead & 0xE0) == 0xC0   ? 2
-                          : (lead & 0xF0) == 0xE0 ? 3
-                          : (lead & 0xF8) == 0xF0 ? 4
-                                                  : 0;
-    bool valid = length != 0 && lead != 0xC0 && lead != 0xC1 && lead <= 0xF4 &&
-                 pos_ + length <= text_.size();
-    for (size_t i = 1; valid && i < length; ++i) {
-      valid = (static_cast<unsigned char>(text_[pos_ + i]) & 0xC0) == 0x80;
+  // "invalid JSON at byte START: expected valid UTF-8, found bytes 0xE0 0x80 0x80: PROBLEM;
+  // ...", naming the `count` bytes from `start` that were read.
+  absl::Status Utf8Error(size_t start, size_t count, absl::string_view problem) const {
+    std::string bytes = count == 1 ? "byte" : "bytes";
+    for (size_t i = start; i < start + count && i < text_.size(); ++i) {
+      absl::StrAppendFormat(&bytes, " 0x%02X", static_cast<unsigned char>(text_[i]));
     }
-    if (!valid) return Error("valid UTF-8");
-    out->append(text_.data() + pos_, length);
+    return Invalid(start, absl::StrCat("expected valid UTF-8, found ", bytes, ": ", problem,
+                                       "; JSON text must be UTF-8 (RFC 8259): save the file as "
+                                       "UTF-8 or write the character as a \\u escape"));
+  }
+
+  // Copies one UTF-8 encoded character of two or more bytes after checking that it is the
+  // shortest form of a Unicode scalar value (RFC 3629): no overlong forms, no UTF-16
+  // surrogates (U+D800-U+DFFF), nothing above U+10FFFF, no missing continuation bytes.
+  absl::Status CopyUtf8(std::string* out) {
+    const size_t start = pos_;
+    const unsigned char lead = static_cast<unsigned char>(text_[start]);
+    if (lead < 0xC0) {
+      return Utf8Error(start, 1, "a continuation byte (0x80-0xBF) with no lead byte before it");
+    }
+    if (lead >= 0xF5) {
+      return Utf8Error(start, 1,
+                       "0xF5-0xFF never start a UTF-8 sequence (they would encode more than "
+                       "U+10FFFF, the largest code point)");
+    }
+    const size_t length = lead < 0xE0 ? 2 : lead < 0xF0 ? 3 : 4;
+    constexpr uint32_t kSmallest[] = {0, 0, 0x80, 0x800, 0x10000};
+    uint32_t code_point = lead & (0x7F >> length);
+    for (size_t i = 1; i < length; ++i) {
+      if (start + i >= text_.size()) {
+        return Utf8Error(
+            start, i,
+            absl::StrCat("a ", length, "-byte sequence cut short: the text ends after ", i,
+                         " of its bytes"));
+      }
+      const unsigned char c = static_cast<unsigned char>(text_[start + i]);
+      if ((c & 0xC0) != 0x80) {
+        return Utf8Error(
+            start, i + 1,
+            absl::StrFormat("a %d-byte sequence cut short: its byte %d (0x%02X) is not a "
+                            "continuation byte (0x80-0xBF)",
+                            length, i + 1, c));
+      }
+      code_point = (code_point << 6) | (c & 0x3F);
+    }
+    if (code_point < kSmallest[length]) {
+      return Utf8Error(start, length,
+                       absl::StrFormat("an overlong form of U+%04X (%d bytes; UTF-8 allows only "
+                                       "the shortest form, %d byte%s)",
+                                       code_point, length,
+                                       code_point < 0x80    ? 1
+                                       : code_point < 0x800 ? 2
+                                                            : 3,
+                                       code_point < 0x80 ? "" : "s"));
+    }
+    if (code_point >= 0xD800 && code_point <= 0xDFFF) {
+      return Utf8Error(start, length,
+                       absl::StrFormat("the UTF-16 surrogate U+%04X encoded as UTF-8 (CESU-8 or "
+                                       "WTF-8); a character above U+FFFF is one 4-byte sequence",
+                                       code_point));
+    }
+    if (code_point > 0x10FFFF) {
+      return Utf8Error(start, length,
+                       absl::StrFormat("U+%X, above U+10FFFF, the largest code point", code_point));
+    }
+    out->append(text_.data() + start, length);
     pos_ += length;
     return absl::OkStatus();
   }

@@ -2,8 +2,9 @@
 // Face index files use: objects, arrays, strings (all escapes, \uXXXX with surrogate pairs)
 // and integers; literals (true, false, null), fractions and exponents are rejected with an
 // error naming the byte offset. JsonGrammar::kFull adds those (config.json has them). Either
-// way duplicate object keys, trailing bytes other than whitespace, NaN/Infinity and other
-// non-JSON are errors.
+// way duplicate object keys, trailing bytes other than whitespace, NaN/Infinity, strings that
+// are not UTF-8 (overlong forms, encoded surrogates, code points above U+10FFFF, cut or stray
+// bytes), \u escapes of unpaired surrogates and other non-JSON are errors.
 //
 //   CT_ASSIGN_OR_RETURN(JsonValue root, ParseJson(text));
 //   if (!root.is_object()) ...

@@ -97,6 +97,112 @@ TEST(JsonTest, DefaultGrammarStillRejectsLiteralsAndFractions) {
   }
 }
 
+// Each way a string's bytes can fail to be UTF-8 (RFC 3629), and each way \u escapes can fail
+// to pair their surrogates, in both grammars (the string starts at byte 2 of `["...`); then
+// the valid boundary cases.
+TEST(JsonTest, ValidatesUtf8AndSurrogateEscapes) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      // Overlong forms: more bytes than the code point needs.
+      {"[\"\xC0\x80\"]", "byte 2: expected valid UTF-8, found bytes 0xC0 0x80: an overlong form "
+                         "of U+0000 (2 bytes; UTF-8 allows only the shortest form, 1 byte)"},
+      {"[\"\xC1\xBF\"]", "byte 2: expected valid UTF-8, found bytes 0xC1 0xBF: an overlong form "
+                         "of U+007F"},
+      {"[\"\xE0\x80\x80\"]", "byte 2: expected valid UTF-8, found bytes 0xE0 0x80 0x80: an "
+                             "overlong form of U+0000 (3 bytes; "},
+      {"[\"\xE0\x9F\xBF\"]", "found bytes 0xE0 0x9F 0xBF: an overlong form of U+07FF (3 bytes; "
+                             "UTF-8 allows only the shortest form, 2 bytes)"},
+      {"[\"\xF0\x80\x80\x80\"]", "byte 2: expected valid UTF-8, found bytes 0xF0 0x80 0x80 0x80: "
+                                 "an overlong form of U+0000 (4 bytes; "},
+      {"[\"\xF0\x8F\xBF\xBF\"]", "found bytes 0xF0 0x8F 0xBF 0xBF: an overlong form of U+FFFF "
+                                 "(4 bytes; UTF-8 allows only the shortest form, 3 bytes)"},
+      // UTF-16 surrogates encoded in UTF-8 (CESU-8 writes a pair as two such sequences).
+      {"[\"\xED\xA0\x80\"]", "byte 2: expected valid UTF-8, found bytes 0xED 0xA0 0x80: the "
+                             "UTF-16 surrogate U+D800 encoded as UTF-8"},
+      {"[\"\xED\xBF\xBF\"]", "found bytes 0xED 0xBF 0xBF: the UTF-16 surrogate U+DFFF"},
+      {"[\"\xED\xA0\xBD\xED\xB8\x80\"]", "found bytes 0xED 0xA0 0xBD: the UTF-16 surrogate "
+                                         "U+D83D"},
+      // Above U+10FFFF.
+      {"[\"\xF4\x90\x80\x80\"]", "byte 2: expected valid UTF-8, found bytes 0xF4 0x90 0x80 0x80: "
+                                 "U+110000, above U+10FFFF, the largest code point"},
+      {"[\"\xF5\x80\x80\x80\"]", "byte 2: expected valid UTF-8, found byte 0xF5: 0xF5-0xFF never "
+                                 "start a UTF-8 sequence"},
+      {"[\"\xF7\xBF\xBF\xBF\"]", "found byte 0xF7: 0xF5-0xFF never start a UTF-8 sequence"},
+      {"[\"\xF8\x88\x80\x80\x80\"]", "found byte 0xF8: 0xF5-0xFF never start"},
+      {"[\"\xFE\"]", "found byte 0xFE: 0xF5-0xFF never start"},
+      {"[\"\xFF\"]", "found byte 0xFF: 0xF5-0xFF never start"},
+      // Truncated sequences: a byte that is no continuation byte, or the end of the text.
+      {"[\"\xC3\"]", "byte 2: expected valid UTF-8, found bytes 0xC3 0x22: a 2-byte sequence cut "
+                     "short: its byte 2 (0x22) is not a continuation byte (0x80-0xBF)"},
+      {"[\"\xE2\x82\"]", "found bytes 0xE2 0x82 0x22: a 3-byte sequence cut short: its byte 3 "
+                         "(0x22)"},
+      {"[\"\xF0\x9F\x98x\"]", "found bytes 0xF0 0x9F 0x98 0x78: a 4-byte sequence cut short: its "
+                              "byte 4 (0x78)"},
+      {"[\"\xE2\x82\xC3\xBC\"]", "found bytes 0xE2 0x82 0xC3: a 3-byte sequence cut short: its "
+                                 "byte 3 (0xC3)"},
+      {"[\"\xF0\x9F\x98", "byte 2: expected valid UTF-8, found bytes 0xF0 0x9F 0x98: a 4-byte "
+                          "sequence cut short: the text ends after 3 of its bytes"},
+      // Continuation bytes with no lead byte.
+      {"[\"\x80\"]", "byte 2: expected valid UTF-8, found byte 0x80: a continuation byte "
+                     "(0x80-0xBF) with no lead byte before it"},
+      {"[\"a\xC3\xBC\xBF\"]", "byte 5: expected valid UTF-8, found byte 0xBF: a continuation "
+                              "byte"},
+      // In a key, too.
+      {"{\"\xC0\x80\": 1}", "byte 2: expected valid UTF-8, found bytes 0xC0 0x80: an overlong"},
+      // \u escapes: a lone low surrogate, a high one without a low one after it.
+      {R"(["\udc00"])", "byte 2: \\udc00 is a low surrogate without a high surrogate before it"},
+      {R"(["\uDFFF"])", "byte 2: \\uDFFF is a low surrogate without a high surrogate"},
+      {R"(["\ud800x"])", "byte 8: expected a \\u low surrogate after the high surrogate \\ud800, "
+                         "found 'x'"},
+      {R"(["\ud800"])", "byte 8: expected a \\u low surrogate after the high surrogate \\ud800, "
+                        "found '\"'"},
+      {R"(["\ud800\ud800"])", "byte 8: expected a \\u low surrogate after the high surrogate "
+                              "\\ud800, found \\ud800"},
+      {R"(["\uDBFF\u0041"])", "found \\u0041"},
+      {R"(["\ud83d\ue000"])", "byte 8: expected a \\u low surrogate after the high surrogate "
+                              "\\ud83d, found \\ue000"},
+  };
+  for (const JsonGrammar grammar : {JsonGrammar::kIntegersOnly, JsonGrammar::kFull}) {
+    for (const auto& [text, expected] : cases) {
+      absl::StatusOr<JsonValue> value = ParseJson(text, grammar);
+      if (value.ok()) {
+        ADD_FAILURE() << JsonQuote(text) << " was accepted";
+        continue;
+      }
+      EXPECT_THAT(std::string(value.status().message()), HasSubstr(expected)) << JsonQuote(text);
+    }
+  }
+
+  // The boundaries of each UTF-8 length and of the surrogate range, as bytes and as escapes,
+  // still pass.
+  const std::vector<std::pair<std::string, std::string>> valid = {
+      {"\x7F", "\x7F"},                          // U+007F, the last 1-byte form
+      {"\xC2\x80", "\xC2\x80"},                  // U+0080, the first 2-byte form
+      {"\xDF\xBF", "\xDF\xBF"},                  // U+07FF
+      {"\xE0\xA0\x80", "\xE0\xA0\x80"},          // U+0800, the first 3-byte form
+      {"\xED\x9F\xBF", "\xED\x9F\xBF"},          // U+D7FF, below the surrogates
+      {"\xEE\x80\x80", "\xEE\x80\x80"},          // U+E000, above them
+      {"\xEF\xBF\xBF", "\xEF\xBF\xBF"},          // U+FFFF
+      {"\xF0\x90\x80\x80", "\xF0\x90\x80\x80"},  // U+10000, the first 4-byte form
+      {"\xF4\x8F\xBF\xBF", "\xF4\x8F\xBF\xBF"},  // U+10FFFF, the last code point
+      {"a\xC3\xBC\xE2\x82\xAC\xF0\x9F\x98\x80z", "a\xC3\xBC\xE2\x82\xAC\xF0\x9F\x98\x80z"},
+      {R"(\u0080)", "\xC2\x80"},
+      {R"(\uffff)", "\xEF\xBF\xBF"},
+      {R"(\ud7ff\ue000)", "\xED\x9F\xBF\xEE\x80\x80"},
+      {R"(\ud800\udc00)", "\xF0\x90\x80\x80"},  // U+10000
+      {R"(\uD83D\uDE00)", "\xF0\x9F\x98\x80"},  // U+1F600
+      {R"(\udbff\udfff)", "\xF4\x8F\xBF\xBF"},  // U+10FFFF
+  };
+  for (const JsonGrammar grammar : {JsonGrammar::kIntegersOnly, JsonGrammar::kFull}) {
+    for (const auto& [inside, decoded] : valid) {
+      const std::string text = "{\"" + inside + "\": [\"" + inside + "\"]}";
+      absl::StatusOr<JsonValue> value = ParseJson(text, grammar);
+      ASSERT_TRUE(value.ok()) << JsonQuote(text) << ": " << value.status();
+      EXPECT_EQ(value->keys[0], decoded) << JsonQuote(text);
+      EXPECT_EQ(value->values[0].values[0].string, decoded) << JsonQuote(text);
+    }
+  }
+}
+
 TEST(JsonTest, ToStringRendersCompactlyAndCuts) {
   const JsonValue root =
       ParseFullOrDie(R"({"type": "linear", "factor": 2.0, "on": true, "x": null, "l": [1, "a"]})");

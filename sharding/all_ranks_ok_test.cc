@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
 #include "sharding/gloo_communicator.h"
+#include "sharding/testing/communicator_host_group.h"
 #include "sharding/testing/multi_rank.h"
 
 namespace cpptrain {
@@ -22,37 +23,12 @@ using ::testing::ElementsAre;
 using ::testing::EndsWith;
 using ::testing::HasSubstr;
 
-// The host collectives over one Gloo communicator (the engines' over their meshes).
-class GlooHostGroup : public HostGroup {
- public:
-  explicit GlooHostGroup(std::unique_ptr<Communicator> comm) : comm_(std::move(comm)) {}
-  int rank() const override { return comm_->rank(); }
-  int world_size() const override { return comm_->size(); }
-  absl::StatusOr<torch::Tensor> AllReduceSum(const torch::Tensor& values) override {
-    torch::Tensor sum = values.clone();
-    CT_ASSIGN_OR_RETURN(std::unique_ptr<Work> work, comm_->AllReduce(sum, ReduceOp::kSum));
-    CT_RETURN_IF_ERROR(work->Synchronize());
-    return sum;
-  }
-  absl::StatusOr<torch::Tensor> AllGather(const torch::Tensor& values) override {
-    std::vector<int64_t> shape = values.sizes().vec();
-    shape[0] *= comm_->size();
-    torch::Tensor all = torch::empty(shape, values.options());
-    CT_ASSIGN_OR_RETURN(std::unique_ptr<Work> work, comm_->AllGather(values.contiguous(), all));
-    CT_RETURN_IF_ERROR(work->Synchronize());
-    return all;
-  }
-
- private:
-  std::unique_ptr<Communicator> comm_;
-};
-
-// Runs `body` on `world` ranks as threads, each with its GlooHostGroup.
+// Runs `body` on `world` ranks as threads, each with its CommunicatorHostGroup.
 absl::Status OnRanks(int world, const std::function<absl::Status(HostGroup&)>& body) {
   return multi_rank::RunRanksAsThreads(world, [&](int rank, auto store) -> absl::Status {
     CT_ASSIGN_OR_RETURN(std::unique_ptr<GlooCommunicator> comm,
                         GlooCommunicator::Create(store, rank, world, std::chrono::seconds(60)));
-    GlooHostGroup group(std::move(comm));
+    CommunicatorHostGroup group(std::move(comm));
     return body(group);
   });
 }

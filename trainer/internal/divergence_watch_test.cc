@@ -14,6 +14,7 @@
 
 #include "base/status.h"
 #include "sharding/gloo_communicator.h"
+#include "sharding/testing/communicator_host_group.h"
 #include "sharding/testing/multi_rank.h"
 
 namespace cpptrain {
@@ -25,26 +26,6 @@ using ::testing::HasSubstr;
 constexpr double kNan = std::numeric_limits<double>::quiet_NaN();
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-// The host collectives over one Gloo communicator, as the engines provide them.
-class GlooHostGroup : public HostGroup {
- public:
-  explicit GlooHostGroup(std::unique_ptr<Communicator> comm) : comm_(std::move(comm)) {}
-  int rank() const override { return comm_->rank(); }
-  int world_size() const override { return comm_->size(); }
-  absl::StatusOr<torch::Tensor> AllReduceSum(const torch::Tensor& values) override {
-    torch::Tensor sum = values.clone();
-    CT_ASSIGN_OR_RETURN(std::unique_ptr<Work> work, comm_->AllReduce(sum, ReduceOp::kSum));
-    CT_RETURN_IF_ERROR(work->Synchronize());
-    return sum;
-  }
-  absl::StatusOr<torch::Tensor> AllGather(const torch::Tensor&) override {
-    return absl::UnimplementedError("not used");
-  }
-
- private:
-  std::unique_ptr<Communicator> comm_;
-};
-
 // Runs `body` on `world` ranks as threads; returns each rank's verdict, by rank.
 std::vector<absl::Status> Verdicts(int world,
                                    const std::function<void(int, DivergenceWatch&)>& record) {
@@ -54,7 +35,7 @@ std::vector<absl::Status> Verdicts(int world,
       world, [&](int rank, auto store) -> absl::Status {
         CT_ASSIGN_OR_RETURN(std::unique_ptr<GlooCommunicator> comm,
                             GlooCommunicator::Create(store, rank, world, std::chrono::seconds(60)));
-        GlooHostGroup group(std::move(comm));
+        CommunicatorHostGroup group(std::move(comm));
         DivergenceWatch watch;
         record(rank, watch);
         const absl::Status verdict = watch.Check(group);

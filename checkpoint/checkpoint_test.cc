@@ -87,11 +87,6 @@ void Save(const std::string& dir, DecoderLM& model, torch::optim::Optimizer* opt
   ASSERT_TRUE(saved.ok()) << saved;
 }
 
-std::string ReadBytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
 void WriteBytes(const std::string& path, const std::string& bytes) {
   std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
 }

@@ -38,16 +38,6 @@ using ::testing::HasSubstr;
 using ::testing::Not;
 using Tensors = std::vector<std::pair<std::string, at::Tensor>>;
 
-std::string WriteText(const std::string& path, const std::string& text) {
-  std::ofstream(path, std::ios::binary | std::ios::trunc) << text;
-  return path;
-}
-
-std::string ReadBytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
 // transformers' input_ids and fp32 logits, saved beside the model.
 struct Expected {
   at::Tensor input_ids;

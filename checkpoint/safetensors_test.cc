@@ -45,11 +45,6 @@ std::vector<std::string> ListDir(const std::string& dir) {
   return names;
 }
 
-std::string ReadBytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
 // Writes a safetensors file by hand: the little-endian length (of `header` unless `length` is
 // given), the header, then `data`.
 std::string WriteRaw(const std::string& path, const std::string& header, const std::string& data,

@@ -1,9 +1,10 @@
 // Paths for checkpoint tests: a fresh scratch directory per test, and files under
-// checkpoint/testdata (run under Bazel, or CTest through cmake/run_test.sh); and a timeout for
-// code that must not block on a FIFO.
+// checkpoint/testdata (run under Bazel, or CTest through cmake/run_test.sh); a file's bytes
+// read or written whole; and a timeout for code that must not block on a FIFO.
 //
 //   const std::string dir = FreshTestDir();                   // TEST_TMPDIR/<suite>.<test>
 //   const std::string golden = TestdataPath("golden.safetensors");
+//   const std::string bytes = ReadBytes(WriteText(dir + "/x.json", "{}"));
 //   absl::Status s = WithinTimeout<absl::Status>({fifo}, [&] { return Load(dir); });
 #ifndef CPPTRAIN_CHECKPOINT_TEST_DIRS_H_
 #define CPPTRAIN_CHECKPOINT_TEST_DIRS_H_
@@ -14,6 +15,8 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <functional>
 #include <future>
 #include <string>
@@ -26,6 +29,18 @@
 #include "gtest/gtest.h"
 
 namespace cpptrain {
+
+// The whole file (empty when it cannot be read).
+inline std::string ReadBytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// Writes `text` as the whole file and returns `path`.
+inline std::string WriteText(const std::string& path, const std::string& text) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << text;
+  return path;
+}
 
 // TEST_TMPDIR (else /tmp)/<test suite>.<test name>, emptied and created.
 inline std::string FreshTestDir() {

@@ -375,11 +375,6 @@ TEST(CkptTest, ManifestWithAMissingShardIsAClearError) {
 // ---------------------------------------------------------------------------------------------
 // Checksums: inspect shows them, verify checks every byte, conversions keep them
 
-std::string ReadBytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
 // Flips one bit of tensor `key`'s data in the safetensors file `path`.
 void DamageTensor(const std::string& path, const std::string& key) {
   int64_t begin = 0;

@@ -211,11 +211,6 @@ TEST(TrainerCheckpointTest, SaveOnlyModelWritesNoOptimizerState) {
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 
-std::string ReadBytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
 void WriteBytes(const std::string& path, const std::string& bytes) {
   std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
 }

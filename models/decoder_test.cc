@@ -573,49 +573,81 @@ TEST(DecoderTest, GradientCheckpointingUnderAutocastMatches) {
       << (checkpointed_grad - grad).abs().max().item<double>();
 }
 
+// The architecture variants the fused path meets: Qwen3 (QK-norm), Qwen2 (q/k/v biases),
+// Mistral (a window shorter than the sequence of 7) and Llama's mlp_bias.
+std::vector<std::pair<std::string, proto::DecoderConfig>> FusedPathVariants() {
+  std::vector<std::pair<std::string, proto::DecoderConfig>> variants;
+  proto::DecoderConfig config = Tiny();
+  config.set_qk_norm(true);
+  variants.emplace_back("qk_norm", config);
+  config = Tiny();
+  config.set_model_type("qwen2");
+  config.set_qk_norm(false);
+  config.set_qkv_bias(true);
+  variants.emplace_back("qkv_bias", config);
+  config = Tiny();
+  config.set_model_type("mistral");
+  config.set_qk_norm(false);
+  config.set_sliding_window(3);
+  variants.emplace_back("sliding_window 3", config);
+  config = Tiny();
+  config.set_model_type("llama");
+  config.set_qk_norm(false);
+  config.set_mlp_bias(true);
+  variants.emplace_back("mlp_bias", config);
+  return variants;
+}
+
 // The fused path (the LM head fused with the loss on every device; on a GPU with the CUDA
 // kernels also the norms, QK-norm + rotary and SwiGLU) against the eager one: the loss and every
-// gradient, fp32 and under bf16 autocast, tied and untied heads, padded labels.
+// gradient, fp32 and under bf16 autocast, tied and untied heads, padded labels, for each variant.
+// The loss and every gradient of `config` on the fused path against the eager one.
+void ExpectFusedMatchesEager(const proto::DecoderConfig& config, bool bf16, c10::Device device,
+                             const std::string& what) {
+  auto model = Build(config, /*seed=*/3);
+  model->to(device);
+  Batch batch;
+  batch.inputs = RandomIds(3, 7, config.vocab_size(), 11).to(device);
+  batch.labels = batch.inputs.clone();
+  batch.labels.select(0, 1).slice(0, 4).fill_(kIgnoreIndex);
+  auto run = [&](bool fused) {
+    model->zero_grad();
+    model->SetFusedKernels(fused);
+    torch::Tensor loss;
+    {
+      std::optional<AutocastGuard> autocast;
+      if (bf16) autocast.emplace(device.type(), torch::kBFloat16);
+      loss = model->ForwardLossSum(batch);
+    }
+    loss.backward();
+    std::map<std::string, torch::Tensor> grads;
+    for (const auto& item : model->named_parameters()) {
+      grads[item.key()] = item.value().grad().detach().to(torch::kCPU, torch::kDouble);
+    }
+    return std::make_pair(loss.item<double>(), grads);
+  };
+  const auto [eager_loss, eager_grads] = run(false);
+  const auto [fused_loss, fused_grads] = run(true);
+  const double tolerance = bf16 ? 2e-2 : 1e-5;
+  EXPECT_NEAR(fused_loss, eager_loss, tolerance * std::abs(eager_loss)) << what;
+  for (const auto& [name, grad] : eager_grads) {
+    const double scale = grad.norm().item<double>();
+    EXPECT_LE((fused_grads.at(name) - grad).norm().item<double>(), tolerance * scale + 1e-12)
+        << what << ": " << name;
+  }
+}
+
 TEST(DecoderTest, FusedKernelsMatchTheEagerPath) {
   const c10::Device device =
       torch::cuda::is_available() ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);
-  for (const bool tied : {true, false}) {
-    for (const bool bf16 : {false, true}) {
-      proto::DecoderConfig config = Tiny();
-      config.set_tie_word_embeddings(tied);
-      config.set_qk_norm(true);
-      auto model = Build(config, /*seed=*/3);
-      model->to(device);
-      Batch batch;
-      batch.inputs = RandomIds(3, 7, config.vocab_size(), 11).to(device);
-      batch.labels = batch.inputs.clone();
-      batch.labels.select(0, 1).slice(0, 4).fill_(kIgnoreIndex);
-      auto run = [&](bool fused) {
-        model->zero_grad();
-        model->SetFusedKernels(fused);
-        torch::Tensor loss;
-        {
-          std::optional<AutocastGuard> autocast;
-          if (bf16) autocast.emplace(device.type(), torch::kBFloat16);
-          loss = model->ForwardLossSum(batch);
-        }
-        loss.backward();
-        std::map<std::string, torch::Tensor> grads;
-        for (const auto& item : model->named_parameters()) {
-          grads[item.key()] = item.value().grad().detach().to(torch::kCPU, torch::kDouble);
-        }
-        return std::make_pair(loss.item<double>(), grads);
-      };
-      const auto [eager_loss, eager_grads] = run(false);
-      const auto [fused_loss, fused_grads] = run(true);
-      const double tolerance = bf16 ? 2e-2 : 1e-5;
-      const std::string what = std::string(tied ? "tied" : "untied") + (bf16 ? " bf16" : " fp32") +
-                               " on " + device.str();
-      EXPECT_NEAR(fused_loss, eager_loss, tolerance * std::abs(eager_loss)) << what;
-      for (const auto& [name, grad] : eager_grads) {
-        const double scale = grad.norm().item<double>();
-        EXPECT_LE((fused_grads.at(name) - grad).norm().item<double>(), tolerance * scale + 1e-12)
-            << what << ": " << name;
+  for (const auto& [variant, base] : FusedPathVariants()) {
+    for (const bool tied : {true, false}) {
+      for (const bool bf16 : {false, true}) {
+        proto::DecoderConfig config = base;
+        config.set_tie_word_embeddings(tied);
+        ExpectFusedMatchesEager(config, bf16, device,
+                                variant + (tied ? " tied" : " untied") +
+                                    (bf16 ? " bf16" : " fp32") + " on " + device.str());
       }
     }
   }

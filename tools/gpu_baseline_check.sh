@@ -7,7 +7,8 @@
 # summary go to $OUT (or /tmp/gpu_out); raw JSON lines to $OUT/<date>-1x<gpu>.jsonl.
 #   NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
 #     ROWS="local:qwen3-0.6b:4:graphs" tools/gpu_baseline_check.sh
-# A row is engine:model:micro-batch[:graphs|:nofused] (graphs: ours replays its step as a CUDA
+# A row is engine:model:micro-batch[:graphs|:nofused][:config] (engine zero1-3 is ours' ZeRO
+# stage beside PyTorch's fully_shard; config, one of TORCH_CONFIGS, is this row's one; graphs: ours replays its step as a CUDA
 # graph, and the sweep adds compile's reduce-overhead; nofused: ours without its fused kernels,
 # for rows against DeepSpeed, whose model runs eagerly). SWEEP (comma-separated TORCH_CONFIGS of
 # bench_compare.py) replaces the default sweep, TORCH_CONFIG names one configuration to compare
@@ -75,9 +76,15 @@ launch=$(find_bin launch)
 gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | awk '{print tolower($2)}')
 jsonl="$final/$(date -u +%F)-1x${gpu_name}.jsonl"
 for row in ${ROWS:-local:qwen3-0.6b:4:graphs}; do
-  IFS=: read -r engine model micro graphs <<<"$row"
+  IFS=: read -r engine model micro graphs row_config <<<"$row"
   sweep="${SWEEP:-compiled-model,compiled-full,liger-compiled}"
   extra=()
+  ours_engine="$engine"
+  # zeroN: ours' ZeRO stage N beside PyTorch's fully_shard (DeepSpeed is not on the GPU host).
+  if [[ "$engine" =~ ^zero([123])$ ]]; then
+    ours_engine=zero
+    extra+=(--zero_stage "${BASH_REMATCH[1]}" --torch_engine fsdp2)
+  fi
   if [[ "$graphs" == graphs ]]; then
     extra+=(--ours_arg=--cuda_graphs)
     [[ -z "${SWEEP:-}" ]] && sweep="$sweep,compiled-full-graphs"
@@ -87,6 +94,7 @@ for row in ${ROWS:-local:qwen3-0.6b:4:graphs}; do
   [[ -z "${SWEEP:-}" && "$engine" =~ ^(local|ddp)$ ]] && sweep="$sweep,bf16-params"
   pick=(--torch_sweep "$sweep")
   [[ -n "${TORCH_CONFIG:-}" ]] && pick=(--torch_config "$TORCH_CONFIG")  # one, no sweep
+  [[ -n "$row_config" ]] && pick=(--torch_config "$row_config")  # this row's one
   name="${engine}_${model}_mb${micro}${graphs:+_$graphs}"
   start=$SECONDS
   row_timeout="${ROW_TIMEOUT:-1500}"
@@ -94,7 +102,7 @@ for row in ${ROWS:-local:qwen3-0.6b:4:graphs}; do
   [[ -n "${DEADLINE:-}" ]] && row_timeout=$((DEADLINE - SECONDS))
   ((row_timeout < 60)) && { echo "$row: skipped, ${row_timeout} s left" | tee -a "$summary"; continue; }
   timeout "$row_timeout" python3 tools/bench_compare.py --launch "$launch" \
-    --bench "$bench" --nproc 1 --engine "$engine" --model "$model" --micro_batch "$micro" \
+    --bench "$bench" --nproc 1 --engine "$ours_engine" --model "$model" --micro_batch "$micro" \
     --init_dir "/tmp/cpptrain_bench_init_$model" --jsonl "$jsonl" --log_dir "$out/$name" \
     --runs "${RUNS:-3}" --steps "${STEPS:-12}" --warmup "${WARMUP:-3}" --timeout 420 \
     "${pick[@]}" --peak_tflops "$peak" --peak_source "$peak_source" "${extra[@]}" \

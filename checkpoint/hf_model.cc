@@ -197,8 +197,9 @@ absl::Status LoadHfWeights(const std::string& dir, TrainableModel& model,
   std::vector<LoadPlan> missing;
   std::vector<LoadPlan> plans = PlanLoad(*files, model, sharded, problems, missing);
   CT_RETURN_IF_ERROR(CheckTiedHead(*files, model, problems));
-  CT_RETURN_IF_ERROR(problems.Resolve(absl::StrCat("Hugging Face model directory '", dir, "'"),
-                                      options.strict, "pass HfLoadOptions.strict = false"));
+  CT_RETURN_IF_ERROR(problems.Resolve(
+      absl::StrCat("Hugging Face model directory '", dir, "'"), options.strict,
+      "set load_strict: false in the training arguments (HfLoadOptions.strict = false in C++)"));
   CT_RETURN_IF_ERROR(VerifySources(dir, *files, plans));
 
   at::NoGradGuard no_grad;

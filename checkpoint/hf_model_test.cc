@@ -470,7 +470,7 @@ TEST_F(HfMismatchTest, ConfigJsonFieldsThatDifferAreNamedWithBothValues) {
               AllOf(HasSubstr("2 problems"),
                     HasSubstr("rope_theta is 500000 in config.json but 1000000 in the model"),
                     HasSubstr("rms_norm_eps is 1e-05 in config.json but 1e-06 in the model"),
-                    HasSubstr("HfLoadOptions.strict = false")));
+                    HasSubstr("load_strict: false")));
 }
 
 TEST_F(HfMismatchTest, QkNormTensorsWithoutQkNormPointAtTheField) {

@@ -99,14 +99,17 @@ absl::StatusOr<JobModel> BuildJobModel(const proto::TrainJob& job) {
   }
   const std::string& dir = job.model().pretrained();
   ReportDtype(dir, job.args());
+  // load_strict governs pretrained weights as it governs checkpoints.
+  HfLoadOptions options;
+  options.strict = job.args().load_strict();
   if (!ShardsAtLoad(job.args())) {
-    CT_ASSIGN_OR_RETURN(out.model, LoadHfDecoder(dir));
+    CT_ASSIGN_OR_RETURN(out.model, LoadHfDecoder(dir, options));
     return out;
   }
   CT_ASSIGN_OR_RETURN(out.model, BuildDecoder(config, {DecoderInit::Mode::kDeferred, 0}));
   CT_ASSIGN_OR_RETURN(out.engine, CreateEngine(job.args()));
   CT_RETURN_IF_ERROR(out.engine->PrepareForInference(out.model));
-  CT_RETURN_IF_ERROR(LoadHfWeights(dir, *out.model));
+  CT_RETURN_IF_ERROR(LoadHfWeights(dir, *out.model, options));
   return out;
 }
 

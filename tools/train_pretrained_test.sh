@@ -6,6 +6,8 @@
 #     1e-5, before any training;
 #  2. fine-tune: the loss falls and checkpoint-N is saved;
 #  3. refuse a model.decoder field that disagrees with config.json, naming it and both values;
+#     refuse a directory holding a tensor the model lacks, naming it and load_strict, and load
+#     it with a warning under load_strict: false;
 #  4. under FSDP2 on two processes (sharded at load: each rank reads its own rows), evaluate at
 #     step 0 to the same loss;
 #  5. `ckpt to-full` of the checkpoint writes config.json and generation_config.json, and
@@ -66,6 +68,35 @@ if "$train" --config="$job" --set=model.decoder.hidden_size=48 --set="args.outpu
 fi
 grep -q "model.decoder.hidden_size is 48 but model.pretrained '$model_dir' has hidden_size 32" \
   "${TEST_TMPDIR}/bad.log" || { echo "FAIL: unclear error:"; cat "${TEST_TMPDIR}/bad.log"; exit 1; }
+
+# A directory with a tensor the model lacks: refused, naming it and load_strict; with
+# load_strict false it loads with a warning naming it.
+extra_dir="${TEST_TMPDIR}/extra_tensor"
+mkdir -p "$extra_dir"
+cp "$model_dir/config.json" "$extra_dir/"
+python3 - "$model_dir/model.safetensors" "$extra_dir/model.safetensors" <<'PY'
+import json, struct, sys
+data = open(sys.argv[1], "rb").read()
+size = struct.unpack("<Q", data[:8])[0]
+header, body = json.loads(data[8:8 + size]), data[8 + size:]
+header["model.unexpected.weight"] = {"dtype": "F32", "shape": [1],
+                                     "data_offsets": [len(body), len(body) + 4]}
+text = json.dumps(header).encode()
+open(sys.argv[2], "wb").write(struct.pack("<Q", len(text)) + text + body + bytes(4))
+PY
+extra=(--config="$job" --set="model.pretrained=$extra_dir" --set=args.max_steps=1
+  --set=args.save_strategy=NO --set=args.eval_on_start=false)
+if "$train" "${extra[@]}" --set="args.output_dir=$out-strict" >/dev/null 2>"${TEST_TMPDIR}/strict.log"; then
+  echo "FAIL: a model directory with a tensor the model lacks loaded under load_strict"; exit 1
+fi
+grep -q "model.unexpected.weight" "${TEST_TMPDIR}/strict.log" &&
+  grep -q "set load_strict: false in the training arguments" "${TEST_TMPDIR}/strict.log" ||
+  { echo "FAIL: unclear error:"; cat "${TEST_TMPDIR}/strict.log"; exit 1; }
+"$train" "${extra[@]}" --set=args.load_strict=false --set="args.output_dir=$out-lenient" \
+  >/dev/null 2>"${TEST_TMPDIR}/lenient.log" || {
+  echo "FAIL: load_strict=false did not load"; cat "${TEST_TMPDIR}/lenient.log"; exit 1; }
+grep -q "model.unexpected.weight" "${TEST_TMPDIR}/lenient.log" ||
+  { echo "FAIL: load_strict=false loaded without naming the extra tensor"; exit 1; }
 
 sharded=$("$launch" --nproc_per_node=2 --master_port=0 "$train" --config="$job" \
   '--set=args.fsdp={version: 2}' --set=args.use_cpu=true --set=args.max_steps=2 \

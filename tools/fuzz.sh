@@ -7,9 +7,13 @@
 #   tools/fuzz.sh build [TARGET...]          build into $FUZZ_OUT (default build/fuzz)
 #   tools/fuzz.sh run TARGET [FLAGS...]      fuzz TARGET on a work corpus seeded from
 #                                            fuzz/corpus/TARGET (libFuzzer flags after it)
-#   tools/fuzz.sh ci [SECONDS]               build all, run each SECONDS (default 20) from its
-#                                            seeds; fails on any crash, sanitizer report, leak,
-#                                            timeout (10 s) or OOM (2 GiB) of a single input
+#   tools/fuzz.sh ci [SECONDS]               build all, run each SECONDS (default 20; the
+#                                            JSON parser at least FUZZ_JSON_SECONDS, 30) from
+#                                            its seeds; fails on any crash, sanitizer report,
+#                                            leak, timeout (10 s) or OOM (2 GiB) of one input
+#   tools/fuzz.sh nightly [SECONDS]          the same, every target SECONDS (default 600: 90
+#                                            minutes in all), for a nightly job or before a
+#                                            release
 #   tools/fuzz.sh list                       the targets
 #
 # Crashing inputs go to $FUZZ_OUT/artifacts/TARGET/. A crash fixed in the project's code keeps
@@ -114,6 +118,37 @@ target_flags() {
   if [[ -f "fuzz/$1.dict" ]]; then echo "-dict=fuzz/$1.dict"; fi
 }
 
+# Builds every target, then runs each from its seeds for $1 seconds (json_fuzzer for $2); fails
+# when any target fails.
+run_all() {
+  local seconds="$1" json_seconds="$2" seconds_now start target work log status stats failed=()
+  start=$(date +%s)
+  build all
+  echo "fuzz.sh: built ${#TARGETS[@]} targets in $(($(date +%s) - start)) s"
+  for target in "${TARGETS[@]}"; do
+    work="$(mktemp -d)"
+    log="$out/logs/$target.log"
+    mkdir -p "$out/logs"
+    status=0
+    [[ "$target" == json_fuzzer ]] && seconds_now="$json_seconds" || seconds_now="$seconds"
+    # shellcheck disable=SC2046
+    "$out/bin/$target" $(common_flags "$target") $(target_flags "$target") \
+      -max_total_time="$seconds_now" "$work" "fuzz/corpus/$target" >"$log" 2>&1 || status=$?
+    rm -rf "$work"
+    stats=$(grep -E '^#[0-9]+.*(DONE|pulse|NEW|REDUCE)' "$log" | tail -1 || true)
+    if [[ $status -ne 0 ]]; then
+      failed+=("$target")
+      echo "fuzz.sh: $target FAILED (exit $status); the end of its log ($log):"
+      tail -40 "$log"
+    else
+      echo "fuzz.sh: $target passed in ${seconds_now} s: ${stats:-no stats}"
+    fi
+  done
+  echo "fuzz.sh: ${#TARGETS[@]} targets, ${#failed[@]} failed${failed:+: ${failed[*]}}," \
+    "$(($(date +%s) - start)) s in all"
+  [[ ${#failed[@]} -eq 0 ]]
+}
+
 case "${1:-}" in
   build)
     shift
@@ -133,32 +168,15 @@ case "${1:-}" in
       "$work" "fuzz/corpus/$target"
     ;;
   ci)
+    # The JSON parser reads every checkpoint's headers and config.json: at least 30 s.
+    json_seconds="${FUZZ_JSON_SECONDS:-30}"
     seconds="${2:-20}"
-    start=$(date +%s)
-    build all
-    echo "fuzz.sh: built ${#TARGETS[@]} targets in $(($(date +%s) - start)) s"
-    failed=()
-    for target in "${TARGETS[@]}"; do
-      work="$(mktemp -d)"
-      log="$out/logs/$target.log"
-      mkdir -p "$out/logs"
-      status=0
-      # shellcheck disable=SC2046
-      "$out/bin/$target" $(common_flags "$target") $(target_flags "$target") \
-        -max_total_time="$seconds" "$work" "fuzz/corpus/$target" >"$log" 2>&1 || status=$?
-      rm -rf "$work"
-      stats=$(grep -E '^#[0-9]+.*(DONE|pulse|NEW|REDUCE)' "$log" | tail -1 || true)
-      if [[ $status -ne 0 ]]; then
-        failed+=("$target")
-        echo "fuzz.sh: $target FAILED (exit $status); the end of its log ($log):"
-        tail -40 "$log"
-      else
-        echo "fuzz.sh: $target passed: ${stats:-no stats}"
-      fi
-    done
-    echo "fuzz.sh: ${#TARGETS[@]} targets, ${#failed[@]} failed${failed:+: ${failed[*]}}," \
-      "$(($(date +%s) - start)) s in all"
-    [[ ${#failed[@]} -eq 0 ]]
+    ((json_seconds > seconds)) || json_seconds="$seconds"
+    run_all "$seconds" "$json_seconds"
+    ;;
+  nightly)
+    seconds="${2:-600}"
+    run_all "$seconds" "$seconds"
     ;;
   list)
     printf '%s\n' "${TARGETS[@]}"

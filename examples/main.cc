@@ -17,6 +17,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "base/logging.h"
 #include "base/status.h"
 #include "blob_classifier.h"
 #include "config/text_proto.h"
@@ -120,6 +121,8 @@ absl::Status Run(int argc, char** argv) {
 }  // namespace example
 
 int main(int argc, char** argv) {
+  // Before anything logs: glog's lines go to stderr with the rank (one process here).
+  cpptrain::InitLogging(argv[0], /*rank=*/0);
   absl::Status status = example::Run(argc, argv);
   if (!status.ok()) {
     std::cerr << "classifier: " << status << std::endl;

@@ -45,6 +45,7 @@
 #include "base/logging.h"
 #include "base/status.h"
 #include "base/torch_compat.h"
+#include "base/working_directory.h"
 #include "config/text_proto.h"
 #include "engines/ddp/ddp_engine.h"
 #include "engines/engine_factory.h"
@@ -508,6 +509,7 @@ absl::Status Run(const std::vector<std::string>& overrides) {
 }  // namespace cpptrain
 
 int main(int argc, char** argv) {
+  cpptrain::EnterBuildWorkingDirectory();
   std::vector<std::string> overrides = cpptrain::TakeRepeatedFlag("set", argc, argv);
   absl::ParseCommandLine(argc, argv);
   absl::Status status = cpptrain::Run(overrides);

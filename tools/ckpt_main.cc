@@ -19,6 +19,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "base/status.h"
+#include "base/working_directory.h"
 #include "tools/ckpt_lib.h"
 
 ABSL_FLAG(int, ranks, 0, "to-sharded: the number of shard ranks to write the model for (>= 1).");
@@ -99,6 +100,7 @@ absl::Status Run(const std::vector<std::string>& args, int ranks) {
 }  // namespace cpptrain
 
 int main(int argc, char** argv) {
+  cpptrain::EnterBuildWorkingDirectory();
   absl::SetProgramUsageMessage(cpptrain::kUsage);
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
   const std::vector<std::string> args(positional.begin() + 1, positional.end());

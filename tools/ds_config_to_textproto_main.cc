@@ -16,6 +16,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "base/working_directory.h"
 #include "config/text_proto.h"
 #include "config/training_args.h"
 #include "tools/ds_config.h"
@@ -24,6 +25,7 @@ ABSL_FLAG(std::string, base, "", "a job textproto the converted fields are merge
 ABSL_FLAG(std::string, output, "", "where to write the textproto (default: stdout)");
 
 int main(int argc, char** argv) {
+  cpptrain::EnterBuildWorkingDirectory();
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
   if (positional.size() != 2) {
     std::cerr << "usage: ds_config_to_textproto [--base=job.textproto] [--output=FILE] "

@@ -23,6 +23,7 @@
 #include "absl/strings/str_split.h"
 #include "base/logging.h"
 #include "base/status.h"
+#include "base/working_directory.h"
 #include "tools/generation.h"
 #include "tools/job_model.h"
 #include "tools/repeated_flag.h"
@@ -162,6 +163,7 @@ absl::Status Run(const std::vector<std::string>& prompts) {
 }  // namespace cpptrain
 
 int main(int argc, char** argv) {
+  cpptrain::EnterBuildWorkingDirectory();
   std::vector<std::string> prompts = cpptrain::TakeRepeatedFlag("prompt", argc, argv);
   absl::ParseCommandLine(argc, argv);
   cpptrain::InitLogging(argv[0], 0);

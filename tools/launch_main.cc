@@ -19,6 +19,7 @@
 #include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "base/working_directory.h"
 #include "tools/launcher.h"
 
 ABSL_FLAG(int32_t, nproc_per_node, 1, "Processes (ranks) to start on this node.");
@@ -68,6 +69,7 @@ int Fail(const std::string& message, int code) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  cpptrain::EnterBuildWorkingDirectory();
   absl::SetProgramUsageMessage(kUsage);
   absl::StatusOr<cpptrain::SplitArgs> split =
       cpptrain::SplitLauncherArgs(std::vector<std::string>(argv + 1, argv + argc));

@@ -25,6 +25,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/logging.h"
 #include "base/status.h"
+#include "base/working_directory.h"
 #include "config/training_args.h"
 #include "models/configs.h"
 #include "tools/arithmetic_metrics.h"
@@ -197,6 +198,7 @@ absl::Status Run(const std::string& config_path, const std::vector<std::string>&
 }  // namespace cpptrain
 
 int main(int argc, char** argv) {
+  cpptrain::EnterBuildWorkingDirectory();
   std::vector<std::string> overrides = cpptrain::TakeRepeatedFlag("set", argc, argv);
   absl::ParseCommandLine(argc, argv);
   const char* rank = std::getenv("RANK");

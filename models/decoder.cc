@@ -1,6 +1,7 @@
 #include "models/decoder.h"
 
 #include <ATen/ATen.h>
+#include <google/protobuf/util/json_util.h>
 #include <torch/nn/init.h>
 
 #include "base/torch_compat.h"
@@ -38,6 +39,8 @@ DecoderLM::DecoderLM(const proto::DecoderConfig& config, DecoderInit init)
             torch::nn::LinearOptions(config.hidden_size(), config.vocab_size()).bias(false)));
     Settle(*lm_head_);
   }
+  for (const auto& item : named_parameters()) non_embedding_parameters_ += item.value().numel();
+  non_embedding_parameters_ -= embed_tokens_->weight.numel();
   // The initializer of every parameter, by its name.
   const double std = config_.initializer_range();
   for (const auto& module : named_modules(/*name_prefix=*/"", /*include_self=*/false)) {
@@ -180,6 +183,16 @@ std::string ResolvedModelType(const proto::DecoderConfig& c) {
   if (c.qkv_bias()) return "qwen2";
   if (c.has_sliding_window()) return "mistral";
   return "llama";
+}
+
+std::string DecoderLM::ConfigJson() const {
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = true;
+  options.preserve_proto_field_names = true;
+  std::string json;
+  // A DecoderConfig has no Any fields, the only thing that fails to print.
+  if (!google::protobuf::util::MessageToJsonString(config_, &json, options).ok()) return "";
+  return json;
 }
 
 std::vector<std::string> DecoderLM::UnitClassAliases(const std::string& unit_class) const {

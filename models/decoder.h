@@ -95,6 +95,12 @@ class DecoderLM : public TrainableModel {
                               torch::Tensor rows) override;
 
   const proto::DecoderConfig& config() const { return config_; }
+  // Every parameter but embed_tokens (a tied head is the embedding): Hugging Face's
+  // num_parameters(exclude_embeddings=True), counted at construction, before any sharding.
+  int64_t NonEmbeddingParameters() const override { return non_embedding_parameters_; }
+  // The DecoderConfig as JSON with its proto field names (Hugging Face's config.json names;
+  // protobuf's JSON mapping, which quotes 64-bit integers), fields that are set only.
+  std::string ConfigJson() const override;
   const std::vector<std::shared_ptr<DecoderLayer>>& layers() const { return layers_; }
 
  private:
@@ -106,6 +112,7 @@ class DecoderLM : public TrainableModel {
   void Settle(torch::nn::Module& module);
 
   proto::DecoderConfig config_;
+  int64_t non_embedding_parameters_ = 0;
   DecoderInit init_;
   // Every parameter's position in named_parameters() and its initializer.
   std::unordered_map<std::string, std::pair<int64_t, RowInit>> row_init_;

@@ -53,6 +53,16 @@ class TrainableModel : public Unit {
     return {};
   }
 
+  // Parameters outside embedding tables, as Hugging Face's num_parameters(exclude_embeddings=
+  // True) counts them for total_flos (6 x this x input tokens); -1: the Trainer counts the
+  // registered parameters outside torch::nn::Embedding modules (right unless an engine sharded
+  // them before the Trainer saw them, which a model that supports it answers by overriding).
+  virtual int64_t NonEmbeddingParameters() const { return -1; }
+
+  // The model's configuration as one JSON object, for dashboards (TensorBoard's model_config
+  // text, as Hugging Face writes model.config there); "" when the model has none to show.
+  virtual std::string ConfigJson() const { return ""; }
+
   // Recompute each layer's activations in backward instead of keeping them.
   virtual void SetGradientCheckpointing(bool enabled) { (void)enabled; }
 

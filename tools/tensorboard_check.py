@@ -1,5 +1,7 @@
 """Reads a run's TensorBoard event files with TensorBoard's own loader and checks them against
-the run's metrics.jsonl: every logged value under Hugging Face's tag, at its step.
+the run's metrics.jsonl: every logged value under Hugging Face's tag, at its step; and, as
+Hugging Face writes them, the training arguments and the model's configuration as text
+(args/text_summary, model_config/text_summary) and train/total_flos.
 
   python tools/tensorboard_check.py LOGGING_DIR OUTPUT_DIR/metrics.jsonl
 """
@@ -19,7 +21,8 @@ def tag(key):
 
 
 def main(logging_dir, metrics_path):
-    events = event_accumulator.EventAccumulator(logging_dir, size_guidance={"scalars": 0})
+    events = event_accumulator.EventAccumulator(logging_dir,
+                                                size_guidance={"scalars": 0, "tensors": 0})
     events.Reload()
     scalars = {t: {e.step: e.value for e in events.Scalars(t)} for t in events.Tags()["scalars"]}
     expected = 0
@@ -34,10 +37,23 @@ def main(logging_dir, metrics_path):
             if got is None or not math.isclose(got, value, rel_tol=1e-6, abs_tol=1e-6):
                 sys.exit(f"FAIL: {name} at step {step}: TensorBoard has {got}, metrics.jsonl {value}")
             expected += 1
-    for needed in ("train/loss", "train/learning_rate", "train/grad_norm", "eval/loss"):
+    for needed in ("train/loss", "train/learning_rate", "train/grad_norm", "eval/loss",
+                   "train/total_flos"):
         if needed not in scalars:
             sys.exit(f"FAIL: no {needed} in {sorted(scalars)}")
-    print(f"PASS: {expected} values under {len(scalars)} tags match metrics.jsonl: {sorted(scalars)}")
+    texts = {}
+    for name in events.Tags()["tensors"]:
+        proto = events.Tensors(name)[0].tensor_proto
+        texts[name] = proto.string_val[0].decode() if proto.string_val else ""
+    for name, key in (("args/text_summary", "learning_rate"),
+                      ("model_config/text_summary", "hidden_size")):
+        if name not in texts:
+            sys.exit(f"FAIL: no text {name} in {sorted(texts)}")
+        if f'"{key}"' not in texts[name]:
+            sys.exit(f"FAIL: the text {name} has no \"{key}\": {texts[name][:200]}")
+        json.loads(texts[name])
+    print(f"PASS: {expected} values under {len(scalars)} tags match metrics.jsonl: {sorted(scalars)}; "
+          f"texts {sorted(texts)}")
 
 
 if __name__ == "__main__":

@@ -40,6 +40,9 @@ struct TrainerState {
   int64_t save_steps = 0;
   int64_t train_batch_size = 0;
   int64_t num_input_tokens_seen = 0;
+  // Hugging Face's estimate: 6 x non-embedding parameters x input tokens (padding included),
+  // summed over every rank and step (resumed runs continue the checkpoint's count).
+  double total_flos = 0;
   std::vector<Metrics> log_history;  // each record carries "step" and "epoch"
   std::optional<double> best_metric;
   std::optional<int64_t> best_global_step;

@@ -8,11 +8,14 @@
 #include <cstring>
 #include <filesystem>
 
+#include <google/protobuf/util/json_util.h>
+
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/logging.h"
 #include "base/status.h"
 #include "checkpoint/crc32c.h"
+#include "module/trainable_model.h"
 #include "proto/tensorboard.pb.h"
 
 namespace cpptrain {
@@ -104,6 +107,22 @@ absl::Status TensorBoardWriter::AddScalar(const std::string& tag, float value, i
   return WriteRecord(event.SerializeAsString());
 }
 
+absl::Status TensorBoardWriter::AddText(const std::string& tag, const std::string& text,
+                                       int64_t step) {
+  constexpr int kDtString = 7;  // TensorFlow's DT_STRING
+  proto::tensorboard::Event event;
+  event.set_wall_time(WallTime());
+  event.set_step(step);
+  proto::tensorboard::SummaryValue* value = event.mutable_summary()->add_value();
+  value->set_tag(tag + "/text_summary");
+  value->mutable_metadata()->mutable_plugin_data()->set_plugin_name("text");
+  proto::tensorboard::TensorValue* tensor = value->mutable_tensor();
+  tensor->set_dtype(kDtString);
+  tensor->mutable_tensor_shape()->add_dim()->set_size(1);
+  tensor->add_string_val(text);
+  return WriteRecord(event.SerializeAsString());
+}
+
 absl::Status TensorBoardWriter::Flush() {
   if (std::fflush(file_) != 0) {
     return absl::DataLossError(
@@ -112,27 +131,55 @@ absl::Status TensorBoardWriter::Flush() {
   return absl::OkStatus();
 }
 
-void TensorBoardCallback::OnLog(const CallbackContext& c, const Metrics& logs) {
-  if (!c.state.is_world_process_zero || !status_.ok()) return;
-  absl::Status status = absl::OkStatus();
-  if (writer_ == nullptr) {
-    absl::StatusOr<std::unique_ptr<TensorBoardWriter>> opened = TensorBoardWriter::Open(dir_);
-    status = opened.status();
-    if (opened.ok()) writer_ = std::move(*opened);
+bool TensorBoardCallback::EnsureOpen() {
+  if (writer_ != nullptr) return true;
+  absl::StatusOr<std::unique_ptr<TensorBoardWriter>> opened = TensorBoardWriter::Open(dir_);
+  if (!opened.ok()) {
+    Fail(opened.status());
+    return false;
   }
+  writer_ = std::move(*opened);
+  return true;
+}
+
+void TensorBoardCallback::Fail(const absl::Status& status) {
+  // report_to asked for the dashboard: a run that silently stops feeding it is not what was
+  // asked for, so the Trainer ends the run (after a checkpoint) with this.
+  if (status.ok() || !status_.ok()) return;
+  status_ = absl::Status(status.code(), absl::StrCat("report_to tensorboard: ", status.message(),
+                                                     "; free space on that disk or set "
+                                                     "logging_dir to another one"));
+}
+
+void TensorBoardCallback::OnTrainBegin(const CallbackContext& c) {
+  if (!c.state.is_world_process_zero || !status_.ok() || !EnsureOpen()) return;
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = true;
+  options.preserve_proto_field_names = true;
+  options.always_print_primitive_fields = true;
+  std::string args;
+  absl::Status status = absl::OkStatus();
+  if (google::protobuf::util::MessageToJsonString(c.args, &args, options).ok()) {
+    status = writer_->AddText("args", args, c.state.global_step);
+  }
+  const std::string config = c.model != nullptr ? c.model->ConfigJson() : "";
+  if (status.ok() && !config.empty()) {
+    status = writer_->AddText("model_config", config, c.state.global_step);
+  }
+  if (status.ok()) status = writer_->Flush();
+  Fail(status);
+}
+
+void TensorBoardCallback::OnLog(const CallbackContext& c, const Metrics& logs) {
+  if (!c.state.is_world_process_zero || !status_.ok() || !EnsureOpen()) return;
+  absl::Status status = absl::OkStatus();
   for (const auto& [key, value] : logs) {
     if (!status.ok() || key == "step") continue;
     status = writer_->AddScalar(TensorBoardTag(key), static_cast<float>(value),
                                 c.state.global_step);
   }
   if (status.ok()) status = writer_->Flush();
-  // report_to asked for the dashboard: a run that silently stops feeding it is not what was
-  // asked for, so the Trainer ends the run (after a checkpoint) with this.
-  if (!status.ok()) {
-    status_ = absl::Status(status.code(), absl::StrCat("report_to tensorboard: ", status.message(),
-                                                       "; free space on that disk or set "
-                                                       "logging_dir to another one"));
-  }
+  Fail(status);
 }
 
 void TensorBoardCallback::OnTrainEnd(const CallbackContext& c) {

@@ -33,6 +33,9 @@ class TensorBoardWriter {
 
   const std::string& path() const { return path_; }
   absl::Status AddScalar(const std::string& tag, float value, int64_t step);
+  // A text summary under "<tag>/text_summary", as torch.utils.tensorboard's add_text writes it
+  // (TensorBoard's Text tab).
+  absl::Status AddText(const std::string& tag, const std::string& text, int64_t step);
   // Makes what was written visible to readers (TensorBoard reads files as they grow).
   absl::Status Flush();
 
@@ -53,16 +56,24 @@ std::string TfRecord(absl::string_view data);
 std::string TensorBoardTag(const std::string& key);
 
 // Logs every metric of every log event (not "step", the x axis) on the world's process 0,
-// opening its event file at the first one. A write that fails stops the writing, and status()
-// names the file and the cause: the Trainer ends the run with it.
+// opening its event file at the first one; at the start of training, as Hugging Face does, the
+// training arguments ("args") and the model's configuration ("model_config", when
+// TrainableModel::ConfigJson has one) as JSON text. A write that fails stops the writing, and
+// status() names the file and the cause: the Trainer ends the run with it.
 class TensorBoardCallback : public TrainerCallback {
  public:
   explicit TensorBoardCallback(std::string logging_dir) : dir_(std::move(logging_dir)) {}
+  void OnTrainBegin(const CallbackContext& c) override;
   void OnLog(const CallbackContext& c, const Metrics& logs) override;
   void OnTrainEnd(const CallbackContext& c) override;
   absl::Status status() const override { return status_; }
 
  private:
+  // Opens the event file on first use; false (with status_ set) when that fails.
+  bool EnsureOpen();
+  // Keeps the first failure of a write, said as a report_to failure.
+  void Fail(const absl::Status& status);
+
   std::string dir_;
   std::unique_ptr<TensorBoardWriter> writer_;
   absl::Status status_;  // the first failure; nothing is written after it

@@ -39,6 +39,19 @@
 namespace cpptrain {
 namespace {
 
+// model.NonEmbeddingParameters(), or the registered parameters outside embedding tables.
+int64_t NonEmbeddingParameters(TrainableModel& model) {
+  const int64_t declared = model.NonEmbeddingParameters();
+  if (declared >= 0) return declared;
+  int64_t count = 0;
+  for (const auto& item : model.named_parameters()) count += item.value().numel();
+  for (const auto& module : model.modules()) {
+    if (dynamic_cast<const torch::nn::EmbeddingImpl*>(module.get()) == nullptr) continue;
+    for (const auto& param : module->parameters(/*recurse=*/false)) count -= param.numel();
+  }
+  return count;
+}
+
 bool IsOutOfMemory(const absl::Status& status) {
   return absl::StrContains(status.message(), "out of memory");
 }
@@ -289,6 +302,8 @@ absl::Status Trainer::ResetForRetry() {
 absl::StatusOr<TrainOutput> Trainer::InnerTrainingLoop(int64_t batch_size) {
   torch::manual_seed(static_cast<uint64_t>(args_.seed()));
   if (args_.gradient_checkpointing()) model_->SetGradientCheckpointing(true);
+  // Counted before the engine may shard the parameters.
+  flops_parameters_ = NonEmbeddingParameters(*model_);
   CT_RETURN_IF_ERROR(engine_->PrepareForTraining(
       model_, [this](const NamedParameters& params) { return CreateOptimizer(params); }));
   CT_RETURN_IF_ERROR(SnapshotInitialParameters());
@@ -397,7 +412,8 @@ absl::StatusOr<TrainOutput> Trainer::InnerTrainingLoop(int64_t batch_size) {
   out.metrics = {{"train_runtime", runtime},
                  {"train_samples_per_second", samples / std::max(runtime, 1e-9)},
                  {"train_steps_per_second", steps_run / std::max(runtime, 1e-9)},
-                 {"train_loss", out.training_loss}};
+                 {"train_loss", out.training_loss},
+                 {"total_flos", state_.total_flos}};
   if (args_.cuda_graphs()) {
     out.metrics["cuda_graph_captures"] =
         step_graph_ != nullptr ? static_cast<double>(step_graph_->captures()) : 0.0;
@@ -445,9 +461,11 @@ absl::StatusOr<Trainer::CountedStep> Trainer::CountStep(const MicroBatches& step
   // them with the tokens seen. The batches are on the host: counting waits for no device.
   int64_t local_targets = 0;
   int64_t local_tokens = 0;
+  int64_t local_inputs = 0;  // padding included, for total_flos as Hugging Face estimates it
   for (size_t i = 0; i < real; ++i) {
     local_targets += model_->CountLossTargets(step.batches[i]);
     local_tokens += NonPaddingTokens(step.batches[i]);
+    local_inputs += step.batches[i].inputs.numel();
   }
   // A stop signal any rank received rides along, so every rank stops after the same step; so
   // does the CUDA-graph vote, so every rank captures, replays or runs eagerly alike.
@@ -457,7 +475,7 @@ absl::StatusOr<Trainer::CountedStep> Trainer::CountStep(const MicroBatches& step
                       engine_->AllReduceSum(torch::tensor(
                           {static_cast<double>(local_targets), static_cast<double>(local_tokens),
                            static_cast<double>(local_signal), mine.not_ready, mine.signature,
-                           mine.signature_squared},
+                           mine.signature_squared, static_cast<double>(local_inputs)},
                           torch::kFloat64)));
   if (global[2].item<double>() > 0) stop_signal_ = local_signal != 0 ? local_signal : SIGTERM;
   CountedStep out;
@@ -465,6 +483,7 @@ absl::StatusOr<Trainer::CountedStep> Trainer::CountStep(const MicroBatches& step
                                             ? static_cast<int64_t>(global[0].item<double>())
                                             : local_targets * engine_->world_size());
   state_.num_input_tokens_seen += static_cast<int64_t>(global[1].item<double>());
+  state_.total_flos += 6.0 * static_cast<double>(flops_parameters_) * global[6].item<double>();
   out.graph_agreed = vote != nullptr && trainer_internal::StepGraph::Agreed(
                                             {global[3].item<double>(), global[4].item<double>(),
                                              global[5].item<double>()},

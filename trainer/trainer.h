@@ -304,6 +304,8 @@ class Trainer {
   int64_t train_loss_from_step_ = 0;
   // What the checkpoint being written records as loss_total (all ranks, all steps).
   double loss_total_to_save_ = 0;
+  // Model parameters outside embeddings, for total_flos (counted as training starts).
+  int64_t flops_parameters_ = 0;
   // The last step's gradient norm, on the device until a log reads it; undefined when
   // max_grad_norm is 0 (none computed).
   torch::Tensor last_grad_norm_;

@@ -65,6 +65,7 @@ std::string TrainerStateJson(const TrainerState& s, const std::string& best_chec
       ",\n  \"max_steps\": ", s.max_steps,
       ",\n  \"num_input_tokens_seen\": ", s.num_input_tokens_seen,
       ",\n  \"num_train_epochs\": ", s.num_train_epochs, ",\n  \"save_steps\": ", s.save_steps,
+      ",\n  \"total_flos\": ", JsonNumber(s.total_flos),
       ",\n  \"train_batch_size\": ", s.train_batch_size, "\n}\n");
 }
 
@@ -281,6 +282,7 @@ absl::Status Trainer::FinishCheckpoint(const std::string& name, const std::strin
   saved.set_global_step(state_.global_step);
   saved.set_epoch(state_.epoch);
   saved.set_num_input_tokens_seen(state_.num_input_tokens_seen);
+  saved.set_total_flos(state_.total_flos);
   if (state_.best_metric) saved.set_best_metric(*state_.best_metric);
   if (state_.best_global_step) saved.set_best_global_step(*state_.best_global_step);
   saved.set_best_model_checkpoint(best_model_checkpoint_);
@@ -491,6 +493,7 @@ absl::Status Trainer::RestoreCheckpoint(const std::string& dir,
   state_.global_step = saved.global_step();
   state_.epoch = saved.epoch();
   state_.num_input_tokens_seen = saved.num_input_tokens_seen();
+  state_.total_flos = saved.total_flos();
   if (saved.has_best_metric()) state_.best_metric = saved.best_metric();
   if (saved.has_best_global_step()) state_.best_global_step = saved.best_global_step();
   best_model_checkpoint_ = saved.best_model_checkpoint();

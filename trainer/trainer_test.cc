@@ -138,6 +138,44 @@ TEST(TrainerTest, InputTokensSeenCountsNonPaddingTokens) {
   EXPECT_EQ(trainer.state().num_input_tokens_seen, real_tokens);
 }
 
+// Sums the input elements (padding included) of every micro-batch it trains on.
+class CountingInputs : public Trainer {
+ public:
+  using Trainer::Trainer;
+  int64_t inputs = 0;
+
+ protected:
+  absl::StatusOr<torch::Tensor> TrainingStep(const Batch& batch, int64_t num_items) override {
+    inputs += batch.inputs.numel();
+    return Trainer::TrainingStep(batch, num_items);
+  }
+};
+
+// Hugging Face's total_flos: 6 x non-embedding parameters x input elements (padding included),
+// in the state, in the final metrics and in trainer_state.json.
+TEST(TrainerTest, TotalFlosIsSixTimesNonEmbeddingParametersTimesInputs) {
+  auto data = VariableLengthTokens(48, 1);
+  proto::TrainingArguments args = BaseArgs("total_flos");
+  args.set_per_device_train_batch_size(8);
+  args.set_gradient_accumulation_steps(2);
+  args.set_max_steps(3);
+  auto model = TinyDecoder(7);
+  const proto::DecoderConfig& config = model->config();
+  const int64_t non_embedding =
+      DecoderParameterCount(config) - config.vocab_size() * config.hidden_size();
+  EXPECT_EQ(model->NonEmbeddingParameters(), non_embedding);
+  CountingInputs trainer(args, model, data);
+  auto out = trainer.Train();
+  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_GT(trainer.inputs, 0);
+  const double expected = 6.0 * static_cast<double>(non_embedding) * trainer.inputs;
+  EXPECT_EQ(trainer.state().total_flos, expected);
+  EXPECT_EQ(out->metrics.at("total_flos"), expected);
+  // Protobuf's JSON mapping quotes 64-bit integers.
+  EXPECT_THAT(model->ConfigJson(), ::testing::HasSubstr("\"hidden_size\": \"" +
+                                                        std::to_string(config.hidden_size())));
+}
+
 // Checked before the first step: a directory nothing can be written into (even as root).
 TEST(TrainerTest, AnUnwritableOutputDirFailsBeforeTheFirstStep) {
   proto::TrainingArguments args = BaseArgs("unused");

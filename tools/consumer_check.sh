@@ -53,7 +53,7 @@ step() {
 
 bazel_flags=(
   --disk_cache="${CPPTRAIN_BAZEL_DISK_CACHE:-$HOME/.cache/cpptrain-bazel-disk}" --jobs="$jobs"
-  --spawn_strategy=processwrapper-sandbox,local --symlink_prefix=/
+  --symlink_prefix=/
 )
 
 # check_trained <name>: the run's output ($scratch/<name>.log) shows a model that learned.

@@ -4,6 +4,7 @@
 // rank reads the rows covering its pieces. Each piece is its elements of the checkpoint's
 // flattened tensor, the gathered parameters are the whole tensors, each rank's parameter
 // storage is its flat shards and nothing more, and the sharded model gives transformers' logits.
+// Before any load, the deferred pieces equal the whole row-seeded model.
 #include <ATen/ATen.h>
 
 #include <chrono>
@@ -112,6 +113,42 @@ TEST_P(HfFlatShardedLoadTest, EachRankLoadsItsPieces) {
   });
   EXPECT_TRUE(s.ok()) << s;
 }
+
+class DeferredFlatInitTest : public ::testing::TestWithParam<int> {};
+
+// Every rank built deferred and flat-sharded (as the efficient loads do before reading): each
+// initializes its own pieces, in blocks of rows (the embedding's piece spans several 8 MiB
+// blocks here), and the gathered model equals the same seed's row-seeded model built whole.
+TEST_P(DeferredFlatInitTest, PiecesEqualTheWholeRowSeededModel) {
+  const int world = GetParam();
+  proto::DecoderConfig config = NamedDecoderConfig("tiny").value();
+  config.set_vocab_size(12289);  // divides by no world size; a 25 MB embedding
+  config.set_hidden_size(512);
+  std::vector<std::shared_ptr<DecoderLM>> models;
+  for (int rank = 0; rank < world; ++rank) {
+    models.push_back(BuildDecoder(config, {DecoderInit::Mode::kDeferred, 5}).value());
+  }
+  const auto whole = BuildDecoder(config, {DecoderInit::Mode::kRowSeeded, 5}).value();
+  absl::Status s = RunRanksAsThreads(world, [&](int rank, auto store) -> absl::Status {
+    CT_ASSIGN_OR_RETURN(std::unique_ptr<GlooCommunicator> comm,
+                        GlooCommunicator::Create(store, rank, world, std::chrono::seconds(60)));
+    DecoderLM& model = *models[rank];
+    CT_ASSIGN_OR_RETURN(
+        FlatShardedModel * flat,
+        FlatShard(model, ShardMesh{std::shared_ptr<Communicator>(std::move(comm)), nullptr}, {}));
+    const auto want = whole->named_parameters();
+    for (const auto& item : model.named_parameters()) {
+      CT_ASSIGN_OR_RETURN(at::Tensor gathered, flat->GatherFull(item.value()));
+      CT_RETURN_IF_ERROR(Check(gathered.equal(want[item.key()]),
+                               absl::StrCat("rank ", rank, ": ", item.key(),
+                                            " differs from the whole row-seeded model")));
+    }
+    return absl::OkStatus();
+  });
+  EXPECT_TRUE(s.ok()) << s;
+}
+
+INSTANTIATE_TEST_SUITE_P(Worlds, DeferredFlatInitTest, ::testing::Values(1, 2, 3));
 
 INSTANTIATE_TEST_SUITE_P(Directories, HfFlatShardedLoadTest,
                          ::testing::Values(Case{"hf_llama_tiny", 2}, Case{"hf_qwen3_tiny", 3},

@@ -24,6 +24,7 @@
 #include "checkpoint/safetensors.h"
 #include "models/configs.h"
 #include "module/deferred.h"
+#include "sharding/flat_shard.h"
 #include "sharding/fully_shard.h"
 
 namespace cpptrain {
@@ -39,14 +40,58 @@ std::string ShapeString(at::IntArrayRef shape) {
 }
 
 // What to copy into one parameter: the rows [row_begin, row_end) of the file's tensor, or the
-// whole tensor when `slice` is false.
+// whole tensor when `slice` is false; of those rows, flattened, elements [skip, skip + take)
+// when take >= 0 (an FSDP1 / ZeRO-3 flat piece).
 struct LoadPlan {
   std::string name;
   at::Tensor param;
   bool slice = false;
   int64_t row_begin = 0;
   int64_t row_end = 0;
+  int64_t skip = 0;
+  int64_t take = -1;
 };
+
+// How the model is sharded at load time, if it is: per parameter (FullyShard) or flat
+// (FlatShard). Both null for a whole model.
+struct LoadSharding {
+  const FullyShardedModel* rows = nullptr;
+  const FlatShardedModel* flat = nullptr;
+
+  const ShardInfo* Find(const at::Tensor& param) const {
+    if (rows != nullptr) return rows->Find(param);
+    return flat != nullptr ? flat->FindPiece(param) : nullptr;
+  }
+};
+
+// The plan for a parameter that is this rank's chunk of rows (FullyShard) or its flat piece
+// (FlatShard); an error when its shape is not that (the model is gathered).
+absl::Status PlanShardedLoad(const ShardInfo& shard, bool flat, LoadPlan& plan) {
+  const at::Tensor& param = plan.param;
+  std::vector<int64_t> mine = shard.global_shape;
+  if (flat) {
+    mine = {shard.local_numel};
+  } else {
+    mine[0] = shard.local_rows;
+  }
+  if (param.sizes().vec() != mine) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "parameter '", plan.name, "' has shape ", ShapeString(param.sizes()), ", not its shard's ",
+        ShapeString(mine), ": load between steps, while the parameters are sharded"));
+  }
+  plan.slice = true;
+  if (!flat) {
+    plan.row_begin = shard.row_begin;
+    plan.row_end = shard.row_begin + shard.local_rows;
+    return absl::OkStatus();
+  }
+  const FlatPieceRows piece = RowsCoveringPiece(shard);
+  plan.row_begin = piece.rows.begin;
+  plan.row_end = piece.rows.end;
+  plan.skip = piece.skip;
+  plan.take = shard.local_numel;
+  return absl::OkStatus();
+}
 
 bool IsFloating(at::ScalarType dtype) {
   return dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf ||
@@ -62,7 +107,7 @@ std::string HintText(const std::string& field) {
 // to `problems`. The plan holds one entry per parameter that matches; `missing`, the
 // parameters without a tensor.
 std::vector<LoadPlan> PlanLoad(const SafetensorsModelDir& files, TrainableModel& model,
-                               const FullyShardedModel* sharded, LoadProblems& problems,
+                               const LoadSharding& sharded, LoadProblems& problems,
                                std::vector<LoadPlan>& missing) {
   std::vector<LoadPlan> plans;
   std::set<std::string> used;
@@ -74,7 +119,7 @@ std::vector<LoadPlan> PlanLoad(const SafetensorsModelDir& files, TrainableModel&
   for (const auto& item : params) {
     const std::string& name = item.key();
     const at::Tensor& param = item.value();
-    const ShardInfo* shard = sharded != nullptr ? sharded->Find(param) : nullptr;
+    const ShardInfo* shard = sharded.Find(param);
     const std::vector<int64_t> want = shard != nullptr ? shard->global_shape : param.sizes().vec();
     used.insert(name);
     if (!files.Has(name)) {
@@ -104,17 +149,12 @@ std::vector<LoadPlan> PlanLoad(const SafetensorsModelDir& files, TrainableModel&
     }
     LoadPlan plan{name, param};
     if (shard != nullptr) {
-      std::vector<int64_t> chunk = want;
-      chunk[0] = shard->local_rows;
-      if (param.sizes().vec() != chunk) {
-        problems.Add(absl::StrCat("parameter '", name, "' has shape ", ShapeString(param.sizes()),
-                                  ", not its shard's ", ShapeString(chunk),
-                                  ": load between steps, while the parameters are sharded"));
+      const absl::Status planned = PlanShardedLoad(*shard, sharded.flat != nullptr, plan);
+      if (!planned.ok()) {
+        problems.Add(std::string(planned.message()));
         continue;
       }
-      plan.slice = true;
-      plan.row_begin = shard->row_begin;
-      plan.row_end = shard->row_begin + shard->local_rows;
+      if (plan.take == 0) continue;  // an empty flat piece: nothing of it on this rank
     }
     plans.push_back(std::move(plan));
   }
@@ -151,6 +191,7 @@ absl::Status CheckTiedHead(const SafetensorsModelDir& files, TrainableModel& mod
                         return head.sizes() == embed.sizes() &&
                                head.scalar_type() == embed.scalar_type() && at::equal(head, embed);
                       }));
+  for (const char* name : {kLmHeadName, kEmbedName}) files.FileOf(name).value()->ReleasePages(name);
   if (!same) {
     problems.Add(absl::StrCat("tensor '", kLmHeadName, "' differs from '", kEmbedName,
                               "', but the model ties them (tie_word_embeddings): set "
@@ -160,10 +201,15 @@ absl::Status CheckTiedHead(const SafetensorsModelDir& files, TrainableModel& mod
   return absl::OkStatus();
 }
 
-// The rows of the file's tensor that `plan` copies: a read-only view of the mapping.
+// What the file holds for `plan`: a read-only view of the mapping (the rows, or the whole
+// tensor); for a flat piece, the rows that cover it (`Piece` narrows them).
 absl::StatusOr<at::Tensor> Source(const SafetensorsModelDir& files, const LoadPlan& plan) {
   return plan.slice ? files.GetSlice(plan.name, plan.row_begin, plan.row_end)
                     : files.Get(plan.name);
+}
+
+at::Tensor Piece(const LoadPlan& plan, const at::Tensor& source) {
+  return plan.take < 0 ? source : source.reshape({-1}).narrow(0, plan.skip, plan.take);
 }
 
 // Before anything is copied: each tensor to load matches the checksum its file stores for it
@@ -177,6 +223,7 @@ absl::Status VerifySources(const std::string& dir, const SafetensorsModelDir& fi
     CT_RETURN_IF_ERROR(checkpoint_internal::CheckFinite(
         absl::StrCat("Hugging Face model directory '", dir, "', file '", file->path(), "'"),
         plan.name, source, plan.row_begin));
+    file->ReleasePages(plan.name);  // the checksum read every byte of the tensor
   }
   return absl::OkStatus();
 }
@@ -191,7 +238,7 @@ void CompareWithConfigJson(const std::string& dir, const TrainableModel& model,
 absl::Status LoadHfWeights(const std::string& dir, TrainableModel& model,
                            const HfLoadOptions& options) {
   CT_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsModelDir> files, SafetensorsModelDir::Open(dir));
-  const FullyShardedModel* sharded = FullyShardedOf(model);
+  const LoadSharding sharded{FullyShardedOf(model), FlatShardedOf(model)};
   LoadProblems problems;
   CompareWithConfigJson(dir, model, problems);
   std::vector<LoadPlan> missing;
@@ -210,14 +257,15 @@ absl::Status LoadHfWeights(const std::string& dir, TrainableModel& model,
     // writes to it. A deferred parameter gets its memory here.
     absl::Status copied = CatchTorch([&] {
       if (IsDeferred(plan.param)) plan.param.set_data(at::empty_like(plan.param));
-      plan.param.copy_(source);
+      plan.param.copy_(Piece(plan, source));
     });
+    files->FileOf(plan.name).value()->ReleasePages(plan.name);
     if (!copied.ok()) {
       return absl::Status(copied.code(),
                           absl::StrCat("loading tensor '", plan.name, "' from '", dir,
                                        "': ", copied.message(), " (the model is partly loaded)"));
     }
-    bytes += source.numel() * static_cast<int64_t>(source.element_size());
+    bytes += Piece(plan, source).numel() * static_cast<int64_t>(source.element_size());
   }
   // Not strict: parameters the directory lacks keep their initial values (drawn now when the
   // model was built deferred).
@@ -228,7 +276,9 @@ absl::Status LoadHfWeights(const std::string& dir, TrainableModel& model,
   }
   LOG(INFO) << "loaded " << plans.size() << " tensors, " << bytes << " bytes ("
             << static_cast<double>(bytes) / (1 << 20) << " MiB) from " << dir
-            << (sharded != nullptr ? ", this rank's rows only" : "");
+            << (sharded.rows != nullptr   ? ", this rank's rows only"
+                : sharded.flat != nullptr ? ", this rank's flat pieces only"
+                                          : "");
   return absl::OkStatus();
 }
 

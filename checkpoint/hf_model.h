@@ -53,8 +53,11 @@ struct HfLoadOptions {
 //
 // When FullyShardedOf(model) is set, each parameter is the rank's chunk of rows
 // [row_begin, row_begin + local_rows) of the full tensor (ShardInfo): only those rows are read
-// from the file. Call it between steps (parameters at rest, not gathered); every rank calls it
-// for its own rows, without communication.
+// from the file. When FlatShardedOf(model) is set (FSDP1, ZeRO-3), each parameter is the
+// rank's piece of the flattened tensor: only the rows that cover it are read. Call it between
+// steps (parameters at rest, not gathered); every rank calls it for its own part, without
+// communication. Each tensor's mapped pages leave the resident set once it is read, so a rank
+// holds what it loads, not the file (the checksum still reads every byte of each tensor).
 absl::Status LoadHfWeights(const std::string& dir, TrainableModel& model,
                            const HfLoadOptions& options = {});
 

@@ -554,7 +554,14 @@ absl::StatusOr<std::optional<uint32_t>> SafetensorsFile::StoredCrc32c(
 
 absl::StatusOr<uint32_t> SafetensorsFile::ComputeCrc32c(const std::string& name) const {
   CT_ASSIGN_OR_RETURN(const SafetensorsTensorInfo* info, Find(name));
-  return Crc32c(data_ + info->begin, static_cast<size_t>(info->end - info->begin));
+  constexpr int64_t kPieceBytes = int64_t{8} << 20;
+  uint32_t crc = 0;
+  for (int64_t at = info->begin; at < info->end; at += kPieceBytes) {
+    const int64_t n = std::min(kPieceBytes, info->end - at);
+    crc = Crc32cExtend(crc, data_ + at, static_cast<size_t>(n));
+    ReleaseRange(at, at + n);
+  }
+  return crc;
 }
 
 absl::Status SafetensorsFile::VerifyCrc32c(const std::string& name) const {
@@ -629,6 +636,20 @@ absl::StatusOr<at::Tensor> SafetensorsFile::GetSlice(const std::string& name, in
   return CatchTorch([&] {
     return View(info->dtype, shape, info->begin + dim0_begin * row_bytes, /*copy=*/false);
   });
+}
+
+void SafetensorsFile::ReleasePages(const std::string& name) const {
+  auto it = infos_.find(name);
+  if (it != infos_.end()) ReleaseRange(it->second.begin, it->second.end);
+}
+
+void SafetensorsFile::ReleaseRange(int64_t begin, int64_t end) const {
+  if (end <= begin) return;
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t first = reinterpret_cast<uintptr_t>(data_ + begin) & ~(page - 1);
+  const uintptr_t last = reinterpret_cast<uintptr_t>(data_ + end);
+  // Read-only private file pages: dropping them loses nothing (best effort, errors ignored).
+  (void)::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
 }
 
 // ---------------------------------------------------------------------------------------------

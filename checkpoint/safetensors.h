@@ -157,7 +157,8 @@ class SafetensorsFile {
   // The CRC-32C the writer stored for `name`; nullopt when the file holds none for it (written
   // by another tool, or without checksums).
   absl::StatusOr<std::optional<uint32_t>> StoredCrc32c(const std::string& name) const;
-  // The CRC-32C of the tensor's bytes as they are in the file now (reads every one of them).
+  // The CRC-32C of the tensor's bytes as they are in the file now (reads every one of them, in
+  // 8 MiB pieces, each dropped from the resident set once read: ReleasePages).
   absl::StatusOr<uint32_t> ComputeCrc32c(const std::string& name) const;
   // DataLoss naming the file, the tensor and both values when the tensor has a stored checksum
   // its bytes no longer match; OK when they match or nothing is stored.
@@ -178,6 +179,11 @@ class SafetensorsFile {
   absl::StatusOr<at::Tensor> GetSlice(const std::string& name, int64_t dim0_begin,
                                       int64_t dim0_end) const;
 
+  // Drops this process's mapped pages of the tensor (madvise MADV_DONTNEED; the page cache
+  // keeps them, and a later read of a view maps them again), so that reading a file tensor by
+  // tensor leaves no more than one tensor's pages in the resident set. Views stay valid.
+  void ReleasePages(const std::string& name) const;
+
  private:
   struct Mapping;
 
@@ -187,6 +193,8 @@ class SafetensorsFile {
   // set or the bytes are not aligned to the element size.
   at::Tensor View(at::ScalarType dtype, const std::vector<int64_t>& shape, int64_t begin,
                   bool copy) const;
+  // ReleasePages for data bytes [begin, end) (the pages that hold them).
+  void ReleaseRange(int64_t begin, int64_t end) const;
 
   std::string path_;
   std::shared_ptr<Mapping> mapping_;

@@ -405,18 +405,17 @@ TEST(FsdpRulesTest, CpuRamEfficientLoadingNeedsSyncModuleStates) {
               AllOf(HasSubstr("cpu_ram_efficient_loading=true"), HasSubstr("sync_module_states")));
 }
 
-// FSDP2 reads each rank's own rows whatever the flag says; FSDP1 and ZeRO-3 would load the
-// whole model on every rank, so asking them for an efficient load is refused, not ignored.
-TEST(FsdpRulesTest, EfficientLoadingIsRefusedWhereNotImplemented) {
+// FSDP2 reads each rank's own rows whatever the flag says; FSDP1 with the flag and ZeRO-3 with
+// zero3_init_flag read each rank's own flat pieces (tools/job_model.h); DeepSpeed ignores
+// zero3_init_flag below stage 3.
+TEST(FsdpRulesTest, EfficientLoadingIsAcceptedByEveryShardedEngine) {
   ExpectValid("fsdp { version: 2 cpu_ram_efficient_loading: true }");
-  EXPECT_THAT(OneProblem("fsdp { version: 1 cpu_ram_efficient_loading: true }"),
-              AllOf(HasSubstr("cpu_ram_efficient_loading=true is not implemented for "
-                              "fsdp.version=1"),
-                    HasSubstr("fsdp { version: 2 }")));
-  EXPECT_THAT(OneProblem("zero { stage: 3 zero3_init_flag: true }"),
-              AllOf(HasSubstr("zero.zero3_init_flag=true is not implemented"),
-                    HasSubstr("set it to false")));
-  ExpectValid("zero { stage: 2 zero3_init_flag: true }");  // DeepSpeed ignores it below 3
+  ExpectValid("fsdp { version: 1 cpu_ram_efficient_loading: true }");
+  ExpectValid("zero { stage: 3 zero3_init_flag: true }");
+  ExpectValid("zero { stage: 2 zero3_init_flag: true }");
+  EXPECT_THAT(OneProblem("fsdp { version: 1 sync_module_states: false "
+                         "cpu_ram_efficient_loading: true }"),
+              AllOf(HasSubstr("cpu_ram_efficient_loading=true"), HasSubstr("sync_module_states")));
 }
 
 TEST(FsdpRulesTest, VersionMustBeOneOrTwo) {

@@ -54,18 +54,29 @@ void LayOut(ShardGroup& group, const ShardMesh& mesh, int alignment_bytes) {
   }
 }
 
-// Elements [element_begin, +local_numel) of a deferred parameter, initialized by the model
-// from the rows that cover them.
-absl::StatusOr<at::Tensor> InitializePiece(TrainableModel& model, const Param& p) {
+// Fills `slot`, elements [element_begin, +local_numel) of a deferred parameter, with the
+// model's initial values from the rows that cover them, a block of rows at a time (the values
+// do not depend on the split), so at most ~8 MiB of rows exist beside the shard: a rank's piece
+// of a large embedding is never allocated twice.
+absl::Status InitializePiece(TrainableModel& model, const Param& p, at::Tensor slot) {
+  const FlatPieceRows piece = RowsCoveringPiece(p.info);
   const int64_t row_numel = std::max<int64_t>(1, p.row_numel);
-  const int64_t first = p.info.element_begin / row_numel;
-  const int64_t last = (p.info.element_begin + p.info.local_numel + row_numel - 1) / row_numel;
+  constexpr int64_t kBlockBytes = int64_t{8} << 20;
+  const int64_t block_rows = std::max<int64_t>(
+      1, kBlockBytes / (row_numel * static_cast<int64_t>(c10::elementSize(p.info.dtype))));
   std::vector<int64_t> shape = p.info.global_shape;
   if (shape.empty()) shape = {1};
-  shape[0] = last - first;
-  at::Tensor rows = at::zeros(shape, at::TensorOptions().dtype(p.info.dtype));
-  CT_RETURN_IF_ERROR(model.InitializeRows(p.info.name, first, rows));
-  return rows.reshape({-1}).narrow(0, p.info.element_begin - first * row_numel, p.info.local_numel);
+  int64_t done = 0;  // elements of the piece filled so far
+  for (int64_t row = piece.rows.begin; row < piece.rows.end; row += block_rows) {
+    shape[0] = std::min(block_rows, piece.rows.end - row);
+    at::Tensor rows = at::zeros(shape, at::TensorOptions().dtype(p.info.dtype));
+    CT_RETURN_IF_ERROR(model.InitializeRows(p.info.name, row, rows));
+    const int64_t first = row == piece.rows.begin ? piece.skip : 0;
+    const int64_t take = std::min(shape[0] * row_numel - first, p.info.local_numel - done);
+    slot.narrow(0, done, take).copy_(rows.reshape({-1}).narrow(0, first, take));
+    done += take;
+  }
+  return absl::OkStatus();
 }
 
 // This rank's S elements of the group's flat parameter: rank 0's values scattered (sync),
@@ -79,7 +90,11 @@ absl::Status FillFlatShard(TrainableModel& model, const ShardMesh& mesh, ShardGr
   const at::ScalarType dtype = group.params.empty() ? at::kFloat : group.params[0].info.dtype;
   const at::TensorOptions on_device = at::TensorOptions().dtype(dtype).device(device);
   at::Tensor shard = at::zeros({s}, on_device);
-  if (sync && s > 0) {
+  // Nothing to scatter when rank 0 has no values for the group (all deferred there, as under
+  // cpu_ram_efficient_loading): rank 0 then never holds the group's full flat parameter.
+  const bool from_source = std::find(deferred_at_source.begin(), deferred_at_source.end(),
+                                     false) != deferred_at_source.end();
+  if (sync && s > 0 && from_source) {
     at::Tensor parts;
     if (mesh.shard->rank() == 0) {
       parts = at::zeros({world * s}, on_device);
@@ -101,8 +116,7 @@ absl::Status FillFlatShard(TrainableModel& model, const ShardMesh& mesh, ShardGr
     if (p.info.local_numel == 0 || (sync && !deferred_at_source[i])) continue;
     at::Tensor slot = shard.narrow(0, p.local_offset, p.info.local_numel);
     if (IsDeferred(p.param)) {
-      CT_ASSIGN_OR_RETURN(at::Tensor piece, InitializePiece(model, p));
-      slot.copy_(piece);
+      CT_RETURN_IF_ERROR(InitializePiece(model, p, slot));
     } else {
       slot.copy_(
           p.param.detach().reshape({-1}).narrow(0, p.info.element_begin, p.info.local_numel));
@@ -177,6 +191,19 @@ std::vector<std::pair<int64_t, int64_t>> FlatShardedModel::FlatSizes() const {
     const int64_t used = g->params.empty() ? 0 : g->params.back().offset + g->params.back().numel;
     out.emplace_back(used, g->segment_numel * mesh().shard->size());
   }
+  return out;
+}
+
+FlatPieceRows RowsCoveringPiece(const ShardInfo& piece) {
+  FlatPieceRows out;
+  if (piece.local_numel == 0) return out;
+  int64_t numel = 1;
+  for (int64_t d : piece.global_shape) numel *= d;
+  const int64_t rows = piece.global_shape.empty() ? 1 : piece.global_shape[0];
+  const int64_t row_numel = rows == 0 ? 1 : std::max<int64_t>(1, numel / rows);
+  out.rows.begin = piece.element_begin / row_numel;
+  out.rows.end = (piece.element_begin + piece.local_numel + row_numel - 1) / row_numel;
+  out.skip = piece.element_begin - out.rows.begin * row_numel;
   return out;
 }
 

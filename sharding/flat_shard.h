@@ -31,6 +31,7 @@
 
 #include "absl/status/statusor.h"
 #include "module/trainable_model.h"
+#include "sharding/shard_rows.h"
 #include "sharding/sharding_core.h"
 
 namespace cpptrain {
@@ -85,6 +86,16 @@ absl::StatusOr<FlatShardedModel*> FlatShard(TrainableModel& model, ShardMesh mes
 
 // The flat sharding FlatShard attached to `model`, or null.
 FlatShardedModel* FlatShardedOf(const TrainableModel& model);
+
+// The rows of dim 0 that hold a flat piece (`piece.element_begin`, `piece.local_numel`: elements
+// of the flattened tensor of shape `piece.global_shape`), and where the piece starts in them:
+// read rows [rows.begin, rows.end), flatten, take [skip, skip + local_numel). Empty for an
+// empty piece. A 0-d tensor counts as one row.
+struct FlatPieceRows {
+  RowRange rows;
+  int64_t skip = 0;
+};
+FlatPieceRows RowsCoveringPiece(const ShardInfo& piece);
 
 }  // namespace cpptrain
 

@@ -212,6 +212,23 @@ void ShardingCore::CountUnsharded() {
   peak_parameter_bytes_ = std::max(peak_parameter_bytes_, bytes);
 }
 
+namespace {
+
+int64_t Bytes(const at::Tensor& t) {
+  return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0;
+}
+
+}  // namespace
+
+void ShardingCore::CountGradients() {
+  int64_t bytes = 0;
+  for (const auto& g : groups_) {
+    for (const Group::Param& p : g->params) bytes += Bytes(p.param.grad()) + Bytes(p.stashed_grad);
+    bytes += Bytes(g->accumulated) + Bytes(g->reduce_in) + Bytes(g->reduce_out);
+  }
+  peak_gradient_bytes_ = std::max(peak_gradient_bytes_, bytes);
+}
+
 std::vector<int64_t> ShardingCore::GroupFullBytes() const {
   std::vector<int64_t> out;
   for (const auto& g : groups_) out.push_back(g->full.numel() * g->full.element_size());
@@ -450,6 +467,7 @@ absl::Status ShardingCore::PostBackward(Group& group) {
   // with sync on it still owes the reduction of what the unsynced passes accumulated.
   const bool full_grads = group.state == Group::State::kUnsharded;
   if (!full_grads && !(sync_ && group.accumulated.defined())) return absl::OkStatus();
+  CountGradients();  // this group's full gradients and the previous group's reduction
   const int world = mesh_.shard->size();
   const int64_t s = group.segment_numel;
   CT_RETURN_IF_ERROR(CatchTorch([&]() -> absl::Status {
@@ -471,30 +489,51 @@ absl::Status ShardingCore::PostBackward(Group& group) {
     }
     if (!sync_) {
       group.accumulated = in;
+      CountGradients();
       return absl::OkStatus();
     }
     if (s == 0) return absl::OkStatus();
     at::Tensor out = at::empty({s}, in.options());
     CT_ASSIGN_OR_RETURN(group.reduce_work, mesh_.shard->ReduceScatter(in, out, ReduceOp::kSum));
+    group.reduce_in = std::move(in);
     group.reduce_out = std::move(out);
     group.reduced = true;
     last_reduced_ = &group;
+    CountGradients();
     return absl::OkStatus();
   }));
   Reshard(group);
   return absl::OkStatus();
 }
 
+// Without replicas, a resharded group whose local parts live on the compute device takes its
+// reduced segment into .grad here, so the segment is not kept until FinishBackward (the
+// gradients held stay the local parts' plus the reductions in flight, as DeepSpeed's stage 3
+// accumulates into the partition). Offloaded parts (a host copy) and HSDP (the all-reduce
+// over replicas comes first) are assigned by FinishBackward.
 absl::Status ShardingCore::CompleteReduceScatter(Group& group) {
   if (group.reduce_work == nullptr) return absl::OkStatus();
-  absl::Status waited = group.reduce_work->Wait();
+  absl::Status waited = group.reduce_work->Wait();  // the current stream waits
   group.reduce_work.reset();
-  CT_RETURN_IF_ERROR(waited);
+  group.reduce_in = at::Tensor();
+  if (!waited.ok()) {
+    group.reduce_out = at::Tensor();
+    group.reduced = false;
+    return waited;
+  }
   if (mesh_.replicate != nullptr) {
     CT_ASSIGN_OR_RETURN(group.replicate_work,
                         mesh_.replicate->AllReduce(group.reduce_out, ReduceOp::kSum));
+    return absl::OkStatus();
   }
-  return absl::OkStatus();
+  const bool on_device =
+      std::all_of(group.params.begin(), group.params.end(),
+                  [&](const Group::Param& p) { return p.local.device() == device(); });
+  if (group.state != Group::State::kSharded || !on_device) return absl::OkStatus();
+  group.reduced = false;
+  absl::Status assigned = AssignReducedGradients(group);
+  group.reduce_out = at::Tensor();
+  return assigned;
 }
 
 // Each parameter's .grad gets its local part of the reduced segment (added to what is there).
@@ -527,19 +566,15 @@ absl::Status ShardingCore::FinishBackward() {
     const bool owes = g->state == Group::State::kUnsharded || (sync_ && g->accumulated.defined());
     if (owes && status.ok()) status = PostBackward(*g);
   }
+  CountGradients();  // reductions still held (offload, HSDP) beside the local parts' gradients
   for (Group* g : order) {
     if (!g->reduced) continue;
-    g->reduced = false;
-    absl::Status waited = CompleteReduceScatter(*g);
+    absl::Status waited = CompleteReduceScatter(*g);  // may assign it already
     if (waited.ok() && g->replicate_work != nullptr) waited = g->replicate_work->Wait();
     g->replicate_work.reset();
-    if (!waited.ok()) {
-      if (status.ok()) status = waited;
-      g->reduce_out = at::Tensor();
-      continue;
-    }
-    absl::Status assigned = AssignReducedGradients(*g);
-    if (!assigned.ok() && status.ok()) status = assigned;
+    if (waited.ok() && g->reduced) waited = AssignReducedGradients(*g);
+    if (!waited.ok() && status.ok()) status = waited;
+    g->reduced = false;
     g->reduce_out = at::Tensor();
   }
   last_reduced_ = nullptr;
@@ -559,6 +594,7 @@ void ShardingCore::DiscardGradients() {
     }
     g->reduce_work.reset();
     g->replicate_work.reset();
+    g->reduce_in = at::Tensor();
     g->reduce_out = at::Tensor();
     g->reduced = false;
     g->accumulated = at::Tensor();

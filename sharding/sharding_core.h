@@ -127,7 +127,10 @@ class ShardingCore : public ShardingAttachment {
   }
 
   // Off: backward keeps full gradients (in reduce_dtype) and communicates nothing; the next
-  // synchronized backward adds them in before reducing.
+  // synchronized backward adds them in before reducing. On: each group's reduced segment is
+  // added into its parameters' .grad as soon as its reduce-scatter completes (after the next
+  // group's backward), when the local parts live on the compute device and there are no
+  // replicas; otherwise (offload, HSDP) at FinishBackward.
   void SetGradientSync(bool enabled) { sync_ = enabled; }
 
   // After backward: post-backward for groups no hook reached, then waits for every reduction
@@ -160,9 +163,17 @@ class ShardingCore : public ShardingAttachment {
   // and gather buffers in flight (for tests and memory reports).
   int peak_unsharded() const { return peak_unsharded_; }
   int64_t peak_parameter_bytes() const { return peak_parameter_bytes_; }
+  // The largest gradient storage this rank held at once during backward: the local parts'
+  // gradients (.grad, or set aside while a group is gathered), the full gradients autograd
+  // left on a group's parameters, unsynced accumulations, and reduce-scatter inputs and
+  // outputs in flight. Counted where it can peak: as each group's post-backward starts and
+  // once its reduce-scatter is issued.
+  int64_t peak_gradient_bytes() const { return peak_gradient_bytes_; }
+  // Resets the three peaks above.
   void ResetPeakUnsharded() {
     peak_unsharded_ = 0;
     peak_parameter_bytes_ = 0;
+    peak_gradient_bytes_ = 0;
   }
   // Bytes of this rank's padded shards, and of each group's full parameters (root last).
   int64_t shard_bytes() const { return shard_bytes_; }
@@ -193,6 +204,7 @@ class ShardingCore : public ShardingAttachment {
   void PreBackward(ShardGroup& group);
   void OnPostBackward(ShardGroup& group);
   void CountUnsharded();
+  void CountGradients();
   absl::Status CompleteReduceScatter(ShardGroup& group);
   absl::Status AssignReducedGradients(ShardGroup& group);
   absl::Status SetPrefetch(const Unit& unit, const std::vector<const Unit*>& targets, bool forward);
@@ -206,6 +218,7 @@ class ShardingCore : public ShardingAttachment {
   absl::Status hook_error_;  // a failure inside an autograd node, reported by FinishBackward
   int peak_unsharded_ = 0;
   int64_t peak_parameter_bytes_ = 0;
+  int64_t peak_gradient_bytes_ = 0;
   int64_t shard_bytes_ = 0;
   ShardGroup* last_reduced_ = nullptr;  // the newest reduce-scatter, completed before the next
   // Every sharded parameter's group and index in it, by the parameter's TensorImpl.
@@ -256,6 +269,7 @@ struct ShardGroup {
   // full parameters (views such as W.t()) release the memory too and see the new values.
   at::Tensor full;
   at::Tensor accumulated;  // [W * S] as reduced, reduce_dtype: gradients of unsynced passes
+  at::Tensor reduce_in;    // [W * S]: the reduce-scatter's input, kept until it completes
   at::Tensor reduce_out;   // [S]: this rank's reduced gradients, once `reduced`
   std::unique_ptr<Work> reduce_work;     // the reduce-scatter in flight
   std::unique_ptr<Work> replicate_work;  // HSDP: the all-reduce over replicas in flight

@@ -68,8 +68,13 @@ void ReportDtype(const std::string& dir, const proto::TrainingArguments& args) {
   }
 }
 
+// The engines that shard a pretrained model as it loads, each rank reading only its own part:
+// FSDP2 always, FSDP1 with cpu_ram_efficient_loading, ZeRO-3 with zero3_init_flag.
 bool ShardsAtLoad(const proto::TrainingArguments& args) {
-  return args.has_fsdp() && args.fsdp().version() == 2;
+  if (args.has_fsdp()) {
+    return args.fsdp().version() == 2 || args.fsdp().cpu_ram_efficient_loading();
+  }
+  return args.has_zero() && args.zero().stage() == 3 && args.zero().zero3_init_flag();
 }
 
 }  // namespace

@@ -9,6 +9,9 @@
 // engine shards it (each rank allocates only its rows), then each rank reads only its own rows
 // of each tensor from the memory-mapped files (LoadHfWeights); no rank holds a whole tensor and
 // no weights travel between ranks. The engine that sharded it comes back for the Trainer.
+// FSDP1 with fsdp.cpu_ram_efficient_loading and ZeRO-3 with zero.zero3_init_flag do the same
+// with their flat pieces: each rank holds its 1/N of the fp32 parameters, never the whole
+// model (without the option every rank loads it whole, then shards it).
 #ifndef CPPTRAIN_TOOLS_JOB_MODEL_H_
 #define CPPTRAIN_TOOLS_JOB_MODEL_H_
 

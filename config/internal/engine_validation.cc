@@ -71,13 +71,6 @@ bool IsHybrid(FsdpConfig::ShardingStrategy strategy) {
 
 // FSDP1's keys (PyTorch's FullyShardedDataParallel as Accelerate configures it).
 void CheckFsdp1(const FsdpConfig& fsdp, Problems* problems) {
-  if (fsdp.version() == 1 && fsdp.cpu_ram_efficient_loading()) {
-    problems->push_back(
-        "fsdp.cpu_ram_efficient_loading=true is not implemented for fsdp.version=1: every rank "
-        "builds or loads the whole fp32 model (4 bytes a parameter of host memory per rank) "
-        "before its flat parameters are sharded; use fsdp { version: 2 }, which reads only each "
-        "rank's own rows of a Hugging Face directory, or set it to false");
-  }
   if (fsdp.version() != 1) {
     if (fsdp.has_buffer_dtype()) {
       problems->push_back(absl::StrCat("fsdp.buffer_dtype=", proto::DType_Name(fsdp.buffer_dtype()),
@@ -190,13 +183,6 @@ void CheckZero(const TrainingArguments& args, Problems* problems) {
   const ZeroConfig& zero = args.zero();
   if (zero.stage() < 1 || zero.stage() > 3) {
     problems->push_back(absl::StrCat("zero.stage=", zero.stage(), " is unknown; use 1, 2 or 3"));
-  }
-  if (zero.stage() == 3 && zero.zero3_init_flag()) {
-    problems->push_back(
-        "zero.zero3_init_flag=true is not implemented: under stage 3 every rank builds or loads "
-        "the whole fp32 model (4 bytes a parameter of host memory per rank) before it is "
-        "partitioned; use fsdp { version: 2 }, which reads only each rank's own rows of a Hugging "
-        "Face directory, or set it to false");
   }
   if (zero.stage() == 3 && args.auto_find_batch_size()) {
     problems->push_back(

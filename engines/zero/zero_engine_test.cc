@@ -383,7 +383,8 @@ Batch OddBatch() {
   return batch;
 }
 
-// On the CPU, P trainable elements (padded: Pp, rank part Pp/N), after a backward and a step:
+// On the CPU, P trainable elements (padded: Pp, rank part Pp/N), after two accumulated
+// micro-batches and a step:
 //   stage 1: parameters 4 Pp, gradients 4 Pp (full fp32 buckets) + 4 Pp/N (reduced shard),
 //            optimizer 8 x owned elements (exp_avg, exp_avg_sq)
 //   stage 2: parameters 4 Pp, gradients 4 Pp/N, optimizer 8 x owned
@@ -408,6 +409,10 @@ TEST_P(ZeroMemoryTest, BytesPerRankFollowTheFormulas) {
                                            bf16 ? MixedPrecision::kBf16 : MixedPrecision::kNone,
                                            c10::Device(c10::kCPU), comm));
     CT_RETURN_IF_ERROR(engine->PrepareForTraining(model, AdamWFactory()));
+    // Two micro-batches, the first unsynced, as the Trainer runs gradient accumulation.
+    engine->SetGradientSync(false);
+    CT_RETURN_IF_ERROR(TrainStep(*engine, *model, OddBatch()));
+    engine->SetGradientSync(true);
     CT_RETURN_IF_ERROR(TrainStep(*engine, *model, OddBatch()));
     const ZeroLayout& layout = *engine->layout();
     const int64_t padded = layout.total_numel, part = layout.local_numel;
@@ -425,8 +430,9 @@ TEST_P(ZeroMemoryTest, BytesPerRankFollowTheFormulas) {
     const int64_t grads = (stage == 1 ? 4 * padded : 0) + 4 * part;
     EXPECT_EQ(after_backward.gradient_bytes, grads) << "stage " << stage;
     EXPECT_EQ(after_step.optimizer_bytes, 8 * owned + (offload || bf16 ? 4 * part : 0));
-    // During backward: stage 1 holds every bucket; stage 2 at most the bucket being filled,
-    // the one in flight and its output, never the whole gradient.
+    // During backward: stage 1 holds every bucket; stage 2, which reduces every micro-batch
+    // into its shard (DeepSpeed's way), at most the shard, the bucket being filled, the one in
+    // flight and its output, never the whole gradient, under accumulation too.
     int64_t largest = 0;
     for (const ZeroLayout::Bucket& b : layout.buckets) largest = std::max(largest, b.numel);
     const int64_t peak = after_backward.peak_gradient_buffer_bytes;
@@ -529,6 +535,108 @@ TEST(Zero3MemoryTest, AccumulationKeepsOnlyThePartitionedGradient) {
     EXPECT_NEAR(norm.item<double>(), std::sqrt(expected.item<double>()),
                 1e-5 * std::sqrt(expected.item<double>()))
         << "two micro-batches on each of 3 ranks: one process's six";
+    return absl::OkStatus();
+  });
+  EXPECT_TRUE(s.ok()) << s;
+}
+
+// One unit of LayeredModel: two parameters whose sizes 3 ranks mostly do not divide.
+class Layer : public Unit {
+ public:
+  explicit Layer(int i) : Unit("Layer") {
+    a_ = register_parameter("a", torch::randn({1201 + 37 * i}));
+    b_ = register_parameter("b", torch::randn({301 + 11 * i, 2}));
+  }
+  torch::Tensor Forward(torch::Tensor h) {
+    return Hooked(std::move(h), [this](const torch::Tensor& x) {
+      return torch::tanh(x) + 1e-3 * (a_.sin().sum() + b_.square().sum());
+    });
+  }
+
+ private:
+  torch::Tensor a_, b_;
+};
+
+// kLayers units in a chain, each its own ZeRO-3 group when stage3_param_persistence_threshold
+// is 0 (the root holds nothing), so one group's gradients are a small part of the model's.
+class LayeredModel : public TrainableModel {
+ public:
+  static constexpr int kLayers = 16;
+
+  LayeredModel() : TrainableModel("LayeredModel") {
+    torch::manual_seed(5);
+    for (int i = 0; i < kLayers; ++i) {
+      layers_.push_back(register_module("layer" + std::to_string(i), std::make_shared<Layer>(i)));
+    }
+  }
+  torch::Tensor Forward(const Batch& batch) override {
+    return Hooked(batch.inputs, [this](const torch::Tensor& x) {
+      torch::Tensor h = x;
+      for (const auto& layer : layers_) h = layer->Forward(h);
+      return h;
+    });
+  }
+  torch::Tensor LossSum(const torch::Tensor& logits, const Batch&) const override {
+    return logits.sum();
+  }
+  int64_t CountLossTargets(const Batch& batch) const override { return batch.inputs.size(0); }
+  std::vector<std::string> LayerUnitClasses() const override { return {"Layer"}; }
+
+ private:
+  std::vector<std::shared_ptr<Layer>> layers_;
+};
+
+// The ZeRO memory test under accumulation, stage 3: over three micro-batches (sync off, off,
+// on, as the Trainer sets it) the gradient storage a rank holds at once (ShardingCore::
+// peak_gradient_bytes: local parts' gradients, a group's full gradients from autograd, the
+// reduce-scatters in flight) is its 1/N partition plus at most two groups' worth in flight,
+// never the full gradient; FSDP's no_sync on the same sharding (the core's own switch, which
+// ZeRO-3 does not take) keeps a padded full gradient of every group, at least 4 bytes per
+// parameter.
+TEST(Zero3MemoryTest, PeakGradientUnderAccumulationIsThePartitionPlusTwoGroups) {
+  constexpr int kWorld = 3;
+  constexpr int kMicroBatches = 3;
+  std::vector<std::shared_ptr<LayeredModel>> models;  // made here: they seed the generator
+  for (int rank = 0; rank < kWorld; ++rank) models.push_back(std::make_shared<LayeredModel>());
+  int64_t full = 0;
+  for (const at::Tensor& p : models[0]->parameters()) full += 4 * p.numel();
+  absl::Status s = RunRanksAsThreads(kWorld, [&](int rank, auto store) -> absl::Status {
+    std::shared_ptr<LayeredModel> model = models[rank];
+    CT_ASSIGN_OR_RETURN(std::shared_ptr<Communicator> comm, Comm(rank, kWorld, store));
+    proto::ZeroConfig config = Config(3, false);
+    config.set_stage3_param_persistence_threshold(0);  // every layer its own group
+    CT_ASSIGN_OR_RETURN(auto engine, Zero3Engine::Create(config, MixedPrecision::kNone,
+                                                         c10::Device(c10::kCPU),
+                                                         ShardMesh{comm, nullptr}));
+    CT_RETURN_IF_ERROR(engine->PrepareForTraining(model, AdamWFactory()));
+    FlatShardedModel& core = *engine->flat();
+    EXPECT_EQ(core.num_groups(), LayeredModel::kLayers + 1);
+    int64_t largest_group = 0;  // padded, fp32
+    for (const auto& [used, padded] : core.FlatSizes()) {
+      largest_group = std::max(largest_group, 4 * padded);
+    }
+    int64_t peaks[2] = {0, 0};
+    for (const bool fsdp_no_sync : {false, true}) {
+      core.ResetPeakUnsharded();
+      for (int m = 0; m < kMicroBatches; ++m) {
+        const bool last = m + 1 == kMicroBatches;
+        engine->SetGradientSync(last);
+        if (fsdp_no_sync) core.SetGradientSync(last);
+        CT_RETURN_IF_ERROR(TrainStep(*engine, *model, OddBatch()));
+      }
+      peaks[fsdp_no_sync] = core.peak_gradient_bytes();
+      engine->ZeroGrad();
+    }
+    const int64_t partition = core.shard_bytes();  // 4 x padded / N
+    const int64_t in_flight = 2 * largest_group + largest_group / kWorld;
+    EXPECT_GT(peaks[0], partition - 4 * kWorld * (LayeredModel::kLayers + 1) * 4);
+    EXPECT_LE(peaks[0], partition + in_flight);
+    EXPECT_LT(peaks[0], full * 2 / 3) << "rank " << rank << ": the full gradient is " << full;
+    EXPECT_GE(peaks[1], full) << "FSDP's no_sync keeps every group's full gradient";
+    LOG(INFO) << "stage 3 rank " << rank << ", " << kMicroBatches
+              << " micro-batches: peak gradient bytes " << peaks[0] << " (partition " << partition
+              << ", largest group " << largest_group << ", full gradient " << full
+              << "); FSDP's no_sync on the same sharding " << peaks[1];
     return absl::OkStatus();
   });
   EXPECT_TRUE(s.ok()) << s;

@@ -1,6 +1,7 @@
 #include "config/accelerate_config.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <functional>
 #include <map>
@@ -11,6 +12,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 
@@ -202,10 +204,21 @@ void ShardingStrategy(const AccelerateSetting& s, Context& c) {
   c.Set("args.fsdp.sharding_strategy", strategy);
 }
 
+bool IsClassName(absl::string_view name) {
+  return !name.empty() && std::all_of(name.begin(), name.end(), [](char ch) {
+    return absl::ascii_isalnum(ch) || ch == '_' || ch == '.';
+  });
+}
+
 void WrapClasses(const AccelerateSetting& s, Context& c) {
   std::vector<std::string> names;
   for (absl::string_view n : absl::StrSplit(s.value, ',', absl::SkipWhitespace())) {
-    names.push_back(absl::StrCat("\"", absl::StripAsciiWhitespace(n), "\""));
+    n = absl::StripAsciiWhitespace(n);
+    if (!IsClassName(n)) {
+      return c.Error(s, absl::StrCat("has \"", n, "\", which is not a class name (letters, digits, "
+                                     "'_' and '.')"));
+    }
+    names.push_back(absl::StrCat("\"", n, "\""));
   }
   if (names.empty()) return c.Error(s, "names no class; give one or more, comma-separated");
   c.Set("args.fsdp.transformer_layer_cls_to_wrap",
@@ -379,7 +392,7 @@ const std::vector<KeyRow>& Rows() {
            return c.Error(s, "(ZeRO stage 0) is plain data parallelism: use distributed_type "
                              "MULTI_GPU (DDP)");
          }
-         c.Set("args.zero.stage", s.value);
+         c.Set("args.zero.stage", std::to_string(stage));
        }},
       {"deepspeed_config.offload_optimizer_device", "ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE",
        "`args.zero.offload_optimizer_device` (none, cpu)",
@@ -403,8 +416,10 @@ const std::vector<KeyRow>& Rows() {
        "`args.max_grad_norm` (auto: the job's)",
        AutoOr([](const AccelerateSetting& s, Context& c) {
          double v = 0;
-         if (!absl::SimpleAtod(s.value, &v) || v < 0) return c.Error(s, "is not a number >= 0");
-         c.Set("args.max_grad_norm", s.value);
+         if (!absl::SimpleAtod(s.value, &v) || !std::isfinite(v) || v < 0) {
+           return c.Error(s, "is not a number >= 0");
+         }
+         c.Set("args.max_grad_norm", absl::StrFormat("%.17g", v));
        })},
       {"deepspeed_config.zero3_init_flag", "ACCELERATE_DEEPSPEED_ZERO3_INIT",
        "`args.zero.zero3_init_flag`", SetBool("args.zero.zero3_init_flag")},

@@ -213,9 +213,9 @@ absl::Status Parser::ParseMapping(size_t& i, int indent, const std::string& pref
     }
     const std::string key = l.text.substr(0, colon);
     const bool plain = !key.empty() && std::all_of(key.begin(), key.end(), [](char ch) {
-      return absl::ascii_isalnum(ch) || ch == '_' || ch == '-' || ch == '.';
+      return absl::ascii_isalnum(ch) || ch == '_' || ch == '-';
     });
-    if (!plain) return Error(l.number, absl::StrCat("the key \"", key, "\" (plain names only)"));
+    if (!plain) return Error(l.number, absl::StrCat("the key \"", key, "\" (letters, digits, '_' and '-' only)"));
     if (!keys.insert(key).second) {
       return Error(l.number, absl::StrCat("the key \"", key, "\" twice"));
     }

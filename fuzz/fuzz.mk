@@ -28,7 +28,8 @@ PROTOS := $(basename $(notdir $(wildcard $(ROOT)/proto/*.proto)))
 PROTO_HDRS := $(PROTOS:%=$(OUT)/gen/proto/%.pb.h)
 
 TARGETS := json_fuzzer safetensors_fuzzer hf_config_fuzzer token_file_fuzzer text_proto_fuzzer \
-  set_override_fuzzer trainer_state_fuzzer manifest_parse_fuzzer manifest_fuzzer
+  set_override_fuzzer trainer_state_fuzzer manifest_parse_fuzzer manifest_fuzzer \
+  accelerate_yaml_fuzzer
 
 # Sources (without .cc, from the repository root; gen/proto/X.pb for proto/X.proto) of each
 # target: $(OUT)/sources.mk, written by tools/fuzz.sh from the Bazel libraries each target
@@ -46,6 +47,7 @@ set_override_fuzzer_LIBS := $(BASE_LIBS)
 trainer_state_fuzzer_LIBS := $(BASE_LIBS) $(TORCH_LIBS)
 manifest_parse_fuzzer_LIBS := $(BASE_LIBS) $(TORCH_LIBS)
 manifest_fuzzer_LIBS := $(BASE_LIBS) $(TORCH_LIBS)
+accelerate_yaml_fuzzer_LIBS := $(BASE_LIBS)
 
 .PHONY: all
 all: $(TARGETS)

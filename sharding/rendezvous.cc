@@ -20,6 +20,7 @@
 #include "base/logging.h"
 #include "base/status.h"
 #include "base/torch_status.h"
+#include "sharding/internal/agent_store_client.h"
 #include "sharding/peer_watchdog.h"
 #include "sharding/store_communicator.h"
 #ifdef CPPTRAIN_HAS_GLOO
@@ -136,6 +137,8 @@ absl::StatusOr<DistributedEnv> FromTorchrun(const GetEnv& getenv) {
   const char* agent = getenv("TORCHELASTIC_USE_AGENT_STORE");
   env.use_agent_store = agent != nullptr && absl::string_view(agent) == "True";
   CT_ASSIGN_OR_RETURN(env.restart_count, OptionalInt(getenv, "TORCHELASTIC_RESTART_COUNT", 0));
+  const char* run_id = getenv("TORCHELASTIC_RUN_ID");
+  if (run_id != nullptr) env.run_id = run_id;
   CT_RETURN_IF_ERROR(
       CheckRanks(env, {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"}, true));
   return env;
@@ -353,13 +356,9 @@ std::string Address(const DistributedEnv& env) {
   return absl::StrCat(env.master_addr, ":", env.master_port);
 }
 
-std::string HostedBy(const DistributedEnv& env) {
-  return env.use_agent_store ? "torchrun's agent" : "rank 0";
-}
-
 absl::Status ConnectError(const DistributedEnv& env, std::chrono::milliseconds timeout,
                           const std::string& message) {
-  const bool hosting = env.rank == 0 && !env.use_agent_store;
+  const bool hosting = env.rank == 0;
   // LibTorch 1.13 says "Address already in use ... errno: 98"; 2.x "EADDRINUSE, message:
   // address already in use".
   if (hosting && (ContainsIgnoreCase(message, "address already in use") ||
@@ -375,11 +374,8 @@ absl::Status ConnectError(const DistributedEnv& env, std::chrono::milliseconds t
     return absl::DeadlineExceededError(
         absl::StrCat("ConnectStore: rank ", env.rank, " could not reach the TCPStore at ",
                      Address(env), " within ", timeout.count(), " ms; expected ", env.world_size,
-                     " ranks, the store "
-                     "hosted by ",
-                     HostedBy(env),
-                     ". Check that it started and that MASTER_ADDR and "
-                     "MASTER_PORT are the same on every rank [c10d: ",
+                     " ranks, the store hosted by rank 0. Check that it started and that "
+                     "MASTER_ADDR and MASTER_PORT are the same on every rank [c10d: ",
                      message, "]"));
   }
   return absl::UnavailableError(absl::StrCat("ConnectStore: rank ", env.rank, " of ",
@@ -415,23 +411,18 @@ absl::Status WaitForAllRanks(c10d::Store& store, const DistributedEnv& env,
 
 // The store ConnectStore returns when the peer watchdog runs. The watchdog lives as long as
 // the store: a rank that let go of it has ended its part of the job, so its watchdog marks it
-// finished rather than leaving it to look silent. The prefix is the one the ranks' keys
-// already had (torchrun's attempt) or "cpptrain", which keeps them apart from the watchdog's.
+// finished rather than leaving it to look silent. The ranks' keys go under "cpptrain", apart
+// from the watchdog's.
 class WatchedStore : public c10d::PrefixStore {
  public:
-  WatchedStore(std::string prefix, c10::intrusive_ptr<c10d::Store> store,
-               std::unique_ptr<PeerWatchdog> watchdog)
-      : c10d::PrefixStore(std::move(prefix), std::move(store)), watchdog_(std::move(watchdog)) {}
+  WatchedStore(c10::intrusive_ptr<c10d::Store> store, std::unique_ptr<PeerWatchdog> watchdog)
+      : c10d::PrefixStore("cpptrain", std::move(store)), watchdog_(std::move(watchdog)) {}
   // Before the TCPStore goes (rank 0 hosts it): the finished mark is written to it.
   ~WatchedStore() override { watchdog_->Stop(); }
 
  private:
   std::unique_ptr<PeerWatchdog> watchdog_;
 };
-
-std::string AttemptPrefix(const DistributedEnv& env) {
-  return absl::StrCat("/worker/attempt_", env.restart_count);
-}
 
 absl::StatusOr<std::unique_ptr<PeerWatchdog>> StartPeerWatchdog(
     const DistributedEnv& env, std::chrono::milliseconds peer_timeout) {
@@ -440,10 +431,89 @@ absl::StatusOr<std::unique_ptr<PeerWatchdog>> StartPeerWatchdog(
   options.world_size = env.world_size;
   options.host = env.master_addr;
   options.port = env.master_port;
-  if (env.use_agent_store) options.key_prefix = AttemptPrefix(env);
-  options.store_host = HostedBy(env);
+  options.store_host = "rank 0";
   options.timeout = peer_timeout;
   return PeerWatchdog::Start(std::move(options));
+}
+
+// The key rank 0 publishes its store's address under in torchrun's agent store.
+std::string AgentStoreKey(const DistributedEnv& env) {
+  return absl::StrCat("/worker/attempt_", env.restart_count, "/cpptrain/", env.run_id, "/store");
+}
+
+// A TCPStore at `host`:`port` (port 0 with `server`: a free one), or the error that says why
+// not.
+absl::StatusOr<c10::intrusive_ptr<c10d::TCPStore>> OpenTcpStore(const DistributedEnv& env,
+                                                                const std::string& host, int port,
+                                                                bool server,
+                                                                std::chrono::milliseconds timeout) {
+  c10d::TCPStoreOptions options;
+  options.port = static_cast<uint16_t>(port);
+  options.isServer = server;
+  options.numWorkers = env.world_size;
+  options.waitWorkers = false;  // WaitForAllRanks names the missing ranks.
+  options.timeout = timeout;
+  options.multiTenant = true;
+  try {
+    return c10::make_intrusive<c10d::TCPStore>(host, options);
+  } catch (const std::exception& e) {
+    DistributedEnv where = env;
+    where.master_addr = host;
+    where.master_port = port;
+    return ConnectError(where, timeout, TorchErrorMessage(e));
+  }
+}
+
+// "address:port" as rank 0 published it (an IPv6 address has colons of its own).
+absl::Status ParseStoreAddress(const std::string& value, DistributedEnv& env) {
+  const size_t colon = value.rfind(':');
+  int port = 0;
+  if (colon == std::string::npos || colon == 0 ||
+      !absl::SimpleAtoi(value.substr(colon + 1), &port) || port < 1 || port > 65535) {
+    return absl::InternalError(absl::StrCat("rank 0 published \"", value, "\" under \"",
+                                            AgentStoreKey(env),
+                                            "\" in torchrun's agent store; expected address:port"));
+  }
+  env.master_addr = value.substr(0, colon);
+  env.master_port = port;
+  return absl::OkStatus();
+}
+
+bool IsLoopback(absl::string_view address) {
+  return absl::StartsWith(address, "127.") || address == "::1";
+}
+
+// Under torchrun's agent store: rank 0 hosts the job's store on a free port and publishes its
+// address through the agent's store (the address rank 0 reached the agent from, or MASTER_ADDR
+// when that was loopback); every other rank reads it and connects. Returns this rank's
+// connection; `own` becomes the environment of the job's store (its address and port).
+absl::StatusOr<c10::intrusive_ptr<c10d::TCPStore>> MeetThroughAgentStore(
+    DistributedEnv& own, std::chrono::milliseconds timeout) {
+  CT_ASSIGN_OR_RETURN(
+      std::unique_ptr<sharding_internal::AgentStoreClient> agent,
+      sharding_internal::AgentStoreClient::Connect(own.master_addr, own.master_port, timeout));
+  const std::string key = AgentStoreKey(own);
+  if (own.rank != 0) {
+    absl::StatusOr<std::string> value = agent->WaitAndGet(key);
+    if (!value.ok()) {
+      return absl::Status(value.status().code(),
+                          absl::StrCat("ConnectStore: rank ", own.rank,
+                                       " did not learn where rank 0 hosts the job's store: ",
+                                       value.status().message()));
+    }
+    CT_RETURN_IF_ERROR(ParseStoreAddress(*value, own));
+    return OpenTcpStore(own, own.master_addr, own.master_port, /*server=*/false, timeout);
+  }
+  CT_ASSIGN_OR_RETURN(const std::string local, agent->LocalAddress());
+  // A loopback connection means the agent runs on this host, so MASTER_ADDR (as the other
+  // hosts resolve it) names this host too, where a loopback address (Debian maps the host name
+  // to 127.0.1.1) would not.
+  if (!IsLoopback(local)) own.master_addr = local;
+  CT_ASSIGN_OR_RETURN(c10::intrusive_ptr<c10d::TCPStore> store,
+                      OpenTcpStore(own, own.master_addr, 0, /*server=*/true, timeout));
+  own.master_port = store->getPort();
+  CT_RETURN_IF_ERROR(agent->Set(key, absl::StrCat(own.master_addr, ":", own.master_port)));
+  return store;
 }
 
 }  // namespace
@@ -463,38 +533,27 @@ absl::StatusOr<c10::intrusive_ptr<c10d::Store>> ConnectStore(const DistributedEn
                      "got ",
                      timeout.count(), " ms"));
   }
-  if (env.world_size == 1 && !env.use_agent_store) {
+  if (env.world_size == 1) {
     // Nobody to meet: no port to collide with another job's.
     return c10::intrusive_ptr<c10d::Store>(c10::make_intrusive<c10d::HashStore>());
   }
-  std::chrono::milliseconds peer_timeout(0);
-  if (env.world_size > 1) {
-    CT_ASSIGN_OR_RETURN(peer_timeout, PeerTimeoutFromEnvironment());
-  }
-  c10d::TCPStoreOptions options;
-  options.port = static_cast<uint16_t>(env.master_port);
-  options.isServer = env.rank == 0 && !env.use_agent_store;
-  options.numWorkers = env.world_size;
-  options.waitWorkers = false;  // WaitForAllRanks below names the missing ranks.
-  options.timeout = timeout;
-  options.multiTenant = true;
-  c10::intrusive_ptr<c10d::Store> tcp;
-  try {
-    tcp = c10::make_intrusive<c10d::TCPStore>(env.master_addr, options);
-  } catch (const std::exception& e) {
-    return ConnectError(env, timeout, TorchErrorMessage(e));
-  }
-  c10::intrusive_ptr<c10d::Store> store = tcp;
+  CT_ASSIGN_OR_RETURN(std::chrono::milliseconds peer_timeout, PeerTimeoutFromEnvironment());
+  DistributedEnv own = env;
+  c10::intrusive_ptr<c10d::TCPStore> tcp;
   if (env.use_agent_store) {
-    store = c10::make_intrusive<c10d::PrefixStore>(AttemptPrefix(env), tcp);
+    CT_ASSIGN_OR_RETURN(tcp, MeetThroughAgentStore(own, timeout));
+    own.use_agent_store = false;
+  } else {
+    CT_ASSIGN_OR_RETURN(tcp, OpenTcpStore(own, own.master_addr, own.master_port,
+                                          /*server=*/own.rank == 0, timeout));
   }
-  CT_RETURN_IF_ERROR(WaitForAllRanks(*store, env, timeout));
-  VLOG(1) << "ConnectStore: rank " << env.rank << " of " << env.world_size << " at " << Address(env)
-          << " (hosted by " << HostedBy(env) << ")";
-  if (peer_timeout.count() == 0) return store;
-  CT_ASSIGN_OR_RETURN(std::unique_ptr<PeerWatchdog> watchdog, StartPeerWatchdog(env, peer_timeout));
-  return c10::intrusive_ptr<c10d::Store>(c10::make_intrusive<WatchedStore>(
-      env.use_agent_store ? AttemptPrefix(env) : "cpptrain", tcp, std::move(watchdog)));
+  CT_RETURN_IF_ERROR(WaitForAllRanks(*tcp, own, timeout));
+  VLOG(1) << "ConnectStore: rank " << own.rank << " of " << own.world_size << " at "
+          << Address(own) << (env.use_agent_store ? " (found through torchrun's agent store)" : "");
+  if (peer_timeout.count() == 0) return c10::intrusive_ptr<c10d::Store>(tcp);
+  CT_ASSIGN_OR_RETURN(std::unique_ptr<PeerWatchdog> watchdog, StartPeerWatchdog(own, peer_timeout));
+  return c10::intrusive_ptr<c10d::Store>(
+      c10::make_intrusive<WatchedStore>(std::move(tcp), std::move(watchdog)));
 }
 
 namespace {

@@ -33,12 +33,15 @@ struct DistributedEnv {
   int local_world_size = 1;
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
-  // torchrun's agent already hosts a TCPStore at master_addr:master_port; every rank is a
-  // client (TORCHELASTIC_USE_AGENT_STORE=True).
+  // torchrun's agent already hosts a TCPStore at master_addr:master_port
+  // (TORCHELASTIC_USE_AGENT_STORE=True, the default of torchrun 2.x). The ranks meet through it
+  // only to learn where rank 0 hosts the job's own store (ConnectStore).
   bool use_agent_store = false;
-  // TORCHELASTIC_RESTART_COUNT: with the agent's store, each restart of the workers uses its
-  // own key prefix (as torch.distributed does), so keys of a failed attempt are not reused.
+  // TORCHELASTIC_RESTART_COUNT and TORCHELASTIC_RUN_ID: the key rank 0 publishes its store
+  // under in the agent's store carries both, so a restarted attempt (or another job sharing
+  // the store) never reads the address of an earlier one.
   int restart_count = 0;
+  std::string run_id;
   // "torchrun", "mpirun", "slurm" or "single".
   std::string source = "single";
 };
@@ -67,8 +70,15 @@ absl::StatusOr<std::string> FirstSlurmHost(absl::string_view nodelist);
 // SLURM_TASKS_PER_NODE expanded per node: "4(x2),3" -> {4, 4, 3}.
 absl::StatusOr<std::vector<int>> ParseSlurmTasksPerNode(absl::string_view value);
 
-// The store every rank of `env` shares: a c10d::TCPStore at master_addr:master_port, hosted
-// by rank 0 unless use_agent_store (a HashStore for a world of one without the agent).
+// The store every rank of `env` shares: a c10d::TCPStore hosted by rank 0 (a HashStore for a
+// world of one). Without the agent store it listens at master_addr:master_port. Under
+// torchrun's agent store (use_agent_store), that port is the agent's, and its server speaks
+// PyTorch 2.x's protocol, which LibTorch 1.13's client cannot: rank 0 then hosts the store on
+// a free port and publishes "address:port" in the agent's store under
+// "/worker/attempt_<restart_count>/cpptrain/<run_id>/store"
+// (sharding/internal/agent_store_client.h), where the other ranks read it; the address is the
+// one rank 0 reached the agent from (MASTER_ADDR when that is loopback). Everything after
+// that (the peer watchdog, the communicators) uses the job's own store alike in both cases.
 // Blocks until all world_size ranks have connected, at most `timeout`, which also becomes the
 // store's timeout for later waits. With more than one rank it also starts this rank's
 // PeerWatchdog (sharding/peer_watchdog.h) with the timeout CPPTRAIN_PEER_TIMEOUT_S gives

@@ -22,6 +22,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
+#include "sharding/testing/fake_agent_store.h"
 #include "sharding/testing/multi_rank.h"
 
 namespace cpptrain {
@@ -87,6 +88,10 @@ TEST(DistributedEnvTest, TorchrunAgentStore) {
   ASSERT_TRUE(env.ok()) << env.status();
   EXPECT_TRUE(env->use_agent_store);
   EXPECT_EQ(env->restart_count, 2);
+  EXPECT_EQ(env->run_id, "");
+  env = FromEnv(Merge(kTorchrun, {{"TORCHELASTIC_RUN_ID", "f00d"}}));
+  ASSERT_TRUE(env.ok()) << env.status();
+  EXPECT_EQ(env->run_id, "f00d");
   // Only Python's str(True) counts, as in torch.distributed.
   env = FromEnv(Merge(kTorchrun, {{"TORCHELASTIC_USE_AGENT_STORE", "true"}}));
   ASSERT_TRUE(env.ok()) << env.status();
@@ -412,25 +417,48 @@ TEST(ConnectStoreTest, ThreeRanksExchangeKeys) {
   EXPECT_TRUE(s.ok()) << s;
 }
 
-TEST(ConnectStoreTest, AgentStoreMakesEveryRankAClientUnderTheAttemptPrefix) {
-  const int port = FreePort();
-  c10d::TCPStoreOptions options;
-  options.port = port;
-  options.isServer = true;
-  options.waitWorkers = false;
-  auto agent = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", options);
-  absl::Status s = multi_rank::RunRanksAsThreads(2, [&](int rank, StorePtr) -> absl::Status {
-    DistributedEnv env = LocalEnv(rank, 2, port);
+// Under torchrun's agent store the ranks meet through it once: rank 0 hosts the job's store on
+// a free port (not the agent's) and publishes its address under the attempt and run; the
+// others read it and connect, and keys set on one rank reach the others.
+TEST(ConnectStoreTest, AgentStoreTellsTheRanksWhereRankZeroHostsTheJobsStore) {
+  testing_fakes::FakeAgentStore agent;
+  absl::Status s = multi_rank::RunRanksAsThreads(3, [&](int rank, StorePtr) -> absl::Status {
+    DistributedEnv env = LocalEnv(rank, 3, agent.port());
     env.use_agent_store = true;
     env.restart_count = 3;
+    env.run_id = "job7";
     CT_ASSIGN_OR_RETURN(StorePtr store, ConnectStore(env, std::chrono::seconds(30)));
-    store->set(absl::StrCat("key", rank), std::vector<uint8_t>{1});
+    store->set(absl::StrCat("key", rank), std::vector<uint8_t>{static_cast<uint8_t>(rank + 1)});
+    for (int r = 0; r < 3; ++r) {
+      EXPECT_EQ(store->get(absl::StrCat("key", r)),
+                std::vector<uint8_t>{static_cast<uint8_t>(r + 1)});
+    }
+    // Rank 0 hosts the store: it must outlive the others' last request.
+    store->set(absl::StrCat("done/", rank), std::vector<uint8_t>{1});
+    if (rank == 0) store->wait({"done/0", "done/1", "done/2"});
     return absl::OkStatus();
   });
   EXPECT_TRUE(s.ok()) << s;
-  // A client's set can return before the server has applied it (seen under load): wait.
-  EXPECT_NO_THROW(agent->wait({"/worker/attempt_3/key0", "/worker/attempt_3/key1"},
-                              std::chrono::milliseconds(10000)));
+  EXPECT_EQ(agent.validated(), 3);
+  const std::string published = agent.Value("/worker/attempt_3/cpptrain/job7/store");
+  EXPECT_THAT(published, ::testing::StartsWith("127.0.0.1:"));
+  EXPECT_NE(published, absl::StrCat("127.0.0.1:", agent.port()));
+}
+
+// Rank 0 never publishes (it crashed, or belongs to another attempt): the others say what they
+// waited for instead of hanging until ddp_timeout.
+TEST(ConnectStoreTest, AgentStoreWithoutRankZeroNamesTheKey) {
+  testing_fakes::FakeAgentStore agent;
+  DistributedEnv env = LocalEnv(1, 2, agent.port());
+  env.use_agent_store = true;
+  env.run_id = "r";
+  absl::StatusOr<StorePtr> store = ConnectStore(env, std::chrono::milliseconds(500));
+  ASSERT_FALSE(store.ok());
+  EXPECT_EQ(store.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(std::string(store.status().message()),
+              HasSubstr("rank 1 did not learn where rank 0 hosts the job's store"));
+  EXPECT_THAT(std::string(store.status().message()),
+              HasSubstr("\"/worker/attempt_0/cpptrain/r/store\""));
 }
 
 TEST(ConnectStoreTest, PortInUseSaysWhatToDo) {

@@ -34,7 +34,8 @@ if [[ -z "${FUZZ_CXX:-}" ]] && command -v ccache >/dev/null; then
 fi
 
 TARGETS=(json_fuzzer safetensors_fuzzer hf_config_fuzzer token_file_fuzzer text_proto_fuzzer
-  set_override_fuzzer trainer_state_fuzzer manifest_parse_fuzzer manifest_fuzzer)
+  set_override_fuzzer trainer_state_fuzzer manifest_parse_fuzzer manifest_fuzzer
+  accelerate_yaml_fuzzer)
 # The Bazel libraries each target's fuzz/<target>.cc uses (and //checkpoint:files, for
 # fuzz/fuzz_util.h): their source files (bazel query) are what fuzz/fuzz.mk compiles with clang.
 declare -A FUZZ_DEPS=(
@@ -46,6 +47,7 @@ declare -A FUZZ_DEPS=(
   [set_override_fuzzer]="//config:text_proto //proto:job_cc_proto"
   [trainer_state_fuzzer]="//checkpoint:manifest //checkpoint:safetensors //checkpoint:verify"
   [manifest_parse_fuzzer]="//checkpoint:manifest"
+  [accelerate_yaml_fuzzer]="//config:accelerate_config //config:text_proto //proto:job_cc_proto"
   [manifest_fuzzer]="//checkpoint:checkpoint //checkpoint:manifest //checkpoint:optimizer_state
     //checkpoint:safetensors //checkpoint:verify //engines/local:local_engine //models:configs"
 )

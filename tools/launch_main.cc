@@ -8,8 +8,12 @@
 #include <signal.h>
 #include <sys/prctl.h>
 
+#include <stdlib.h>
+
 #include <atomic>
 #include <cstdio>
+#include <filesystem>
+#include <set>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -20,6 +24,8 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "base/working_directory.h"
+#include "config/accelerate_config.h"
+#include "config/accelerate_yaml.h"
 #include "tools/launcher.h"
 
 ABSL_FLAG(int32_t, nproc_per_node, 1, "Processes (ranks) to start on this node.");
@@ -36,13 +42,18 @@ ABSL_FLAG(double, stop_timeout_s, 90,
           "SIGKILL (they end themselves after CPPTRAIN_STOP_GRACE_S, 60 by default); 0: no "
           "limit. A second signal sends SIGKILL at once.");
 ABSL_FLAG(bool, standalone, false, "Single node on 127.0.0.1 with a free port.");
+ABSL_FLAG(std::string, config_file, "",
+          "An `accelerate config` YAML (as accelerate launch --config_file): num_processes, "
+          "num_machines, machine_rank, main_process_ip and main_process_port fill the flags not "
+          "given, and the ranks get CPPTRAIN_ACCELERATE_CONFIG=<its absolute path>, which "
+          "tools/train reads as --accelerate_config (docs/ACCELERATE.md).");
 
 namespace {
 
 constexpr char kUsage[] =
     "launch [--nproc_per_node=N] [--nnodes=1] [--node_rank=0] [--master_addr=127.0.0.1] "
     "[--master_port=29500] [--max_restarts=0] [--grace_period_s=10] [--stop_timeout_s=90] "
-    "[--standalone] "
+    "[--standalone] [--config_file=accelerate.yaml] "
     "PROGRAM [ARGS...]";
 
 std::atomic<cpptrain::Launcher*> g_launcher{nullptr};
@@ -64,6 +75,39 @@ void PrintHelp() {
 int Fail(const std::string& message, int code) {
   std::cerr << "launch: " << message << "\n";
   return code;
+}
+
+// --config_file: the YAML's launch keys fill the options whose flags were not given (flags win,
+// as in accelerate launch), and the ranks learn the file's path.
+absl::Status ApplyAccelerateConfig(const std::string& path, const std::set<std::string>& given,
+                                   cpptrain::LaunchOptions& options) {
+  absl::StatusOr<std::vector<cpptrain::AccelerateSetting>> settings =
+      cpptrain::ReadAccelerateYamlFile(path);
+  if (!settings.ok()) return settings.status();
+  absl::StatusOr<cpptrain::AccelerateMapping> mapping = cpptrain::MapAccelerateSettings(*settings);
+  if (!mapping.ok()) return mapping.status();
+  const cpptrain::AccelerateLaunch& launch = mapping->launch;
+  const int machines = launch.num_machines > 0 ? launch.num_machines : 1;
+  if (launch.num_processes > 0 && given.count("nproc_per_node") == 0) {
+    if (launch.num_processes % machines != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ": num_processes ", launch.num_processes, " is not a multiple of num_machines ",
+          machines, "; every machine runs the same number of processes"));
+    }
+    options.nproc_per_node = launch.num_processes / machines;
+  }
+  if (launch.num_machines > 0 && given.count("nnodes") == 0) options.nnodes = machines;
+  if (launch.machine_rank >= 0 && given.count("node_rank") == 0) {
+    options.node_rank = launch.machine_rank;
+  }
+  if (!launch.main_process_ip.empty() && given.count("master_addr") == 0) {
+    options.master_addr = launch.main_process_ip;
+  }
+  if (launch.main_process_port >= 0 && given.count("master_port") == 0) {
+    options.master_port = launch.main_process_port;
+  }
+  setenv("CPPTRAIN_ACCELERATE_CONFIG", std::filesystem::absolute(path).c_str(), 1);
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -96,6 +140,13 @@ int main(int argc, char** argv) {
   options.stop_timeout = absl::Seconds(absl::GetFlag(FLAGS_stop_timeout_s));
   options.standalone = absl::GetFlag(FLAGS_standalone);
   options.command = split->command;
+  if (const std::string yaml = absl::GetFlag(FLAGS_config_file); !yaml.empty()) {
+    std::set<std::string> given;
+    for (const auto& flag : split->flags) given.insert(flag.first);
+    if (absl::Status s = ApplyAccelerateConfig(yaml, given, options); !s.ok()) {
+      return Fail(std::string(s.message()), 2);
+    }
+  }
 
   absl::StatusOr<cpptrain::LaunchOptions> resolved =
       cpptrain::ResolveLaunchOptions(std::move(options));

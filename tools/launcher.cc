@@ -55,6 +55,7 @@ constexpr LauncherFlag kFlags[] = {
     {"nproc_per_node", true}, {"nnodes", true},      {"node_rank", true},
     {"master_addr", true},    {"master_port", true}, {"max_restarts", true},
     {"grace_period_s", true}, {"stop_timeout_s", true}, {"standalone", false},
+    {"config_file", true},
 };
 
 const LauncherFlag* FindFlag(absl::string_view name) {

@@ -6,6 +6,11 @@
 //   bazel run //tools:train -- --config=tools/demo.textproto --set=args.max_steps=50
 //   tools/train --config=job.textproto --set=model.pretrained=/models/Llama-3.2-1B
 //   tools/train --config=job.textproto --set=args.do_train=false   # evaluate only
+//   tools/train --config=job.textproto --accelerate_config=fsdp.yaml  # `accelerate config`'s
+//
+// Under `accelerate launch` the ACCELERATE_* and FSDP_* variables it sets are read the same way
+// as --accelerate_config's YAML (tools/accelerate_job.h; docs/ACCELERATE.md lists every key);
+// precedence: the job file, then Accelerate's settings, then --set.
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -23,11 +28,14 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "base/logging.h"
 #include "base/status.h"
 #include "base/working_directory.h"
+#include "config/accelerate_config.h"
 #include "config/training_args.h"
 #include "models/configs.h"
+#include "tools/accelerate_job.h"
 #include "tools/arithmetic_metrics.h"
 #include "tools/job_model.h"
 #include "tools/predictions.h"
@@ -38,6 +46,13 @@
 #include "trainer/trainer.h"
 
 ABSL_FLAG(std::string, config, "", "TrainJob in protobuf text format (proto/job.proto).");
+ABSL_FLAG(std::string, accelerate_config, "",
+          "The YAML `accelerate config` writes; its settings go under --set's "
+          "(docs/ACCELERATE.md). "
+          "Unset: CPPTRAIN_ACCELERATE_CONFIG (set by tools/launch --config_file), else the "
+          "variables of `accelerate launch`, if any.");
+ABSL_FLAG(bool, accelerate_table, false,
+          "Print docs/ACCELERATE.md's table of Accelerate keys and exit.");
 // --set=path=value (repeatable) overrides a config field by its path, e.g.
 // --set=args.learning_rate=1e-3; it is taken out of argv before absl parses the rest.
 
@@ -138,10 +153,29 @@ std::optional<Metrics> EvalAtStep(const Trainer& trainer, int64_t step) {
   return *last_eval;
 }
 
-absl::Status Run(const std::string& config_path, const std::vector<std::string>& overrides) {
+// The user's --set flags after Accelerate's settings (from `yaml_path`, or the environment).
+absl::StatusOr<std::vector<std::string>> WithAccelerate(const std::string& yaml_path,
+                                                       std::vector<std::string> overrides) {
+  CT_ASSIGN_OR_RETURN(AccelerateJob accelerate, AccelerateJobOverrides(yaml_path));
+  if (accelerate.source.empty()) return overrides;
+  for (const std::string& note : accelerate.notes) CT_LOG_RANK0(INFO) << note;
+  CT_LOG_RANK0(INFO) << "Accelerate configuration from " << accelerate.source << ": "
+                     << (accelerate.overrides.empty() ? "nothing to set"
+                                                      : absl::StrJoin(accelerate.overrides, " "));
+  overrides.insert(overrides.begin(), accelerate.overrides.begin(), accelerate.overrides.end());
+  return overrides;
+}
+
+absl::Status Run(const std::string& config_path, const std::vector<std::string>& user_overrides) {
   if (config_path.empty()) {
     return absl::InvalidArgumentError("--config is empty: pass a TrainJob text file");
   }
+  // tools/launch --config_file passes its YAML to the ranks this way.
+  std::string accelerate_yaml = absl::GetFlag(FLAGS_accelerate_config);
+  const char* from_launcher = std::getenv("CPPTRAIN_ACCELERATE_CONFIG");
+  if (accelerate_yaml.empty() && from_launcher != nullptr) accelerate_yaml = from_launcher;
+  CT_ASSIGN_OR_RETURN(std::vector<std::string> overrides,
+                      WithAccelerate(accelerate_yaml, user_overrides));
   CT_ASSIGN_OR_RETURN(proto::TrainJob job, LoadTrainJob(config_path, overrides));
   const proto::TrainingArguments& args = job.args();
   for (const std::string& warning : TrainingArgumentsWarnings(args)) LOG(WARNING) << warning;
@@ -201,6 +235,10 @@ int main(int argc, char** argv) {
   cpptrain::EnterBuildWorkingDirectory();
   std::vector<std::string> overrides = cpptrain::TakeRepeatedFlag("set", argc, argv);
   absl::ParseCommandLine(argc, argv);
+  if (absl::GetFlag(FLAGS_accelerate_table)) {
+    std::cout << cpptrain::AccelerateKeyTableMarkdown();
+    return 0;
+  }
   const char* rank = std::getenv("RANK");
   cpptrain::InitLogging(argv[0], rank ? std::atoi(rank) : 0);
   absl::Status status =

@@ -45,8 +45,8 @@ SAMPLES = {
             "fsdp_state_dict_type": "SHARDED_STATE_DICT",
             "fsdp_forward_prefetch": False,
             "fsdp_use_orig_params": True,
-            # True is refused under FSDP1 (every rank would build the whole model first);
-            # fsdp2.yaml sets it.
+            # False in this sample; fsdp2.yaml sets it (FSDP1 honours it as well: each rank
+            # reads only its own rows of a pretrained model).
             "fsdp_cpu_ram_efficient_loading": False,
             "fsdp_sync_module_states": True,
             "fsdp_activation_checkpointing": False,
@@ -71,8 +71,8 @@ SAMPLES = {
             "gradient_accumulation_steps": 1,
             "offload_optimizer_device": "none",
             "offload_param_device": "none",
-            # True asks for deepspeed.zero.Init, which the ZeRO-3 engine refuses (validation
-            # says why and what to use); accelerate_config_test checks that refusal.
+            # False in this sample; accelerate_config_test checks that true reaches
+            # zero.zero3_init_flag (each ZeRO-3 rank then reads only its own rows).
             "zero3_init_flag": False,
             "zero3_save_16bit_model": True,
             "zero_stage": 3,

@@ -32,6 +32,7 @@
 #include "gtest/gtest.h"
 #include "models/configs.h"
 #include "models/decoder.h"
+#include "models/rope_scaling.h"
 #include "module/batch.h"
 
 namespace cpptrain {
@@ -225,6 +226,77 @@ TEST(HfArchTest, MistralSlidingWindowShorterThanTheSequenceGivesTransformersResu
   ExpectFeatureMatters("hf_mistral_tiny", [](proto::DecoderConfig& c) {
     c.clear_sliding_window();
     c.set_model_type("mistral");
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// RoPE: yarn and longrope
+
+// Each config.json of checkpoint/testdata/hf_rope_init gives transformers' inverse frequencies
+// (for each sequence length the generator called the init function with; 0: without one, as
+// the rotary embedding's constructor) and attention scaling, bit for bit.
+TEST(HfArchRopeTest, YarnAndLongropeMatchTransformersRopeInit) {
+  const std::string dir = TestdataPath("hf_rope_init");
+  auto golden = SafetensorsFile::Open(dir + "/golden.safetensors");
+  ASSERT_TRUE(golden.ok()) << golden.status();
+  const std::vector<std::pair<std::string, std::vector<int64_t>>> cases = {
+      {"qwen25_yarn_4x", {0}},
+      {"llama_yarn_mscale", {0}},
+      {"llama_yarn_attention_factor", {0}},
+      {"llama_longrope", {0, 4096, 4097}},
+      {"llama_longrope_factor", {5000}},
+  };
+  for (const auto& [name, seq_lens] : cases) {
+    SCOPED_TRACE(name);
+    auto config = DecoderConfigFromHfConfig(absl::StrCat(dir, "/", name, ".json"));
+    ASSERT_TRUE(config.ok()) << config.status();
+    const double scaling = (*golden)->GetCopy(name + ".attention_scaling").value().item<double>();
+    EXPECT_EQ(RopeAttentionScaling(*config), scaling);
+    for (int64_t seq_len : seq_lens) {
+      const std::string key =
+          absl::StrCat(name, ".inv_freq.", seq_len == 0 ? "init" : absl::StrCat(seq_len));
+      const at::Tensor want = (*golden)->GetCopy(key).value();
+      const at::Tensor got =
+          RopeInverseFrequencies(*config, ResolvedHeadDim(*config), seq_len, at::kCPU);
+      ASSERT_EQ(got.sizes(), want.sizes()) << key;
+      EXPECT_TRUE(at::equal(got, want))
+          << key << ": max |diff| " << (got - want).abs().max().item<double>();
+    }
+  }
+}
+
+TEST(HfArchRopeTest, Qwen25YarnInRopeScalingIsRead) {
+  auto config = DecoderConfigFromHfConfig(TestdataPath("hf_rope_init") + "/qwen25_yarn_4x.json");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->rope_scaling().rope_type(), "yarn");
+  EXPECT_EQ(config->rope_scaling().factor(), 4);
+  EXPECT_EQ(config->rope_scaling().original_max_position_embeddings(), 32768);
+  EXPECT_FALSE(config->rope_scaling().has_attention_factor());
+}
+
+TEST(HfArchTest, YarnGivesTransformersResults) {
+  auto config = DecoderConfigFromHfConfig(TestdataPath("hf_rope_yarn_tiny") + "/config.json");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->rope_scaling().rope_type(), "yarn");
+  ExpectTransformersParity("hf_rope_yarn_tiny");
+  ExpectFeatureMatters("hf_rope_yarn_tiny",
+                       [](proto::DecoderConfig& c) { c.clear_rope_scaling(); });
+  // The attention factor alone matters too.
+  ExpectFeatureMatters("hf_rope_yarn_tiny", [](proto::DecoderConfig& c) {
+    c.mutable_rope_scaling()->set_attention_factor(1.0);
+  });
+}
+
+TEST(HfArchTest, LongropeBeyondThePretrainingLengthGivesTransformersResults) {
+  auto config = DecoderConfigFromHfConfig(TestdataPath("hf_rope_longrope_tiny") + "/config.json");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->rope_scaling().rope_type(), "longrope");
+  EXPECT_EQ(config->rope_scaling().original_max_position_embeddings(), 8);  // < 12 tokens
+  EXPECT_EQ(config->rope_scaling().long_factor_size(), 4);
+  ExpectTransformersParity("hf_rope_longrope_tiny");
+  ExpectFeatureMatters("hf_rope_longrope_tiny", [](proto::DecoderConfig& c) {
+    // The short factors where transformers uses the long ones.
+    c.mutable_rope_scaling()->set_original_max_position_embeddings(12);
   });
 }
 
@@ -430,6 +502,37 @@ TEST(HfArchExportTest, LlamaWithMlpBiasLoadsBack) {
   ExportAndReload(config, "_llama_mlp_bias");
   EXPECT_THAT(HfConfigJson(config),
               AllOf(HasSubstr(R"("mlp_bias": true)"), HasSubstr(R"("attention_dropout": 0.25)")));
+}
+
+TEST(HfArchExportTest, YarnAndLongropeLoadBack) {
+  proto::DecoderConfig yarn = Tiny("qwen2");
+  yarn.set_qkv_bias(true);
+  yarn.clear_model_type();  // qkv_bias says qwen2
+  proto::RopeScaling* s = yarn.mutable_rope_scaling();
+  s->set_rope_type("yarn");
+  s->set_factor(4);
+  s->set_original_max_position_embeddings(8);
+  s->set_beta_fast(16);
+  s->set_mscale(0.707);
+  s->set_mscale_all_dim(1);
+  s->set_truncate(false);
+  ExportAndReload(yarn, "_yarn");
+  EXPECT_THAT(HfConfigJson(yarn), AllOf(HasSubstr(R"("mscale": 0.707)"),
+                                        HasSubstr(R"("truncate": false)")));
+  proto::DecoderConfig longrope = Tiny("llama");
+  s = longrope.mutable_rope_scaling();
+  s->set_rope_type("longrope");
+  s->set_original_max_position_embeddings(6);
+  s->set_attention_factor(1.5);
+  for (double f : {1.0, 2.0, 3.5, 4.0}) {
+    s->add_short_factor(f);
+    s->add_long_factor(2 * f);
+  }
+  ExportAndReload(longrope, "_longrope");
+  EXPECT_THAT(HfConfigJson(longrope), HasSubstr(R"("long_factor": [2, 4, 7, 8])"));
+  s->add_long_factor(1);
+  EXPECT_THAT(std::string(ValidateDecoderConfig(longrope).message()),
+              HasSubstr("long_factor 5; longrope needs head_dim / 2 = 4 each"));
 }
 
 }  // namespace

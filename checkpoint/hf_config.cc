@@ -236,6 +236,60 @@ struct RopeFields {
   std::optional<proto::RopeScaling> scaling;
 };
 
+// A list of numbers (longrope's short_factor and long_factor).
+absl::Status ReadFactorList(const ConfigFields& rope, absl::string_view name,
+                            google::protobuf::RepeatedField<double>& out) {
+  const JsonValue* list = rope.Find(name);
+  if (list == nullptr) return absl::OkStatus();
+  if (!list->is_array()) return rope.Error(name, *list, "expected a list of numbers");
+  for (const JsonValue& item : list->values) {
+    if (!item.is_number()) return rope.Error(name, *list, "expected a list of numbers");
+    out.Add(item.AsDouble());
+  }
+  return absl::OkStatus();
+}
+
+// One scaling field of a rope object into `scaling`; false for a key that is none of them.
+absl::StatusOr<bool> ReadScalingField(const ConfigFields& rope, const std::string& name,
+                                      proto::RopeScaling& scaling) {
+  using Setter = void (proto::RopeScaling::*)(double);
+  static const auto* numbers = new std::vector<std::pair<std::string, Setter>>{
+      {"factor", &proto::RopeScaling::set_factor},
+      {"low_freq_factor", &proto::RopeScaling::set_low_freq_factor},
+      {"high_freq_factor", &proto::RopeScaling::set_high_freq_factor},
+      {"attention_factor", &proto::RopeScaling::set_attention_factor},
+      {"beta_fast", &proto::RopeScaling::set_beta_fast},
+      {"beta_slow", &proto::RopeScaling::set_beta_slow},
+      {"mscale", &proto::RopeScaling::set_mscale},
+      {"mscale_all_dim", &proto::RopeScaling::set_mscale_all_dim},
+  };
+  for (const auto& [key, setter] : *numbers) {
+    if (name != key) continue;
+    CT_ASSIGN_OR_RETURN(std::optional<double> number, rope.Number(name));
+    if (number.has_value()) (scaling.*setter)(*number);
+    return true;
+  }
+  if (name == "original_max_position_embeddings") {
+    CT_ASSIGN_OR_RETURN(std::optional<int64_t> original, rope.Int(name));
+    if (original.has_value()) scaling.set_original_max_position_embeddings(*original);
+    return true;
+  }
+  if (name == "truncate") {
+    CT_ASSIGN_OR_RETURN(std::optional<bool> truncate, rope.Bool(name));
+    if (truncate.has_value()) scaling.set_truncate(*truncate);
+    return true;
+  }
+  if (name == "short_factor") {
+    CT_RETURN_IF_ERROR(ReadFactorList(rope, name, *scaling.mutable_short_factor()));
+    return true;
+  }
+  if (name == "long_factor") {
+    CT_RETURN_IF_ERROR(ReadFactorList(rope, name, *scaling.mutable_long_factor()));
+    return true;
+  }
+  return false;
+}
+
 // One rope object: "rope_parameters" (transformers 5.x: {"rope_type": "llama3", "rope_theta":
 // ..., "factor": ...}) or "rope_scaling" (4.x: the same without rope_theta, "type" in old files).
 absl::Status ReadRopeObject(const std::string& path, const ConfigFields& fields,
@@ -270,19 +324,15 @@ absl::Status ReadRopeObject(const std::string& path, const ConfigFields& fields,
                                        " elsewhere in the file; make the two agree"));
       }
       if (theta.has_value()) out.theta = theta;
-    } else if (name == "factor" || name == "low_freq_factor" || name == "high_freq_factor") {
-      CT_ASSIGN_OR_RETURN(std::optional<double> number, rope.Number(name));
-      if (!number.has_value()) continue;
-      if (name == "factor") scaling.set_factor(*number);
-      if (name == "low_freq_factor") scaling.set_low_freq_factor(*number);
-      if (name == "high_freq_factor") scaling.set_high_freq_factor(*number);
-    } else if (name == "original_max_position_embeddings") {
-      CT_ASSIGN_OR_RETURN(std::optional<int64_t> original, rope.Int(name));
-      if (original.has_value()) scaling.set_original_max_position_embeddings(*original);
     } else {
-      return rope.Error(name, value,
-                        "not supported: the decoder reads rope_type, rope_theta, factor, "
-                        "low_freq_factor, high_freq_factor and original_max_position_embeddings");
+      CT_ASSIGN_OR_RETURN(bool known, ReadScalingField(rope, name, scaling));
+      if (!known) {
+        return rope.Error(name, value,
+                          "not supported: the decoder reads rope_type, rope_theta, factor, "
+                          "low_freq_factor, high_freq_factor, original_max_position_embeddings, "
+                          "attention_factor, beta_fast, beta_slow, mscale, mscale_all_dim, "
+                          "truncate, short_factor and long_factor");
+      }
     }
   }
   if (type == "default") {
@@ -293,8 +343,10 @@ absl::Status ReadRopeObject(const std::string& path, const ConfigFields& fields,
   }
   // ValidateDecoderConfig refuses the types the decoder does not implement (yarn, longrope, ...).
   scaling.set_rope_type(type);
-  // transformers' standardize_rope_params: llama3 falls back to max_position_embeddings.
-  if (type == "llama3" && !scaling.has_original_max_position_embeddings() &&
+  // transformers' standardize_rope_params: llama3, yarn and longrope fall back to
+  // max_position_embeddings.
+  const bool has_original = type == "llama3" || type == "yarn" || type == "longrope";
+  if (has_original && !scaling.has_original_max_position_embeddings() &&
       max_positions.has_value()) {
     scaling.set_original_max_position_embeddings(*max_positions);
   }
@@ -354,18 +406,45 @@ std::string JsonDouble(double value) {
 
 const char* JsonBool(bool value) { return value ? "true" : "false"; }
 
+std::string JsonDoubles(const google::protobuf::RepeatedField<double>& values) {
+  std::vector<std::string> texts;
+  for (double value : values) texts.push_back(JsonDouble(value));
+  return absl::StrCat("[", absl::StrJoin(texts, ", "), "]");
+}
+
+// The scaling fields of `s` that are set, as "key": value items in key order.
+std::vector<std::string> ScalingItems(const proto::RopeScaling& s) {
+  std::vector<std::pair<std::string, std::string>> fields;
+  auto number = [&](const char* key, bool has, double value) {
+    if (has) fields.emplace_back(key, JsonDouble(value));
+  };
+  number("factor", s.has_factor(), s.factor());
+  number("low_freq_factor", s.has_low_freq_factor(), s.low_freq_factor());
+  number("high_freq_factor", s.has_high_freq_factor(), s.high_freq_factor());
+  number("attention_factor", s.has_attention_factor(), s.attention_factor());
+  number("beta_fast", s.has_beta_fast(), s.beta_fast());
+  number("beta_slow", s.has_beta_slow(), s.beta_slow());
+  number("mscale", s.has_mscale(), s.mscale());
+  number("mscale_all_dim", s.has_mscale_all_dim(), s.mscale_all_dim());
+  if (s.has_original_max_position_embeddings()) {
+    fields.emplace_back("original_max_position_embeddings",
+                        absl::StrCat(s.original_max_position_embeddings()));
+  }
+  if (s.has_truncate()) fields.emplace_back("truncate", JsonBool(s.truncate()));
+  if (s.short_factor_size() > 0) fields.emplace_back("short_factor", JsonDoubles(s.short_factor()));
+  if (s.long_factor_size() > 0) fields.emplace_back("long_factor", JsonDoubles(s.long_factor()));
+  std::sort(fields.begin(), fields.end());
+  std::vector<std::string> items;
+  for (const auto& [key, value] : fields) items.push_back(absl::StrCat("\"", key, "\": ", value));
+  return items;
+}
+
 // The rope object of transformers 5.x ("rope_parameters", with_theta) or 4.x ("rope_scaling").
 std::string RopeJson(const proto::DecoderConfig& config, bool with_theta) {
   std::vector<std::string> items;
   const proto::RopeScaling& s = config.rope_scaling();
   if (config.has_rope_scaling()) {
-    items.push_back(absl::StrCat(R"("factor": )", JsonDouble(s.factor())));
-    if (s.rope_type() == "llama3") {
-      items.push_back(absl::StrCat(R"("high_freq_factor": )", JsonDouble(s.high_freq_factor())));
-      items.push_back(absl::StrCat(R"("low_freq_factor": )", JsonDouble(s.low_freq_factor())));
-      items.push_back(absl::StrCat(R"("original_max_position_embeddings": )",
-                                   s.original_max_position_embeddings()));
-    }
+    for (auto& item : ScalingItems(s)) items.push_back(std::move(item));
   }
   if (with_theta)
     items.push_back(absl::StrCat(R"("rope_theta": )", JsonDouble(config.rope_theta())));

@@ -44,11 +44,18 @@ std::string Window(const proto::DecoderConfig& c) {
 std::string Rope(const proto::DecoderConfig& c) {
   if (!c.has_rope_scaling()) return "none";
   const proto::RopeScaling& s = c.rope_scaling();
-  std::string text = absl::StrCat(s.rope_type(), " factor ", Number(s.factor()));
+  std::string text = absl::StrCat(s.rope_type(), " factor ",
+                                  s.has_factor() ? Number(s.factor()) : "unset");
   if (s.rope_type() == "llama3") {
     absl::StrAppend(&text, " low_freq_factor ", Number(s.low_freq_factor()), " high_freq_factor ",
                     Number(s.high_freq_factor()), " original_max_position_embeddings ",
                     s.original_max_position_embeddings());
+  }
+  if (s.rope_type() == "yarn" || s.rope_type() == "longrope") {
+    proto::RopeScaling rest = s;
+    rest.clear_rope_type();
+    rest.clear_factor();
+    absl::StrAppend(&text, " ", rest.ShortDebugString());
   }
   if (s.rope_type() == "dynamic") {
     absl::StrAppend(&text, " max_position_embeddings ", c.max_position_embeddings());

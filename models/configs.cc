@@ -204,7 +204,7 @@ absl::Status ValidateDecoderConfig(const proto::DecoderConfig& c) {
   }
   CT_RETURN_IF_ERROR(CheckAttentionOptions(c));
   CT_RETURN_IF_ERROR(CheckModelTypeFeatures(c));
-  return ValidateRopeScaling(c);
+  return ValidateRopeScaling(c, ResolvedHeadDim(c));
 }
 
 absl::StatusOr<std::shared_ptr<DecoderLM>> BuildDecoder(const proto::DecoderConfig& config,

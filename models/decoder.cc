@@ -105,8 +105,9 @@ torch::Tensor DecoderLM::Forward(const Batch& batch) { return Logits(batch.input
 
 at::Tensor DecoderLM::Hidden(const at::Tensor& ids) {
   at::Tensor h = embed_tokens_->forward(ids);
-  const RotaryTables rope = ComputeRotary(
-      ids.size(1), RopeInverseFrequencies(config_, head_dim_, ids.size(1), h.device()));
+  const RotaryTables rope =
+      ComputeRotary(ids.size(1), RopeInverseFrequencies(config_, head_dim_, ids.size(1), h.device()),
+                    RopeAttentionScaling(config_));
   for (const auto& layer : layers_) h = layer->Forward(std::move(h), rope);
   return norm_->Forward(h);
 }

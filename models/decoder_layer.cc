@@ -49,11 +49,13 @@ RotaryTables ComputeRotary(int64_t seq_len, int64_t head_dim, double theta,
   return ComputeRotary(seq_len, 1.0 / at::pow(theta, exponents));
 }
 
-RotaryTables ComputeRotary(int64_t seq_len, const at::Tensor& inv_freq) {
+RotaryTables ComputeRotary(int64_t seq_len, const at::Tensor& inv_freq,
+                           double attention_scaling) {
   const at::Tensor positions = at::arange(seq_len, inv_freq.options());
   const at::Tensor freqs = at::outer(positions, inv_freq);  // [T, D/2]
   const at::Tensor emb = at::cat({freqs, freqs}, -1);       // [T, D]
-  return {emb.cos(), emb.sin()};
+  if (attention_scaling == 1.0) return {emb.cos(), emb.sin()};
+  return {emb.cos() * attention_scaling, emb.sin() * attention_scaling};
 }
 
 torch::Tensor ApplyRotary(const torch::Tensor& x, const RotaryTables& rope) {

@@ -49,8 +49,10 @@ struct RotaryTables {
 };
 RotaryTables ComputeRotary(int64_t seq_len, int64_t head_dim, double theta,
                            const c10::Device& device);
-// The same tables for given inverse frequencies [head_dim / 2] (models/rope_scaling.h).
-RotaryTables ComputeRotary(int64_t seq_len, const at::Tensor& inv_freq);
+// The same tables for given inverse frequencies [head_dim / 2] (models/rope_scaling.h), cos and
+// sin multiplied by `attention_scaling` in fp32 (yarn's and longrope's factor) unless it is 1.
+RotaryTables ComputeRotary(int64_t seq_len, const at::Tensor& inv_freq,
+                           double attention_scaling = 1.0);
 
 // x * cos + rotate_half(x) * sin for x [B, H, T, D], in x's dtype (HF apply_rotary_pos_emb).
 torch::Tensor ApplyRotary(const torch::Tensor& x, const RotaryTables& rope);

@@ -44,6 +44,7 @@ import torch
 from safetensors.torch import save_file
 from transformers import (AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
                           Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 SEED = 4321
 TESTDATA = "checkpoint/testdata"
@@ -139,6 +140,76 @@ def write_eval_golden(names):
     print(f"{out_dir}: {losses}, {completions}")
 
 
+# Rotary embeddings at real sizes, each a config.json (save_pretrained's, or a transformers 4.x
+# file as on the Hub) and transformers' rope init function on it.
+QWEN25_YARN_4X = {
+    "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "vocab_size": 151936,
+    "hidden_size": 1024, "intermediate_size": 2816, "num_hidden_layers": 2,
+    "num_attention_heads": 8, "num_key_value_heads": 2, "max_position_embeddings": 131072,
+    "rope_theta": 1000000.0, "rms_norm_eps": 1e-06, "tie_word_embeddings": False,
+    "use_sliding_window": False, "sliding_window": 131072, "max_window_layers": 2,
+    "rope_scaling": {"factor": 4.0, "original_max_position_embeddings": 32768, "type": "yarn"},
+}
+
+
+def rope_init_cases():
+    """(name, config, config.json dict or None for save_pretrained's, [seq_len, ...])."""
+    sizes = dict(vocab_size=64, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2)  # head_dim 64
+    cases = [("qwen25_yarn_4x", Qwen2Config.from_dict(dict(QWEN25_YARN_4X)), QWEN25_YARN_4X,
+              [None])]
+    cases.append(("llama_yarn_mscale", LlamaConfig(
+        **sizes, max_position_embeddings=65536,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 16.0,
+                         "original_max_position_embeddings": 4096, "beta_fast": 16.0,
+                         "beta_slow": 2.0, "mscale": 0.707, "mscale_all_dim": 1.0,
+                         "truncate": False}), None, [None]))
+    cases.append(("llama_yarn_attention_factor", LlamaConfig(
+        **sizes, max_position_embeddings=8192,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 500000.0, "factor": 4.0,
+                         "attention_factor": 0.8, "original_max_position_embeddings": 2048}),
+        None, [None]))
+    short = [1.0 + 0.05 * i for i in range(32)]
+    long = [1.0 + 0.7 * i for i in range(32)]
+    cases.append(("llama_longrope", LlamaConfig(
+        **sizes, max_position_embeddings=131072,
+        rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": short,
+                         "long_factor": long, "original_max_position_embeddings": 4096}),
+        None, [None, 4096, 4097]))
+    cases.append(("llama_longrope_factor", LlamaConfig(
+        **sizes, max_position_embeddings=16384,
+        rope_parameters={"rope_type": "longrope", "rope_theta": 250000.0, "short_factor": short,
+                         "long_factor": long, "factor": 2.5, "attention_factor": 1.25,
+                         "original_max_position_embeddings": 4096}), None, [5000]))
+    return cases
+
+
+def write_rope_init_golden(cases):
+    """checkpoint/testdata/hf_rope_init/: NAME.json and golden.safetensors, holding for each case
+    NAME.inv_freq.SEQ (fp32, SEQ "init" for the function called without seq_len, as the rotary
+    embedding's constructor does, else the forward's length) and NAME.attention_scaling (fp64)."""
+    out_dir = os.path.join(TESTDATA, "hf_rope_init")
+    shutil.rmtree(out_dir, ignore_errors=True)
+    os.makedirs(out_dir)
+    tensors = {}
+    for name, config, json_dict, seq_lens in cases:
+        if json_dict is None:
+            config.save_pretrained(os.path.join(out_dir, name))
+            os.replace(os.path.join(out_dir, name, "config.json"),
+                       os.path.join(out_dir, f"{name}.json"))
+            os.rmdir(os.path.join(out_dir, name))
+        else:
+            with open(os.path.join(out_dir, f"{name}.json"), "w") as f:
+                json.dump(json_dict, f, indent=2)
+        rope_type = config.rope_parameters["rope_type"]
+        for seq_len in seq_lens:
+            inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](config, "cpu", seq_len=seq_len)
+            tensors[f"{name}.inv_freq.{seq_len or 'init'}"] = inv_freq.to(torch.float32)
+        tensors[f"{name}.attention_scaling"] = torch.tensor(scaling, dtype=torch.float64)
+        print(f"{name}: {rope_type}, attention_scaling {scaling}")
+    save_file(tensors, os.path.join(out_dir, "golden.safetensors"), metadata={"format": "pt"})
+
+
 def build(cls, config_cls, seed, **kwargs):
     torch.manual_seed(seed)
     model = cls(config_cls(**SIZES, attn_implementation="eager", **kwargs))
@@ -170,8 +241,24 @@ def main():
     assert qwen3.config.layer_types == ["full_attention", "sliding_attention"], \
         qwen3.config.layer_types
     write(qwen3, "hf_qwen3_sliding_tiny")
+    # Qwen2.5's long-context yarn in rope_scaling (4.x form), over a short pretraining length
+    # so that the 12 positions span the ramp.
+    yarn = build(Qwen2ForCausalLM, Qwen2Config, SEED + 6, tie_word_embeddings=False,
+                 max_position_embeddings=64, rms_norm_eps=1e-6,
+                 rope_scaling={"type": "yarn", "factor": 4.0, "rope_theta": 10000.0,
+                               "original_max_position_embeddings": 16})
+    write(yarn, "hf_rope_yarn_tiny")
+    short = [1.0, 1.5, 2.0, 3.0]
+    long = [1.0, 4.0, 9.0, 20.0]
+    longrope = build(LlamaForCausalLM, LlamaConfig, SEED + 7, tie_word_embeddings=False,
+                     max_position_embeddings=64, rms_norm_eps=1e-5,
+                     rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
+                                      "short_factor": short, "long_factor": long,
+                                      "original_max_position_embeddings": 8})
+    write(longrope, "hf_rope_longrope_tiny")  # 12 tokens > 8: the long factors
+    write_rope_init_golden(rope_init_cases())
     write_eval_golden(["hf_qwen2_tiny", "hf_qwen2_tied_tiny", "hf_qwen2_sliding_tiny",
-                       "hf_qwen3_sliding_tiny", "hf_llama_mlp_bias_tiny", "hf_mistral_tiny"])
+                       "hf_qwen3_sliding_tiny", "hf_llama_mlp_bias_tiny", "hf_mistral_tiny", "hf_rope_yarn_tiny"])
 
 
 if __name__ == "__main__":

@@ -245,6 +245,7 @@ TEST(HfArchRopeTest, YarnAndLongropeMatchTransformersRopeInit) {
       {"llama_yarn_attention_factor", {0}},
       {"llama_longrope", {0, 4096, 4097}},
       {"llama_longrope_factor", {5000}},
+      {"phi3_su_4x", {0, 4097}},
   };
   for (const auto& [name, seq_lens] : cases) {
     SCOPED_TRACE(name);
@@ -301,6 +302,32 @@ TEST(HfArchTest, LongropeBeyondThePretrainingLengthGivesTransformersResults) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Phi-3
+
+TEST(HfArchTest, Phi3GivesTransformersResults) {
+  auto config = DecoderConfigFromHfConfig(TestdataPath("hf_phi3_tiny") + "/config.json");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(ResolvedModelType(*config), "phi3");
+  EXPECT_TRUE(config->fused_projections());
+  EXPECT_EQ(config->sliding_window(), 6);  // every layer, shorter than the 12 tokens
+  EXPECT_EQ(config->first_sliding_layer(), 0);
+  EXPECT_EQ(config->rope_scaling().rope_type(), "longrope");
+  EXPECT_EQ(config->rope_scaling().original_max_position_embeddings(), 8);
+  auto model = BuildDecoder(*config).value();
+  const auto params = model->named_parameters();
+  EXPECT_EQ(params["model.layers.0.self_attn.qkv_proj.weight"].sizes(),
+            (std::vector<int64_t>{32 + 2 * 16, 32}));
+  EXPECT_EQ(params["model.layers.0.mlp.gate_up_proj.weight"].sizes(),
+            (std::vector<int64_t>{2 * 64, 32}));
+  EXPECT_FALSE(params.contains("model.layers.0.self_attn.q_proj.weight"));
+  EXPECT_FALSE(params.contains("model.layers.0.mlp.up_proj.weight"));
+  EXPECT_EQ(model->UnitClassAliases("DecoderLayer"), std::vector<std::string>{"Phi3DecoderLayer"});
+  ExpectTransformersParity("hf_phi3_tiny");
+  ExpectFeatureMatters("hf_phi3_tiny", [](proto::DecoderConfig& c) { c.clear_sliding_window(); });
+  ExpectFeatureMatters("hf_phi3_tiny", [](proto::DecoderConfig& c) { c.clear_rope_scaling(); });
+}
+
+// ---------------------------------------------------------------------------------------------
 // config.json
 
 std::string Config(const std::string& fields) {
@@ -317,6 +344,27 @@ std::string ReadError(const std::string& text) {
   auto config = Read(text);
   EXPECT_FALSE(config.ok()) << text;
   return config.ok() ? "" : std::string(config.status().message());
+}
+
+TEST(HfArchConfigTest, Phi3ReadsItsRopeAsTransformersDoes) {
+  // Phi-3-mini-128k's 4.x form: "su" is longrope; the top-level pretraining length wins.
+  auto su = DecoderConfigFromHfConfig(TestdataPath("hf_rope_init") + "/phi3_su_4x.json");
+  ASSERT_TRUE(su.ok()) << su.status();
+  EXPECT_EQ(su->rope_scaling().rope_type(), "longrope");
+  EXPECT_EQ(su->rope_scaling().original_max_position_embeddings(), 4096);
+  EXPECT_EQ(su->sliding_window(), 262144);
+  // Absent at the top level: Phi-3's default 4096, not the rope object's.
+  auto absent = Read(Config(R"("model_type": "phi3", "max_position_embeddings": 131072,
+      "rope_scaling": {"type": "longrope", "short_factor": [1, 1, 1, 1],
+      "long_factor": [2, 2, 2, 2], "original_max_position_embeddings": 2048})"));
+  ASSERT_TRUE(absent.ok()) << absent.status();
+  EXPECT_EQ(absent->rope_scaling().original_max_position_embeddings(), 4096);
+  EXPECT_FALSE(absent->has_sliding_window());  // Phi-3's default: none
+  auto dropout = Read(Config(R"("model_type": "phi3", "resid_pdrop": 0.1, "embd_pdrop": 0.1)"));
+  ASSERT_TRUE(dropout.ok()) << dropout.status();
+  EXPECT_EQ(dropout->residual_dropout(), 0.1);
+  EXPECT_THAT(ReadError(Config(R"("model_type": "phi3", "partial_rotary_factor": 0.75)")),
+              HasSubstr("only 1.0 is supported"));
 }
 
 TEST(HfArchConfigTest, SlidingWindowFieldsAsTransformersReadThem) {
@@ -357,11 +405,11 @@ TEST(HfArchConfigTest, SlidingWindowFieldsAsTransformersReadThem) {
 }
 
 TEST(HfArchConfigTest, UnsupportedArchitecturesAndFeaturesAreRefused) {
-  for (const std::string type : {"gemma", "gemma2", "phi3", "mixtral", "qwen2_moe", "t5"}) {
+  for (const std::string type : {"gemma", "gemma2", "phi", "mixtral", "qwen2_moe", "t5"}) {
     EXPECT_THAT(ReadError(Config(absl::StrCat(R"("model_type": ")", type, "\""))),
                 AllOf(HasSubstr(absl::StrCat("\"model_type\" is \"", type, "\"")),
-                      HasSubstr(R"("llama", "mistral", "qwen2", "qwen3")"),
-                      HasSubstr("Gemma, Phi-3, mixture-of-experts and encoder-decoder")))
+                      HasSubstr(R"("llama", "mistral", "phi3", "qwen2", "qwen3")"),
+                      HasSubstr("Gemma, mixture-of-experts and encoder-decoder")))
         << type;
   }
   EXPECT_THAT(ReadError(Config(R"("model_type": "qwen2", "mlp_bias": true)")),
@@ -395,7 +443,15 @@ TEST(HfArchConfigTest, UnsupportedArchitecturesAndFeaturesAreRefused) {
   config.set_model_type("gemma");
   EXPECT_THAT(std::string(ValidateDecoderConfig(config).message()),
               AllOf(HasSubstr("\"gemma\" is not implemented"),
-                    HasSubstr("llama, mistral, qwen2, qwen3")));
+                    HasSubstr("llama, mistral, phi3, qwen2, qwen3")));
+  config = NamedDecoderConfig("demo").value();
+  config.set_model_type("phi3");
+  EXPECT_THAT(std::string(ValidateDecoderConfig(config).message()),
+              HasSubstr("has fused_projections false"));
+  config = NamedDecoderConfig("demo").value();
+  config.set_residual_dropout(0.1);
+  EXPECT_THAT(std::string(ValidateDecoderConfig(config).message()),
+              HasSubstr("residual_dropout = 0.1 (only phi3 has it"));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -533,6 +589,28 @@ TEST(HfArchExportTest, YarnAndLongropeLoadBack) {
   s->add_long_factor(1);
   EXPECT_THAT(std::string(ValidateDecoderConfig(longrope).message()),
               HasSubstr("long_factor 5; longrope needs head_dim / 2 = 4 each"));
+}
+
+TEST(HfArchExportTest, Phi3LoadsBackWithTheFusedNames) {
+  proto::DecoderConfig config = Tiny("phi3");
+  config.set_fused_projections(true);
+  config.clear_model_type();  // fused_projections says phi3
+  config.set_tie_word_embeddings(false);
+  config.set_sliding_window(5);
+  config.set_residual_dropout(0.125);
+  proto::RopeScaling* s = config.mutable_rope_scaling();
+  s->set_rope_type("longrope");
+  s->set_original_max_position_embeddings(6);
+  for (double f : {1.0, 2.0, 3.5, 4.0}) {
+    s->add_short_factor(f);
+    s->add_long_factor(2 * f);
+  }
+  ExportAndReload(config, "_phi3");
+  EXPECT_THAT(HfConfigJson(config),
+              AllOf(HasSubstr(R"("model_type": "phi3")"),
+                    HasSubstr(R"("architectures": ["Phi3ForCausalLM"])"),
+                    HasSubstr(R"("original_max_position_embeddings": 6)"),
+                    HasSubstr(R"("resid_pdrop": 0.125)"), HasSubstr(R"("sliding_window": 5)")));
 }
 
 }  // namespace

@@ -40,6 +40,7 @@ std::optional<HfDefaults> DefaultsFor(absl::string_view model_type) {
   if (model_type == "qwen2") return HfDefaults{0, 10000, 1e-6, 0.02};
   if (model_type == "qwen3") return HfDefaults{128, 10000, 1e-6, 0.02};
   if (model_type == "mistral") return HfDefaults{0, 10000, 1e-6, 0.02};
+  if (model_type == "phi3") return HfDefaults{0, 10000, 1e-5, 0.02};
   return std::nullopt;
 }
 
@@ -156,6 +157,15 @@ absl::Status CheckUnsupportedFeatures(const ConfigFields& fields, absl::string_v
   return absl::OkStatus();
 }
 
+// Phi-3: the fused projections, and resid_pdrop as the residual dropout (transformers 5's
+// Phi3Model applies no embedding dropout, so embd_pdrop is not read).
+absl::Status ReadPhi3Fields(const ConfigFields& fields, proto::DecoderConfig& config) {
+  config.set_fused_projections(true);
+  CT_ASSIGN_OR_RETURN(std::optional<double> resid_pdrop, fields.Number("resid_pdrop"));
+  if (resid_pdrop.value_or(0.0) != 0.0) config.set_residual_dropout(*resid_pdrop);
+  return absl::OkStatus();
+}
+
 // Which layers attend through a window, as transformers decides it:
 //  - mistral: every layer, when sliding_window is not null (absent: transformers' 4096);
 //  - qwen2, qwen3: with use_sliding_window, the layers from max_window_layers (default 28) on, or
@@ -164,8 +174,9 @@ absl::Status CheckUnsupportedFeatures(const ConfigFields& fields, absl::string_v
 absl::Status ReadSlidingWindow(const ConfigFields& fields, absl::string_view model_type,
                                int64_t layers, proto::DecoderConfig& config) {
   CT_ASSIGN_OR_RETURN(std::optional<int64_t> window, fields.Int("sliding_window"));
-  if (model_type == "mistral") {
-    if (!fields.Has("sliding_window")) window = 4096;
+  if (model_type == "mistral" || model_type == "phi3") {
+    // Mistral's default is 4096, Phi-3's none.
+    if (model_type == "mistral" && !fields.Has("sliding_window")) window = 4096;
     if (window.has_value()) config.set_sliding_window(*window);
     return absl::OkStatus();
   }
@@ -370,6 +381,22 @@ absl::StatusOr<RopeFields> ReadRope(const std::string& path, const ConfigFields&
   return rope;
 }
 
+// Phi-3's config class reads its scaling as transformers does: the old names "su" and "yarn"
+// mean longrope, and the top-level original_max_position_embeddings (its default 4096) is the
+// pretraining length, whatever the rope object says.
+absl::Status ApplyPhi3Rope(const ConfigFields& fields, RopeFields& rope) {
+  if (!rope.scaling.has_value()) return absl::OkStatus();
+  proto::RopeScaling& s = *rope.scaling;
+  if (s.rope_type() == "su" || s.rope_type() == "yarn") s.set_rope_type("longrope");
+  CT_ASSIGN_OR_RETURN(std::optional<int64_t> original,
+                      fields.Int("original_max_position_embeddings"));
+  const std::string& type = s.rope_type();
+  if (type == "llama3" || type == "yarn" || type == "longrope") {
+    s.set_original_max_position_embeddings(original.value_or(4096));
+  }
+  return absl::OkStatus();
+}
+
 // bos_token_id, eos_token_id (an integer or a list of them) and pad_token_id, when set.
 absl::Status ReadTokenIds(const ConfigFields& fields, proto::DecoderConfig& config) {
   CT_ASSIGN_OR_RETURN(std::optional<int64_t> bos, fields.Int("bos_token_id"));
@@ -482,6 +509,7 @@ std::string ArchitectureOf(absl::string_view type) {
   if (type == "qwen2") return "Qwen2ForCausalLM";
   if (type == "qwen3") return "Qwen3ForCausalLM";
   if (type == "mistral") return "MistralForCausalLM";
+  if (type == "phi3") return "Phi3ForCausalLM";
   return "LlamaForCausalLM";
 }
 
@@ -517,7 +545,17 @@ std::string HfConfigJson(const proto::DecoderConfig& config) {
   if (type == "llama") fields.emplace_back("mlp_bias", JsonBool(config.mlp_bias()));
   const std::string window =
       config.has_sliding_window() ? absl::StrCat(config.sliding_window()) : "null";
-  if (type == "mistral") fields.emplace_back("sliding_window", window);
+  if (type == "mistral" || type == "phi3") fields.emplace_back("sliding_window", window);
+  if (type == "phi3") {
+    fields.emplace_back("resid_pdrop", JsonDouble(config.residual_dropout()));
+    fields.emplace_back("embd_pdrop", "0.0");
+    // Phi-3's class takes the pretraining length from here, 4096 when absent.
+    const proto::RopeScaling& s = config.rope_scaling();
+    if (s.has_original_max_position_embeddings()) {
+      fields.emplace_back("original_max_position_embeddings",
+                          absl::StrCat(s.original_max_position_embeddings()));
+    }
+  }
   if (type == "qwen2" || type == "qwen3") {
     // Both the 4.x fields and 5.x's layer_types, which say the same.
     const int64_t layers = config.num_hidden_layers();
@@ -600,7 +638,7 @@ absl::StatusOr<proto::DecoderConfig> DecoderConfigFromHfConfig(const std::string
   if (!defaults.has_value()) {
     return fields.Error("model_type", *fields.Find("model_type"),
                         absl::StrCat("supported model types are ", QuotedModelTypes(),
-                                     " (the reference decoder's architectures; Gemma, Phi-3, "
+                                     " (the reference decoder's architectures; Gemma, "
                                      "mixture-of-experts and encoder-decoder models are not "
                                      "implemented)"));
   }
@@ -616,6 +654,7 @@ absl::StatusOr<proto::DecoderConfig> DecoderConfigFromHfConfig(const std::string
   CT_ASSIGN_OR_RETURN(std::optional<int64_t> head_dim, fields.Int("head_dim"));
   CT_ASSIGN_OR_RETURN(std::optional<int64_t> max_positions, fields.Int("max_position_embeddings"));
   CT_ASSIGN_OR_RETURN(RopeFields rope, ReadRope(path, fields, max_positions));
+  if (*model_type == "phi3") CT_RETURN_IF_ERROR(ApplyPhi3Rope(fields, rope));
   CT_ASSIGN_OR_RETURN(std::optional<double> eps, fields.Number("rms_norm_eps"));
   CT_ASSIGN_OR_RETURN(std::optional<bool> tied, fields.Bool("tie_word_embeddings"));
   CT_ASSIGN_OR_RETURN(std::optional<bool> attention_bias, fields.Bool("attention_bias"));
@@ -650,6 +689,7 @@ absl::StatusOr<proto::DecoderConfig> DecoderConfigFromHfConfig(const std::string
   if (*model_type == "llama" && mlp_bias.value_or(false)) config.set_mlp_bias(true);
   CT_RETURN_IF_ERROR(ReadSlidingWindow(fields, *model_type, layers, config));
   if (attention_dropout.value_or(0.0) != 0.0) config.set_attention_dropout(*attention_dropout);
+  if (*model_type == "phi3") CT_RETURN_IF_ERROR(ReadPhi3Fields(fields, config));
   config.set_initializer_range(init_range.value_or(defaults->initializer_range));
   // Only where the fields do not already say it (a Mistral model without a window).
   if (ResolvedModelType(config) != *model_type) config.set_model_type(*model_type);

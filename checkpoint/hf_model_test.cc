@@ -316,7 +316,7 @@ std::string Llama(const std::string& extra) {
 TEST(HfConfigTest, ErrorsNameTheFieldAndTheValue) {
   EXPECT_THAT(ConfigError(Llama(R"("model_type": "gemma")")),
               AllOf(HasSubstr("\"model_type\" is \"gemma\""),
-                    HasSubstr(R"("llama", "mistral", "qwen2", "qwen3")")));
+                    HasSubstr(R"("llama", "mistral", "phi3", "qwen2", "qwen3")")));
   EXPECT_THAT(ConfigError(Llama("")), HasSubstr("\"model_type\" is missing"));
   EXPECT_THAT(ConfigError(Llama(
                   R"("model_type": "llama", "rope_scaling": {"type": "mrope", "factor": 2.0})")),

@@ -113,6 +113,8 @@ std::vector<std::string> DecoderConfigDifferences(const proto::DecoderConfig& sa
       {"attention_bias", {Bool(saved.attention_bias()), Bool(model.attention_bias())}},
       {"qkv_bias", {Bool(saved.qkv_bias()), Bool(model.qkv_bias())}},
       {"mlp_bias", {Bool(saved.mlp_bias()), Bool(model.mlp_bias())}},
+      {"fused_projections",
+       {Bool(saved.fused_projections()), Bool(model.fused_projections())}},
       {"sliding_window", {Window(saved), Window(model)}},
       {"model_type", {saved.model_type(), model.model_type()}},
   };
@@ -127,6 +129,9 @@ std::vector<std::string> DecoderConfigDifferences(const proto::DecoderConfig& sa
 
 std::string ConfigFieldHint(absl::string_view name, int64_t other_side_layers) {
   if (absl::StrContains(name, "q_norm") || absl::StrContains(name, "k_norm")) return "qk_norm";
+  if (absl::StrContains(name, "qkv_proj") || absl::StrContains(name, "gate_up_proj")) {
+    return "model_type";  // only Phi-3 fuses them
+  }
   if (absl::EndsWith(name, ".bias")) {
     if (absl::StrContains(name, "self_attn")) return "attention_bias";
     if (absl::StrContains(name, "mlp")) return "mlp_bias";

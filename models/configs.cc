@@ -74,7 +74,7 @@ absl::Status CheckModelTypeFeatures(const proto::DecoderConfig& c) {
   if (std::find(types.begin(), types.end(), type) == types.end()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "DecoderConfig.model_type = \"", type, "\" is not implemented; supported: ",
-        absl::StrJoin(types, ", "), " (Gemma, Phi-3, mixture-of-experts and encoder-decoder "
+        absl::StrJoin(types, ", "), " (Gemma, mixture-of-experts and encoder-decoder "
         "models are not)"));
   }
   auto refuse = [&](absl::string_view what) {
@@ -98,11 +98,22 @@ absl::Status CheckModelTypeFeatures(const proto::DecoderConfig& c) {
     return refuse("has attention_bias true");
   }
   if (type != "llama" && c.mlp_bias()) return refuse("has mlp_bias true (only llama has it)");
+  if (type == "phi3" && !c.fused_projections()) {
+    return refuse("has fused_projections false (Phi-3 stores qkv_proj and gate_up_proj)");
+  }
+  if (type != "phi3" && c.fused_projections()) {
+    return refuse("has fused_projections true (only phi3 has it)");
+  }
+  if (type == "phi3" && c.attention_bias()) return refuse("has attention_bias true");
+  if (type != "phi3" && c.residual_dropout() != 0) {
+    return refuse(absl::StrCat("has residual_dropout = ", c.residual_dropout(),
+                               " (only phi3 has it, as resid_pdrop)"));
+  }
   if (type == "llama" && c.has_sliding_window()) {
     return refuse("has a sliding_window (use model_type \"mistral\")");
   }
-  if (type == "mistral" && c.first_sliding_layer() != 0) {
-    return refuse("has first_sliding_layer > 0 (Mistral's window is in every layer)");
+  if ((type == "mistral" || type == "phi3") && c.first_sliding_layer() != 0) {
+    return refuse("has first_sliding_layer > 0 (the window is in every layer)");
   }
   return absl::OkStatus();
 }
@@ -123,12 +134,18 @@ absl::Status CheckAttentionOptions(const proto::DecoderConfig& c) {
                                                    c.attention_dropout(),
                                                    " must be in [0, 1)"));
   }
+  if (!(c.residual_dropout() >= 0 && c.residual_dropout() < 1)) {
+    return absl::InvalidArgumentError(absl::StrCat("DecoderConfig.residual_dropout = ",
+                                                   c.residual_dropout(), " must be in [0, 1)"));
+  }
   return absl::OkStatus();
 }
 
 }  // namespace
 
-std::vector<std::string> SupportedModelTypes() { return {"llama", "mistral", "qwen2", "qwen3"}; }
+std::vector<std::string> SupportedModelTypes() {
+  return {"llama", "mistral", "phi3", "qwen2", "qwen3"};
+}
 
 
 std::vector<std::string> KnownDecoderConfigNames() {

@@ -32,11 +32,12 @@ absl::StatusOr<proto::DecoderConfig> ResolveModelSpec(const proto::ModelSpec& sp
 // hidden_size is a multiple of num_attention_heads; head_dim is even (rotary pairs);
 // sliding_window, first_sliding_layer and attention_dropout are in range; and the model type
 // (ResolvedModelType) has the features set: qwen3 has qk_norm, qwen2 has qkv_bias, only llama
-// has mlp_bias, llama has no sliding window, mistral has no biases.
+// has mlp_bias, llama has no sliding window, mistral has no biases, phi3 (and only phi3) has
+// fused_projections and residual_dropout.
 absl::Status ValidateDecoderConfig(const proto::DecoderConfig& config);
 
 // The Hugging Face model types the decoder implements, for error messages:
-// "llama", "mistral", "qwen2", "qwen3".
+// "llama", "mistral", "phi3", "qwen2", "qwen3".
 std::vector<std::string> SupportedModelTypes();
 
 // Validates `config` and builds the model on the CPU, initialized as `init` says (default:

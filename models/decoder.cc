@@ -178,6 +178,7 @@ void DecoderLM::SetGradientCheckpointing(bool enabled) {
 std::string ResolvedModelType(const proto::DecoderConfig& c) {
   if (c.has_model_type()) return c.model_type();
   if (c.qk_norm()) return "qwen3";
+  if (c.fused_projections()) return "phi3";
   if (c.qkv_bias()) return "qwen2";
   if (c.has_sliding_window()) return "mistral";
   return "llama";
@@ -189,6 +190,7 @@ std::vector<std::string> DecoderLM::UnitClassAliases(const std::string& unit_cla
   if (type == "qwen2") return {"Qwen2DecoderLayer"};
   if (type == "qwen3") return {"Qwen3DecoderLayer"};
   if (type == "mistral") return {"MistralDecoderLayer"};
+  if (type == "phi3") return {"Phi3DecoderLayer"};
   return {"LlamaDecoderLayer"};
 }
 

@@ -1,4 +1,4 @@
-// A Llama/Qwen2/Qwen3/Mistral-family causal decoder LM whose named_parameters() match Hugging
+// A Llama/Qwen2/Qwen3/Mistral/Phi-3-family causal decoder LM whose named_parameters() match Hugging
 // Face's (model.embed_tokens.weight, model.layers.{i}.self_attn.q_proj.weight, ...,
 // lm_head.weight).
 // Build it through BuildDecoder (configs.h), which validates the config first.
@@ -62,7 +62,8 @@ struct DecoderInit {
 };
 
 // The Hugging Face model_type of `config`: config.model_type when set; otherwise "qwen3" with
-// qk_norm, "qwen2" with qkv_bias, "mistral" with a sliding window, else "llama".
+// qk_norm, "phi3" with fused_projections, "qwen2" with qkv_bias, "mistral" with a sliding
+// window, else "llama".
 std::string ResolvedModelType(const proto::DecoderConfig& config);
 
 class DecoderLM : public TrainableModel {
@@ -84,7 +85,8 @@ class DecoderLM : public TrainableModel {
 
   std::vector<std::string> LayerUnitClasses() const override { return {"DecoderLayer"}; }
   // "DecoderLayer" is also transformers' layer class of the model's type (ResolvedModelType):
-  // LlamaDecoderLayer, MistralDecoderLayer, Qwen2DecoderLayer or Qwen3DecoderLayer.
+  // LlamaDecoderLayer, MistralDecoderLayer, Phi3DecoderLayer, Qwen2DecoderLayer or
+  // Qwen3DecoderLayer.
   std::vector<std::string> UnitClassAliases(const std::string& unit_class) const override;
   void SetGradientCheckpointing(bool enabled) override;
   // The norms, QK-norm + rotary and SwiGLU as fused CUDA kernels (eager on the CPU), and the

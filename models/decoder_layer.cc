@@ -6,6 +6,7 @@
 
 #include <memory>
 #include <mutex>
+#include <vector>
 
 #include "base/torch_compat.h"
 #include "models/recompute.h"
@@ -73,11 +74,18 @@ Attention::Attention(const proto::DecoderConfig& config, int64_t layer_index)
       head_dim_(ResolvedHeadDim(config)) {
   const int64_t hidden = config.hidden_size();
   const bool bias = config.attention_bias() || config.qkv_bias();
-  q_proj_ = register_module("q_proj", MakeLinear(hidden, num_heads_ * head_dim_, bias));
-  k_proj_ = register_module("k_proj", MakeLinear(hidden, num_kv_heads_ * head_dim_, bias));
-  v_proj_ = register_module("v_proj", MakeLinear(hidden, num_kv_heads_ * head_dim_, bias));
-  o_proj_ = register_module("o_proj",
-                            MakeLinear(num_heads_ * head_dim_, hidden, config.attention_bias()));
+  const int64_t q_size = num_heads_ * head_dim_;
+  const int64_t kv_size = num_kv_heads_ * head_dim_;
+  if (config.fused_projections()) {
+    // Phi-3's order: o_proj, then qkv_proj.
+    o_proj_ = register_module("o_proj", MakeLinear(q_size, hidden, config.attention_bias()));
+    qkv_proj_ = register_module("qkv_proj", MakeLinear(hidden, q_size + 2 * kv_size, bias));
+  } else {
+    q_proj_ = register_module("q_proj", MakeLinear(hidden, q_size, bias));
+    k_proj_ = register_module("k_proj", MakeLinear(hidden, kv_size, bias));
+    v_proj_ = register_module("v_proj", MakeLinear(hidden, kv_size, bias));
+    o_proj_ = register_module("o_proj", MakeLinear(q_size, hidden, config.attention_bias()));
+  }
   if (config.qk_norm()) {
     const double eps = config.rms_norm_eps();
     q_norm_ = register_module("q_norm", std::make_shared<RmsNorm>(head_dim_, eps));
@@ -85,12 +93,26 @@ Attention::Attention(const proto::DecoderConfig& config, int64_t layer_index)
   }
 }
 
+Attention::Projected Attention::Project(const torch::Tensor& x) {
+  const int64_t b = x.size(0);
+  const int64_t t = x.size(1);
+  const int64_t q_size = num_heads_ * head_dim_;
+  const int64_t kv_size = num_kv_heads_ * head_dim_;
+  if (qkv_proj_.is_empty()) {
+    return {q_proj_->forward(x).view({b, t, num_heads_, head_dim_}),
+            k_proj_->forward(x).view({b, t, num_kv_heads_, head_dim_}),
+            v_proj_->forward(x).view({b, t, num_kv_heads_, head_dim_}).transpose(1, 2)};
+  }
+  const at::Tensor qkv = qkv_proj_->forward(x);  // [B, T, q_size + 2 * kv_size]
+  return {qkv.slice(-1, 0, q_size).view({b, t, num_heads_, head_dim_}),
+          qkv.slice(-1, q_size, q_size + kv_size).view({b, t, num_kv_heads_, head_dim_}),
+          qkv.slice(-1, q_size + kv_size).view({b, t, num_kv_heads_, head_dim_}).transpose(1, 2)};
+}
+
 torch::Tensor Attention::Forward(const torch::Tensor& x, const RotaryTables& rope) {
   const int64_t b = x.size(0);
   const int64_t t = x.size(1);
-  at::Tensor q = q_proj_->forward(x).view({b, t, num_heads_, head_dim_});
-  at::Tensor k = k_proj_->forward(x).view({b, t, num_kv_heads_, head_dim_});
-  const at::Tensor v = v_proj_->forward(x).view({b, t, num_kv_heads_, head_dim_}).transpose(1, 2);
+  auto [q, k, v] = Project(x);
   if (fused_) {
     // Norm, rotary, the [B, H, T, D] layout and the attention dtype in one kernel each.
     const at::Tensor no_weight;
@@ -130,19 +152,28 @@ SwiGluMlp::SwiGluMlp(const proto::DecoderConfig& config) : torch::nn::Module("Sw
   const int64_t hidden = config.hidden_size();
   const int64_t inter = config.intermediate_size();
   const bool bias = config.mlp_bias();
-  gate_proj_ = register_module("gate_proj", MakeLinear(hidden, inter, bias));
-  up_proj_ = register_module("up_proj", MakeLinear(hidden, inter, bias));
+  if (config.fused_projections()) {
+    gate_up_proj_ = register_module("gate_up_proj", MakeLinear(hidden, 2 * inter, bias));
+  } else {
+    gate_proj_ = register_module("gate_proj", MakeLinear(hidden, inter, bias));
+    up_proj_ = register_module("up_proj", MakeLinear(hidden, inter, bias));
+  }
   down_proj_ = register_module("down_proj", MakeLinear(inter, hidden, bias));
 }
 
 torch::Tensor SwiGluMlp::Forward(const torch::Tensor& x) {
-  return down_proj_->forward(kernels::SwiGlu(gate_proj_->forward(x), up_proj_->forward(x), fused_));
+  if (gate_up_proj_.is_empty()) {
+    return down_proj_->forward(
+        kernels::SwiGlu(gate_proj_->forward(x), up_proj_->forward(x), fused_));
+  }
+  const std::vector<at::Tensor> gate_up = gate_up_proj_->forward(x).chunk(2, -1);
+  return down_proj_->forward(kernels::SwiGlu(gate_up[0], gate_up[1], fused_));
 }
 
 // Registration order follows HF's LlamaDecoderLayer.__init__, so named_parameters() lists
 // parameters in the same order as Hugging Face does.
 DecoderLayer::DecoderLayer(const proto::DecoderConfig& config, int64_t layer_index)
-    : Unit("DecoderLayer") {
+    : Unit("DecoderLayer"), residual_dropout_(config.residual_dropout()) {
   self_attn_ = register_module("self_attn", std::make_shared<Attention>(config, layer_index));
   mlp_ = register_module("mlp", std::make_shared<SwiGluMlp>(config));
   input_layernorm_ = register_module(
@@ -163,8 +194,7 @@ void DecoderLayer::set_fused_kernels(bool enabled) {
 torch::Tensor DecoderLayer::Forward(torch::Tensor x, const RotaryTables& rope) {
   return Hooked(std::move(x), [&](const torch::Tensor& h) {
     if (!gradient_checkpointing_) return Body(h, rope);
-    const bool draws = is_training() && self_attn_->dropout() > 0 && at::GradMode::is_enabled();
-    if (!draws) {
+    if (!Draws() || !at::GradMode::is_enabled()) {
       // The body is kept until backward: capture the tables by value.
       return RecomputeInBackward([this, rope](const torch::Tensor& in) { return Body(in, rope); },
                                  h);
@@ -173,9 +203,10 @@ torch::Tensor DecoderLayer::Forward(torch::Tensor x, const RotaryTables& rope) {
     // (torch.utils.checkpoint's preserve_rng_state). Done for the CPU generator; a CUDA one's
     // state cannot be set while a graph is captured, so CUDA is refused.
     TORCH_CHECK(h.device().is_cpu(), "attention_dropout = ", self_attn_->dropout(),
-                " with gradient checkpointing is supported on the CPU only (the recomputation "
+                " and residual_dropout = ", residual_dropout_,
+                " with gradient checkpointing are supported on the CPU only (the recomputation "
                 "must replay the forward's dropout masks), not on ", h.device(),
-                ". Turn gradient_checkpointing off, or set attention_dropout to 0");
+                ". Turn gradient_checkpointing off, or set both dropouts to 0");
     auto forward_state = std::make_shared<at::Tensor>();
     return RecomputeInBackward(
         [this, rope, forward_state](const torch::Tensor& in) {
@@ -202,11 +233,21 @@ torch::Tensor DecoderLayer::Forward(torch::Tensor x, const RotaryTables& rope) {
   });
 }
 
+bool DecoderLayer::Draws() const {
+  return is_training() && (self_attn_->dropout() > 0 || residual_dropout_ > 0);
+}
+
+at::Tensor DecoderLayer::ResidualDropout(const at::Tensor& x) const {
+  if (!is_training() || residual_dropout_ == 0) return x;
+  return at::dropout(x, residual_dropout_, /*train=*/true);
+}
+
 torch::Tensor DecoderLayer::Body(const torch::Tensor& x, const RotaryTables& rope) {
   const bool fused = fused_kernels_;
-  const at::Tensor h =
-      kernels::ResidualAdd(x, self_attn_->Forward(input_layernorm_->Forward(x), rope), fused);
-  return kernels::ResidualAdd(h, mlp_->Forward(post_attention_layernorm_->Forward(h)), fused);
+  const at::Tensor attn = self_attn_->Forward(input_layernorm_->Forward(x), rope);
+  const at::Tensor h = kernels::ResidualAdd(x, ResidualDropout(attn), fused);
+  const at::Tensor mlp = mlp_->Forward(post_attention_layernorm_->Forward(h));
+  return kernels::ResidualAdd(h, ResidualDropout(mlp), fused);
 }
 
 }  // namespace cpptrain

@@ -1,4 +1,4 @@
-// The pieces of a Llama/Qwen2/Qwen3/Mistral decoder layer, with Hugging Face's submodule names so that
+// The pieces of a Llama/Qwen2/Qwen3/Mistral/Phi-3 decoder layer, with Hugging Face's submodule names so that
 // named_parameters() reads "self_attn.q_proj.weight", "mlp.gate_proj.weight", ...
 // DecoderLM (decoder.h) stacks them; use that rather than these directly.
 //
@@ -58,9 +58,10 @@ RotaryTables ComputeRotary(int64_t seq_len, const at::Tensor& inv_freq,
 torch::Tensor ApplyRotary(const torch::Tensor& x, const RotaryTables& rope);
 
 // Grouped-query causal self-attention: q_proj, k_proj, v_proj, o_proj (bias on all four when
-// attention_bias, as in HF Llama/Qwen3; on q, k and v when qkv_bias, as in Qwen2), Qwen3's
-// per-head q_norm / k_norm when qk_norm, the sliding window in layers from
-// first_sliding_layer on, and attention_dropout on the probabilities in training mode.
+// attention_bias, as in HF Llama/Qwen3; on q, k and v when qkv_bias, as in Qwen2), or o_proj and
+// one qkv_proj with fused_projections (Phi-3), Qwen3's per-head q_norm / k_norm when qk_norm,
+// the sliding window in layers from first_sliding_layer on, and attention_dropout on the
+// probabilities in training mode.
 class Attention : public torch::nn::Module {
  public:
   Attention(const proto::DecoderConfig& config, int64_t layer_index);
@@ -72,6 +73,10 @@ class Attention : public torch::nn::Module {
   double dropout() const { return dropout_; }
 
  private:
+  struct Projected {
+    at::Tensor q, k, v;  // [B, T, heads, D], v [B, KV, T, D]
+  };
+  Projected Project(const torch::Tensor& x);
   AttentionOptions Options() const;
 
   bool fused_ = false;
@@ -84,11 +89,13 @@ class Attention : public torch::nn::Module {
   torch::nn::Linear k_proj_{nullptr};
   torch::nn::Linear v_proj_{nullptr};
   torch::nn::Linear o_proj_{nullptr};
+  torch::nn::Linear qkv_proj_{nullptr};  // fused_projections: q_proj, k_proj, v_proj null
   std::shared_ptr<RmsNorm> q_norm_;  // null without qk_norm
   std::shared_ptr<RmsNorm> k_norm_;
 };
 
-// down_proj(silu(gate_proj(x)) * up_proj(x)), with biases when mlp_bias (Llama).
+// down_proj(silu(gate_proj(x)) * up_proj(x)), with biases when mlp_bias (Llama); with
+// fused_projections gate and up are the two halves of one gate_up_proj (Phi-3).
 class SwiGluMlp : public torch::nn::Module {
  public:
   explicit SwiGluMlp(const proto::DecoderConfig& config);
@@ -100,10 +107,12 @@ class SwiGluMlp : public torch::nn::Module {
   torch::nn::Linear gate_proj_{nullptr};
   torch::nn::Linear up_proj_{nullptr};
   torch::nn::Linear down_proj_{nullptr};
+  torch::nn::Linear gate_up_proj_{nullptr};  // fused_projections: gate_proj, up_proj null
 };
 
 // Pre-norm residual block, unit class "DecoderLayer":
-//   h = x + self_attn(input_layernorm(x)); out = h + mlp(post_attention_layernorm(h)).
+//   h = x + self_attn(input_layernorm(x)); out = h + mlp(post_attention_layernorm(h)),
+// with residual_dropout on self_attn's and mlp's outputs in training mode (Phi-3).
 class DecoderLayer : public Unit {
  public:
   // `layer_index` (from 0) decides whether the layer has the sliding window.
@@ -127,8 +136,14 @@ class DecoderLayer : public Unit {
  private:
   torch::Tensor Body(const torch::Tensor& x, const RotaryTables& rope);
 
+  // The dropout before a residual add: none outside training.
+  at::Tensor ResidualDropout(const at::Tensor& x) const;
+  // Whether a forward in this mode draws random numbers (attention or residual dropout).
+  bool Draws() const;
+
   bool gradient_checkpointing_ = false;
   bool fused_kernels_ = false;
+  double residual_dropout_ = 0;
   std::shared_ptr<Attention> self_attn_;
   std::shared_ptr<SwiGluMlp> mlp_;
   std::shared_ptr<RmsNorm> input_layernorm_;

@@ -2,7 +2,7 @@
 # The architectures beyond Llama and Qwen3 through the whole job: for each Hugging Face
 # directory saved by transformers (tests/golden/gen_hf_arch_golden.py: Qwen2 untied and tied,
 # Qwen2 and Qwen3 with a sliding window, Llama with mlp_bias, Mistral with a window of 4 on
-# 24-token samples, Qwen2 with Qwen2.5-style yarn RoPE),
+# 24-token samples, Qwen2 with Qwen2.5-style yarn RoPE, Phi-3 with longrope and a window),
 #  0. //tools:generate completes a 4-token prompt greedily with transformers' 20 tokens;
 # and //tools:train with model { pretrained: DIR } must
 #  1. evaluate at step 0 to transformers' loss on the same samples (expected.json, fp32) within
@@ -26,7 +26,8 @@ have_transformers=false
 "$python" -c "import torch, transformers" 2>/dev/null && have_transformers=true
 
 for name in hf_qwen2_tiny hf_qwen2_tied_tiny hf_qwen2_sliding_tiny hf_qwen3_sliding_tiny \
-            hf_llama_mlp_bias_tiny hf_mistral_tiny hf_rope_yarn_tiny; do
+            hf_llama_mlp_bias_tiny hf_mistral_tiny hf_rope_yarn_tiny \
+            hf_phi3_tiny; do
   model_dir="$testdata/$name"
   expected=$(sed -nE "s/.*\"$name\": ([0-9.eE+-]+).*/\1/p" "$golden_dir/expected.json")
   [[ -n "$expected" ]] || { echo "FAIL: no eval_loss for $name in expected.json"; exit 1; }

@@ -21,6 +21,16 @@ the logits. Under checkpoint/testdata/:
   hf_mistral_tiny/         MistralForCausalLM, sliding_window 4 in every layer, untied.
   hf_qwen3_sliding_tiny/   Qwen3ForCausalLM (q/k norm, head_dim 8, tied) with
                            use_sliding_window true, sliding_window 5, max_window_layers 1.
+  hf_rope_yarn_tiny/       Qwen2ForCausalLM with Qwen2.5's yarn (factor 4) over a pretraining
+                           length of 16, so that the frequencies span yarn's ramp.
+  hf_rope_longrope_tiny/   LlamaForCausalLM with longrope, pretraining length 8 < 12 tokens (the
+                           long factors; not in hf_arch_eval: transformers' cached generation
+                           keeps the short-factor keys of the first 8 tokens).
+  hf_phi3_tiny/            Phi3ForCausalLM (qkv_proj, gate_up_proj), longrope with the pretraining
+                           length 8 at the top level, sliding_window 6, untied.
+  hf_rope_init/            NAME.json configs at real sizes (Qwen2.5 yarn in 4.x's rope_scaling,
+                           yarn with mscale / attention_factor, longrope, Phi-3's "su") and
+                           golden.safetensors, transformers' rope init function on each.
 And tools/testdata/hf_arch_eval/ for //tools:train_arch_test: eval.bin (uint16 tokens, 8 samples
 of 24, longer than the windows) and expected.json, transformers' mean loss of each directory
 over those samples (labels = input_ids, as tools/train evaluates a token file) and its greedy
@@ -43,7 +53,8 @@ import sys
 import torch
 from safetensors.torch import save_file
 from transformers import (AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
-                          Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
+                          Phi3Config, Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
+                          Qwen3ForCausalLM)
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 SEED = 4321
@@ -152,6 +163,19 @@ QWEN25_YARN_4X = {
 }
 
 
+# Phi-3-mini-128k's form (4.x): "su" scaling, the pretraining length at the top level.
+PHI3_SU_4X = {
+    "architectures": ["Phi3ForCausalLM"], "model_type": "phi3", "vocab_size": 32064,
+    "hidden_size": 3072, "intermediate_size": 8192, "num_hidden_layers": 2,
+    "num_attention_heads": 32, "num_key_value_heads": 32, "max_position_embeddings": 131072,
+    "original_max_position_embeddings": 4096, "rope_theta": 10000.0, "rms_norm_eps": 1e-05,
+    "sliding_window": 262144, "tie_word_embeddings": False, "resid_pdrop": 0.0,
+    "embd_pdrop": 0.0, "attention_dropout": 0.0,
+    "rope_scaling": {"type": "su", "short_factor": [1.0 + 0.02 * i for i in range(48)],
+                     "long_factor": [1.0 + 1.3 * i for i in range(48)]},
+}
+
+
 def rope_init_cases():
     """(name, config, config.json dict or None for save_pretrained's, [seq_len, ...])."""
     sizes = dict(vocab_size=64, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
@@ -181,6 +205,8 @@ def rope_init_cases():
         rope_parameters={"rope_type": "longrope", "rope_theta": 250000.0, "short_factor": short,
                          "long_factor": long, "factor": 2.5, "attention_factor": 1.25,
                          "original_max_position_embeddings": 4096}), None, [5000]))
+    cases.append(("phi3_su_4x", Phi3Config.from_dict(dict(PHI3_SU_4X)), PHI3_SU_4X,
+                  [None, 4097]))
     return cases
 
 
@@ -256,9 +282,19 @@ def main():
                                       "short_factor": short, "long_factor": long,
                                       "original_max_position_embeddings": 8})
     write(longrope, "hf_rope_longrope_tiny")  # 12 tokens > 8: the long factors
+    # Phi-3: fused qkv_proj and gate_up_proj, longrope with the pretraining length (8) below
+    # the 12 tokens, a window of 6 in every layer.
+    phi3 = build(Phi3ForCausalLM, Phi3Config, SEED + 8, tie_word_embeddings=False,
+                 max_position_embeddings=64, original_max_position_embeddings=8, sliding_window=6,
+                 rms_norm_eps=1e-5, pad_token_id=None, bos_token_id=1, eos_token_id=2,
+                 rope_scaling={"type": "longrope", "rope_theta": 10000.0,
+                               "short_factor": short, "long_factor": long})
+    assert phi3.config.rope_parameters["original_max_position_embeddings"] == 8
+    write(phi3, "hf_phi3_tiny")
     write_rope_init_golden(rope_init_cases())
     write_eval_golden(["hf_qwen2_tiny", "hf_qwen2_tied_tiny", "hf_qwen2_sliding_tiny",
-                       "hf_qwen3_sliding_tiny", "hf_llama_mlp_bias_tiny", "hf_mistral_tiny", "hf_rope_yarn_tiny"])
+                       "hf_qwen3_sliding_tiny", "hf_llama_mlp_bias_tiny", "hf_mistral_tiny", "hf_rope_yarn_tiny",
+                       "hf_phi3_tiny"])
 
 
 if __name__ == "__main__":

@@ -328,6 +328,58 @@ TEST(HfArchTest, Phi3GivesTransformersResults) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Gemma 2 and Gemma 3
+
+TEST(HfArchTest, Gemma2GivesTransformersResults) {
+  auto config = DecoderConfigFromHfConfig(TestdataPath("hf_gemma2_tiny") + "/config.json");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(ResolvedModelType(*config), "gemma2");
+  EXPECT_EQ(config->hidden_act(), "gelu_pytorch_tanh");
+  EXPECT_TRUE(config->norm_unit_offset() && config->scale_embeddings() && config->sandwich_norms());
+  EXPECT_FALSE(config->qk_norm());
+  EXPECT_TRUE(config->tie_word_embeddings());
+  EXPECT_EQ(config->query_pre_attn_scalar(), 16);
+  EXPECT_EQ(config->attn_logit_softcapping(), 2);
+  EXPECT_EQ(config->final_logit_softcapping(), 3);
+  EXPECT_EQ(config->sliding_window(), 4);
+  auto model = BuildDecoder(*config).value();
+  EXPECT_EQ(model->layers()[0]->self_attn()->window(), 4);  // sliding, shorter than 12 tokens
+  EXPECT_EQ(model->layers()[1]->self_attn()->window(), 0);  // global
+  EXPECT_TRUE(model->named_parameters().contains("model.layers.1.post_feedforward_layernorm.weight"));
+  EXPECT_EQ(model->UnitClassAliases("DecoderLayer"),
+            std::vector<std::string>{"Gemma2DecoderLayer"});
+  ExpectTransformersParity("hf_gemma2_tiny");
+  ExpectFeatureMatters("hf_gemma2_tiny",
+                       [](proto::DecoderConfig& c) { c.clear_attn_logit_softcapping(); });
+  ExpectFeatureMatters("hf_gemma2_tiny",
+                       [](proto::DecoderConfig& c) { c.clear_final_logit_softcapping(); });
+  ExpectFeatureMatters("hf_gemma2_tiny",
+                       [](proto::DecoderConfig& c) { c.set_query_pre_attn_scalar(8); });
+  ExpectFeatureMatters("hf_gemma2_tiny",
+                       [](proto::DecoderConfig& c) { c.set_layer_types(0, "full_attention"); });
+}
+
+TEST(HfArchTest, Gemma3GivesTransformersResults) {
+  auto config = DecoderConfigFromHfConfig(TestdataPath("hf_gemma3_tiny") + "/config.json");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(ResolvedModelType(*config), "gemma3_text");
+  EXPECT_TRUE(config->qk_norm());
+  EXPECT_FALSE(config->has_attn_logit_softcapping());
+  EXPECT_FALSE(config->has_final_logit_softcapping());
+  EXPECT_EQ(config->rope_theta(), 1e6);
+  EXPECT_EQ(config->rope_local_base_freq(), 10000);
+  EXPECT_EQ(config->rope_scaling().rope_type(), "linear");
+  EXPECT_EQ(config->rope_scaling().factor(), 2);
+  EXPECT_EQ(BuildDecoder(*config).value()->UnitClassAliases("DecoderLayer"),
+            std::vector<std::string>{"Gemma3DecoderLayer"});
+  ExpectTransformersParity("hf_gemma3_tiny");
+  // The sliding layer's own rope base, and the global layer's scaling, each matter.
+  ExpectFeatureMatters("hf_gemma3_tiny",
+                       [](proto::DecoderConfig& c) { c.set_rope_local_base_freq(1e6); });
+  ExpectFeatureMatters("hf_gemma3_tiny", [](proto::DecoderConfig& c) { c.clear_rope_scaling(); });
+}
+
+// ---------------------------------------------------------------------------------------------
 // config.json
 
 std::string Config(const std::string& fields) {
@@ -365,6 +417,45 @@ TEST(HfArchConfigTest, Phi3ReadsItsRopeAsTransformersDoes) {
   EXPECT_EQ(dropout->residual_dropout(), 0.1);
   EXPECT_THAT(ReadError(Config(R"("model_type": "phi3", "partial_rotary_factor": 0.75)")),
               HasSubstr("only 1.0 is supported"));
+}
+
+TEST(HfArchConfigTest, GemmaDefaultsAsTransformersReadThem) {
+  // Gemma 2: soft-capping 50 and 30, query_pre_attn_scalar 256, head_dim 256, window 4096 in
+  // every other layer from layer 0, tied.
+  auto gemma2 = Read(Config(R"("model_type": "gemma2", "head_dim": 8)"));
+  ASSERT_TRUE(gemma2.ok()) << gemma2.status();
+  EXPECT_EQ(gemma2->attn_logit_softcapping(), 50);
+  EXPECT_EQ(gemma2->final_logit_softcapping(), 30);
+  EXPECT_EQ(gemma2->query_pre_attn_scalar(), 256);
+  EXPECT_EQ(gemma2->sliding_window(), 4096);
+  EXPECT_EQ(std::vector<std::string>(gemma2->layer_types().begin(), gemma2->layer_types().end()),
+            (std::vector<std::string>{"sliding_attention", "full_attention", "sliding_attention",
+                                      "full_attention"}));
+  EXPECT_TRUE(gemma2->tie_word_embeddings());
+  auto nulls = Read(Config(R"("model_type": "gemma2", "head_dim": 8,
+      "attn_logit_softcapping": null, "final_logit_softcapping": null)"));
+  ASSERT_TRUE(nulls.ok()) << nulls.status();
+  EXPECT_FALSE(nulls->has_attn_logit_softcapping());
+  EXPECT_FALSE(nulls->has_final_logit_softcapping());
+  // Gemma 3 in transformers 4.x's form: sliding_window_pattern, rope_theta, rope_scaling for the
+  // global layers and rope_local_base_freq for the sliding ones; no soft-capping by default.
+  auto gemma3 = Read(Config(R"("model_type": "gemma3_text", "head_dim": 8,
+      "sliding_window_pattern": 3, "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0,
+      "rope_scaling": {"rope_type": "linear", "factor": 8.0})"));
+  ASSERT_TRUE(gemma3.ok()) << gemma3.status();
+  EXPECT_EQ(std::vector<std::string>(gemma3->layer_types().begin(), gemma3->layer_types().end()),
+            (std::vector<std::string>{"sliding_attention", "sliding_attention", "full_attention",
+                                      "sliding_attention"}));
+  EXPECT_EQ(gemma3->rope_scaling().factor(), 8);
+  EXPECT_EQ(gemma3->rope_local_base_freq(), 10000);
+  EXPECT_FALSE(gemma3->has_attn_logit_softcapping());
+  EXPECT_TRUE(gemma3->qk_norm());
+  EXPECT_THAT(ReadError(Config(R"("model_type": "gemma3_text", "head_dim": 8,
+      "use_bidirectional_attention": true)")),
+              HasSubstr("the decoder is causal"));
+  EXPECT_THAT(ReadError(Config(R"("model_type": "gemma2", "head_dim": 8,
+      "hidden_activation": "gelu")")),
+              HasSubstr("only \"gelu_pytorch_tanh\""));
 }
 
 TEST(HfArchConfigTest, SlidingWindowFieldsAsTransformersReadThem) {
@@ -405,11 +496,11 @@ TEST(HfArchConfigTest, SlidingWindowFieldsAsTransformersReadThem) {
 }
 
 TEST(HfArchConfigTest, UnsupportedArchitecturesAndFeaturesAreRefused) {
-  for (const std::string type : {"gemma", "gemma2", "phi", "mixtral", "qwen2_moe", "t5"}) {
+  for (const std::string type : {"gemma", "gemma3", "phi", "mixtral", "qwen2_moe", "t5"}) {
     EXPECT_THAT(ReadError(Config(absl::StrCat(R"("model_type": ")", type, "\""))),
                 AllOf(HasSubstr(absl::StrCat("\"model_type\" is \"", type, "\"")),
-                      HasSubstr(R"("llama", "mistral", "phi3", "qwen2", "qwen3")"),
-                      HasSubstr("Gemma, mixture-of-experts and encoder-decoder")))
+                      HasSubstr(R"("gemma2", "gemma3_text", "llama", "mistral", "phi3", "qwen2", "qwen3")"),
+                      HasSubstr("Gemma 1, mixture-of-experts, multimodal and encoder-decoder")))
         << type;
   }
   EXPECT_THAT(ReadError(Config(R"("model_type": "qwen2", "mlp_bias": true)")),
@@ -443,7 +534,15 @@ TEST(HfArchConfigTest, UnsupportedArchitecturesAndFeaturesAreRefused) {
   config.set_model_type("gemma");
   EXPECT_THAT(std::string(ValidateDecoderConfig(config).message()),
               AllOf(HasSubstr("\"gemma\" is not implemented"),
-                    HasSubstr("llama, mistral, phi3, qwen2, qwen3")));
+                    HasSubstr("gemma2, gemma3_text, llama, mistral, phi3, qwen2, qwen3")));
+  config = NamedDecoderConfig("demo").value();
+  config.set_model_type("gemma2");
+  EXPECT_THAT(std::string(ValidateDecoderConfig(config).message()),
+              HasSubstr("Gemma has all four"));
+  config = NamedDecoderConfig("demo").value();
+  config.set_attn_logit_softcapping(30);
+  EXPECT_THAT(std::string(ValidateDecoderConfig(config).message()),
+              HasSubstr("sets a Gemma feature"));
   config = NamedDecoderConfig("demo").value();
   config.set_model_type("phi3");
   EXPECT_THAT(std::string(ValidateDecoderConfig(config).message()),
@@ -611,6 +710,44 @@ TEST(HfArchExportTest, Phi3LoadsBackWithTheFusedNames) {
                     HasSubstr(R"("architectures": ["Phi3ForCausalLM"])"),
                     HasSubstr(R"("original_max_position_embeddings": 6)"),
                     HasSubstr(R"("resid_pdrop": 0.125)"), HasSubstr(R"("sliding_window": 5)")));
+}
+
+proto::DecoderConfig TinyGemma(const std::string& type) {
+  proto::DecoderConfig config = Tiny(type);
+  config.set_hidden_act("gelu_pytorch_tanh");
+  config.set_norm_unit_offset(true);
+  config.set_scale_embeddings(true);
+  config.set_sandwich_norms(true);
+  config.set_query_pre_attn_scalar(16);
+  config.set_sliding_window(5);
+  config.add_layer_types("sliding_attention");
+  config.add_layer_types("full_attention");
+  config.clear_model_type();  // norm_unit_offset says gemma (qk_norm: gemma3_text)
+  return config;
+}
+
+TEST(HfArchExportTest, Gemma2AndGemma3LoadBack) {
+  proto::DecoderConfig gemma2 = TinyGemma("gemma2");
+  gemma2.set_attn_logit_softcapping(4);
+  gemma2.set_final_logit_softcapping(6);
+  ExportAndReload(gemma2, "_gemma2");
+  EXPECT_THAT(HfConfigJson(gemma2),
+              AllOf(HasSubstr(R"("architectures": ["Gemma2ForCausalLM"])"),
+                    HasSubstr(R"("hidden_activation": "gelu_pytorch_tanh")"),
+                    HasSubstr(R"("final_logit_softcapping": 6.0)"),
+                    HasSubstr(R"("layer_types": ["sliding_attention", "full_attention"])")));
+  proto::DecoderConfig gemma3 = TinyGemma("gemma3_text");
+  gemma3.set_qk_norm(true);
+  gemma3.set_tie_word_embeddings(false);
+  gemma3.set_rope_theta(1e6);
+  gemma3.set_rope_local_base_freq(10000);
+  gemma3.mutable_rope_scaling()->set_rope_type("linear");
+  gemma3.mutable_rope_scaling()->set_factor(2);
+  ExportAndReload(gemma3, "_gemma3");
+  EXPECT_THAT(HfConfigJson(gemma3),
+              AllOf(HasSubstr(R"("architectures": ["Gemma3ForCausalLM"])"),
+                    HasSubstr(R"("final_logit_softcapping": null)"),
+                    HasSubstr(R"("sliding_attention": {"rope_theta": 10000, "rope_type": "default"})")));
 }
 
 }  // namespace

@@ -22,7 +22,10 @@ namespace cpptrain {
 // "qwen3" (the per-head q/k norm), "mistral" (a sliding window in every layer) or "phi3" (fused
 // qkv_proj and gate_up_proj, resid_pdrop, a window in every layer when sliding_window is set,
 // "su"/"yarn" scaling read as longrope with the top-level original_max_position_embeddings,
-// default 4096). Reads the
+// default 4096), "gemma2" or "gemma3_text" (GeGLU, (1 + w) norms, the embedding scale,
+// sandwich norms, query_pre_attn_scalar, soft-capping with Gemma 2's defaults 50 and 30,
+// layer_types or the sliding pattern, QK-norm and the two rope objects of Gemma 3; tied by
+// default). Reads the
 // sizes, head_dim, num_key_value_heads, rms_norm_eps, tie_word_embeddings, attention_bias (llama,
 // qwen3), mlp_bias (llama), attention_dropout, initializer_range, max_position_embeddings, the
 // token ids (bos, eos: one or a list, pad), rope_theta either at the top level (transformers 4.x)

@@ -1,6 +1,9 @@
 #include "models/configs.h"
 
 #include <algorithm>
+#include <tuple>
+#include <functional>
+#include <cmath>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -67,6 +70,73 @@ absl::Status CheckPositive(absl::string_view field, bool has, int64_t value) {
   return absl::OkStatus();
 }
 
+// Gemma's pieces: all of them for gemma2 and gemma3_text, none elsewhere.
+absl::Status CheckGemmaFeatures(
+    const proto::DecoderConfig& c, const std::string& type,
+    const std::function<absl::Status(absl::string_view)>& refuse) {
+  const bool gemma = type == "gemma2" || type == "gemma3_text";
+  const bool gelu = c.hidden_act() == "gelu_pytorch_tanh";
+  if (!gelu && c.hidden_act() != "silu") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "DecoderConfig.hidden_act = \"", c.hidden_act(),
+        "\" is not implemented; use \"silu\" (SwiGLU) or \"gelu_pytorch_tanh\" (Gemma's GeGLU)"));
+  }
+  const bool has_all = gelu && c.norm_unit_offset() && c.scale_embeddings() && c.sandwich_norms();
+  if (gemma && !has_all) {
+    return refuse("lacks one of hidden_act \"gelu_pytorch_tanh\", norm_unit_offset, "
+                  "scale_embeddings and sandwich_norms (Gemma has all four)");
+  }
+  const bool has_any = gelu || c.norm_unit_offset() || c.scale_embeddings() ||
+                       c.sandwich_norms() || c.has_query_pre_attn_scalar() ||
+                       c.has_attn_logit_softcapping() || c.has_final_logit_softcapping() ||
+                       c.layer_types_size() > 0;
+  if (!gemma && has_any) {
+    return refuse("sets a Gemma feature (GeGLU, (1 + w) norms, embedding scale, sandwich norms, "
+                  "query_pre_attn_scalar, soft-capping or layer_types); use model_type "
+                  "\"gemma2\" or \"gemma3_text\"");
+  }
+  if (c.has_rope_local_base_freq() && type != "gemma3_text") {
+    return refuse("sets rope_local_base_freq (only gemma3_text has it)");
+  }
+  return absl::OkStatus();
+}
+
+// Gemma's layer_types, soft-capping and scale: in range.
+absl::Status CheckGemmaOptions(const proto::DecoderConfig& c) {
+  if (c.layer_types_size() > 0) {
+    if (c.layer_types_size() != c.num_hidden_layers()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "DecoderConfig.layer_types has ", c.layer_types_size(), " entries for ",
+          c.num_hidden_layers(), " layers; give one per layer"));
+    }
+    for (const std::string& type : c.layer_types()) {
+      if (type != "full_attention" && type != "sliding_attention") {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "DecoderConfig.layer_types has \"", type,
+            "\"; each is \"full_attention\" or \"sliding_attention\""));
+      }
+      if (type == "sliding_attention" && !c.has_sliding_window()) {
+        return absl::InvalidArgumentError(
+            "DecoderConfig.layer_types names sliding_attention layers but sliding_window is "
+            "unset; set the window");
+      }
+    }
+  }
+  for (const auto& [field, has, value] :
+       {std::tuple<const char*, bool, double>{"query_pre_attn_scalar",
+                                              c.has_query_pre_attn_scalar(),
+                                              c.query_pre_attn_scalar()},
+        {"attn_logit_softcapping", c.has_attn_logit_softcapping(), c.attn_logit_softcapping()},
+        {"final_logit_softcapping", c.has_final_logit_softcapping(), c.final_logit_softcapping()},
+        {"rope_local_base_freq", c.has_rope_local_base_freq(), c.rope_local_base_freq()}}) {
+    if (has && !(value > 0 && std::isfinite(value))) {
+      return absl::InvalidArgumentError(absl::StrCat("DecoderConfig.", field, " = ", value,
+                                                     " must be finite and > 0, or unset"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // What the model type's transformers class can build: each feature set is one that class has.
 absl::Status CheckModelTypeFeatures(const proto::DecoderConfig& c) {
   const std::string type = ResolvedModelType(c);
@@ -74,8 +144,8 @@ absl::Status CheckModelTypeFeatures(const proto::DecoderConfig& c) {
   if (std::find(types.begin(), types.end(), type) == types.end()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "DecoderConfig.model_type = \"", type, "\" is not implemented; supported: ",
-        absl::StrJoin(types, ", "), " (Gemma, mixture-of-experts and encoder-decoder "
-        "models are not)"));
+        absl::StrJoin(types, ", "), " (Gemma 1, mixture-of-experts, multimodal and "
+        "encoder-decoder models are not)"));
   }
   auto refuse = [&](absl::string_view what) {
     return absl::InvalidArgumentError(absl::StrCat("DecoderConfig with model_type \"", type,
@@ -88,8 +158,13 @@ absl::Status CheckModelTypeFeatures(const proto::DecoderConfig& c) {
         "DecoderConfig sets both attention_bias (biases on q, k, v and o) and qkv_bias (q, k and "
         "v only); set one");
   }
-  if (type == "qwen3" && !c.qk_norm()) return refuse("has qk_norm false (Qwen3 always has it)");
-  if (type != "qwen3" && c.qk_norm()) return refuse("has qk_norm true (only qwen3 has it)");
+  if ((type == "qwen3" || type == "gemma3_text") && !c.qk_norm()) {
+    return refuse("has qk_norm false (Qwen3 and Gemma 3 always have it)");
+  }
+  if (type != "qwen3" && type != "gemma3_text" && c.qk_norm()) {
+    return refuse("has qk_norm true (only qwen3 and gemma3_text have it)");
+  }
+  CT_RETURN_IF_ERROR(CheckGemmaFeatures(c, type, refuse));
   if (type == "qwen2" && !c.qkv_bias()) {
     return refuse("has qkv_bias false (Qwen2 always has q/k/v biases)");
   }
@@ -144,7 +219,7 @@ absl::Status CheckAttentionOptions(const proto::DecoderConfig& c) {
 }  // namespace
 
 std::vector<std::string> SupportedModelTypes() {
-  return {"llama", "mistral", "phi3", "qwen2", "qwen3"};
+  return {"gemma2", "gemma3_text", "llama", "mistral", "phi3", "qwen2", "qwen3"};
 }
 
 
@@ -220,6 +295,7 @@ absl::Status ValidateDecoderConfig(const proto::DecoderConfig& c) {
         c.rope_theta(), ", ", c.rms_norm_eps(), ", ", c.initializer_range()));
   }
   CT_RETURN_IF_ERROR(CheckAttentionOptions(c));
+  CT_RETURN_IF_ERROR(CheckGemmaOptions(c));
   CT_RETURN_IF_ERROR(CheckModelTypeFeatures(c));
   return ValidateRopeScaling(c, ResolvedHeadDim(c));
 }
@@ -238,6 +314,7 @@ int64_t DecoderParameterCount(const proto::DecoderConfig& c) {
   int64_t per_layer = hidden * (q_size + 2 * kv_size) + q_size * hidden +
                       3 * hidden * c.intermediate_size() + 2 * hidden;
   if (c.qk_norm()) per_layer += 2 * head_dim;
+  if (c.sandwich_norms()) per_layer += 2 * hidden;
   if (c.attention_bias()) per_layer += q_size + 2 * kv_size + hidden;
   if (c.qkv_bias()) per_layer += q_size + 2 * kv_size;
   if (c.mlp_bias()) per_layer += 2 * c.intermediate_size() + hidden;
@@ -258,8 +335,12 @@ int64_t DecoderMatmulParameterCount(const proto::DecoderConfig& c) {
 
 double DecoderTrainingFlopsPerToken(const proto::DecoderConfig& c, int64_t seq_len) {
   // A sliding-window layer attends to at most `sliding_window` keys.
-  const int64_t sliding_layers =
+  int64_t sliding_layers =
       c.has_sliding_window() ? c.num_hidden_layers() - c.first_sliding_layer() : 0;
+  if (c.layer_types_size() > 0) {
+    sliding_layers = std::count(c.layer_types().begin(), c.layer_types().end(),
+                                std::string("sliding_attention"));
+  }
   const double context =
       static_cast<double>(c.num_hidden_layers() - sliding_layers) * static_cast<double>(seq_len) +
       static_cast<double>(sliding_layers) *

@@ -4,6 +4,8 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <cmath>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -13,6 +15,15 @@
 
 namespace cpptrain {
 namespace {
+
+// The window of layer `layer_index`: from layer_types when set, else from first_sliding_layer.
+int64_t LayerWindow(const proto::DecoderConfig& config, int64_t layer_index) {
+  if (!config.has_sliding_window()) return 0;
+  if (config.layer_types_size() > 0) {
+    return config.layer_types(layer_index) == "sliding_attention" ? config.sliding_window() : 0;
+  }
+  return layer_index >= config.first_sliding_layer() ? config.sliding_window() : 0;
+}
 
 torch::nn::Linear MakeLinear(int64_t in, int64_t out, bool bias) {
   return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias));
@@ -31,11 +42,17 @@ int64_t ResolvedHeadDim(const proto::DecoderConfig& config) {
   return config.hidden_size() / config.num_attention_heads();
 }
 
-RmsNorm::RmsNorm(int64_t size, double eps) : torch::nn::Module("RmsNorm"), eps_(eps) {
-  weight_ = register_parameter("weight", at::ones({size}));
+RmsNorm::RmsNorm(int64_t size, double eps, bool unit_offset)
+    : torch::nn::Module("RmsNorm"), eps_(eps), unit_offset_(unit_offset) {
+  weight_ = register_parameter("weight", unit_offset ? at::zeros({size}) : at::ones({size}));
 }
 
 torch::Tensor RmsNorm::Forward(const torch::Tensor& x) const {
+  if (unit_offset_) {
+    const at::Tensor x32 = x.to(at::kFloat);
+    const at::Tensor normed = x32 * at::rsqrt(x32.pow(2).mean(-1, /*keepdim=*/true) + eps_);
+    return (normed * (weight_.to(at::kFloat) + 1.0)).to(x.scalar_type());
+  }
   if (!fused_) return kernels::RmsNormReference(x, weight_, eps_);
   return kernels::RmsNorm(x, weight_, eps_, FusedOutputType(x, weight_), /*fused=*/true);
 }
@@ -65,10 +82,13 @@ torch::Tensor ApplyRotary(const torch::Tensor& x, const RotaryTables& rope) {
 
 Attention::Attention(const proto::DecoderConfig& config, int64_t layer_index)
     : torch::nn::Module("Attention"),
-      window_(config.has_sliding_window() && layer_index >= config.first_sliding_layer()
-                  ? config.sliding_window()
-                  : 0),
+      window_(LayerWindow(config, layer_index)),
       dropout_(config.attention_dropout()),
+      scale_(config.has_query_pre_attn_scalar() ? std::pow(config.query_pre_attn_scalar(), -0.5)
+                                                : 0.0),
+      softcap_(config.attn_logit_softcapping()),
+      eager_only_(config.norm_unit_offset() || config.has_query_pre_attn_scalar() ||
+                  config.has_attn_logit_softcapping()),
       num_heads_(config.num_attention_heads()),
       num_kv_heads_(config.num_key_value_heads()),
       head_dim_(ResolvedHeadDim(config)) {
@@ -88,8 +108,9 @@ Attention::Attention(const proto::DecoderConfig& config, int64_t layer_index)
   }
   if (config.qk_norm()) {
     const double eps = config.rms_norm_eps();
-    q_norm_ = register_module("q_norm", std::make_shared<RmsNorm>(head_dim_, eps));
-    k_norm_ = register_module("k_norm", std::make_shared<RmsNorm>(head_dim_, eps));
+    const bool offset = config.norm_unit_offset();
+    q_norm_ = register_module("q_norm", std::make_shared<RmsNorm>(head_dim_, eps, offset));
+    k_norm_ = register_module("k_norm", std::make_shared<RmsNorm>(head_dim_, eps, offset));
   }
 }
 
@@ -113,7 +134,7 @@ torch::Tensor Attention::Forward(const torch::Tensor& x, const RotaryTables& rop
   const int64_t b = x.size(0);
   const int64_t t = x.size(1);
   auto [q, k, v] = Project(x);
-  if (fused_) {
+  if (fused_ && !eager_only_) {
     // Norm, rotary, the [B, H, T, D] layout and the attention dtype in one kernel each.
     const at::Tensor no_weight;
     const double eps = q_norm_ ? q_norm_->eps() : 0.0;
@@ -130,11 +151,37 @@ torch::Tensor Attention::Forward(const torch::Tensor& x, const RotaryTables& rop
   }
   q = ApplyRotary(q.transpose(1, 2), rope);
   k = ApplyRotary(k.transpose(1, 2), rope);
+  if (eager_only_) {
+    const at::Tensor out = EagerAttention(q.to(v.scalar_type()), k.to(v.scalar_type()), v);
+    return o_proj_->forward(out.transpose(1, 2).reshape({b, t, num_heads_ * head_dim_}));
+  }
   // Under autocast the norms promote q and k to fp32 while v stays in the compute dtype; the
   // attention kernels want one dtype.
   const at::Tensor out = CausalAttention(q.to(v.scalar_type()), k.to(v.scalar_type()), v,
                                          Options());  // [B, H, T, D]
   return o_proj_->forward(out.transpose(1, 2).reshape({b, t, num_heads_ * head_dim_}));
+}
+
+at::Tensor Attention::EagerAttention(const at::Tensor& q, const at::Tensor& k,
+                                     const at::Tensor& v) const {
+  const int64_t groups = num_heads_ / num_kv_heads_;
+  const at::Tensor keys = groups == 1 ? k : k.repeat_interleave(groups, 1);
+  const at::Tensor values = groups == 1 ? v : v.repeat_interleave(groups, 1);
+  // transformers: query_pre_attn_scalar**-0.5, or head_dim**-0.5.
+  const double scale = scale_ > 0 ? scale_ : std::pow(static_cast<double>(head_dim_), -0.5);
+  at::Tensor scores = at::matmul(q, keys.transpose(2, 3)) * scale;
+  if (softcap_ > 0) scores = at::tanh(scores / softcap_) * softcap_;
+  const int64_t t = q.size(2);
+  const auto options = at::TensorOptions().dtype(at::kLong).device(q.device());
+  const at::Tensor query = at::arange(t, options).unsqueeze(1);
+  const at::Tensor key = at::arange(t, options).unsqueeze(0);
+  at::Tensor allowed = key <= query;
+  if (window_ > 0) allowed = allowed.logical_and(key > query - window_);
+  scores = scores.masked_fill(allowed.logical_not(), -std::numeric_limits<double>::infinity());
+  at::Tensor probs = at::softmax(scores, -1, at::kFloat).to(q.scalar_type());
+  const double dropout = Options().dropout;
+  if (dropout > 0) probs = at::dropout(probs, dropout, /*train=*/true);
+  return at::matmul(probs, values);
 }
 
 AttentionOptions Attention::Options() const {
@@ -148,7 +195,8 @@ void Attention::set_fused_kernels(bool enabled) {
   if (k_norm_) k_norm_->set_fused_kernels(enabled);
 }
 
-SwiGluMlp::SwiGluMlp(const proto::DecoderConfig& config) : torch::nn::Module("SwiGluMlp") {
+SwiGluMlp::SwiGluMlp(const proto::DecoderConfig& config)
+    : torch::nn::Module("SwiGluMlp"), gelu_tanh_(config.hidden_act() == "gelu_pytorch_tanh") {
   const int64_t hidden = config.hidden_size();
   const int64_t inter = config.intermediate_size();
   const bool bias = config.mlp_bias();
@@ -163,11 +211,15 @@ SwiGluMlp::SwiGluMlp(const proto::DecoderConfig& config) : torch::nn::Module("Sw
 
 torch::Tensor SwiGluMlp::Forward(const torch::Tensor& x) {
   if (gate_up_proj_.is_empty()) {
-    return down_proj_->forward(
-        kernels::SwiGlu(gate_proj_->forward(x), up_proj_->forward(x), fused_));
+    return down_proj_->forward(Activate(gate_proj_->forward(x), up_proj_->forward(x)));
   }
   const std::vector<at::Tensor> gate_up = gate_up_proj_->forward(x).chunk(2, -1);
-  return down_proj_->forward(kernels::SwiGlu(gate_up[0], gate_up[1], fused_));
+  return down_proj_->forward(Activate(gate_up[0], gate_up[1]));
+}
+
+at::Tensor SwiGluMlp::Activate(const at::Tensor& gate, const at::Tensor& up) const {
+  if (gelu_tanh_) return at::gelu(gate, "tanh") * up;
+  return kernels::SwiGlu(gate, up, fused_);
 }
 
 // Registration order follows HF's LlamaDecoderLayer.__init__, so named_parameters() lists
@@ -176,11 +228,16 @@ DecoderLayer::DecoderLayer(const proto::DecoderConfig& config, int64_t layer_ind
     : Unit("DecoderLayer"), residual_dropout_(config.residual_dropout()) {
   self_attn_ = register_module("self_attn", std::make_shared<Attention>(config, layer_index));
   mlp_ = register_module("mlp", std::make_shared<SwiGluMlp>(config));
-  input_layernorm_ = register_module(
-      "input_layernorm", std::make_shared<RmsNorm>(config.hidden_size(), config.rms_norm_eps()));
-  post_attention_layernorm_ =
-      register_module("post_attention_layernorm",
-                      std::make_shared<RmsNorm>(config.hidden_size(), config.rms_norm_eps()));
+  auto norm = [&] {
+    return std::make_shared<RmsNorm>(config.hidden_size(), config.rms_norm_eps(),
+                                     config.norm_unit_offset());
+  };
+  input_layernorm_ = register_module("input_layernorm", norm());
+  post_attention_layernorm_ = register_module("post_attention_layernorm", norm());
+  if (config.sandwich_norms()) {
+    pre_feedforward_layernorm_ = register_module("pre_feedforward_layernorm", norm());
+    post_feedforward_layernorm_ = register_module("post_feedforward_layernorm", norm());
+  }
 }
 
 void DecoderLayer::set_fused_kernels(bool enabled) {
@@ -189,6 +246,8 @@ void DecoderLayer::set_fused_kernels(bool enabled) {
   mlp_->set_fused_kernels(enabled);
   input_layernorm_->set_fused_kernels(enabled);
   post_attention_layernorm_->set_fused_kernels(enabled);
+  if (pre_feedforward_layernorm_) pre_feedforward_layernorm_->set_fused_kernels(enabled);
+  if (post_feedforward_layernorm_) post_feedforward_layernorm_->set_fused_kernels(enabled);
 }
 
 torch::Tensor DecoderLayer::Forward(torch::Tensor x, const RotaryTables& rope) {
@@ -244,6 +303,13 @@ at::Tensor DecoderLayer::ResidualDropout(const at::Tensor& x) const {
 
 torch::Tensor DecoderLayer::Body(const torch::Tensor& x, const RotaryTables& rope) {
   const bool fused = fused_kernels_;
+  if (pre_feedforward_layernorm_) {
+    const at::Tensor attn = self_attn_->Forward(input_layernorm_->Forward(x), rope);
+    const at::Tensor h =
+        kernels::ResidualAdd(x, post_attention_layernorm_->Forward(attn), fused);
+    const at::Tensor mlp = mlp_->Forward(pre_feedforward_layernorm_->Forward(h));
+    return kernels::ResidualAdd(h, post_feedforward_layernorm_->Forward(mlp), fused);
+  }
   const at::Tensor attn = self_attn_->Forward(input_layernorm_->Forward(x), rope);
   const at::Tensor h = kernels::ResidualAdd(x, ResidualDropout(attn), fused);
   const at::Tensor mlp = mlp_->Forward(post_attention_layernorm_->Forward(h));

@@ -25,18 +25,23 @@ int64_t ResolvedHeadDim(const proto::DecoderConfig& config);
 // weight * x / sqrt(mean(x^2) + eps) over the last dimension. Like Hugging Face's LlamaRMSNorm,
 // the normalization runs in fp32 and is cast back to the input dtype before the weight
 // multiplies it (so the result has the promoted dtype of weight and input).
+//
+// With unit_offset (Gemma), x / rms(x) * (1 + weight) computed in fp32 and cast to the input
+// dtype at the end; the fused kernel does not cover it, so it stays eager.
 class RmsNorm : public torch::nn::Module {
  public:
-  RmsNorm(int64_t size, double eps);
+  RmsNorm(int64_t size, double eps, bool unit_offset = false);
   // Fused (kernels/fused_ops.h, on CUDA), the result is in the autocast dtype where autocast
   // is on, else in the promoted dtype.
   torch::Tensor Forward(const torch::Tensor& x) const;
   const torch::Tensor& weight() const { return weight_; }
   double eps() const { return eps_; }
+  bool unit_offset() const { return unit_offset_; }
   void set_fused_kernels(bool enabled) { fused_ = enabled; }
 
  private:
   double eps_;
+  bool unit_offset_;
   bool fused_ = false;
   torch::Tensor weight_;
 };
@@ -73,6 +78,10 @@ class Attention : public torch::nn::Module {
   double dropout() const { return dropout_; }
 
  private:
+  // Gemma's attention: scores scaled by query_pre_attn_scalar^-0.5 and soft-capped, in
+  // transformers' eager order (q: [B, H, T, D]; k, v: [B, KV, T, D]).
+  at::Tensor EagerAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) const;
+
   struct Projected {
     at::Tensor q, k, v;  // [B, T, heads, D], v [B, KV, T, D]
   };
@@ -82,6 +91,10 @@ class Attention : public torch::nn::Module {
   bool fused_ = false;
   int64_t window_ = 0;
   double dropout_ = 0;
+  double scale_ = 0;    // 0: head_dim^-0.5
+  double softcap_ = 0;  // 0: none
+  // Gemma's (1 + w) QK-norm, scale or soft-capping: no fused kernel covers them.
+  bool eager_only_ = false;
   int64_t num_heads_;
   int64_t num_kv_heads_;
   int64_t head_dim_;
@@ -103,7 +116,10 @@ class SwiGluMlp : public torch::nn::Module {
   void set_fused_kernels(bool enabled) { fused_ = enabled; }
 
  private:
+  at::Tensor Activate(const at::Tensor& gate, const at::Tensor& up) const;
+
   bool fused_ = false;
+  bool gelu_tanh_ = false;  // GeGLU (Gemma): eager, the fused kernel is SwiGLU's
   torch::nn::Linear gate_proj_{nullptr};
   torch::nn::Linear up_proj_{nullptr};
   torch::nn::Linear down_proj_{nullptr};
@@ -112,7 +128,10 @@ class SwiGluMlp : public torch::nn::Module {
 
 // Pre-norm residual block, unit class "DecoderLayer":
 //   h = x + self_attn(input_layernorm(x)); out = h + mlp(post_attention_layernorm(h)),
-// with residual_dropout on self_attn's and mlp's outputs in training mode (Phi-3).
+// with residual_dropout on self_attn's and mlp's outputs in training mode (Phi-3). With
+// sandwich_norms (Gemma 2/3):
+//   h = x + post_attention_layernorm(self_attn(input_layernorm(x)));
+//   out = h + post_feedforward_layernorm(mlp(pre_feedforward_layernorm(h))).
 class DecoderLayer : public Unit {
  public:
   // `layer_index` (from 0) decides whether the layer has the sliding window.
@@ -148,6 +167,8 @@ class DecoderLayer : public Unit {
   std::shared_ptr<SwiGluMlp> mlp_;
   std::shared_ptr<RmsNorm> input_layernorm_;
   std::shared_ptr<RmsNorm> post_attention_layernorm_;
+  std::shared_ptr<RmsNorm> pre_feedforward_layernorm_;  // null without sandwich_norms
+  std::shared_ptr<RmsNorm> post_feedforward_layernorm_;
 };
 
 }  // namespace cpptrain

@@ -663,6 +663,29 @@ std::vector<std::pair<std::string, proto::DecoderConfig>> FusedPathVariants() {
     longrope->add_long_factor(2 * f);
   }
   variants.emplace_back("phi3 longrope", config);
+  // Gemma 2: (1 + w) norms, GeGLU, soft-capped attention and logits, alternating windows
+  // (each piece eager on the fused path, the rest fused).
+  config = Tiny();
+  config.set_model_type("gemma2");
+  config.set_qk_norm(false);
+  config.set_hidden_act("gelu_pytorch_tanh");
+  config.set_norm_unit_offset(true);
+  config.set_scale_embeddings(true);
+  config.set_sandwich_norms(true);
+  config.set_query_pre_attn_scalar(16);
+  config.set_attn_logit_softcapping(2);
+  config.set_final_logit_softcapping(3);
+  config.set_sliding_window(3);
+  config.add_layer_types("sliding_attention");
+  config.add_layer_types("full_attention");
+  variants.emplace_back("gemma2", config);
+  // Gemma 3: the same without soft-capping, with the (1 + w) QK-norm and the local rope base.
+  config.set_model_type("gemma3_text");
+  config.set_qk_norm(true);
+  config.clear_attn_logit_softcapping();
+  config.clear_final_logit_softcapping();
+  config.set_rope_local_base_freq(100);
+  variants.emplace_back("gemma3", config);
   return variants;
 }
 

@@ -28,6 +28,11 @@ the logits. Under checkpoint/testdata/:
                            keeps the short-factor keys of the first 8 tokens).
   hf_phi3_tiny/            Phi3ForCausalLM (qkv_proj, gate_up_proj), longrope with the pretraining
                            length 8 at the top level, sliding_window 6, untied.
+  hf_gemma2_tiny/          Gemma2ForCausalLM: head_dim 8, query_pre_attn_scalar 16, attention
+                           soft-capping 2, final soft-capping 3, layer 0 sliding (window 4),
+                           layer 1 global, tied.
+  hf_gemma3_tiny/          Gemma3ForCausalLM (gemma3_text): QK-norm, layer 0 sliding (window 4,
+                           rope base 10000), layer 1 global (linear factor 2 over base 1e6).
   hf_rope_init/            NAME.json configs at real sizes (Qwen2.5 yarn in 4.x's rope_scaling,
                            yarn with mscale / attention_factor, longrope, Phi-3's "su") and
                            golden.safetensors, transformers' rope init function on each.
@@ -53,6 +58,7 @@ import sys
 import torch
 from safetensors.torch import save_file
 from transformers import (AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
+                          Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig,
                           Phi3Config, Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
                           Qwen3ForCausalLM)
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
@@ -291,10 +297,29 @@ def main():
                                "short_factor": short, "long_factor": long})
     assert phi3.config.rope_parameters["original_max_position_embeddings"] == 8
     write(phi3, "hf_phi3_tiny")
+    # Gemma 2: (1 + w) norms (w drawn around 1 as every norm here, so 1 + w is around 2), the
+    # sqrt(hidden) embedding scale, GeGLU, sandwich norms, query_pre_attn_scalar 16
+    # (not head_dim 8), attention and final logit soft-capping small enough to bind, layer 0
+    # sliding (window 4), layer 1 global; tied.
+    gemma2 = build(Gemma2ForCausalLM, Gemma2Config, SEED + 9, head_dim=8, query_pre_attn_scalar=16,
+                   attn_logit_softcapping=2.0, final_logit_softcapping=3.0, sliding_window=4,
+                   pad_token_id=None, rms_norm_eps=1e-6)
+    assert gemma2.config.layer_types == ["sliding_attention", "full_attention"]
+    write(gemma2, "hf_gemma2_tiny")
+    # Gemma 3 (text): QK-norm, no soft-capping, local rope base 10000 for the sliding layer and
+    # linear scaling (factor 2) over base 1e6 for the global one.
+    gemma3 = build(Gemma3ForCausalLM, Gemma3TextConfig, SEED + 10, head_dim=8,
+                   query_pre_attn_scalar=16, sliding_window=4, pad_token_id=None,
+                   layer_types=["sliding_attention", "full_attention"],
+                   rope_parameters={
+                       "full_attention": {"rope_type": "linear", "factor": 2.0,
+                                          "rope_theta": 1000000.0},
+                       "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}})
+    write(gemma3, "hf_gemma3_tiny")
     write_rope_init_golden(rope_init_cases())
     write_eval_golden(["hf_qwen2_tiny", "hf_qwen2_tied_tiny", "hf_qwen2_sliding_tiny",
                        "hf_qwen3_sliding_tiny", "hf_llama_mlp_bias_tiny", "hf_mistral_tiny", "hf_rope_yarn_tiny",
-                       "hf_phi3_tiny"])
+                       "hf_phi3_tiny", "hf_gemma2_tiny", "hf_gemma3_tiny"])
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/status.h"
@@ -41,6 +42,27 @@ proto::DecoderConfig FromShape(const Shape& s) {
   return c;
 }
 
+// Gemma's pieces beside the shape, as google/gemma-2-2b's and gemma-3-1b-pt's config.json give
+// them: Gemma 2 every other layer sliding and soft-capping 50 / 30, Gemma 3 five sliding
+// layers to one global and the local rope base 10000 (qk_norm in the shape says which).
+void SetGemmaPieces(proto::DecoderConfig& c) {
+  c.set_hidden_act("gelu_pytorch_tanh");
+  c.set_norm_unit_offset(true);
+  c.set_scale_embeddings(true);
+  c.set_sandwich_norms(true);
+  c.set_query_pre_attn_scalar(256);
+  const int64_t every = c.qk_norm() ? 6 : 2;
+  for (int64_t i = 0; i < c.num_hidden_layers(); ++i) {
+    c.add_layer_types((i + 1) % every != 0 ? "sliding_attention" : "full_attention");
+  }
+  if (c.qk_norm()) {
+    c.set_rope_local_base_freq(10000);
+  } else {
+    c.set_attn_logit_softcapping(50);
+    c.set_final_logit_softcapping(30);
+  }
+}
+
 // Shapes from the models' Hugging Face config.json files; "tiny" is for unit tests and "demo"
 // learns a character-level corpus on two CPU cores in under a minute.
 const std::vector<std::pair<std::string, Shape>>& NamedShapes() {
@@ -51,6 +73,9 @@ const std::vector<std::pair<std::string, Shape>>& NamedShapes() {
       {"llama3.2-3b", {128256, 3072, 8192, 28, 24, 8, 128, 500000, 1e-5, true, false}},
       {"qwen2.5-0.5b", {151936, 896, 4864, 24, 14, 2, 0, 1e6, 1e-6, true, false, true}},
       {"mistral-7b", {32000, 4096, 14336, 32, 32, 8, 0, 10000, 1e-5, false, false, false, 4096}},
+      {"phi3-mini", {32064, 3072, 8192, 32, 32, 32, 0, 10000, 1e-5, false, false, false, 2047}},
+      {"gemma2-2b", {256000, 2304, 9216, 26, 8, 4, 256, 10000, 1e-6, true, false, false, 4096}},
+      {"gemma3-1b", {262144, 1152, 6912, 26, 4, 1, 256, 1e6, 1e-6, true, true, false, 512}},
       {"tiny", {64, 32, 64, 2, 4, 2, 8, 10000, 1e-6, true, true}},
       {"demo", {32, 64, 128, 2, 4, 2, 0, 10000, 1e-6, false, false}},
   };
@@ -231,7 +256,11 @@ std::vector<std::string> KnownDecoderConfigNames() {
 
 absl::StatusOr<proto::DecoderConfig> NamedDecoderConfig(absl::string_view name) {
   for (const auto& [known, shape] : NamedShapes()) {
-    if (known == name) return FromShape(shape);
+    if (known != name) continue;
+    proto::DecoderConfig config = FromShape(shape);
+    if (absl::StartsWith(name, "phi3")) config.set_fused_projections(true);
+    if (absl::StartsWith(name, "gemma")) SetGemmaPieces(config);
+    return config;
   }
   return absl::InvalidArgumentError(
       absl::StrCat("unknown model config name \"", name, "\"; known names: ",

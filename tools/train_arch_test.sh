@@ -13,8 +13,9 @@
 #     with the final eval_loss within 1e-5 (tools/hf_eval_loss.py; needs torch and transformers
 #     in $CPPTRAIN_VENV, else SKIPPED);
 #  4. for the directories in TWO_PROCESS (new architectures), the same job on 2 processes
-#     (tools/launch, Gloo) under ZeRO-3 with 2 samples per rank gives the single process's loss
-#     at each of the 5 steps within 1e-5.
+#     (tools/launch, Gloo) with 2 samples per rank gives the single process's loss at each of
+#     the 5 steps within 1e-5: Phi-3 under ZeRO-3, Gemma 2 under FSDP2 (each layer a unit, by
+#     transformers' class name), Gemma 3 under DDP.
 set -euo pipefail
 train="$1"
 ckpt="$2"
@@ -23,7 +24,11 @@ golden_dir="$4"  # tools/testdata/hf_arch_eval
 checker="$5"     # tools/hf_eval_loss.py
 generate="$6"
 launch="$7"
-TWO_PROCESS=" hf_phi3_tiny hf_gemma2_tiny "
+declare -A TWO_PROCESS=(
+  [hf_phi3_tiny]='zero { stage: 3 }'
+  [hf_gemma2_tiny]='fsdp { version: 2 transformer_layer_cls_to_wrap: "Gemma2DecoderLayer" }'
+  [hf_gemma3_tiny]='ddp { }'
+)
 prompt=$(sed -nE 's/.*"prompt": "([0-9 ]+)".*/\1/p' "$golden_dir/expected.json")
 eval_file="$golden_dir/eval.bin"
 seq_len=$(sed -nE 's/.*"seq_len": ([0-9]+).*/\1/p' "$golden_dir/expected.json")
@@ -74,22 +79,23 @@ JOB
   awk -v a="$eval0" -v b="$expected" 'BEGIN { d = (a - b) / b; if (d < 0) d = -d; exit !(d < 1e-6) }' ||
     { echo "FAIL: $name: eval_loss at step 0 differs from transformers' by 1e-6 relative or more"; exit 1; }
   [[ -d "$out/checkpoint-5" ]] || { echo "FAIL: $name: no checkpoint-5"; exit 1; }
-  if [[ "$TWO_PROCESS" == *" $name "* ]]; then
-    two="${TEST_TMPDIR}/$name-zero3"
+  if [[ -n "${TWO_PROCESS[$name]:-}" ]]; then
+    engine="${TWO_PROCESS[$name]}"
+    two="${TEST_TMPDIR}/$name-2proc"
     sed -e "s|output_dir: \"$out\"|output_dir: \"$two\"|" \
         -e 's|per_device_train_batch_size: 4|per_device_train_batch_size: 2|' \
-        -e 's|local { device: "cpu" }|use_cpu: true zero { stage: 3 }|' \
-        -e 's|save_strategy: STEPS|save_strategy: NO|' "$job" >"$job.zero3"
-    timeout 300 "$launch" --nproc_per_node=2 --master_port=0 "$train" --config="$job.zero3" \
-      >/dev/null 2>"${TEST_TMPDIR}/$name-zero3.log" ||
-      { cat "${TEST_TMPDIR}/$name-zero3.log"; echo "FAIL: $name: the 2-process ZeRO-3 run failed"; exit 1; }
+        -e "s|local { device: \"cpu\" }|use_cpu: true $engine|" \
+        -e 's|save_strategy: STEPS|save_strategy: NO|' "$job" >"$job.2proc"
+    timeout 300 "$launch" --nproc_per_node=2 --master_port=0 "$train" --config="$job.2proc" \
+      >/dev/null 2>"${TEST_TMPDIR}/$name-2proc.log" ||
+      { cat "${TEST_TMPDIR}/$name-2proc.log"; echo "FAIL: $name: the 2-process run ($engine) failed"; exit 1; }
     one=$(grep '"loss":' "$out/metrics.jsonl" | sed -E 's/.*"loss":([^,}]*).*/\1/' | tr '\n' ' ')
     zero=$(grep '"loss":' "$two/metrics.jsonl" | sed -E 's/.*"loss":([^,}]*).*/\1/' | tr '\n' ' ')
-    echo "$name: losses 1 process $one, 2 processes ZeRO-3 $zero"
+    echo "$name: losses 1 process $one, 2 processes ($engine) $zero"
     awk -v a="$one" -v b="$zero" 'BEGIN { n = split(a, x, " "); m = split(b, y, " ");
         if (n != 5 || m != 5) exit 1;
         for (i = 1; i <= n; i++) { d = x[i] - y[i]; if (d < 0) d = -d; if (d >= 1e-5) exit 1 } }' ||
-      { echo "FAIL: $name: 2-process ZeRO-3 losses differ from 1 process's by 1e-5 or more"; exit 1; }
+      { echo "FAIL: $name: 2-process losses ($engine) differ from 1 process's by 1e-5 or more"; exit 1; }
   fi
 
   full="${TEST_TMPDIR}/$name-full"

@@ -398,6 +398,19 @@ std::string ReadError(const std::string& text) {
   return config.ok() ? "" : std::string(config.status().message());
 }
 
+TEST(HfArchTest, Phi3PartialRotaryGivesTransformersResults) {
+  auto config = DecoderConfigFromHfConfig(TestdataPath("hf_phi3_partial_tiny") + "/config.json");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->partial_rotary_factor(), 0.5);
+  EXPECT_EQ(ResolvedRotaryDim(*config), 4);
+  EXPECT_EQ(config->rope_scaling().short_factor_size(), 2);
+  ExpectTransformersParity("hf_phi3_partial_tiny");
+  ExpectFeatureMatters("hf_phi3_partial_tiny", [](proto::DecoderConfig& c) {
+    c.clear_partial_rotary_factor();
+    c.clear_rope_scaling();
+  });
+}
+
 TEST(HfArchConfigTest, Phi3ReadsItsRopeAsTransformersDoes) {
   // Phi-3-mini-128k's 4.x form: "su" is longrope; the top-level pretraining length wins.
   auto su = DecoderConfigFromHfConfig(TestdataPath("hf_rope_init") + "/phi3_su_4x.json");
@@ -415,8 +428,13 @@ TEST(HfArchConfigTest, Phi3ReadsItsRopeAsTransformersDoes) {
   auto dropout = Read(Config(R"("model_type": "phi3", "resid_pdrop": 0.1, "embd_pdrop": 0.1)"));
   ASSERT_TRUE(dropout.ok()) << dropout.status();
   EXPECT_EQ(dropout->residual_dropout(), 0.1);
-  EXPECT_THAT(ReadError(Config(R"("model_type": "phi3", "partial_rotary_factor": 0.75)")),
-              HasSubstr("only 1.0 is supported"));
+  EXPECT_THAT(ReadError(Config(R"("model_type": "llama", "partial_rotary_factor": 0.75)")),
+              HasSubstr("for phi3 only"));
+  auto partial = Read(Config(R"("model_type": "phi3", "partial_rotary_factor": 0.75)"));
+  ASSERT_TRUE(partial.ok()) << partial.status();
+  EXPECT_EQ(partial->partial_rotary_factor(), 0.75);
+  EXPECT_THAT(ReadError(Config(R"("model_type": "phi3", "partial_rotary_factor": 0.1)")),
+              HasSubstr("turns int(head_dim * factor) = 0"));
 }
 
 TEST(HfArchConfigTest, GemmaDefaultsAsTransformersReadThem) {
@@ -697,10 +715,11 @@ TEST(HfArchExportTest, Phi3LoadsBackWithTheFusedNames) {
   config.set_tie_word_embeddings(false);
   config.set_sliding_window(5);
   config.set_residual_dropout(0.125);
+  config.set_partial_rotary_factor(0.5);
   proto::RopeScaling* s = config.mutable_rope_scaling();
   s->set_rope_type("longrope");
   s->set_original_max_position_embeddings(6);
-  for (double f : {1.0, 2.0, 3.5, 4.0}) {
+  for (double f : {1.0, 3.5}) {  // 4 of 8 dimensions turn
     s->add_short_factor(f);
     s->add_long_factor(2 * f);
   }

@@ -174,9 +174,10 @@ absl::Status CheckUnsupportedFeatures(const ConfigFields& fields, absl::string_v
                                      "is supported"));
   }
   CT_ASSIGN_OR_RETURN(std::optional<double> partial, fields.Number("partial_rotary_factor"));
-  if (partial.has_value() && *partial != 1.0) {
+  if (model_type != "phi3" && partial.has_value() && *partial != 1.0) {
     return fields.Error("partial_rotary_factor", *fields.Find("partial_rotary_factor"),
-                        "the decoder rotates the whole head: only 1.0 is supported");
+                        "the decoder rotates part of the head for phi3 only: only 1.0 is "
+                        "supported here");
   }
   return absl::OkStatus();
 }
@@ -325,6 +326,8 @@ absl::Status ReadSlidingWindow(const ConfigFields& fields, absl::string_view mod
 struct RopeFields {
   std::optional<double> theta;
   std::optional<proto::RopeScaling> scaling;
+  std::optional<double> partial;  // partial_rotary_factor in the rope object
+  bool partial_allowed = false;   // phi3
 };
 
 // A list of numbers (longrope's short_factor and long_factor).
@@ -404,9 +407,12 @@ absl::Status ReadRopeObject(const std::string& path, const ConfigFields& fields,
       type = value.string;
     } else if (name == "partial_rotary_factor") {
       CT_ASSIGN_OR_RETURN(std::optional<double> partial, rope.Number(name));
-      if (partial.has_value() && *partial != 1.0) {
-        return rope.Error(name, value, "the decoder rotates the whole head: only 1.0 is supported");
+      if (partial.has_value() && *partial != 1.0 && !out.partial_allowed) {
+        return rope.Error(name, value,
+                          "the decoder rotates part of the head for phi3 only: only 1.0 is "
+                          "supported here");
       }
+      if (partial.has_value()) out.partial = partial;
     } else if (name == "rope_theta") {
       CT_ASSIGN_OR_RETURN(std::optional<double> theta, rope.Number(name));
       if (theta.has_value() && out.theta.has_value() && *theta != *out.theta) {
@@ -453,8 +459,10 @@ absl::Status ReadRopeObject(const std::string& path, const ConfigFields& fields,
 // rope_theta at the top level (4.x) or in "rope_parameters" (5.x), and the scaling of either
 // "rope_parameters" or "rope_scaling" (4.x). Where both give a value, the values must agree.
 absl::StatusOr<RopeFields> ReadRope(const std::string& path, const ConfigFields& fields,
-                                    std::optional<int64_t> max_positions) {
+                                    std::optional<int64_t> max_positions,
+                                    bool partial_allowed = false) {
   RopeFields rope;
+  rope.partial_allowed = partial_allowed;
   CT_ASSIGN_OR_RETURN(rope.theta, fields.Number("rope_theta"));
   CT_RETURN_IF_ERROR(ReadRopeObject(path, fields, "rope_parameters", max_positions, rope));
   CT_RETURN_IF_ERROR(ReadRopeObject(path, fields, "rope_scaling", max_positions, rope));
@@ -716,6 +724,7 @@ std::string HfConfigJson(const proto::DecoderConfig& config) {
   if (type == "mistral" || type == "phi3") fields.emplace_back("sliding_window", window);
   if (type == "phi3") {
     fields.emplace_back("resid_pdrop", JsonDouble(config.residual_dropout()));
+    fields.emplace_back("partial_rotary_factor", JsonDouble(config.partial_rotary_factor()));
     fields.emplace_back("embd_pdrop", "0.0");
     // Phi-3's class takes the pretraining length from here, 4096 when absent.
     const proto::RopeScaling& s = config.rope_scaling();
@@ -825,7 +834,7 @@ absl::StatusOr<proto::DecoderConfig> DecoderConfigFromHfConfig(const std::string
   CT_ASSIGN_OR_RETURN(RopeFields rope,
                       *model_type == "gemma3_text"
                           ? ReadGemma3Rope(path, fields, max_positions, local_base)
-                          : ReadRope(path, fields, max_positions));
+                          : ReadRope(path, fields, max_positions, *model_type == "phi3"));
   if (*model_type == "phi3") CT_RETURN_IF_ERROR(ApplyPhi3Rope(fields, rope));
   if (local_base > 0) config.set_rope_local_base_freq(local_base);
   CT_ASSIGN_OR_RETURN(std::optional<double> eps, fields.Number("rms_norm_eps"));
@@ -867,7 +876,13 @@ absl::StatusOr<proto::DecoderConfig> DecoderConfigFromHfConfig(const std::string
     CT_RETURN_IF_ERROR(ReadSlidingWindow(fields, *model_type, layers, config));
   }
   if (attention_dropout.value_or(0.0) != 0.0) config.set_attention_dropout(*attention_dropout);
-  if (*model_type == "phi3") CT_RETURN_IF_ERROR(ReadPhi3Fields(fields, config));
+  if (*model_type == "phi3") {
+    CT_RETURN_IF_ERROR(ReadPhi3Fields(fields, config));
+    // Phi3Config: the rope object's value, else the top level's.
+    CT_ASSIGN_OR_RETURN(std::optional<double> partial, fields.Number("partial_rotary_factor"));
+    if (rope.partial.has_value()) partial = rope.partial;
+    if (partial.value_or(1.0) != 1.0) config.set_partial_rotary_factor(*partial);
+  }
   config.set_initializer_range(init_range.value_or(defaults->initializer_range));
   // Only where the fields do not already say it (a Mistral model without a window).
   if (ResolvedModelType(config) != *model_type) config.set_model_type(*model_type);

@@ -22,7 +22,7 @@ namespace cpptrain {
 // "qwen3" (the per-head q/k norm), "mistral" (a sliding window in every layer) or "phi3" (fused
 // qkv_proj and gate_up_proj, resid_pdrop, a window in every layer when sliding_window is set,
 // "su"/"yarn" scaling read as longrope with the top-level original_max_position_embeddings,
-// default 4096), "gemma2" or "gemma3_text" (GeGLU, (1 + w) norms, the embedding scale,
+// default 4096; partial_rotary_factor), "gemma2" or "gemma3_text" (GeGLU, (1 + w) norms, the embedding scale,
 // sandwich norms, query_pre_attn_scalar, soft-capping with Gemma 2's defaults 50 and 30,
 // layer_types or the sliding pattern, QK-norm and the two rope objects of Gemma 3; tied by
 // default). Reads the
@@ -40,7 +40,7 @@ namespace cpptrain {
 // fields (dtype, ...) do not change the decoder and are not read.
 // Errors name the file, the field, the value and what to change: another model_type (the
 // message lists the supported ones), a RoPE type the decoder does not implement, an
-// activation other than silu, a partial_rotary_factor other than 1, mlp_bias outside llama, sliding layers before
+// activation other than silu, a partial_rotary_factor other than 1 outside phi3, mlp_bias outside llama, sliding layers before
 // full ones, a wrong JSON type, or a config that fails ValidateDecoderConfig.
 absl::StatusOr<proto::DecoderConfig> DecoderConfigFromHfConfig(const std::string& config_json_path);
 

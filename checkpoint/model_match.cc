@@ -115,6 +115,8 @@ std::vector<std::string> DecoderConfigDifferences(const proto::DecoderConfig& sa
       {"mlp_bias", {Bool(saved.mlp_bias()), Bool(model.mlp_bias())}},
       {"fused_projections",
        {Bool(saved.fused_projections()), Bool(model.fused_projections())}},
+      {"partial_rotary_factor",
+       {Number(saved.partial_rotary_factor()), Number(model.partial_rotary_factor())}},
       {"sliding_window", {Window(saved), Window(model)}},
       {"model_type", {saved.model_type(), model.model_type()}},
   };

@@ -205,6 +205,10 @@ absl::Status CheckModelTypeFeatures(const proto::DecoderConfig& c) {
     return refuse("has fused_projections true (only phi3 has it)");
   }
   if (type == "phi3" && c.attention_bias()) return refuse("has attention_bias true");
+  if (type != "phi3" && c.partial_rotary_factor() != 1) {
+    return refuse(absl::StrCat("has partial_rotary_factor = ", c.partial_rotary_factor(),
+                               " (only phi3 rotates part of the head)"));
+  }
   if (type != "phi3" && c.residual_dropout() != 0) {
     return refuse(absl::StrCat("has residual_dropout = ", c.residual_dropout(),
                                " (only phi3 has it, as resid_pdrop)"));
@@ -318,6 +322,14 @@ absl::Status ValidateDecoderConfig(const proto::DecoderConfig& c) {
         absl::StrCat("DecoderConfig head_dim = ", head_dim,
                      " is odd; rotary embeddings rotate pairs, so use an even head_dim"));
   }
+  const int64_t rotary_dim = ResolvedRotaryDim(c);
+  if (!(c.partial_rotary_factor() > 0 && c.partial_rotary_factor() <= 1) || rotary_dim <= 0 ||
+      rotary_dim % 2 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "DecoderConfig.partial_rotary_factor = ", c.partial_rotary_factor(),
+        " turns int(head_dim * factor) = ", rotary_dim, " of head_dim = ", head_dim,
+        " dimensions; use a factor in (0, 1] that gives an even, positive count"));
+  }
   if (!(c.rope_theta() > 0) || !(c.rms_norm_eps() > 0) || !(c.initializer_range() >= 0)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "DecoderConfig needs rope_theta > 0, rms_norm_eps > 0 and initializer_range >= 0; got ",
@@ -326,7 +338,7 @@ absl::Status ValidateDecoderConfig(const proto::DecoderConfig& c) {
   CT_RETURN_IF_ERROR(CheckAttentionOptions(c));
   CT_RETURN_IF_ERROR(CheckGemmaOptions(c));
   CT_RETURN_IF_ERROR(CheckModelTypeFeatures(c));
-  return ValidateRopeScaling(c, ResolvedHeadDim(c));
+  return ValidateRopeScaling(c, ResolvedRotaryDim(c));
 }
 
 absl::StatusOr<std::shared_ptr<DecoderLM>> BuildDecoder(const proto::DecoderConfig& config,

@@ -121,8 +121,9 @@ at::Tensor DecoderLM::Hidden(const at::Tensor& ids) {
     h = h * scale.to(embed_tokens_->weight.scalar_type());
   }
   const int64_t t = ids.size(1);
+  const int64_t rotary_dim = ResolvedRotaryDim(config_);
   const RotaryTables rope = ComputeRotary(
-      t, RopeInverseFrequencies(config_, head_dim_, t, h.device()), RopeAttentionScaling(config_));
+      t, RopeInverseFrequencies(config_, rotary_dim, t, h.device()), RopeAttentionScaling(config_));
   // Gemma 3's sliding layers: the default rotary embedding over rope_local_base_freq.
   RotaryTables local = rope;
   if (config_.has_rope_local_base_freq()) {

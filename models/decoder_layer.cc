@@ -42,6 +42,11 @@ int64_t ResolvedHeadDim(const proto::DecoderConfig& config) {
   return config.hidden_size() / config.num_attention_heads();
 }
 
+int64_t ResolvedRotaryDim(const proto::DecoderConfig& config) {
+  return static_cast<int64_t>(static_cast<double>(ResolvedHeadDim(config)) *
+                              config.partial_rotary_factor());
+}
+
 RmsNorm::RmsNorm(int64_t size, double eps, bool unit_offset)
     : torch::nn::Module("RmsNorm"), eps_(eps), unit_offset_(unit_offset) {
   weight_ = register_parameter("weight", unit_offset ? at::zeros({size}) : at::ones({size}));
@@ -77,7 +82,11 @@ RotaryTables ComputeRotary(int64_t seq_len, const at::Tensor& inv_freq,
 }
 
 torch::Tensor ApplyRotary(const torch::Tensor& x, const RotaryTables& rope) {
-  return kernels::ApplyRotaryReference(x, rope.cos, rope.sin);
+  const int64_t rotary = rope.cos.size(-1);
+  if (rotary == x.size(-1)) return kernels::ApplyRotaryReference(x, rope.cos, rope.sin);
+  return at::cat({kernels::ApplyRotaryReference(x.slice(-1, 0, rotary), rope.cos, rope.sin),
+                  x.slice(-1, rotary)},
+                 -1);
 }
 
 Attention::Attention(const proto::DecoderConfig& config, int64_t layer_index)
@@ -87,8 +96,10 @@ Attention::Attention(const proto::DecoderConfig& config, int64_t layer_index)
       scale_(config.has_query_pre_attn_scalar() ? std::pow(config.query_pre_attn_scalar(), -0.5)
                                                 : 0.0),
       softcap_(config.attn_logit_softcapping()),
+      // The fused QK-norm + rotary kernel turns the whole head.
       eager_only_(config.norm_unit_offset() || config.has_query_pre_attn_scalar() ||
-                  config.has_attn_logit_softcapping()),
+                  config.has_attn_logit_softcapping() ||
+                  ResolvedRotaryDim(config) != ResolvedHeadDim(config)),
       num_heads_(config.num_attention_heads()),
       num_kv_heads_(config.num_key_value_heads()),
       head_dim_(ResolvedHeadDim(config)) {

@@ -21,6 +21,9 @@ namespace cpptrain {
 
 // The per-head size: head_dim when set, hidden_size / num_attention_heads otherwise (Llama).
 int64_t ResolvedHeadDim(const proto::DecoderConfig& config);
+// The rotated part of each head: int(head_dim * partial_rotary_factor), as transformers
+// truncates it; head_dim without partial rotation.
+int64_t ResolvedRotaryDim(const proto::DecoderConfig& config);
 
 // weight * x / sqrt(mean(x^2) + eps) over the last dimension. Like Hugging Face's LlamaRMSNorm,
 // the normalization runs in fp32 and is cast back to the input dtype before the weight
@@ -59,7 +62,8 @@ RotaryTables ComputeRotary(int64_t seq_len, int64_t head_dim, double theta,
 RotaryTables ComputeRotary(int64_t seq_len, const at::Tensor& inv_freq,
                            double attention_scaling = 1.0);
 
-// x * cos + rotate_half(x) * sin for x [B, H, T, D], in x's dtype (HF apply_rotary_pos_emb).
+// x * cos + rotate_half(x) * sin for x [B, H, T, D], in x's dtype (HF apply_rotary_pos_emb);
+// with tables narrower than D (partial rotation) on the first dimensions, the rest unchanged.
 torch::Tensor ApplyRotary(const torch::Tensor& x, const RotaryTables& rope);
 
 // Grouped-query causal self-attention: q_proj, k_proj, v_proj, o_proj (bias on all four when

@@ -663,6 +663,11 @@ std::vector<std::pair<std::string, proto::DecoderConfig>> FusedPathVariants() {
     longrope->add_long_factor(2 * f);
   }
   variants.emplace_back("phi3 longrope", config);
+  // Partial rotation: the attention's rotary step eager (the fused kernel turns whole heads).
+  config.set_partial_rotary_factor(0.5);
+  config.mutable_rope_scaling()->mutable_short_factor()->Truncate(2);
+  config.mutable_rope_scaling()->mutable_long_factor()->Truncate(2);
+  variants.emplace_back("phi3 partial rotary", config);
   // Gemma 2: (1 + w) norms, GeGLU, soft-capped attention and logits, alternating windows
   // (each piece eager on the fused path, the rest fused).
   config = Tiny();

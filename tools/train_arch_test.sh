@@ -38,7 +38,7 @@ have_transformers=false
 
 for name in hf_qwen2_tiny hf_qwen2_tied_tiny hf_qwen2_sliding_tiny hf_qwen3_sliding_tiny \
             hf_llama_mlp_bias_tiny hf_mistral_tiny hf_rope_yarn_tiny \
-            hf_phi3_tiny hf_gemma2_tiny hf_gemma3_tiny; do
+            hf_phi3_tiny hf_phi3_partial_tiny hf_gemma2_tiny hf_gemma3_tiny; do
   model_dir="$testdata/$name"
   expected=$(sed -nE "s/.*\"$name\": ([0-9.eE+-]+).*/\1/p" "$golden_dir/expected.json")
   [[ -n "$expected" ]] || { echo "FAIL: no eval_loss for $name in expected.json"; exit 1; }

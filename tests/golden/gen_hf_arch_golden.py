@@ -28,6 +28,8 @@ the logits. Under checkpoint/testdata/:
                            keeps the short-factor keys of the first 8 tokens).
   hf_phi3_tiny/            Phi3ForCausalLM (qkv_proj, gate_up_proj), longrope with the pretraining
                            length 8 at the top level, sliding_window 6, untied.
+  hf_phi3_partial_tiny/    the same with partial_rotary_factor 0.5 and no window (4 of 8
+                           dimensions turn).
   hf_gemma2_tiny/          Gemma2ForCausalLM: head_dim 8, query_pre_attn_scalar 16, attention
                            soft-capping 2, final soft-capping 3, layer 0 sliding (window 4),
                            layer 1 global, tied.
@@ -297,6 +299,16 @@ def main():
                                "short_factor": short, "long_factor": long})
     assert phi3.config.rope_parameters["original_max_position_embeddings"] == 8
     write(phi3, "hf_phi3_tiny")
+    # Phi-3 with partial_rotary_factor 0.5 (Phi-4-mini's form): the first 4 of 8 dimensions
+    # turn (longrope with 2 factors each), the other 4 pass through.
+    phi3_partial = build(Phi3ForCausalLM, Phi3Config, SEED + 11, tie_word_embeddings=False,
+                         max_position_embeddings=64, original_max_position_embeddings=8,
+                         partial_rotary_factor=0.5, rms_norm_eps=1e-5, pad_token_id=None,
+                         bos_token_id=1, eos_token_id=2,
+                         rope_scaling={"type": "longrope", "rope_theta": 10000.0,
+                                       "short_factor": [1.0, 2.0], "long_factor": [1.0, 5.0]})
+    assert phi3_partial.config.rope_parameters["partial_rotary_factor"] == 0.5
+    write(phi3_partial, "hf_phi3_partial_tiny")
     # Gemma 2: (1 + w) norms (w drawn around 1 as every norm here, so 1 + w is around 2), the
     # sqrt(hidden) embedding scale, GeGLU, sandwich norms, query_pre_attn_scalar 16
     # (not head_dim 8), attention and final logit soft-capping small enough to bind, layer 0
@@ -319,7 +331,7 @@ def main():
     write_rope_init_golden(rope_init_cases())
     write_eval_golden(["hf_qwen2_tiny", "hf_qwen2_tied_tiny", "hf_qwen2_sliding_tiny",
                        "hf_qwen3_sliding_tiny", "hf_llama_mlp_bias_tiny", "hf_mistral_tiny", "hf_rope_yarn_tiny",
-                       "hf_phi3_tiny", "hf_gemma2_tiny", "hf_gemma3_tiny"])
+                       "hf_phi3_tiny", "hf_phi3_partial_tiny", "hf_gemma2_tiny", "hf_gemma3_tiny"])
 
 
 if __name__ == "__main__":

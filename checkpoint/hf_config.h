@@ -19,11 +19,18 @@
 namespace cpptrain {
 
 // The DecoderConfig of a config.json whose model_type is "llama", "qwen2" (q/k/v biases),
-// "qwen3" (the per-head q/k norm) or "mistral" (a sliding window in every layer). Reads the
+// "qwen3" (the per-head q/k norm), "mistral" (a sliding window in every layer) or "phi3" (fused
+// qkv_proj and gate_up_proj, resid_pdrop, a window in every layer when sliding_window is set,
+// "su"/"yarn" scaling read as longrope with the top-level original_max_position_embeddings,
+// default 4096; partial_rotary_factor), "gemma2" or "gemma3_text" (GeGLU, (1 + w) norms, the embedding scale,
+// sandwich norms, query_pre_attn_scalar, soft-capping with Gemma 2's defaults 50 and 30,
+// layer_types or the sliding pattern, QK-norm and the two rope objects of Gemma 3; tied by
+// default). Reads the
 // sizes, head_dim, num_key_value_heads, rms_norm_eps, tie_word_embeddings, attention_bias (llama,
 // qwen3), mlp_bias (llama), attention_dropout, initializer_range, max_position_embeddings, the
 // token ids (bos, eos: one or a list, pad), rope_theta either at the top level (transformers 4.x)
-// or in "rope_parameters" (5.x), RoPE scaling ("linear", "dynamic", "llama3") from
+// or in "rope_parameters" (5.x), RoPE scaling ("linear", "dynamic", "llama3", "yarn",
+// "longrope") from
 // "rope_parameters" or "rope_scaling" (4.x), and the sliding window as transformers applies it:
 // mistral's sliding_window (absent: 4096; null: none); qwen2's and qwen3's only with
 // use_sliding_window, in the layers from max_window_layers on or those layer_types names
@@ -32,8 +39,8 @@ namespace cpptrain {
 // attention heads; llama3's original_max_position_embeddings: max_position_embeddings). Other
 // fields (dtype, ...) do not change the decoder and are not read.
 // Errors name the file, the field, the value and what to change: another model_type (the
-// message lists the supported ones), a RoPE type the decoder does not implement (yarn,
-// longrope, ...), an activation other than silu, mlp_bias outside llama, sliding layers before
+// message lists the supported ones), a RoPE type the decoder does not implement, an
+// activation other than silu, a partial_rotary_factor other than 1 outside phi3, mlp_bias outside llama, sliding layers before
 // full ones, a wrong JSON type, or a config that fails ValidateDecoderConfig.
 absl::StatusOr<proto::DecoderConfig> DecoderConfigFromHfConfig(const std::string& config_json_path);
 
@@ -43,7 +50,8 @@ absl::StatusOr<std::string> HfConfigDtype(const std::string& config_json_path);
 
 // The config.json of `config` for transformers (4.x and 5.x): model_type and architectures of
 // ResolvedModelType(config) ("qwen3" / Qwen3ForCausalLM, "qwen2" / Qwen2ForCausalLM, "mistral" /
-// MistralForCausalLM, "llama" / LlamaForCausalLM); the sizes, rms_norm_eps,
+// MistralForCausalLM, "phi3" / Phi3ForCausalLM with resid_pdrop and the top-level
+// original_max_position_embeddings, "llama" / LlamaForCausalLM); the sizes, rms_norm_eps,
 // tie_word_embeddings, attention_bias (llama, qwen3), mlp_bias (llama), attention_dropout,
 // initializer_range, max_position_embeddings, the token ids (null when unset), hidden_act
 // "silu", dtype "float32", rope_theta at the top level (4.x), the rotary embedding in

@@ -179,7 +179,12 @@ INSTANTIATE_TEST_SUITE_P(Directories, HfShardedLoadTest,
                          ::testing::Values(Case{"hf_llama_tiny", 2}, Case{"hf_qwen3_tiny", 3},
                                            Case{"hf_qwen2_tiny", 3},
                                            Case{"hf_llama_mlp_bias_tiny", 3},
-                                           Case{"hf_mistral_tiny", 2}),
+                                           Case{"hf_mistral_tiny", 2},
+                                           // qkv_proj's 64 and gate_up_proj's 128 rows split
+                                           // across ranks, q/k/v boundaries inside a chunk.
+                                           Case{"hf_phi3_tiny", 3},
+                                           Case{"hf_gemma2_tiny", 3},
+                                           Case{"hf_gemma3_tiny", 2}),
                          [](const ::testing::TestParamInfo<Case>& info) {
                            return absl::StrCat(info.param.dir_name, "_", info.param.world,
                                                "_ranks");

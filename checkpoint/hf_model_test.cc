@@ -316,12 +316,12 @@ std::string Llama(const std::string& extra) {
 TEST(HfConfigTest, ErrorsNameTheFieldAndTheValue) {
   EXPECT_THAT(ConfigError(Llama(R"("model_type": "gemma")")),
               AllOf(HasSubstr("\"model_type\" is \"gemma\""),
-                    HasSubstr(R"("llama", "mistral", "qwen2", "qwen3")")));
+                    HasSubstr(R"("llama", "mistral", "phi3", "qwen2", "qwen3")")));
   EXPECT_THAT(ConfigError(Llama("")), HasSubstr("\"model_type\" is missing"));
   EXPECT_THAT(ConfigError(Llama(
-                  R"("model_type": "llama", "rope_scaling": {"type": "yarn", "factor": 2.0})")),
-              AllOf(HasSubstr(R"(rope_type "yarn")"), HasSubstr("is not implemented"),
-                    HasSubstr("supported: linear, dynamic, llama3")));
+                  R"("model_type": "llama", "rope_scaling": {"type": "mrope", "factor": 2.0})")),
+              AllOf(HasSubstr(R"(rope_type "mrope")"), HasSubstr("is not implemented"),
+                    HasSubstr("supported: linear, dynamic, llama3, yarn, longrope")));
   EXPECT_THAT(ConfigError(Llama(R"("model_type": "llama",
           "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0})")),
               AllOf(HasSubstr(R"(rope_type "llama3")"),

@@ -44,11 +44,18 @@ std::string Window(const proto::DecoderConfig& c) {
 std::string Rope(const proto::DecoderConfig& c) {
   if (!c.has_rope_scaling()) return "none";
   const proto::RopeScaling& s = c.rope_scaling();
-  std::string text = absl::StrCat(s.rope_type(), " factor ", Number(s.factor()));
+  std::string text = absl::StrCat(s.rope_type(), " factor ",
+                                  s.has_factor() ? Number(s.factor()) : "unset");
   if (s.rope_type() == "llama3") {
     absl::StrAppend(&text, " low_freq_factor ", Number(s.low_freq_factor()), " high_freq_factor ",
                     Number(s.high_freq_factor()), " original_max_position_embeddings ",
                     s.original_max_position_embeddings());
+  }
+  if (s.rope_type() == "yarn" || s.rope_type() == "longrope") {
+    proto::RopeScaling rest = s;
+    rest.clear_rope_type();
+    rest.clear_factor();
+    absl::StrAppend(&text, " ", rest.ShortDebugString());
   }
   if (s.rope_type() == "dynamic") {
     absl::StrAppend(&text, " max_position_embeddings ", c.max_position_embeddings());
@@ -106,6 +113,10 @@ std::vector<std::string> DecoderConfigDifferences(const proto::DecoderConfig& sa
       {"attention_bias", {Bool(saved.attention_bias()), Bool(model.attention_bias())}},
       {"qkv_bias", {Bool(saved.qkv_bias()), Bool(model.qkv_bias())}},
       {"mlp_bias", {Bool(saved.mlp_bias()), Bool(model.mlp_bias())}},
+      {"fused_projections",
+       {Bool(saved.fused_projections()), Bool(model.fused_projections())}},
+      {"partial_rotary_factor",
+       {Number(saved.partial_rotary_factor()), Number(model.partial_rotary_factor())}},
       {"sliding_window", {Window(saved), Window(model)}},
       {"model_type", {saved.model_type(), model.model_type()}},
   };
@@ -120,6 +131,9 @@ std::vector<std::string> DecoderConfigDifferences(const proto::DecoderConfig& sa
 
 std::string ConfigFieldHint(absl::string_view name, int64_t other_side_layers) {
   if (absl::StrContains(name, "q_norm") || absl::StrContains(name, "k_norm")) return "qk_norm";
+  if (absl::StrContains(name, "qkv_proj") || absl::StrContains(name, "gate_up_proj")) {
+    return "model_type";  // only Phi-3 fuses them
+  }
   if (absl::EndsWith(name, ".bias")) {
     if (absl::StrContains(name, "self_attn")) return "attention_bias";
     if (absl::StrContains(name, "mlp")) return "mlp_bias";

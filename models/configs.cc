@@ -1,8 +1,12 @@
 #include "models/configs.h"
 
 #include <algorithm>
+#include <tuple>
+#include <functional>
+#include <cmath>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/status.h"
@@ -38,6 +42,27 @@ proto::DecoderConfig FromShape(const Shape& s) {
   return c;
 }
 
+// Gemma's pieces beside the shape, as google/gemma-2-2b's and gemma-3-1b-pt's config.json give
+// them: Gemma 2 every other layer sliding and soft-capping 50 / 30, Gemma 3 five sliding
+// layers to one global and the local rope base 10000 (qk_norm in the shape says which).
+void SetGemmaPieces(proto::DecoderConfig& c) {
+  c.set_hidden_act("gelu_pytorch_tanh");
+  c.set_norm_unit_offset(true);
+  c.set_scale_embeddings(true);
+  c.set_sandwich_norms(true);
+  c.set_query_pre_attn_scalar(256);
+  const int64_t every = c.qk_norm() ? 6 : 2;
+  for (int64_t i = 0; i < c.num_hidden_layers(); ++i) {
+    c.add_layer_types((i + 1) % every != 0 ? "sliding_attention" : "full_attention");
+  }
+  if (c.qk_norm()) {
+    c.set_rope_local_base_freq(10000);
+  } else {
+    c.set_attn_logit_softcapping(50);
+    c.set_final_logit_softcapping(30);
+  }
+}
+
 // Shapes from the models' Hugging Face config.json files; "tiny" is for unit tests and "demo"
 // learns a character-level corpus on two CPU cores in under a minute.
 const std::vector<std::pair<std::string, Shape>>& NamedShapes() {
@@ -48,6 +73,9 @@ const std::vector<std::pair<std::string, Shape>>& NamedShapes() {
       {"llama3.2-3b", {128256, 3072, 8192, 28, 24, 8, 128, 500000, 1e-5, true, false}},
       {"qwen2.5-0.5b", {151936, 896, 4864, 24, 14, 2, 0, 1e6, 1e-6, true, false, true}},
       {"mistral-7b", {32000, 4096, 14336, 32, 32, 8, 0, 10000, 1e-5, false, false, false, 4096}},
+      {"phi3-mini", {32064, 3072, 8192, 32, 32, 32, 0, 10000, 1e-5, false, false, false, 2047}},
+      {"gemma2-2b", {256000, 2304, 9216, 26, 8, 4, 256, 10000, 1e-6, true, false, false, 4096}},
+      {"gemma3-1b", {262144, 1152, 6912, 26, 4, 1, 256, 1e6, 1e-6, true, true, false, 512}},
       {"tiny", {64, 32, 64, 2, 4, 2, 8, 10000, 1e-6, true, true}},
       {"demo", {32, 64, 128, 2, 4, 2, 0, 10000, 1e-6, false, false}},
   };
@@ -67,6 +95,73 @@ absl::Status CheckPositive(absl::string_view field, bool has, int64_t value) {
   return absl::OkStatus();
 }
 
+// Gemma's pieces: all of them for gemma2 and gemma3_text, none elsewhere.
+absl::Status CheckGemmaFeatures(
+    const proto::DecoderConfig& c, const std::string& type,
+    const std::function<absl::Status(absl::string_view)>& refuse) {
+  const bool gemma = type == "gemma2" || type == "gemma3_text";
+  const bool gelu = c.hidden_act() == "gelu_pytorch_tanh";
+  if (!gelu && c.hidden_act() != "silu") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "DecoderConfig.hidden_act = \"", c.hidden_act(),
+        "\" is not implemented; use \"silu\" (SwiGLU) or \"gelu_pytorch_tanh\" (Gemma's GeGLU)"));
+  }
+  const bool has_all = gelu && c.norm_unit_offset() && c.scale_embeddings() && c.sandwich_norms();
+  if (gemma && !has_all) {
+    return refuse("lacks one of hidden_act \"gelu_pytorch_tanh\", norm_unit_offset, "
+                  "scale_embeddings and sandwich_norms (Gemma has all four)");
+  }
+  const bool has_any = gelu || c.norm_unit_offset() || c.scale_embeddings() ||
+                       c.sandwich_norms() || c.has_query_pre_attn_scalar() ||
+                       c.has_attn_logit_softcapping() || c.has_final_logit_softcapping() ||
+                       c.layer_types_size() > 0;
+  if (!gemma && has_any) {
+    return refuse("sets a Gemma feature (GeGLU, (1 + w) norms, embedding scale, sandwich norms, "
+                  "query_pre_attn_scalar, soft-capping or layer_types); use model_type "
+                  "\"gemma2\" or \"gemma3_text\"");
+  }
+  if (c.has_rope_local_base_freq() && type != "gemma3_text") {
+    return refuse("sets rope_local_base_freq (only gemma3_text has it)");
+  }
+  return absl::OkStatus();
+}
+
+// Gemma's layer_types, soft-capping and scale: in range.
+absl::Status CheckGemmaOptions(const proto::DecoderConfig& c) {
+  if (c.layer_types_size() > 0) {
+    if (c.layer_types_size() != c.num_hidden_layers()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "DecoderConfig.layer_types has ", c.layer_types_size(), " entries for ",
+          c.num_hidden_layers(), " layers; give one per layer"));
+    }
+    for (const std::string& type : c.layer_types()) {
+      if (type != "full_attention" && type != "sliding_attention") {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "DecoderConfig.layer_types has \"", type,
+            "\"; each is \"full_attention\" or \"sliding_attention\""));
+      }
+      if (type == "sliding_attention" && !c.has_sliding_window()) {
+        return absl::InvalidArgumentError(
+            "DecoderConfig.layer_types names sliding_attention layers but sliding_window is "
+            "unset; set the window");
+      }
+    }
+  }
+  for (const auto& [field, has, value] :
+       {std::tuple<const char*, bool, double>{"query_pre_attn_scalar",
+                                              c.has_query_pre_attn_scalar(),
+                                              c.query_pre_attn_scalar()},
+        {"attn_logit_softcapping", c.has_attn_logit_softcapping(), c.attn_logit_softcapping()},
+        {"final_logit_softcapping", c.has_final_logit_softcapping(), c.final_logit_softcapping()},
+        {"rope_local_base_freq", c.has_rope_local_base_freq(), c.rope_local_base_freq()}}) {
+    if (has && !(value > 0 && std::isfinite(value))) {
+      return absl::InvalidArgumentError(absl::StrCat("DecoderConfig.", field, " = ", value,
+                                                     " must be finite and > 0, or unset"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // What the model type's transformers class can build: each feature set is one that class has.
 absl::Status CheckModelTypeFeatures(const proto::DecoderConfig& c) {
   const std::string type = ResolvedModelType(c);
@@ -74,8 +169,8 @@ absl::Status CheckModelTypeFeatures(const proto::DecoderConfig& c) {
   if (std::find(types.begin(), types.end(), type) == types.end()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "DecoderConfig.model_type = \"", type, "\" is not implemented; supported: ",
-        absl::StrJoin(types, ", "), " (Gemma, Phi-3, mixture-of-experts and encoder-decoder "
-        "models are not)"));
+        absl::StrJoin(types, ", "), " (Gemma 1, mixture-of-experts, multimodal and "
+        "encoder-decoder models are not)"));
   }
   auto refuse = [&](absl::string_view what) {
     return absl::InvalidArgumentError(absl::StrCat("DecoderConfig with model_type \"", type,
@@ -88,8 +183,13 @@ absl::Status CheckModelTypeFeatures(const proto::DecoderConfig& c) {
         "DecoderConfig sets both attention_bias (biases on q, k, v and o) and qkv_bias (q, k and "
         "v only); set one");
   }
-  if (type == "qwen3" && !c.qk_norm()) return refuse("has qk_norm false (Qwen3 always has it)");
-  if (type != "qwen3" && c.qk_norm()) return refuse("has qk_norm true (only qwen3 has it)");
+  if ((type == "qwen3" || type == "gemma3_text") && !c.qk_norm()) {
+    return refuse("has qk_norm false (Qwen3 and Gemma 3 always have it)");
+  }
+  if (type != "qwen3" && type != "gemma3_text" && c.qk_norm()) {
+    return refuse("has qk_norm true (only qwen3 and gemma3_text have it)");
+  }
+  CT_RETURN_IF_ERROR(CheckGemmaFeatures(c, type, refuse));
   if (type == "qwen2" && !c.qkv_bias()) {
     return refuse("has qkv_bias false (Qwen2 always has q/k/v biases)");
   }
@@ -98,11 +198,26 @@ absl::Status CheckModelTypeFeatures(const proto::DecoderConfig& c) {
     return refuse("has attention_bias true");
   }
   if (type != "llama" && c.mlp_bias()) return refuse("has mlp_bias true (only llama has it)");
+  if (type == "phi3" && !c.fused_projections()) {
+    return refuse("has fused_projections false (Phi-3 stores qkv_proj and gate_up_proj)");
+  }
+  if (type != "phi3" && c.fused_projections()) {
+    return refuse("has fused_projections true (only phi3 has it)");
+  }
+  if (type == "phi3" && c.attention_bias()) return refuse("has attention_bias true");
+  if (type != "phi3" && c.partial_rotary_factor() != 1) {
+    return refuse(absl::StrCat("has partial_rotary_factor = ", c.partial_rotary_factor(),
+                               " (only phi3 rotates part of the head)"));
+  }
+  if (type != "phi3" && c.residual_dropout() != 0) {
+    return refuse(absl::StrCat("has residual_dropout = ", c.residual_dropout(),
+                               " (only phi3 has it, as resid_pdrop)"));
+  }
   if (type == "llama" && c.has_sliding_window()) {
     return refuse("has a sliding_window (use model_type \"mistral\")");
   }
-  if (type == "mistral" && c.first_sliding_layer() != 0) {
-    return refuse("has first_sliding_layer > 0 (Mistral's window is in every layer)");
+  if ((type == "mistral" || type == "phi3") && c.first_sliding_layer() != 0) {
+    return refuse("has first_sliding_layer > 0 (the window is in every layer)");
   }
   return absl::OkStatus();
 }
@@ -123,12 +238,18 @@ absl::Status CheckAttentionOptions(const proto::DecoderConfig& c) {
                                                    c.attention_dropout(),
                                                    " must be in [0, 1)"));
   }
+  if (!(c.residual_dropout() >= 0 && c.residual_dropout() < 1)) {
+    return absl::InvalidArgumentError(absl::StrCat("DecoderConfig.residual_dropout = ",
+                                                   c.residual_dropout(), " must be in [0, 1)"));
+  }
   return absl::OkStatus();
 }
 
 }  // namespace
 
-std::vector<std::string> SupportedModelTypes() { return {"llama", "mistral", "qwen2", "qwen3"}; }
+std::vector<std::string> SupportedModelTypes() {
+  return {"gemma2", "gemma3_text", "llama", "mistral", "phi3", "qwen2", "qwen3"};
+}
 
 
 std::vector<std::string> KnownDecoderConfigNames() {
@@ -139,7 +260,11 @@ std::vector<std::string> KnownDecoderConfigNames() {
 
 absl::StatusOr<proto::DecoderConfig> NamedDecoderConfig(absl::string_view name) {
   for (const auto& [known, shape] : NamedShapes()) {
-    if (known == name) return FromShape(shape);
+    if (known != name) continue;
+    proto::DecoderConfig config = FromShape(shape);
+    if (absl::StartsWith(name, "phi3")) config.set_fused_projections(true);
+    if (absl::StartsWith(name, "gemma")) SetGemmaPieces(config);
+    return config;
   }
   return absl::InvalidArgumentError(
       absl::StrCat("unknown model config name \"", name, "\"; known names: ",
@@ -197,14 +322,23 @@ absl::Status ValidateDecoderConfig(const proto::DecoderConfig& c) {
         absl::StrCat("DecoderConfig head_dim = ", head_dim,
                      " is odd; rotary embeddings rotate pairs, so use an even head_dim"));
   }
+  const int64_t rotary_dim = ResolvedRotaryDim(c);
+  if (!(c.partial_rotary_factor() > 0 && c.partial_rotary_factor() <= 1) || rotary_dim <= 0 ||
+      rotary_dim % 2 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "DecoderConfig.partial_rotary_factor = ", c.partial_rotary_factor(),
+        " turns int(head_dim * factor) = ", rotary_dim, " of head_dim = ", head_dim,
+        " dimensions; use a factor in (0, 1] that gives an even, positive count"));
+  }
   if (!(c.rope_theta() > 0) || !(c.rms_norm_eps() > 0) || !(c.initializer_range() >= 0)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "DecoderConfig needs rope_theta > 0, rms_norm_eps > 0 and initializer_range >= 0; got ",
         c.rope_theta(), ", ", c.rms_norm_eps(), ", ", c.initializer_range()));
   }
   CT_RETURN_IF_ERROR(CheckAttentionOptions(c));
+  CT_RETURN_IF_ERROR(CheckGemmaOptions(c));
   CT_RETURN_IF_ERROR(CheckModelTypeFeatures(c));
-  return ValidateRopeScaling(c);
+  return ValidateRopeScaling(c, ResolvedRotaryDim(c));
 }
 
 absl::StatusOr<std::shared_ptr<DecoderLM>> BuildDecoder(const proto::DecoderConfig& config,
@@ -221,6 +355,7 @@ int64_t DecoderParameterCount(const proto::DecoderConfig& c) {
   int64_t per_layer = hidden * (q_size + 2 * kv_size) + q_size * hidden +
                       3 * hidden * c.intermediate_size() + 2 * hidden;
   if (c.qk_norm()) per_layer += 2 * head_dim;
+  if (c.sandwich_norms()) per_layer += 2 * hidden;
   if (c.attention_bias()) per_layer += q_size + 2 * kv_size + hidden;
   if (c.qkv_bias()) per_layer += q_size + 2 * kv_size;
   if (c.mlp_bias()) per_layer += 2 * c.intermediate_size() + hidden;
@@ -241,8 +376,12 @@ int64_t DecoderMatmulParameterCount(const proto::DecoderConfig& c) {
 
 double DecoderTrainingFlopsPerToken(const proto::DecoderConfig& c, int64_t seq_len) {
   // A sliding-window layer attends to at most `sliding_window` keys.
-  const int64_t sliding_layers =
+  int64_t sliding_layers =
       c.has_sliding_window() ? c.num_hidden_layers() - c.first_sliding_layer() : 0;
+  if (c.layer_types_size() > 0) {
+    sliding_layers = std::count(c.layer_types().begin(), c.layer_types().end(),
+                                std::string("sliding_attention"));
+  }
   const double context =
       static_cast<double>(c.num_hidden_layers() - sliding_layers) * static_cast<double>(seq_len) +
       static_cast<double>(sliding_layers) *

@@ -1,4 +1,5 @@
-// Named decoder shapes ("qwen3-0.6b", "llama3-8b", "qwen2.5-0.5b", "mistral-7b", "tiny", "demo"),
+// Named decoder shapes ("qwen3-0.6b", "llama3-8b", "qwen2.5-0.5b", "mistral-7b", "phi3-mini",
+// "gemma2-2b", "gemma3-1b", "tiny", "demo"),
 // their validation, the builder, and the parameter / FLOP counts benchmarks report.
 //
 //   CT_ASSIGN_OR_RETURN(proto::DecoderConfig config, ResolveModelSpec(job.model()));
@@ -32,11 +33,14 @@ absl::StatusOr<proto::DecoderConfig> ResolveModelSpec(const proto::ModelSpec& sp
 // hidden_size is a multiple of num_attention_heads; head_dim is even (rotary pairs);
 // sliding_window, first_sliding_layer and attention_dropout are in range; and the model type
 // (ResolvedModelType) has the features set: qwen3 has qk_norm, qwen2 has qkv_bias, only llama
-// has mlp_bias, llama has no sliding window, mistral has no biases.
+// has mlp_bias, llama has no sliding window, mistral has no biases, phi3 (and only phi3) has
+// fused_projections and residual_dropout, gemma2 and gemma3_text (and only they) have GeGLU,
+// (1 + w) norms, the embedding scale and sandwich norms, soft-capping, query_pre_attn_scalar
+// and layer_types, gemma3_text also qk_norm and rope_local_base_freq.
 absl::Status ValidateDecoderConfig(const proto::DecoderConfig& config);
 
 // The Hugging Face model types the decoder implements, for error messages:
-// "llama", "mistral", "qwen2", "qwen3".
+// "gemma2", "gemma3_text", "llama", "mistral", "phi3", "qwen2", "qwen3".
 std::vector<std::string> SupportedModelTypes();
 
 // Validates `config` and builds the model on the CPU, initialized as `init` says (default:

@@ -1,5 +1,6 @@
 #include "models/configs.h"
 
+#include <algorithm>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -155,6 +156,21 @@ TEST(ConfigsTest, ReferenceModelParameterCounts) {
   EXPECT_EQ(ResolvedModelType(mistral), "mistral");
   EXPECT_EQ(mistral.sliding_window(), 4096);
   EXPECT_EQ(DecoderParameterCount(mistral), 7241732096);  // Mistral-7B-v0.1's 7.24B
+  // Fused projections count as the separate ones.
+  const proto::DecoderConfig phi3 = NamedDecoderConfig("phi3-mini").value();
+  EXPECT_EQ(ResolvedModelType(phi3), "phi3");
+  EXPECT_EQ(DecoderParameterCount(phi3), 3821079552);  // Phi-3-mini's 3.8B
+  // Two more norms a layer (4 * 2304).
+  const proto::DecoderConfig gemma2 = NamedDecoderConfig("gemma2-2b").value();
+  EXPECT_EQ(ResolvedModelType(gemma2), "gemma2");
+  EXPECT_EQ(DecoderParameterCount(gemma2), 2614341888);  // gemma-2-2b's 2.61B
+  const proto::DecoderConfig gemma3 = NamedDecoderConfig("gemma3-1b").value();
+  EXPECT_EQ(ResolvedModelType(gemma3), "gemma3_text");
+  EXPECT_EQ(DecoderParameterCount(gemma3), 999885952);  // gemma-3-1b-pt's 1.0B
+  // 22 of 26 layers sliding over 512 keys.
+  EXPECT_EQ(std::count(gemma3.layer_types().begin(), gemma3.layer_types().end(),
+                       std::string("sliding_attention")),
+            22);
 }
 
 TEST(ConfigsTest, FlopsPerToken) {

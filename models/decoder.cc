@@ -4,6 +4,8 @@
 #include <google/protobuf/util/json_util.h>
 #include <torch/nn/init.h>
 
+#include <cmath>
+
 #include "base/torch_compat.h"
 #include "kernels/linear_cross_entropy.h"
 #include "models/rope_scaling.h"
@@ -30,7 +32,8 @@ DecoderLM::DecoderLM(const proto::DecoderConfig& config, DecoderInit init)
     layer_list_->push_back(layers_.back());
   }
   norm_ = model_->register_module(
-      "norm", std::make_shared<RmsNorm>(config.hidden_size(), config.rms_norm_eps()));
+      "norm", std::make_shared<RmsNorm>(config.hidden_size(), config.rms_norm_eps(),
+                                        config.norm_unit_offset()));
   Settle(*norm_);
   if (!config.tie_word_embeddings()) {
     lm_head_ = register_module(
@@ -48,8 +51,8 @@ DecoderLM::DecoderLM(const proto::DecoderConfig& config, DecoderInit init)
     RowInit weight{InitKind::kZeros, 0};
     if (module.value()->as<torch::nn::Linear>() || module.value()->as<torch::nn::Embedding>()) {
       weight = {InitKind::kNormal, std};
-    } else if (module.value()->as<RmsNorm>()) {
-      weight = {InitKind::kOnes, 0};
+    } else if (const auto* norm = module.value()->as<RmsNorm>()) {
+      weight = {norm->unit_offset() ? InitKind::kZeros : InitKind::kOnes, 0};
     } else {
       continue;
     }
@@ -99,7 +102,12 @@ void DecoderLM::InitializeWeights() {
     } else if (auto* embedding = module->as<torch::nn::Embedding>()) {
       torch::nn::init::normal_(embedding->weight, 0.0, std);
     } else if (auto* norm = module->as<RmsNorm>()) {
-      torch::nn::init::ones_(norm->weight());
+      // Gemma's (1 + w) norms start at 0, as transformers' _init_weights.
+      if (norm->unit_offset()) {
+        torch::nn::init::zeros_(norm->weight());
+      } else {
+        torch::nn::init::ones_(norm->weight());
+      }
     }
   }
 }
@@ -108,10 +116,33 @@ torch::Tensor DecoderLM::Forward(const Batch& batch) { return Logits(batch.input
 
 at::Tensor DecoderLM::Hidden(const at::Tensor& ids) {
   at::Tensor h = embed_tokens_->forward(ids);
+  if (config_.scale_embeddings()) {
+    // Gemma: sqrt(hidden) as an fp32 scalar, rounded to the embedding's dtype, times it.
+    const at::Tensor scale =
+        at::scalar_tensor(std::sqrt(static_cast<double>(config_.hidden_size())),
+                          at::TensorOptions().dtype(at::kFloat).device(h.device()));
+    h = h * scale.to(embed_tokens_->weight.scalar_type());
+  }
+  const int64_t t = ids.size(1);
+  const int64_t rotary_dim = ResolvedRotaryDim(config_);
   const RotaryTables rope = ComputeRotary(
-      ids.size(1), RopeInverseFrequencies(config_, head_dim_, ids.size(1), h.device()));
-  for (const auto& layer : layers_) h = layer->Forward(std::move(h), rope);
+      t, RopeInverseFrequencies(config_, rotary_dim, t, h.device()), RopeAttentionScaling(config_));
+  // Gemma 3's sliding layers: the default rotary embedding over rope_local_base_freq.
+  RotaryTables local = rope;
+  if (config_.has_rope_local_base_freq()) {
+    local = ComputeRotary(t, head_dim_, config_.rope_local_base_freq(), h.device());
+  }
+  for (const auto& layer : layers_) {
+    const bool sliding = layer->self_attn()->window() > 0;
+    h = layer->Forward(std::move(h), sliding ? local : rope);
+  }
   return norm_->Forward(h);
+}
+
+at::Tensor DecoderLM::SoftcapLogits(const at::Tensor& logits) const {
+  if (!config_.has_final_logit_softcapping()) return logits;
+  const double cap = config_.final_logit_softcapping();
+  return at::tanh(logits / cap) * cap;
 }
 
 const at::Tensor& DecoderLM::HeadWeight() const {
@@ -130,12 +161,16 @@ void CheckInputIds(const torch::Tensor& input_ids) {
 
 torch::Tensor DecoderLM::Logits(const torch::Tensor& input_ids) {
   CheckInputIds(input_ids);
-  return Hooked(input_ids,
-                [this](const torch::Tensor& ids) { return at::linear(Hidden(ids), HeadWeight()); });
+  return Hooked(input_ids, [this](const torch::Tensor& ids) {
+    return SoftcapLogits(at::linear(Hidden(ids), HeadWeight()));
+  });
 }
 
 torch::Tensor DecoderLM::ForwardLossSum(const Batch& batch) {
-  if (!fused_) return TrainableModel::ForwardLossSum(batch);
+  // Soft-capped logits (Gemma 2) have no fused head + loss: the eager one for that piece.
+  if (!fused_ || config_.has_final_logit_softcapping()) {
+    return TrainableModel::ForwardLossSum(batch);
+  }
   CheckInputIds(batch.inputs);
   // Position t predicts labels[t + 1]; the last position predicts nothing.
   const at::Tensor& labels = batch.labels;
@@ -179,7 +214,9 @@ void DecoderLM::SetGradientCheckpointing(bool enabled) {
 
 std::string ResolvedModelType(const proto::DecoderConfig& c) {
   if (c.has_model_type()) return c.model_type();
+  if (c.norm_unit_offset()) return c.qk_norm() ? "gemma3_text" : "gemma2";
   if (c.qk_norm()) return "qwen3";
+  if (c.fused_projections()) return "phi3";
   if (c.qkv_bias()) return "qwen2";
   if (c.has_sliding_window()) return "mistral";
   return "llama";
@@ -201,6 +238,9 @@ std::vector<std::string> DecoderLM::UnitClassAliases(const std::string& unit_cla
   if (type == "qwen2") return {"Qwen2DecoderLayer"};
   if (type == "qwen3") return {"Qwen3DecoderLayer"};
   if (type == "mistral") return {"MistralDecoderLayer"};
+  if (type == "phi3") return {"Phi3DecoderLayer"};
+  if (type == "gemma2") return {"Gemma2DecoderLayer"};
+  if (type == "gemma3_text") return {"Gemma3DecoderLayer"};
   return {"LlamaDecoderLayer"};
 }
 

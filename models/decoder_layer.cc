@@ -4,14 +4,26 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <cmath>
+#include <limits>
 #include <memory>
 #include <mutex>
+#include <vector>
 
 #include "base/torch_compat.h"
 #include "models/recompute.h"
 
 namespace cpptrain {
 namespace {
+
+// The window of layer `layer_index`: from layer_types when set, else from first_sliding_layer.
+int64_t LayerWindow(const proto::DecoderConfig& config, int64_t layer_index) {
+  if (!config.has_sliding_window()) return 0;
+  if (config.layer_types_size() > 0) {
+    return config.layer_types(layer_index) == "sliding_attention" ? config.sliding_window() : 0;
+  }
+  return layer_index >= config.first_sliding_layer() ? config.sliding_window() : 0;
+}
 
 torch::nn::Linear MakeLinear(int64_t in, int64_t out, bool bias) {
   return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias));
@@ -30,11 +42,22 @@ int64_t ResolvedHeadDim(const proto::DecoderConfig& config) {
   return config.hidden_size() / config.num_attention_heads();
 }
 
-RmsNorm::RmsNorm(int64_t size, double eps) : torch::nn::Module("RmsNorm"), eps_(eps) {
-  weight_ = register_parameter("weight", at::ones({size}));
+int64_t ResolvedRotaryDim(const proto::DecoderConfig& config) {
+  return static_cast<int64_t>(static_cast<double>(ResolvedHeadDim(config)) *
+                              config.partial_rotary_factor());
+}
+
+RmsNorm::RmsNorm(int64_t size, double eps, bool unit_offset)
+    : torch::nn::Module("RmsNorm"), eps_(eps), unit_offset_(unit_offset) {
+  weight_ = register_parameter("weight", unit_offset ? at::zeros({size}) : at::ones({size}));
 }
 
 torch::Tensor RmsNorm::Forward(const torch::Tensor& x) const {
+  if (unit_offset_) {
+    const at::Tensor x32 = x.to(at::kFloat);
+    const at::Tensor normed = x32 * at::rsqrt(x32.pow(2).mean(-1, /*keepdim=*/true) + eps_);
+    return (normed * (weight_.to(at::kFloat) + 1.0)).to(x.scalar_type());
+  }
   if (!fused_) return kernels::RmsNormReference(x, weight_, eps_);
   return kernels::RmsNorm(x, weight_, eps_, FusedOutputType(x, weight_), /*fused=*/true);
 }
@@ -49,47 +72,80 @@ RotaryTables ComputeRotary(int64_t seq_len, int64_t head_dim, double theta,
   return ComputeRotary(seq_len, 1.0 / at::pow(theta, exponents));
 }
 
-RotaryTables ComputeRotary(int64_t seq_len, const at::Tensor& inv_freq) {
+RotaryTables ComputeRotary(int64_t seq_len, const at::Tensor& inv_freq,
+                           double attention_scaling) {
   const at::Tensor positions = at::arange(seq_len, inv_freq.options());
   const at::Tensor freqs = at::outer(positions, inv_freq);  // [T, D/2]
   const at::Tensor emb = at::cat({freqs, freqs}, -1);       // [T, D]
-  return {emb.cos(), emb.sin()};
+  if (attention_scaling == 1.0) return {emb.cos(), emb.sin()};
+  return {emb.cos() * attention_scaling, emb.sin() * attention_scaling};
 }
 
 torch::Tensor ApplyRotary(const torch::Tensor& x, const RotaryTables& rope) {
-  return kernels::ApplyRotaryReference(x, rope.cos, rope.sin);
+  const int64_t rotary = rope.cos.size(-1);
+  if (rotary == x.size(-1)) return kernels::ApplyRotaryReference(x, rope.cos, rope.sin);
+  return at::cat({kernels::ApplyRotaryReference(x.slice(-1, 0, rotary), rope.cos, rope.sin),
+                  x.slice(-1, rotary)},
+                 -1);
 }
 
 Attention::Attention(const proto::DecoderConfig& config, int64_t layer_index)
     : torch::nn::Module("Attention"),
-      window_(config.has_sliding_window() && layer_index >= config.first_sliding_layer()
-                  ? config.sliding_window()
-                  : 0),
+      window_(LayerWindow(config, layer_index)),
       dropout_(config.attention_dropout()),
+      scale_(config.has_query_pre_attn_scalar() ? std::pow(config.query_pre_attn_scalar(), -0.5)
+                                                : 0.0),
+      softcap_(config.attn_logit_softcapping()),
+      // The fused QK-norm + rotary kernel turns the whole head.
+      eager_only_(config.norm_unit_offset() || config.has_query_pre_attn_scalar() ||
+                  config.has_attn_logit_softcapping() ||
+                  ResolvedRotaryDim(config) != ResolvedHeadDim(config)),
       num_heads_(config.num_attention_heads()),
       num_kv_heads_(config.num_key_value_heads()),
       head_dim_(ResolvedHeadDim(config)) {
   const int64_t hidden = config.hidden_size();
   const bool bias = config.attention_bias() || config.qkv_bias();
-  q_proj_ = register_module("q_proj", MakeLinear(hidden, num_heads_ * head_dim_, bias));
-  k_proj_ = register_module("k_proj", MakeLinear(hidden, num_kv_heads_ * head_dim_, bias));
-  v_proj_ = register_module("v_proj", MakeLinear(hidden, num_kv_heads_ * head_dim_, bias));
-  o_proj_ = register_module("o_proj",
-                            MakeLinear(num_heads_ * head_dim_, hidden, config.attention_bias()));
+  const int64_t q_size = num_heads_ * head_dim_;
+  const int64_t kv_size = num_kv_heads_ * head_dim_;
+  if (config.fused_projections()) {
+    // Phi-3's order: o_proj, then qkv_proj.
+    o_proj_ = register_module("o_proj", MakeLinear(q_size, hidden, config.attention_bias()));
+    qkv_proj_ = register_module("qkv_proj", MakeLinear(hidden, q_size + 2 * kv_size, bias));
+  } else {
+    q_proj_ = register_module("q_proj", MakeLinear(hidden, q_size, bias));
+    k_proj_ = register_module("k_proj", MakeLinear(hidden, kv_size, bias));
+    v_proj_ = register_module("v_proj", MakeLinear(hidden, kv_size, bias));
+    o_proj_ = register_module("o_proj", MakeLinear(q_size, hidden, config.attention_bias()));
+  }
   if (config.qk_norm()) {
     const double eps = config.rms_norm_eps();
-    q_norm_ = register_module("q_norm", std::make_shared<RmsNorm>(head_dim_, eps));
-    k_norm_ = register_module("k_norm", std::make_shared<RmsNorm>(head_dim_, eps));
+    const bool offset = config.norm_unit_offset();
+    q_norm_ = register_module("q_norm", std::make_shared<RmsNorm>(head_dim_, eps, offset));
+    k_norm_ = register_module("k_norm", std::make_shared<RmsNorm>(head_dim_, eps, offset));
   }
+}
+
+Attention::Projected Attention::Project(const torch::Tensor& x) {
+  const int64_t b = x.size(0);
+  const int64_t t = x.size(1);
+  const int64_t q_size = num_heads_ * head_dim_;
+  const int64_t kv_size = num_kv_heads_ * head_dim_;
+  if (qkv_proj_.is_empty()) {
+    return {q_proj_->forward(x).view({b, t, num_heads_, head_dim_}),
+            k_proj_->forward(x).view({b, t, num_kv_heads_, head_dim_}),
+            v_proj_->forward(x).view({b, t, num_kv_heads_, head_dim_}).transpose(1, 2)};
+  }
+  const at::Tensor qkv = qkv_proj_->forward(x);  // [B, T, q_size + 2 * kv_size]
+  return {qkv.slice(-1, 0, q_size).view({b, t, num_heads_, head_dim_}),
+          qkv.slice(-1, q_size, q_size + kv_size).view({b, t, num_kv_heads_, head_dim_}),
+          qkv.slice(-1, q_size + kv_size).view({b, t, num_kv_heads_, head_dim_}).transpose(1, 2)};
 }
 
 torch::Tensor Attention::Forward(const torch::Tensor& x, const RotaryTables& rope) {
   const int64_t b = x.size(0);
   const int64_t t = x.size(1);
-  at::Tensor q = q_proj_->forward(x).view({b, t, num_heads_, head_dim_});
-  at::Tensor k = k_proj_->forward(x).view({b, t, num_kv_heads_, head_dim_});
-  const at::Tensor v = v_proj_->forward(x).view({b, t, num_kv_heads_, head_dim_}).transpose(1, 2);
-  if (fused_) {
+  auto [q, k, v] = Project(x);
+  if (fused_ && !eager_only_) {
     // Norm, rotary, the [B, H, T, D] layout and the attention dtype in one kernel each.
     const at::Tensor no_weight;
     const double eps = q_norm_ ? q_norm_->eps() : 0.0;
@@ -106,11 +162,37 @@ torch::Tensor Attention::Forward(const torch::Tensor& x, const RotaryTables& rop
   }
   q = ApplyRotary(q.transpose(1, 2), rope);
   k = ApplyRotary(k.transpose(1, 2), rope);
+  if (eager_only_) {
+    const at::Tensor out = EagerAttention(q.to(v.scalar_type()), k.to(v.scalar_type()), v);
+    return o_proj_->forward(out.transpose(1, 2).reshape({b, t, num_heads_ * head_dim_}));
+  }
   // Under autocast the norms promote q and k to fp32 while v stays in the compute dtype; the
   // attention kernels want one dtype.
   const at::Tensor out = CausalAttention(q.to(v.scalar_type()), k.to(v.scalar_type()), v,
                                          Options());  // [B, H, T, D]
   return o_proj_->forward(out.transpose(1, 2).reshape({b, t, num_heads_ * head_dim_}));
+}
+
+at::Tensor Attention::EagerAttention(const at::Tensor& q, const at::Tensor& k,
+                                     const at::Tensor& v) const {
+  const int64_t groups = num_heads_ / num_kv_heads_;
+  const at::Tensor keys = groups == 1 ? k : k.repeat_interleave(groups, 1);
+  const at::Tensor values = groups == 1 ? v : v.repeat_interleave(groups, 1);
+  // transformers: query_pre_attn_scalar**-0.5, or head_dim**-0.5.
+  const double scale = scale_ > 0 ? scale_ : std::pow(static_cast<double>(head_dim_), -0.5);
+  at::Tensor scores = at::matmul(q, keys.transpose(2, 3)) * scale;
+  if (softcap_ > 0) scores = at::tanh(scores / softcap_) * softcap_;
+  const int64_t t = q.size(2);
+  const auto options = at::TensorOptions().dtype(at::kLong).device(q.device());
+  const at::Tensor query = at::arange(t, options).unsqueeze(1);
+  const at::Tensor key = at::arange(t, options).unsqueeze(0);
+  at::Tensor allowed = key <= query;
+  if (window_ > 0) allowed = allowed.logical_and(key > query - window_);
+  scores = scores.masked_fill(allowed.logical_not(), -std::numeric_limits<double>::infinity());
+  at::Tensor probs = at::softmax(scores, -1, at::kFloat).to(q.scalar_type());
+  const double dropout = Options().dropout;
+  if (dropout > 0) probs = at::dropout(probs, dropout, /*train=*/true);
+  return at::matmul(probs, values);
 }
 
 AttentionOptions Attention::Options() const {
@@ -124,30 +206,49 @@ void Attention::set_fused_kernels(bool enabled) {
   if (k_norm_) k_norm_->set_fused_kernels(enabled);
 }
 
-SwiGluMlp::SwiGluMlp(const proto::DecoderConfig& config) : torch::nn::Module("SwiGluMlp") {
+SwiGluMlp::SwiGluMlp(const proto::DecoderConfig& config)
+    : torch::nn::Module("SwiGluMlp"), gelu_tanh_(config.hidden_act() == "gelu_pytorch_tanh") {
   const int64_t hidden = config.hidden_size();
   const int64_t inter = config.intermediate_size();
   const bool bias = config.mlp_bias();
-  gate_proj_ = register_module("gate_proj", MakeLinear(hidden, inter, bias));
-  up_proj_ = register_module("up_proj", MakeLinear(hidden, inter, bias));
+  if (config.fused_projections()) {
+    gate_up_proj_ = register_module("gate_up_proj", MakeLinear(hidden, 2 * inter, bias));
+  } else {
+    gate_proj_ = register_module("gate_proj", MakeLinear(hidden, inter, bias));
+    up_proj_ = register_module("up_proj", MakeLinear(hidden, inter, bias));
+  }
   down_proj_ = register_module("down_proj", MakeLinear(inter, hidden, bias));
 }
 
 torch::Tensor SwiGluMlp::Forward(const torch::Tensor& x) {
-  return down_proj_->forward(kernels::SwiGlu(gate_proj_->forward(x), up_proj_->forward(x), fused_));
+  if (gate_up_proj_.is_empty()) {
+    return down_proj_->forward(Activate(gate_proj_->forward(x), up_proj_->forward(x)));
+  }
+  const std::vector<at::Tensor> gate_up = gate_up_proj_->forward(x).chunk(2, -1);
+  return down_proj_->forward(Activate(gate_up[0], gate_up[1]));
+}
+
+at::Tensor SwiGluMlp::Activate(const at::Tensor& gate, const at::Tensor& up) const {
+  if (gelu_tanh_) return at::gelu(gate, "tanh") * up;
+  return kernels::SwiGlu(gate, up, fused_);
 }
 
 // Registration order follows HF's LlamaDecoderLayer.__init__, so named_parameters() lists
 // parameters in the same order as Hugging Face does.
 DecoderLayer::DecoderLayer(const proto::DecoderConfig& config, int64_t layer_index)
-    : Unit("DecoderLayer") {
+    : Unit("DecoderLayer"), residual_dropout_(config.residual_dropout()) {
   self_attn_ = register_module("self_attn", std::make_shared<Attention>(config, layer_index));
   mlp_ = register_module("mlp", std::make_shared<SwiGluMlp>(config));
-  input_layernorm_ = register_module(
-      "input_layernorm", std::make_shared<RmsNorm>(config.hidden_size(), config.rms_norm_eps()));
-  post_attention_layernorm_ =
-      register_module("post_attention_layernorm",
-                      std::make_shared<RmsNorm>(config.hidden_size(), config.rms_norm_eps()));
+  auto norm = [&] {
+    return std::make_shared<RmsNorm>(config.hidden_size(), config.rms_norm_eps(),
+                                     config.norm_unit_offset());
+  };
+  input_layernorm_ = register_module("input_layernorm", norm());
+  post_attention_layernorm_ = register_module("post_attention_layernorm", norm());
+  if (config.sandwich_norms()) {
+    pre_feedforward_layernorm_ = register_module("pre_feedforward_layernorm", norm());
+    post_feedforward_layernorm_ = register_module("post_feedforward_layernorm", norm());
+  }
 }
 
 void DecoderLayer::set_fused_kernels(bool enabled) {
@@ -156,13 +257,14 @@ void DecoderLayer::set_fused_kernels(bool enabled) {
   mlp_->set_fused_kernels(enabled);
   input_layernorm_->set_fused_kernels(enabled);
   post_attention_layernorm_->set_fused_kernels(enabled);
+  if (pre_feedforward_layernorm_) pre_feedforward_layernorm_->set_fused_kernels(enabled);
+  if (post_feedforward_layernorm_) post_feedforward_layernorm_->set_fused_kernels(enabled);
 }
 
 torch::Tensor DecoderLayer::Forward(torch::Tensor x, const RotaryTables& rope) {
   return Hooked(std::move(x), [&](const torch::Tensor& h) {
     if (!gradient_checkpointing_) return Body(h, rope);
-    const bool draws = is_training() && self_attn_->dropout() > 0 && at::GradMode::is_enabled();
-    if (!draws) {
+    if (!Draws() || !at::GradMode::is_enabled()) {
       // The body is kept until backward: capture the tables by value.
       return RecomputeInBackward([this, rope](const torch::Tensor& in) { return Body(in, rope); },
                                  h);
@@ -171,9 +273,10 @@ torch::Tensor DecoderLayer::Forward(torch::Tensor x, const RotaryTables& rope) {
     // (torch.utils.checkpoint's preserve_rng_state). Done for the CPU generator; a CUDA one's
     // state cannot be set while a graph is captured, so CUDA is refused.
     TORCH_CHECK(h.device().is_cpu(), "attention_dropout = ", self_attn_->dropout(),
-                " with gradient checkpointing is supported on the CPU only (the recomputation "
+                " and residual_dropout = ", residual_dropout_,
+                " with gradient checkpointing are supported on the CPU only (the recomputation "
                 "must replay the forward's dropout masks), not on ", h.device(),
-                ". Turn gradient_checkpointing off, or set attention_dropout to 0");
+                ". Turn gradient_checkpointing off, or set both dropouts to 0");
     auto forward_state = std::make_shared<at::Tensor>();
     return RecomputeInBackward(
         [this, rope, forward_state](const torch::Tensor& in) {
@@ -200,11 +303,28 @@ torch::Tensor DecoderLayer::Forward(torch::Tensor x, const RotaryTables& rope) {
   });
 }
 
+bool DecoderLayer::Draws() const {
+  return is_training() && (self_attn_->dropout() > 0 || residual_dropout_ > 0);
+}
+
+at::Tensor DecoderLayer::ResidualDropout(const at::Tensor& x) const {
+  if (!is_training() || residual_dropout_ == 0) return x;
+  return at::dropout(x, residual_dropout_, /*train=*/true);
+}
+
 torch::Tensor DecoderLayer::Body(const torch::Tensor& x, const RotaryTables& rope) {
   const bool fused = fused_kernels_;
-  const at::Tensor h =
-      kernels::ResidualAdd(x, self_attn_->Forward(input_layernorm_->Forward(x), rope), fused);
-  return kernels::ResidualAdd(h, mlp_->Forward(post_attention_layernorm_->Forward(h)), fused);
+  if (pre_feedforward_layernorm_) {
+    const at::Tensor attn = self_attn_->Forward(input_layernorm_->Forward(x), rope);
+    const at::Tensor h =
+        kernels::ResidualAdd(x, post_attention_layernorm_->Forward(attn), fused);
+    const at::Tensor mlp = mlp_->Forward(pre_feedforward_layernorm_->Forward(h));
+    return kernels::ResidualAdd(h, post_feedforward_layernorm_->Forward(mlp), fused);
+  }
+  const at::Tensor attn = self_attn_->Forward(input_layernorm_->Forward(x), rope);
+  const at::Tensor h = kernels::ResidualAdd(x, ResidualDropout(attn), fused);
+  const at::Tensor mlp = mlp_->Forward(post_attention_layernorm_->Forward(h));
+  return kernels::ResidualAdd(h, ResidualDropout(mlp), fused);
 }
 
 }  // namespace cpptrain

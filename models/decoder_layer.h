@@ -1,4 +1,4 @@
-// The pieces of a Llama/Qwen2/Qwen3/Mistral decoder layer, with Hugging Face's submodule names so that
+// The pieces of a Llama/Qwen2/Qwen3/Mistral/Phi-3 decoder layer, with Hugging Face's submodule names so that
 // named_parameters() reads "self_attn.q_proj.weight", "mlp.gate_proj.weight", ...
 // DecoderLM (decoder.h) stacks them; use that rather than these directly.
 //
@@ -21,22 +21,30 @@ namespace cpptrain {
 
 // The per-head size: head_dim when set, hidden_size / num_attention_heads otherwise (Llama).
 int64_t ResolvedHeadDim(const proto::DecoderConfig& config);
+// The rotated part of each head: int(head_dim * partial_rotary_factor), as transformers
+// truncates it; head_dim without partial rotation.
+int64_t ResolvedRotaryDim(const proto::DecoderConfig& config);
 
 // weight * x / sqrt(mean(x^2) + eps) over the last dimension. Like Hugging Face's LlamaRMSNorm,
 // the normalization runs in fp32 and is cast back to the input dtype before the weight
 // multiplies it (so the result has the promoted dtype of weight and input).
+//
+// With unit_offset (Gemma), x / rms(x) * (1 + weight) computed in fp32 and cast to the input
+// dtype at the end; the fused kernel does not cover it, so it stays eager.
 class RmsNorm : public torch::nn::Module {
  public:
-  RmsNorm(int64_t size, double eps);
+  RmsNorm(int64_t size, double eps, bool unit_offset = false);
   // Fused (kernels/fused_ops.h, on CUDA), the result is in the autocast dtype where autocast
   // is on, else in the promoted dtype.
   torch::Tensor Forward(const torch::Tensor& x) const;
   const torch::Tensor& weight() const { return weight_; }
   double eps() const { return eps_; }
+  bool unit_offset() const { return unit_offset_; }
   void set_fused_kernels(bool enabled) { fused_ = enabled; }
 
  private:
   double eps_;
+  bool unit_offset_;
   bool fused_ = false;
   torch::Tensor weight_;
 };
@@ -49,16 +57,20 @@ struct RotaryTables {
 };
 RotaryTables ComputeRotary(int64_t seq_len, int64_t head_dim, double theta,
                            const c10::Device& device);
-// The same tables for given inverse frequencies [head_dim / 2] (models/rope_scaling.h).
-RotaryTables ComputeRotary(int64_t seq_len, const at::Tensor& inv_freq);
+// The same tables for given inverse frequencies [head_dim / 2] (models/rope_scaling.h), cos and
+// sin multiplied by `attention_scaling` in fp32 (yarn's and longrope's factor) unless it is 1.
+RotaryTables ComputeRotary(int64_t seq_len, const at::Tensor& inv_freq,
+                           double attention_scaling = 1.0);
 
-// x * cos + rotate_half(x) * sin for x [B, H, T, D], in x's dtype (HF apply_rotary_pos_emb).
+// x * cos + rotate_half(x) * sin for x [B, H, T, D], in x's dtype (HF apply_rotary_pos_emb);
+// with tables narrower than D (partial rotation) on the first dimensions, the rest unchanged.
 torch::Tensor ApplyRotary(const torch::Tensor& x, const RotaryTables& rope);
 
 // Grouped-query causal self-attention: q_proj, k_proj, v_proj, o_proj (bias on all four when
-// attention_bias, as in HF Llama/Qwen3; on q, k and v when qkv_bias, as in Qwen2), Qwen3's
-// per-head q_norm / k_norm when qk_norm, the sliding window in layers from
-// first_sliding_layer on, and attention_dropout on the probabilities in training mode.
+// attention_bias, as in HF Llama/Qwen3; on q, k and v when qkv_bias, as in Qwen2), or o_proj and
+// one qkv_proj with fused_projections (Phi-3), Qwen3's per-head q_norm / k_norm when qk_norm,
+// the sliding window in layers from first_sliding_layer on, and attention_dropout on the
+// probabilities in training mode.
 class Attention : public torch::nn::Module {
  public:
   Attention(const proto::DecoderConfig& config, int64_t layer_index);
@@ -70,11 +82,23 @@ class Attention : public torch::nn::Module {
   double dropout() const { return dropout_; }
 
  private:
+  // Gemma's attention: scores scaled by query_pre_attn_scalar^-0.5 and soft-capped, in
+  // transformers' eager order (q: [B, H, T, D]; k, v: [B, KV, T, D]).
+  at::Tensor EagerAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) const;
+
+  struct Projected {
+    at::Tensor q, k, v;  // [B, T, heads, D], v [B, KV, T, D]
+  };
+  Projected Project(const torch::Tensor& x);
   AttentionOptions Options() const;
 
   bool fused_ = false;
   int64_t window_ = 0;
   double dropout_ = 0;
+  double scale_ = 0;    // 0: head_dim^-0.5
+  double softcap_ = 0;  // 0: none
+  // Gemma's (1 + w) QK-norm, scale or soft-capping: no fused kernel covers them.
+  bool eager_only_ = false;
   int64_t num_heads_;
   int64_t num_kv_heads_;
   int64_t head_dim_;
@@ -82,11 +106,13 @@ class Attention : public torch::nn::Module {
   torch::nn::Linear k_proj_{nullptr};
   torch::nn::Linear v_proj_{nullptr};
   torch::nn::Linear o_proj_{nullptr};
+  torch::nn::Linear qkv_proj_{nullptr};  // fused_projections: q_proj, k_proj, v_proj null
   std::shared_ptr<RmsNorm> q_norm_;  // null without qk_norm
   std::shared_ptr<RmsNorm> k_norm_;
 };
 
-// down_proj(silu(gate_proj(x)) * up_proj(x)), with biases when mlp_bias (Llama).
+// down_proj(silu(gate_proj(x)) * up_proj(x)), with biases when mlp_bias (Llama); with
+// fused_projections gate and up are the two halves of one gate_up_proj (Phi-3).
 class SwiGluMlp : public torch::nn::Module {
  public:
   explicit SwiGluMlp(const proto::DecoderConfig& config);
@@ -94,14 +120,22 @@ class SwiGluMlp : public torch::nn::Module {
   void set_fused_kernels(bool enabled) { fused_ = enabled; }
 
  private:
+  at::Tensor Activate(const at::Tensor& gate, const at::Tensor& up) const;
+
   bool fused_ = false;
+  bool gelu_tanh_ = false;  // GeGLU (Gemma): eager, the fused kernel is SwiGLU's
   torch::nn::Linear gate_proj_{nullptr};
   torch::nn::Linear up_proj_{nullptr};
   torch::nn::Linear down_proj_{nullptr};
+  torch::nn::Linear gate_up_proj_{nullptr};  // fused_projections: gate_proj, up_proj null
 };
 
 // Pre-norm residual block, unit class "DecoderLayer":
-//   h = x + self_attn(input_layernorm(x)); out = h + mlp(post_attention_layernorm(h)).
+//   h = x + self_attn(input_layernorm(x)); out = h + mlp(post_attention_layernorm(h)),
+// with residual_dropout on self_attn's and mlp's outputs in training mode (Phi-3). With
+// sandwich_norms (Gemma 2/3):
+//   h = x + post_attention_layernorm(self_attn(input_layernorm(x)));
+//   out = h + post_feedforward_layernorm(mlp(pre_feedforward_layernorm(h))).
 class DecoderLayer : public Unit {
  public:
   // `layer_index` (from 0) decides whether the layer has the sliding window.
@@ -125,12 +159,20 @@ class DecoderLayer : public Unit {
  private:
   torch::Tensor Body(const torch::Tensor& x, const RotaryTables& rope);
 
+  // The dropout before a residual add: none outside training.
+  at::Tensor ResidualDropout(const at::Tensor& x) const;
+  // Whether a forward in this mode draws random numbers (attention or residual dropout).
+  bool Draws() const;
+
   bool gradient_checkpointing_ = false;
   bool fused_kernels_ = false;
+  double residual_dropout_ = 0;
   std::shared_ptr<Attention> self_attn_;
   std::shared_ptr<SwiGluMlp> mlp_;
   std::shared_ptr<RmsNorm> input_layernorm_;
   std::shared_ptr<RmsNorm> post_attention_layernorm_;
+  std::shared_ptr<RmsNorm> pre_feedforward_layernorm_;  // null without sandwich_norms
+  std::shared_ptr<RmsNorm> post_feedforward_layernorm_;
 };
 
 }  // namespace cpptrain

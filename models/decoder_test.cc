@@ -189,6 +189,51 @@ TEST(DecoderTest, AttentionDropoutOnlyInTrainingMode) {
   EXPECT_GT((dropout->Logits(ids) - reference).abs().max().item<double>(), 1e-3);
 }
 
+proto::DecoderConfig TinyPhi3() {
+  proto::DecoderConfig config = Tiny();
+  config.set_qk_norm(false);
+  config.set_model_type("phi3");
+  config.set_fused_projections(true);
+  return config;
+}
+
+// Phi-3's resid_pdrop: the attention and MLP outputs dropped before the residual adds in
+// training; eval is the model without it; checkpointing replays the masks.
+TEST(DecoderTest, ResidualDropoutOnlyInTrainingModeAndReplayedByCheckpointing) {
+  proto::DecoderConfig with = TinyPhi3();
+  with.set_residual_dropout(0.5);
+  auto dropout = Build(with, 3);
+  auto none = Build(TinyPhi3(), 3);
+  const at::Tensor ids = RandomIds(2, 12, with.vocab_size(), 4);
+  {
+    torch::NoGradGuard no_grad;
+    none->eval();
+    const at::Tensor reference = none->Logits(ids);
+    dropout->eval();
+    EXPECT_TRUE(at::equal(dropout->Logits(ids), reference));
+    dropout->train();
+    const at::Tensor first = dropout->Logits(ids);
+    EXPECT_GT((first - reference).abs().max().item<double>(), 1e-3);
+    EXPECT_FALSE(at::equal(first, dropout->Logits(ids)));
+  }
+  auto checkpointed = Build(with, 3);
+  checkpointed->SetGradientCheckpointing(true);
+  Batch batch;
+  batch.inputs = ids;
+  batch.labels = ids;
+  auto loss_and_grad = [&](DecoderLM& model) {
+    model.zero_grad();
+    torch::manual_seed(17);
+    const at::Tensor loss = model.LossSum(model.Forward(batch), batch);
+    loss.backward();
+    return std::make_pair(loss.detach(), model.parameters()[1].grad().clone());
+  };
+  const auto want = loss_and_grad(*dropout);
+  const auto got = loss_and_grad(*checkpointed);
+  EXPECT_TRUE(at::allclose(got.first, want.first, 1e-5, 1e-6));
+  EXPECT_TRUE(at::allclose(got.second, want.second, 1e-5, 1e-6));
+}
+
 // Checkpointed layers replay the forward's dropout masks when recomputed: the same seed gives
 // the same loss and gradients as without checkpointing (and different ones for another seed).
 TEST(DecoderTest, GradientCheckpointingReplaysTheAttentionDropoutMasks) {
@@ -595,6 +640,57 @@ std::vector<std::pair<std::string, proto::DecoderConfig>> FusedPathVariants() {
   config.set_qk_norm(false);
   config.set_mlp_bias(true);
   variants.emplace_back("mlp_bias", config);
+  config = Tiny();
+  config.set_model_type("qwen2");
+  config.set_qk_norm(false);
+  config.set_qkv_bias(true);
+  config.mutable_rope_scaling()->set_rope_type("yarn");
+  config.mutable_rope_scaling()->set_factor(4);
+  config.mutable_rope_scaling()->set_original_max_position_embeddings(4);
+  variants.emplace_back("yarn", config);
+  // Phi-3: the fused projections (q, k and v slices of one matmul; gate and up halves), the
+  // window and longrope's long factors (7 tokens > 4).
+  config = Tiny();
+  config.set_model_type("phi3");
+  config.set_qk_norm(false);
+  config.set_fused_projections(true);
+  config.set_sliding_window(3);
+  proto::RopeScaling* longrope = config.mutable_rope_scaling();
+  longrope->set_rope_type("longrope");
+  longrope->set_original_max_position_embeddings(4);
+  for (double f : {1.0, 1.5, 2.0, 3.0}) {
+    longrope->add_short_factor(f);
+    longrope->add_long_factor(2 * f);
+  }
+  variants.emplace_back("phi3 longrope", config);
+  // Partial rotation: the attention's rotary step eager (the fused kernel turns whole heads).
+  config.set_partial_rotary_factor(0.5);
+  config.mutable_rope_scaling()->mutable_short_factor()->Truncate(2);
+  config.mutable_rope_scaling()->mutable_long_factor()->Truncate(2);
+  variants.emplace_back("phi3 partial rotary", config);
+  // Gemma 2: (1 + w) norms, GeGLU, soft-capped attention and logits, alternating windows
+  // (each piece eager on the fused path, the rest fused).
+  config = Tiny();
+  config.set_model_type("gemma2");
+  config.set_qk_norm(false);
+  config.set_hidden_act("gelu_pytorch_tanh");
+  config.set_norm_unit_offset(true);
+  config.set_scale_embeddings(true);
+  config.set_sandwich_norms(true);
+  config.set_query_pre_attn_scalar(16);
+  config.set_attn_logit_softcapping(2);
+  config.set_final_logit_softcapping(3);
+  config.set_sliding_window(3);
+  config.add_layer_types("sliding_attention");
+  config.add_layer_types("full_attention");
+  variants.emplace_back("gemma2", config);
+  // Gemma 3: the same without soft-capping, with the (1 + w) QK-norm and the local rope base.
+  config.set_model_type("gemma3_text");
+  config.set_qk_norm(true);
+  config.clear_attn_logit_softcapping();
+  config.clear_final_logit_softcapping();
+  config.set_rope_local_base_freq(100);
+  variants.emplace_back("gemma3", config);
   return variants;
 }
 

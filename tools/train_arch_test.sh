@@ -2,7 +2,8 @@
 # The architectures beyond Llama and Qwen3 through the whole job: for each Hugging Face
 # directory saved by transformers (tests/golden/gen_hf_arch_golden.py: Qwen2 untied and tied,
 # Qwen2 and Qwen3 with a sliding window, Llama with mlp_bias, Mistral with a window of 4 on
-# 24-token samples),
+# 24-token samples, Qwen2 with Qwen2.5-style yarn RoPE, Phi-3 with longrope and a window,
+# Gemma 2 and Gemma 3 with a window of 4 in layer 0),
 #  0. //tools:generate completes a 4-token prompt greedily with transformers' 20 tokens;
 # and //tools:train with model { pretrained: DIR } must
 #  1. evaluate at step 0 to transformers' loss on the same samples (expected.json, fp32) within
@@ -10,7 +11,11 @@
 #  2. fine-tune 5 steps and save checkpoint-5;
 #  3. `ckpt to-full` of it writes a directory that transformers' from_pretrained loads as it is,
 #     with the final eval_loss within 1e-5 (tools/hf_eval_loss.py; needs torch and transformers
-#     in $CPPTRAIN_VENV, else SKIPPED).
+#     in $CPPTRAIN_VENV, else SKIPPED);
+#  4. for the directories in TWO_PROCESS (new architectures), the same job on 2 processes
+#     (tools/launch, Gloo) with 2 samples per rank gives the single process's loss at each of
+#     the 5 steps within 1e-5: Phi-3 under ZeRO-3, Gemma 2 under FSDP2 (each layer a unit, by
+#     transformers' class name), Gemma 3 under DDP.
 set -euo pipefail
 train="$1"
 ckpt="$2"
@@ -18,6 +23,12 @@ testdata="$3"    # checkpoint/testdata
 golden_dir="$4"  # tools/testdata/hf_arch_eval
 checker="$5"     # tools/hf_eval_loss.py
 generate="$6"
+launch="$7"
+declare -A TWO_PROCESS=(
+  [hf_phi3_tiny]='zero { stage: 3 }'
+  [hf_gemma2_tiny]='fsdp { version: 2 transformer_layer_cls_to_wrap: "Gemma2DecoderLayer" }'
+  [hf_gemma3_tiny]='ddp { }'
+)
 prompt=$(sed -nE 's/.*"prompt": "([0-9 ]+)".*/\1/p' "$golden_dir/expected.json")
 eval_file="$golden_dir/eval.bin"
 seq_len=$(sed -nE 's/.*"seq_len": ([0-9]+).*/\1/p' "$golden_dir/expected.json")
@@ -26,7 +37,8 @@ have_transformers=false
 "$python" -c "import torch, transformers" 2>/dev/null && have_transformers=true
 
 for name in hf_qwen2_tiny hf_qwen2_tied_tiny hf_qwen2_sliding_tiny hf_qwen3_sliding_tiny \
-            hf_llama_mlp_bias_tiny hf_mistral_tiny; do
+            hf_llama_mlp_bias_tiny hf_mistral_tiny hf_rope_yarn_tiny \
+            hf_phi3_tiny hf_phi3_partial_tiny hf_gemma2_tiny hf_gemma3_tiny; do
   model_dir="$testdata/$name"
   expected=$(sed -nE "s/.*\"$name\": ([0-9.eE+-]+).*/\1/p" "$golden_dir/expected.json")
   [[ -n "$expected" ]] || { echo "FAIL: no eval_loss for $name in expected.json"; exit 1; }
@@ -67,6 +79,24 @@ JOB
   awk -v a="$eval0" -v b="$expected" 'BEGIN { d = (a - b) / b; if (d < 0) d = -d; exit !(d < 1e-6) }' ||
     { echo "FAIL: $name: eval_loss at step 0 differs from transformers' by 1e-6 relative or more"; exit 1; }
   [[ -d "$out/checkpoint-5" ]] || { echo "FAIL: $name: no checkpoint-5"; exit 1; }
+  if [[ -n "${TWO_PROCESS[$name]:-}" ]]; then
+    engine="${TWO_PROCESS[$name]}"
+    two="${TEST_TMPDIR}/$name-2proc"
+    sed -e "s|output_dir: \"$out\"|output_dir: \"$two\"|" \
+        -e 's|per_device_train_batch_size: 4|per_device_train_batch_size: 2|' \
+        -e "s|local { device: \"cpu\" }|use_cpu: true $engine|" \
+        -e 's|save_strategy: STEPS|save_strategy: NO|' "$job" >"$job.2proc"
+    timeout 300 "$launch" --nproc_per_node=2 --master_port=0 "$train" --config="$job.2proc" \
+      >/dev/null 2>"${TEST_TMPDIR}/$name-2proc.log" ||
+      { cat "${TEST_TMPDIR}/$name-2proc.log"; echo "FAIL: $name: the 2-process run ($engine) failed"; exit 1; }
+    one=$(grep '"loss":' "$out/metrics.jsonl" | sed -E 's/.*"loss":([^,}]*).*/\1/' | tr '\n' ' ')
+    zero=$(grep '"loss":' "$two/metrics.jsonl" | sed -E 's/.*"loss":([^,}]*).*/\1/' | tr '\n' ' ')
+    echo "$name: losses 1 process $one, 2 processes ($engine) $zero"
+    awk -v a="$one" -v b="$zero" 'BEGIN { n = split(a, x, " "); m = split(b, y, " ");
+        if (n != 5 || m != 5) exit 1;
+        for (i = 1; i <= n; i++) { d = x[i] - y[i]; if (d < 0) d = -d; if (d >= 1e-5) exit 1 } }' ||
+      { echo "FAIL: $name: 2-process losses ($engine) differ from 1 process's by 1e-5 or more"; exit 1; }
+  fi
 
   full="${TEST_TMPDIR}/$name-full"
   "$ckpt" to-full "$out/checkpoint-5" "$full" >/dev/null

@@ -21,6 +21,23 @@ the logits. Under checkpoint/testdata/:
   hf_mistral_tiny/         MistralForCausalLM, sliding_window 4 in every layer, untied.
   hf_qwen3_sliding_tiny/   Qwen3ForCausalLM (q/k norm, head_dim 8, tied) with
                            use_sliding_window true, sliding_window 5, max_window_layers 1.
+  hf_rope_yarn_tiny/       Qwen2ForCausalLM with Qwen2.5's yarn (factor 4) over a pretraining
+                           length of 16, so that the frequencies span yarn's ramp.
+  hf_rope_longrope_tiny/   LlamaForCausalLM with longrope, pretraining length 8 < 12 tokens (the
+                           long factors; not in hf_arch_eval: transformers' cached generation
+                           keeps the short-factor keys of the first 8 tokens).
+  hf_phi3_tiny/            Phi3ForCausalLM (qkv_proj, gate_up_proj), longrope with the pretraining
+                           length 8 at the top level, sliding_window 6, untied.
+  hf_phi3_partial_tiny/    the same with partial_rotary_factor 0.5 and no window (4 of 8
+                           dimensions turn).
+  hf_gemma2_tiny/          Gemma2ForCausalLM: head_dim 8, query_pre_attn_scalar 16, attention
+                           soft-capping 2, final soft-capping 3, layer 0 sliding (window 4),
+                           layer 1 global, tied.
+  hf_gemma3_tiny/          Gemma3ForCausalLM (gemma3_text): QK-norm, layer 0 sliding (window 4,
+                           rope base 10000), layer 1 global (linear factor 2 over base 1e6).
+  hf_rope_init/            NAME.json configs at real sizes (Qwen2.5 yarn in 4.x's rope_scaling,
+                           yarn with mscale / attention_factor, longrope, Phi-3's "su") and
+                           golden.safetensors, transformers' rope init function on each.
 And tools/testdata/hf_arch_eval/ for //tools:train_arch_test: eval.bin (uint16 tokens, 8 samples
 of 24, longer than the windows) and expected.json, transformers' mean loss of each directory
 over those samples (labels = input_ids, as tools/train evaluates a token file) and its greedy
@@ -43,7 +60,10 @@ import sys
 import torch
 from safetensors.torch import save_file
 from transformers import (AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
-                          Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
+                          Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig,
+                          Phi3Config, Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
+                          Qwen3ForCausalLM)
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 SEED = 4321
 TESTDATA = "checkpoint/testdata"
@@ -139,6 +159,91 @@ def write_eval_golden(names):
     print(f"{out_dir}: {losses}, {completions}")
 
 
+# Rotary embeddings at real sizes, each a config.json (save_pretrained's, or a transformers 4.x
+# file as on the Hub) and transformers' rope init function on it.
+QWEN25_YARN_4X = {
+    "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "vocab_size": 151936,
+    "hidden_size": 1024, "intermediate_size": 2816, "num_hidden_layers": 2,
+    "num_attention_heads": 8, "num_key_value_heads": 2, "max_position_embeddings": 131072,
+    "rope_theta": 1000000.0, "rms_norm_eps": 1e-06, "tie_word_embeddings": False,
+    "use_sliding_window": False, "sliding_window": 131072, "max_window_layers": 2,
+    "rope_scaling": {"factor": 4.0, "original_max_position_embeddings": 32768, "type": "yarn"},
+}
+
+
+# Phi-3-mini-128k's form (4.x): "su" scaling, the pretraining length at the top level.
+PHI3_SU_4X = {
+    "architectures": ["Phi3ForCausalLM"], "model_type": "phi3", "vocab_size": 32064,
+    "hidden_size": 3072, "intermediate_size": 8192, "num_hidden_layers": 2,
+    "num_attention_heads": 32, "num_key_value_heads": 32, "max_position_embeddings": 131072,
+    "original_max_position_embeddings": 4096, "rope_theta": 10000.0, "rms_norm_eps": 1e-05,
+    "sliding_window": 262144, "tie_word_embeddings": False, "resid_pdrop": 0.0,
+    "embd_pdrop": 0.0, "attention_dropout": 0.0,
+    "rope_scaling": {"type": "su", "short_factor": [1.0 + 0.02 * i for i in range(48)],
+                     "long_factor": [1.0 + 1.3 * i for i in range(48)]},
+}
+
+
+def rope_init_cases():
+    """(name, config, config.json dict or None for save_pretrained's, [seq_len, ...])."""
+    sizes = dict(vocab_size=64, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2)  # head_dim 64
+    cases = [("qwen25_yarn_4x", Qwen2Config.from_dict(dict(QWEN25_YARN_4X)), QWEN25_YARN_4X,
+              [None])]
+    cases.append(("llama_yarn_mscale", LlamaConfig(
+        **sizes, max_position_embeddings=65536,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 16.0,
+                         "original_max_position_embeddings": 4096, "beta_fast": 16.0,
+                         "beta_slow": 2.0, "mscale": 0.707, "mscale_all_dim": 1.0,
+                         "truncate": False}), None, [None]))
+    cases.append(("llama_yarn_attention_factor", LlamaConfig(
+        **sizes, max_position_embeddings=8192,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 500000.0, "factor": 4.0,
+                         "attention_factor": 0.8, "original_max_position_embeddings": 2048}),
+        None, [None]))
+    short = [1.0 + 0.05 * i for i in range(32)]
+    long = [1.0 + 0.7 * i for i in range(32)]
+    cases.append(("llama_longrope", LlamaConfig(
+        **sizes, max_position_embeddings=131072,
+        rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": short,
+                         "long_factor": long, "original_max_position_embeddings": 4096}),
+        None, [None, 4096, 4097]))
+    cases.append(("llama_longrope_factor", LlamaConfig(
+        **sizes, max_position_embeddings=16384,
+        rope_parameters={"rope_type": "longrope", "rope_theta": 250000.0, "short_factor": short,
+                         "long_factor": long, "factor": 2.5, "attention_factor": 1.25,
+                         "original_max_position_embeddings": 4096}), None, [5000]))
+    cases.append(("phi3_su_4x", Phi3Config.from_dict(dict(PHI3_SU_4X)), PHI3_SU_4X,
+                  [None, 4097]))
+    return cases
+
+
+def write_rope_init_golden(cases):
+    """checkpoint/testdata/hf_rope_init/: NAME.json and golden.safetensors, holding for each case
+    NAME.inv_freq.SEQ (fp32, SEQ "init" for the function called without seq_len, as the rotary
+    embedding's constructor does, else the forward's length) and NAME.attention_scaling (fp64)."""
+    out_dir = os.path.join(TESTDATA, "hf_rope_init")
+    shutil.rmtree(out_dir, ignore_errors=True)
+    os.makedirs(out_dir)
+    tensors = {}
+    for name, config, json_dict, seq_lens in cases:
+        if json_dict is None:
+            config.save_pretrained(os.path.join(out_dir, name))
+            os.replace(os.path.join(out_dir, name, "config.json"),
+                       os.path.join(out_dir, f"{name}.json"))
+            os.rmdir(os.path.join(out_dir, name))
+        else:
+            with open(os.path.join(out_dir, f"{name}.json"), "w") as f:
+                json.dump(json_dict, f, indent=2)
+        rope_type = config.rope_parameters["rope_type"]
+        for seq_len in seq_lens:
+            inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](config, "cpu", seq_len=seq_len)
+            tensors[f"{name}.inv_freq.{seq_len or 'init'}"] = inv_freq.to(torch.float32)
+        tensors[f"{name}.attention_scaling"] = torch.tensor(scaling, dtype=torch.float64)
+        print(f"{name}: {rope_type}, attention_scaling {scaling}")
+    save_file(tensors, os.path.join(out_dir, "golden.safetensors"), metadata={"format": "pt"})
+
+
 def build(cls, config_cls, seed, **kwargs):
     torch.manual_seed(seed)
     model = cls(config_cls(**SIZES, attn_implementation="eager", **kwargs))
@@ -170,8 +275,63 @@ def main():
     assert qwen3.config.layer_types == ["full_attention", "sliding_attention"], \
         qwen3.config.layer_types
     write(qwen3, "hf_qwen3_sliding_tiny")
+    # Qwen2.5's long-context yarn in rope_scaling (4.x form), over a short pretraining length
+    # so that the 12 positions span the ramp.
+    yarn = build(Qwen2ForCausalLM, Qwen2Config, SEED + 6, tie_word_embeddings=False,
+                 max_position_embeddings=64, rms_norm_eps=1e-6,
+                 rope_scaling={"type": "yarn", "factor": 4.0, "rope_theta": 10000.0,
+                               "original_max_position_embeddings": 16})
+    write(yarn, "hf_rope_yarn_tiny")
+    short = [1.0, 1.5, 2.0, 3.0]
+    long = [1.0, 4.0, 9.0, 20.0]
+    longrope = build(LlamaForCausalLM, LlamaConfig, SEED + 7, tie_word_embeddings=False,
+                     max_position_embeddings=64, rms_norm_eps=1e-5,
+                     rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
+                                      "short_factor": short, "long_factor": long,
+                                      "original_max_position_embeddings": 8})
+    write(longrope, "hf_rope_longrope_tiny")  # 12 tokens > 8: the long factors
+    # Phi-3: fused qkv_proj and gate_up_proj, longrope with the pretraining length (8) below
+    # the 12 tokens, a window of 6 in every layer.
+    phi3 = build(Phi3ForCausalLM, Phi3Config, SEED + 8, tie_word_embeddings=False,
+                 max_position_embeddings=64, original_max_position_embeddings=8, sliding_window=6,
+                 rms_norm_eps=1e-5, pad_token_id=None, bos_token_id=1, eos_token_id=2,
+                 rope_scaling={"type": "longrope", "rope_theta": 10000.0,
+                               "short_factor": short, "long_factor": long})
+    assert phi3.config.rope_parameters["original_max_position_embeddings"] == 8
+    write(phi3, "hf_phi3_tiny")
+    # Phi-3 with partial_rotary_factor 0.5 (Phi-4-mini's form): the first 4 of 8 dimensions
+    # turn (longrope with 2 factors each), the other 4 pass through.
+    phi3_partial = build(Phi3ForCausalLM, Phi3Config, SEED + 11, tie_word_embeddings=False,
+                         max_position_embeddings=64, original_max_position_embeddings=8,
+                         partial_rotary_factor=0.5, rms_norm_eps=1e-5, pad_token_id=None,
+                         bos_token_id=1, eos_token_id=2,
+                         rope_scaling={"type": "longrope", "rope_theta": 10000.0,
+                                       "short_factor": [1.0, 2.0], "long_factor": [1.0, 5.0]})
+    assert phi3_partial.config.rope_parameters["partial_rotary_factor"] == 0.5
+    write(phi3_partial, "hf_phi3_partial_tiny")
+    # Gemma 2: (1 + w) norms (w drawn around 1 as every norm here, so 1 + w is around 2), the
+    # sqrt(hidden) embedding scale, GeGLU, sandwich norms, query_pre_attn_scalar 16
+    # (not head_dim 8), attention and final logit soft-capping small enough to bind, layer 0
+    # sliding (window 4), layer 1 global; tied.
+    gemma2 = build(Gemma2ForCausalLM, Gemma2Config, SEED + 9, head_dim=8, query_pre_attn_scalar=16,
+                   attn_logit_softcapping=2.0, final_logit_softcapping=3.0, sliding_window=4,
+                   pad_token_id=None, rms_norm_eps=1e-6)
+    assert gemma2.config.layer_types == ["sliding_attention", "full_attention"]
+    write(gemma2, "hf_gemma2_tiny")
+    # Gemma 3 (text): QK-norm, no soft-capping, local rope base 10000 for the sliding layer and
+    # linear scaling (factor 2) over base 1e6 for the global one.
+    gemma3 = build(Gemma3ForCausalLM, Gemma3TextConfig, SEED + 10, head_dim=8,
+                   query_pre_attn_scalar=16, sliding_window=4, pad_token_id=None,
+                   layer_types=["sliding_attention", "full_attention"],
+                   rope_parameters={
+                       "full_attention": {"rope_type": "linear", "factor": 2.0,
+                                          "rope_theta": 1000000.0},
+                       "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}})
+    write(gemma3, "hf_gemma3_tiny")
+    write_rope_init_golden(rope_init_cases())
     write_eval_golden(["hf_qwen2_tiny", "hf_qwen2_tied_tiny", "hf_qwen2_sliding_tiny",
-                       "hf_qwen3_sliding_tiny", "hf_llama_mlp_bias_tiny", "hf_mistral_tiny"])
+                       "hf_qwen3_sliding_tiny", "hf_llama_mlp_bias_tiny", "hf_mistral_tiny", "hf_rope_yarn_tiny",
+                       "hf_phi3_tiny", "hf_phi3_partial_tiny", "hf_gemma2_tiny", "hf_gemma3_tiny"])
 
 
 if __name__ == "__main__":

@@ -376,16 +376,19 @@ absl::StatusOr<std::string> ExtractHfArguments(const std::string& text, const st
   static const std::regex* const kHfField = new std::regex(absl::StrCat(
       R"re((^|[\s{;,])()re", NameAlternation(),
       R"re()(\s*:\s*("[^"\n]*"|'[^'\n]*'|\[[^\]\n]*\]|\{[^{}]*\}|[^\s,;#{}\[\]]+)|\s*(\{[^{}]*\})))re"));
-  // Matched on a copy without # comments, so a commented-out setting stays a comment.
+  // Matched on a copy with # comments blanked and strings' contents replaced by 'x' (the same
+  // length), so a commented-out setting or a string holding "name: value" is left alone; values
+  // are read from `text`.
   std::string masked = text;
   char quote = 0;
   for (size_t i = 0; i < masked.size(); ++i) {
     const char c = masked[i];
     if (quote != 0) {
-      if (c == '\\') {
-        ++i;
-      } else if (c == quote || c == '\n') {
+      if (c == quote || c == '\n') {
         quote = 0;
+      } else {
+        masked[i] = 'x';
+        if (c == '\\' && i + 1 < masked.size() && masked[i + 1] != '\n') masked[++i] = 'x';
       }
     } else if (c == '"' || c == '\'') {
       quote = c;
@@ -393,11 +396,37 @@ absl::StatusOr<std::string> ExtractHfArguments(const std::string& text, const st
       for (; i < masked.size() && masked[i] != '\n'; ++i) masked[i] = ' ';
     }
   }
+  // Only names in the TrainingArguments block count: FsdpConfig has its own
+  // activation_checkpointing. `open` is the stack of blocks open at `scanned`.
+  const std::vector<std::string> scope =
+      prefix.empty() ? std::vector<std::string>{}
+                     : std::vector<std::string>{std::string(absl::StripSuffix(prefix, "."))};
+  std::vector<std::string> open;
+  std::string last_name;
+  size_t scanned = 0;
+  auto scan_to = [&](size_t end) {
+    for (; scanned < end; ++scanned) {
+      const char c = masked[scanned];
+      if (absl::ascii_isalnum(c) || c == '_') {
+        if (scanned == 0 || !(absl::ascii_isalnum(masked[scanned - 1]) || masked[scanned - 1] == '_')) {
+          last_name.clear();
+        }
+        last_name.push_back(c);
+      } else if (c == '{' || c == '<') {
+        open.push_back(last_name);
+      } else if ((c == '}' || c == '>') && !open.empty()) {
+        open.pop_back();
+      }
+    }
+  };
   std::string out = text;
   for (auto it = std::sregex_iterator(masked.begin(), masked.end(), *kHfField);
        it != std::sregex_iterator(); ++it) {
     const std::smatch& m = *it;
-    const std::string value = m[4].matched ? m[4].str() : m[5].str();
+    scan_to(m.position(2));
+    if (open != scope) continue;
+    const int group = m[4].matched ? 4 : 5;
+    const std::string value = text.substr(m.position(group), m.length(group));
     absl::StatusOr<std::vector<std::string>> ours = TranslateHfArgument(m[2].str(), value);
     if (!ours.ok()) {
       const int line = 1 + std::count(masked.begin(), masked.begin() + m.position(2), '\n');

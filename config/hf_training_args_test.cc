@@ -1,6 +1,7 @@
 #include "config/hf_training_args.h"
 
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -60,6 +61,26 @@ TEST(HfTrainingArgsTest, TheTableHoldsOnlyTransformersNamesThatAreNotOurFields) 
     EXPECT_NE(std::find(fields.begin(), fields.end(), name), fields.end())
         << name << " is not a field of the listed transformers";
   }
+}
+
+// A nested field that shares a name with a row (FsdpConfig.activation_checkpointing) stays the
+// nested field's; only the TrainingArguments block is read for Hugging Face's names.
+TEST(HfTrainingArgsTest, NestedFieldsOfTheSameNameAreNotHuggingFaces) {
+  const std::string path = WriteConfig("hf_nested.textproto",
+                                       "fsdp { activation_checkpointing: true }\n");
+  absl::StatusOr<proto::TrainingArguments> args = LoadTrainingArguments(path, {});
+  ASSERT_TRUE(args.ok()) << args.status();
+  EXPECT_TRUE(args->fsdp().activation_checkpointing());
+  EXPECT_FALSE(args->gradient_checkpointing());
+
+  const std::string job_path = WriteConfig(
+      "hf_nested_job.textproto",
+      "model { name: \"tiny\" }\ndata { builtin: \"arithmetic\" }\n"
+      "args { fsdp { activation_checkpointing: true } activation_checkpointing: false }\n");
+  absl::StatusOr<proto::TrainJob> job = LoadTrainJob(job_path, {});
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_TRUE(job->args().fsdp().activation_checkpointing());
+  EXPECT_FALSE(job->args().gradient_checkpointing());
 }
 
 TEST(HfTrainingArgsTest, TheDocsHoldTheGeneratedTable) {
@@ -135,6 +156,14 @@ TEST(HfTrainingArgsTest, ConfigFilesTakeHuggingFacesNames) {
   EXPECT_DOUBLE_EQ(args->learning_rate(), 1e-4);
   EXPECT_TRUE(args->fused_kernels());
   EXPECT_TRUE(args->gradient_checkpointing());
+
+  // Names inside strings and comments are not settings.
+  const std::string quoted = WriteConfig("hf_quoted.textproto",
+                                         "run_name: \"debug: x, torch_compile: true\"\n"
+                                         "# push_to_hub: true\n");
+  absl::StatusOr<proto::TrainingArguments> named = LoadTrainingArguments(quoted, {});
+  ASSERT_TRUE(named.ok()) << named.status();
+  EXPECT_EQ(named->run_name(), "debug: x, torch_compile: true");
 
   const std::string bad = WriteConfig("hf_bad.textproto",
                                       "learning_rate: 1e-4\n\ntorch_compile: true\n");

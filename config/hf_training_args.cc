@@ -44,8 +44,8 @@ constexpr char kCheckpointingKwargs[] =
     "{\"use_reentrant\": ...} is accepted and changes nothing (LibTorch's recomputation has no "
     "reentrant variant); other keys are refused";
 constexpr char kHalfEval[] =
-    "no evaluation with half-precision weights; evaluation runs in the training's mixed "
-    "precision (bf16 or fp16)";
+    "there is no separate evaluation precision: evaluation runs the model in the precision "
+    "training set up (bf16, fp16 or fp32)";
 
 // Lowercase, unquoted; None, null and empty containers are "".
 std::string Normalized(absl::string_view value) {
@@ -140,7 +140,7 @@ const std::vector<Entry>& Entries() {
        "fused_kernels switches all of the model's fused kernels together; there is no "
        "per-kernel configuration"},
       {"use_cache", Status::kRefused, "False",
-       "training keeps no KV cache (tools/generate uses one when generating)"},
+       "the model keeps no KV cache, in training or in tools/generate"},
       {"neftune_noise_alpha", Status::kRefused, "None",
        "NEFTune's embedding noise is not implemented"},
       {"torch_empty_cache_steps", Status::kRefused, "None",
@@ -200,8 +200,7 @@ const std::vector<Entry>& Entries() {
       {"batch_eval_metrics", Status::kRefused, "False",
        "compute_metrics runs once over all gathered predictions; there is no per-batch mode"},
       {"save_on_each_node", Status::kRefused, "False",
-       "checkpoints go into the one output_dir, which every node must see (a shared "
-       "filesystem); there are no per-node copies"},
+       "each checkpoint is written once, into output_dir; there are no per-node copies"},
       {"enable_jit_checkpoint", Status::kNoEffect, "False",
        "always on: SIGTERM or SIGINT finishes the step and saves a checkpoint "
        "(trainer/stop_signals.h)"},
@@ -215,7 +214,7 @@ const std::vector<Entry>& Entries() {
       {"ignore_data_skip", Status::kRefused, "False",
        "resume_from_checkpoint always continues the data where the checkpoint left it"},
       {"restore_callback_states_from_checkpoint", Status::kRefused, "False",
-       "callbacks' states are not restored from a checkpoint (the trainer state is)"},
+       "a checkpoint holds the trainer state, not callbacks' states"},
       {"full_determinism", Status::kRefused, "False",
        "there is no switch to deterministic kernels; seed and data_seed fix the "
        "initialization and the data order"},

@@ -121,7 +121,9 @@ const std::vector<Entry>& Entries() {
              absl::StrCat("gradient_checkpointing=", *on ? "true" : "false")};
        }},
       {"activation_checkpointing_kwargs", Status::kNoEffect, "None", kCheckpointingKwargs,
-       [](absl::string_view v) { return CheckpointingKwargs("activation_checkpointing_kwargs", v); }},
+       [](absl::string_view v) {
+         return CheckpointingKwargs("activation_checkpointing_kwargs", v);
+       }},
       {"gradient_checkpointing_kwargs", Status::kNoEffect, "None", kCheckpointingKwargs,
        [](absl::string_view v) { return CheckpointingKwargs("gradient_checkpointing_kwargs", v); }},
       {"torch_compile", Status::kRefused, "False", kCompile},
@@ -347,15 +349,14 @@ absl::StatusOr<std::vector<std::string>> TranslateHfOverrides(
   std::vector<std::string> out;
   for (const std::string& assignment : overrides) {
     const size_t eq = assignment.find('=');
+    const absl::string_view whole = assignment;
     absl::string_view path =
-        eq == std::string::npos ? ""
-                                : absl::StripAsciiWhitespace(absl::string_view(assignment).substr(0, eq));
+        eq == std::string::npos ? "" : absl::StripAsciiWhitespace(whole.substr(0, eq));
     if (eq == std::string::npos || !absl::ConsumePrefix(&path, prefix) || !IsHfOnlyArgument(path)) {
       out.push_back(assignment);
       continue;
     }
-    const absl::string_view value = absl::StripAsciiWhitespace(
-        absl::string_view(assignment).substr(eq + 1));
+    const absl::string_view value = absl::StripAsciiWhitespace(whole.substr(eq + 1));
     absl::StatusOr<std::vector<std::string>> ours = TranslateHfArgument(path, value);
     if (!ours.ok()) {
       const std::string shown =
@@ -374,7 +375,8 @@ absl::StatusOr<std::string> ExtractHfArguments(const std::string& text, const st
   // name: "str" | 'str' | [list] | {body} | token, or name {body}; one line each except a body.
   static const std::regex* const kHfField = new std::regex(absl::StrCat(
       R"re((^|[\s{;,])()re", NameAlternation(),
-      R"re()(\s*:\s*("[^"\n]*"|'[^'\n]*'|\[[^\]\n]*\]|\{[^{}]*\}|[^\s,;#{}\[\]]+)|\s*(\{[^{}]*\})))re"));
+      R"re()(\s*:\s*("[^"\n]*"|'[^'\n]*'|\[[^\]\n]*\]|\{[^{}]*\}|[^\s,;#{}\[\]]+))re",
+      R"re(|\s*(\{[^{}]*\})))re"));
   // Matched on a copy with # comments blanked and strings' contents replaced by 'x' (the same
   // length), so a commented-out setting or a string holding "name: value" is left alone; values
   // are read from `text`.
@@ -403,13 +405,12 @@ absl::StatusOr<std::string> ExtractHfArguments(const std::string& text, const st
   std::vector<std::string> open;
   std::string last_name;
   size_t scanned = 0;
+  auto is_name_char = [](char c) { return absl::ascii_isalnum(c) || c == '_'; };
   auto scan_to = [&](size_t end) {
     for (; scanned < end; ++scanned) {
       const char c = masked[scanned];
-      if (absl::ascii_isalnum(c) || c == '_') {
-        if (scanned == 0 || !(absl::ascii_isalnum(masked[scanned - 1]) || masked[scanned - 1] == '_')) {
-          last_name.clear();
-        }
+      if (is_name_char(c)) {
+        if (scanned == 0 || !is_name_char(masked[scanned - 1])) last_name.clear();
         last_name.push_back(c);
       } else if (c == '{' || c == '<') {
         open.push_back(last_name);

@@ -6,8 +6,9 @@
 // Face setting lives. docs/TRAINING_ARGUMENTS.md is its table over every field of the
 // transformers version in config/testdata/hf_training_arguments_fields.txt.
 //
+//   // {"fused_kernels=true"}
 //   CT_ASSIGN_OR_RETURN(std::vector<std::string> ours,
-//                       TranslateHfArgument("use_liger_kernel", "true"));  // {"fused_kernels=true"}
+//                       TranslateHfArgument("use_liger_kernel", "true"));
 #ifndef CPPTRAIN_CONFIG_HF_TRAINING_ARGS_H_
 #define CPPTRAIN_CONFIG_HF_TRAINING_ARGS_H_
 

@@ -205,8 +205,8 @@ std::string ExplainParserError(const Descriptor* root, const std::string& messag
     const Descriptor* type = root->file()->pool()->FindMessageTypeByName(type_name);
     if (type == nullptr) return message;
     std::vector<std::string> names = FieldNames(type);
-    return absl::StrCat(message, NameHint(type, field_name, names), " Valid fields of ", type->name(),
-                        ": ", absl::StrJoin(names, ", "));
+    return absl::StrCat(message, NameHint(type, field_name, names), " Valid fields of ",
+                        type->name(), ": ", absl::StrJoin(names, ", "));
   }
   if (absl::StrContains(message, "Unknown enumeration value of")) {
     const std::string value = Between(message, "Unknown enumeration value of \"", "\"");

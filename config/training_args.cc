@@ -246,7 +246,9 @@ TextRewrite HfRewrite(const std::string& path, absl::string_view prefix,
 absl::Status LoadWithHfNames(const std::string& path, const std::vector<std::string>& overrides,
                              absl::string_view prefix, google::protobuf::Message* msg) {
   std::vector<std::string> from_file;
-  if (!path.empty()) CT_RETURN_IF_ERROR(LoadTextProtoFile(path, msg, HfRewrite(path, prefix, &from_file)));
+  if (!path.empty()) {
+    CT_RETURN_IF_ERROR(LoadTextProtoFile(path, msg, HfRewrite(path, prefix, &from_file)));
+  }
   CT_RETURN_IF_ERROR(WithSource(path, ApplyOverrides(from_file, msg)));
   CT_ASSIGN_OR_RETURN(const std::vector<std::string> with_fsdp,
                       WithFsdpStringForm(overrides, absl::StrCat(prefix, "fsdp")));

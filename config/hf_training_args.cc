@@ -41,8 +41,9 @@ constexpr char kTrackio[] =
     "Trackio is not an integration here; report_to: tensorboard (metrics.jsonl is always "
     "written)";
 constexpr char kCheckpointingKwargs[] =
-    "{\"use_reentrant\": ...} is accepted and changes nothing (LibTorch's recomputation has no "
-    "reentrant variant); other keys are refused";
+    "{\"use_reentrant\": true or false} is accepted and changes nothing: recomputation here is "
+    "the reentrant kind (models/recompute.h), and either gives the same gradients; other keys "
+    "are refused";
 constexpr char kHalfEval[] =
     "there is no separate evaluation precision: evaluation runs the model in the precision "
     "training set up (bf16, fp16 or fp32)";
@@ -87,9 +88,9 @@ Translation CheckpointingKwargs(absl::string_view name, absl::string_view value)
     return Nothing();
   }
   return Refuse(name, value,
-                "only use_reentrant is understood (and changes nothing: LibTorch's "
-                "recomputation has no reentrant variant); gradient_checkpointing: true "
-                "recomputes every decoder layer");
+                "only use_reentrant is understood (and changes nothing: recomputation here is "
+                "the reentrant kind, models/recompute.h); gradient_checkpointing: true turns "
+                "recomputation on");
 }
 
 const std::vector<Entry>& Entries() {

@@ -20,6 +20,7 @@
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
 #include "base/status.h"
+#include "config/hf_training_args.h"
 
 namespace cpptrain {
 namespace {
@@ -67,8 +68,8 @@ int EditDistance(absl::string_view a, absl::string_view b) {
   return row[b.size()];
 }
 
-// " (did you mean \"x\"?)" when one candidate is close to `name`, otherwise "".
-std::string Suggestion(absl::string_view name, const std::vector<std::string>& candidates) {
+// The candidate closest to `name` when one is close enough, otherwise null.
+const std::string* Nearest(absl::string_view name, const std::vector<std::string>& candidates) {
   const std::string lower = absl::AsciiStrToLower(name);
   const std::string* best = nullptr;
   int best_distance = std::max<int>(2, static_cast<int>(name.size()) / 3) + 1;
@@ -85,7 +86,34 @@ std::string Suggestion(absl::string_view name, const std::vector<std::string>& c
       best = &candidate;
     }
   }
+  return best;
+}
+
+// " (did you mean \"x\"?)" when one candidate is close to `name`, otherwise "".
+std::string Suggestion(absl::string_view name, const std::vector<std::string>& candidates) {
+  const std::string* best = Nearest(name, candidates);
   return best == nullptr ? "" : absl::StrCat(" (did you mean \"", *best, "\"?)");
+}
+
+// The hint after an unknown field `name` of `type` whose fields are `names`: the nearest field,
+// and for TrainingArguments and TrainJob also where Hugging Face's setting of that name (or of
+// the nearest such name) lives here (config/hf_training_args.h).
+std::string NameHint(const Descriptor* type, absl::string_view name,
+                     const std::vector<std::string>& names) {
+  const bool args = type->full_name() == "cpptrain.proto.TrainingArguments";
+  const bool job = type->full_name() == "cpptrain.proto.TrainJob";
+  if (!args && !job) return Suggestion(name, names);
+  const std::string under_args = job ? "; it belongs under args" : "";
+  const std::string note = HfArgumentNote(name);
+  if (!note.empty()) return absl::StrCat(" (", note, under_args, ")");
+  std::vector<std::string> candidates = names;
+  for (const std::string& hf : HfOnlyArgumentNames()) candidates.push_back(hf);
+  const std::string* best = Nearest(name, candidates);
+  if (best != nullptr && IsHfOnlyArgument(*best)) {
+    return absl::StrCat(" (did you mean \"", *best, "\"? ", HfArgumentNote(*best), under_args,
+                        ")");
+  }
+  return Suggestion(name, names);
 }
 
 std::vector<std::string> FieldNames(const Descriptor* type) {
@@ -124,7 +152,7 @@ std::string PathToNestedField(const Descriptor* type, absl::string_view name) {
 
 std::string UnknownFieldText(const Descriptor* type, absl::string_view name) {
   std::vector<std::string> names = FieldNames(type);
-  std::string hint = Suggestion(name, names);
+  std::string hint = NameHint(type, name, names);
   const std::string nested = PathToNestedField(type, name);
   if (!nested.empty()) hint = absl::StrCat(" (did you mean \"", nested, "\"?)");
   return absl::StrCat("message ", type->full_name(), " has no field \"", name, "\"", hint,
@@ -177,8 +205,8 @@ std::string ExplainParserError(const Descriptor* root, const std::string& messag
     const Descriptor* type = root->file()->pool()->FindMessageTypeByName(type_name);
     if (type == nullptr) return message;
     std::vector<std::string> names = FieldNames(type);
-    return absl::StrCat(message, Suggestion(field_name, names), " Valid fields of ", type->name(),
-                        ": ", absl::StrJoin(names, ", "));
+    return absl::StrCat(message, NameHint(type, field_name, names), " Valid fields of ",
+                        type->name(), ": ", absl::StrJoin(names, ", "));
   }
   if (absl::StrContains(message, "Unknown enumeration value of")) {
     const std::string value = Between(message, "Unknown enumeration value of \"", "\"");

@@ -18,6 +18,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "base/status.h"
+#include "config/hf_training_args.h"
 #include "config/internal/validation.h"
 #include "config/text_proto.h"
 #include "google/protobuf/descriptor.h"
@@ -230,8 +231,30 @@ absl::StatusOr<std::string> WithFsdpStringInText(const std::string& text,
   return out;
 }
 
-TextRewrite FsdpStringRewrite(const std::string& path) {
-  return [path](const std::string& text) { return WithFsdpStringInText(text, path); };
+// The rewrite of a config file: fsdp's string form, then Hugging Face's names outside our fields
+// (config/hf_training_args.h), whose assignments go to `hf_assignments`.
+TextRewrite HfRewrite(const std::string& path, absl::string_view prefix,
+                      std::vector<std::string>* hf_assignments) {
+  return [path, prefix, hf_assignments](const std::string& text) -> absl::StatusOr<std::string> {
+    CT_ASSIGN_OR_RETURN(const std::string with_fsdp, WithFsdpStringInText(text, path));
+    return ExtractHfArguments(with_fsdp, path, prefix, hf_assignments);
+  };
+}
+
+// The file at `path` (none when empty) into `msg`, then what its Hugging Face names stand for,
+// then the overrides (fsdp's string form and Hugging Face's names translated).
+absl::Status LoadWithHfNames(const std::string& path, const std::vector<std::string>& overrides,
+                             absl::string_view prefix, google::protobuf::Message* msg) {
+  std::vector<std::string> from_file;
+  if (!path.empty()) {
+    CT_RETURN_IF_ERROR(LoadTextProtoFile(path, msg, HfRewrite(path, prefix, &from_file)));
+  }
+  CT_RETURN_IF_ERROR(WithSource(path, ApplyOverrides(from_file, msg)));
+  CT_ASSIGN_OR_RETURN(const std::vector<std::string> with_fsdp,
+                      WithFsdpStringForm(overrides, absl::StrCat(prefix, "fsdp")));
+  CT_ASSIGN_OR_RETURN(const std::vector<std::string> assignments,
+                      TranslateHfOverrides(with_fsdp, prefix));
+  return ApplyOverrides(assignments, msg);
 }
 
 }  // namespace
@@ -239,10 +262,7 @@ TextRewrite FsdpStringRewrite(const std::string& path) {
 absl::StatusOr<TrainingArguments> LoadTrainingArguments(const std::string& path,
                                                         const std::vector<std::string>& overrides) {
   TrainingArguments args;
-  if (!path.empty()) CT_RETURN_IF_ERROR(LoadTextProtoFile(path, &args, FsdpStringRewrite(path)));
-  CT_ASSIGN_OR_RETURN(const std::vector<std::string> assignments,
-                      WithFsdpStringForm(overrides, "fsdp"));
-  CT_RETURN_IF_ERROR(ApplyOverrides(assignments, &args));
+  CT_RETURN_IF_ERROR(LoadWithHfNames(path, overrides, "", &args));
   CT_RETURN_IF_ERROR(WithSource(path, ValidateTrainingArguments(args)));
   return args;
 }
@@ -250,10 +270,7 @@ absl::StatusOr<TrainingArguments> LoadTrainingArguments(const std::string& path,
 absl::StatusOr<proto::TrainJob> LoadTrainJob(const std::string& path,
                                              const std::vector<std::string>& overrides) {
   proto::TrainJob job;
-  if (!path.empty()) CT_RETURN_IF_ERROR(LoadTextProtoFile(path, &job, FsdpStringRewrite(path)));
-  CT_ASSIGN_OR_RETURN(const std::vector<std::string> assignments,
-                      WithFsdpStringForm(overrides, "args.fsdp"));
-  CT_RETURN_IF_ERROR(ApplyOverrides(assignments, &job));
+  CT_RETURN_IF_ERROR(LoadWithHfNames(path, overrides, "args.", &job));
   CT_RETURN_IF_ERROR(WithSource(path, ValidateTrainJob(job)));
   return job;
 }

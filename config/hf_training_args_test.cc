@@ -175,13 +175,20 @@ TEST(HfTrainingArgsTest, TrainJobsTakeThemUnderArgs) {
   const std::string path = WriteConfig("hf_job.textproto",
                                        "model { name: \"tiny\" }\n"
                                        "data { builtin: \"arithmetic\" }\n"
-                                       "args { use_liger_kernel: true fused_kernels: false }\n");
-  // use_liger_kernel's mapping comes after the file, so it wins over the file's field.
+                                       "args { use_liger_kernel: true fused_kernels: true }\n");
   absl::StatusOr<proto::TrainJob> job =
       LoadTrainJob(path, {"args.train_sampling_strategy=group_by_length"});
   ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_TRUE(job->args().fused_kernels());
   EXPECT_TRUE(job->args().group_by_length());
+  // A file whose Hugging Face name maps onto a field it sets to another value: an error naming
+  // both, not a silent choice.
+  const std::string both = WriteConfig("hf_job_both.textproto",
+                                       "model { name: \"tiny\" }\n"
+                                       "data { builtin: \"arithmetic\" }\n"
+                                       "args { use_liger_kernel: true fused_kernels: false }\n");
+  EXPECT_THAT(Error(LoadTrainJob(both, {}).status()),
+              AllOf(HasSubstr("args.fused_kernels=true"), HasSubstr("keep one of the two")));
   EXPECT_THAT(Error(LoadTrainJob(path, {"args.save_on_each_node=true"}).status()),
               AllOf(HasSubstr("--set=args.save_on_each_node=true"), HasSubstr("output_dir")));
 }

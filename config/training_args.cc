@@ -241,6 +241,44 @@ TextRewrite HfRewrite(const std::string& path, absl::string_view prefix,
   };
 }
 
+// Whether the field a dotted path ("args.fused_kernels") names is set in `msg`.
+bool PathIsSet(const google::protobuf::Message& msg, absl::string_view path) {
+  const google::protobuf::Message* at = &msg;
+  const std::vector<absl::string_view> parts = absl::StrSplit(path, '.');
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const google::protobuf::FieldDescriptor* field =
+        at->GetDescriptor()->FindFieldByName(std::string(parts[i]));
+    if (field == nullptr || field->is_repeated() || !at->GetReflection()->HasField(*at, field)) {
+      return false;
+    }
+    if (i + 1 == parts.size()) return true;
+    if (field->cpp_type() != google::protobuf::FieldDescriptor::CPPTYPE_MESSAGE) return false;
+    at = &at->GetReflection()->GetMessage(*at, field);
+  }
+  return false;
+}
+
+// A Hugging Face name in the file maps onto a field the file also sets, to another value
+// (use_liger_kernel: true beside fused_kernels: false): an error naming both, not a silent
+// choice.
+absl::Status CheckMappedAgainstFile(const std::vector<std::string>& from_file,
+                                    const google::protobuf::Message& msg) {
+  for (const std::string& assignment : from_file) {
+    const size_t eq = assignment.find('=');
+    if (eq == std::string::npos) continue;
+    const std::string field = assignment.substr(0, eq);
+    if (!PathIsSet(msg, field)) continue;
+    std::unique_ptr<google::protobuf::Message> mapped(msg.New());
+    mapped->CopyFrom(msg);
+    CT_RETURN_IF_ERROR(ApplyOverrides({assignment}, mapped.get()));
+    if (mapped->SerializeAsString() == msg.SerializeAsString()) continue;
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a Hugging Face name in the file sets ", assignment, ", but the file also sets ", field,
+        " to another value; keep one of the two"));
+  }
+  return absl::OkStatus();
+}
+
 // The file at `path` (none when empty) into `msg`, then what its Hugging Face names stand for,
 // then the overrides (fsdp's string form and Hugging Face's names translated).
 absl::Status LoadWithHfNames(const std::string& path, const std::vector<std::string>& overrides,
@@ -249,6 +287,7 @@ absl::Status LoadWithHfNames(const std::string& path, const std::vector<std::str
   if (!path.empty()) {
     CT_RETURN_IF_ERROR(LoadTextProtoFile(path, msg, HfRewrite(path, prefix, &from_file)));
   }
+  CT_RETURN_IF_ERROR(WithSource(path, CheckMappedAgainstFile(from_file, *msg)));
   CT_RETURN_IF_ERROR(WithSource(path, ApplyOverrides(from_file, msg)));
   CT_ASSIGN_OR_RETURN(const std::vector<std::string> with_fsdp,
                       WithFsdpStringForm(overrides, absl::StrCat(prefix, "fsdp")));

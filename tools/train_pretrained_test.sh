@@ -8,8 +8,9 @@
 #  3. refuse a model.decoder field that disagrees with config.json, naming it and both values;
 #     refuse a directory holding a tensor the model lacks, naming it and load_strict, and load
 #     it with a warning under load_strict: false;
-#  4. under FSDP2 on two processes (sharded at load: each rank reads its own rows), evaluate at
-#     step 0 to the same loss;
+#  4. under FSDP2, FSDP1 with cpu_ram_efficient_loading and ZeRO-3 with zero3_init_flag on two
+#     processes (sharded at load: each rank reads only its own rows), evaluate at step 0 to the
+#     same loss;
 #  5. `ckpt to-full` of the checkpoint writes config.json and generation_config.json, and
 #     transformers' from_pretrained loads the result as it is, with the final eval_loss
 #     (tools/hf_eval_loss.py; needs torch and transformers in $CPPTRAIN_VENV, else SKIPPED).
@@ -52,8 +53,12 @@ first_eval=$(grep -m1 '"eval_loss":' "$metrics")
 [[ "$first_eval" == *'"step":0'* ]] || { echo "FAIL: the first evaluation is not at step 0: $first_eval"; exit 1; }
 eval0=$(sed -E 's/.*"eval_loss":([^,}]*).*/\1/' <<<"$first_eval")
 echo "eval_loss at step 0: $eval0; transformers: $expected"
-awk -v a="$eval0" -v b="$expected" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d < 1e-5) }' ||
-  { echo "FAIL: eval_loss at step 0 differs from transformers' by 1e-5 or more"; exit 1; }
+# Fails unless eval_loss $2 (of the run named $1) is within 1e-5 of transformers'.
+expect_transformers_loss() {
+  awk -v a="$2" -v b="$expected" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d < 1e-5) }' ||
+    { echo "FAIL: $1's eval_loss at step 0 differs from transformers' by 1e-5 or more"; exit 1; }
+}
+expect_transformers_loss "the single process" "$eval0"
 
 first=$(grep -m1 '"loss":' "$metrics" | sed -E 's/.*"loss":([^,}]*).*/\1/')
 last=$(grep '"loss":' "$metrics" | tail -1 | sed -E 's/.*"loss":([^,}]*).*/\1/')
@@ -98,34 +103,26 @@ grep -q "model.unexpected.weight" "${TEST_TMPDIR}/strict.log" &&
 grep -q "model.unexpected.weight" "${TEST_TMPDIR}/lenient.log" ||
   { echo "FAIL: load_strict=false loaded without naming the extra tensor"; exit 1; }
 
-sharded=$("$launch" --nproc_per_node=2 --master_port=0 "$train" --config="$job" \
-  '--set=args.fsdp={version: 2}' --set=args.use_cpu=true --set=args.max_steps=2 \
-  --set=args.save_strategy=NO --set="args.output_dir=$out-fsdp" 2>"${TEST_TMPDIR}/fsdp.log") || {
-  cat "${TEST_TMPDIR}/fsdp.log"; exit 1; }
-grep -q "this rank's rows only" "${TEST_TMPDIR}/fsdp.log" ||
-  { echo "FAIL: the FSDP2 ranks did not load their rows only"; exit 1; }
-fsdp_eval0=$(grep -m1 '"eval_loss":' "$out-fsdp/metrics.jsonl" | sed -E 's/.*"eval_loss":([^,}]*).*/\1/')
-echo "FSDP2, 2 ranks: eval_loss at step 0: $fsdp_eval0"
-awk -v a="$fsdp_eval0" -v b="$expected" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d < 1e-5) }' ||
-  { echo "FAIL: FSDP2's eval_loss at step 0 differs from transformers' by 1e-5 or more"; exit 1; }
-
-# FSDP1 with cpu_ram_efficient_loading and ZeRO-3 with zero3_init_flag load the same way into
-# their flat pieces (each rank reads the rows covering its pieces) and train from there.
-for engine in fsdp1 zero3; do
+# Sharded at load on two processes, each engine evaluates at step 0 to the same loss: FSDP2
+# reads each rank's rows; FSDP1 with cpu_ram_efficient_loading and ZeRO-3 with zero3_init_flag
+# read the rows covering each rank's flat pieces.
+for engine in fsdp2 fsdp1 zero3; do
   case $engine in
-    fsdp1) option='--set=args.fsdp={version: 1 cpu_ram_efficient_loading: true}' ;;
-    zero3) option='--set=args.zero={stage: 3 zero3_init_flag: true}' ;;
+    fsdp2) option='--set=args.fsdp={version: 2}'; said="this rank's rows only" ;;
+    fsdp1) option='--set=args.fsdp={version: 1 cpu_ram_efficient_loading: true}'
+      said="this rank's flat pieces only" ;;
+    zero3) option='--set=args.zero={stage: 3 zero3_init_flag: true}'
+      said="this rank's flat pieces only" ;;
   esac
   "$launch" --nproc_per_node=2 --master_port=0 "$train" --config="$job" "$option" \
     --set=args.use_cpu=true --set=args.max_steps=2 --set=args.save_strategy=NO \
     --set="args.output_dir=$out-$engine" >/dev/null 2>"${TEST_TMPDIR}/$engine.log" || {
     cat "${TEST_TMPDIR}/$engine.log"; exit 1; }
-  grep -q "this rank's flat pieces only" "${TEST_TMPDIR}/$engine.log" ||
-    { echo "FAIL: the $engine ranks did not load their flat pieces only"; exit 1; }
+  grep -q "$said" "${TEST_TMPDIR}/$engine.log" ||
+    { echo "FAIL: the $engine ranks did not load $said"; exit 1; }
   eval0=$(grep -m1 '"eval_loss":' "$out-$engine/metrics.jsonl" | sed -E 's/.*"eval_loss":([^,}]*).*/\1/')
-  echo "$engine (efficient load), 2 ranks: eval_loss at step 0: $eval0"
-  awk -v a="$eval0" -v b="$expected" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d < 1e-5) }' ||
-    { echo "FAIL: $engine's eval_loss at step 0 differs from transformers' by 1e-5 or more"; exit 1; }
+  echo "$engine, 2 ranks: eval_loss at step 0: $eval0"
+  expect_transformers_loss "$engine" "$eval0"
 done
 
 full="${TEST_TMPDIR}/full"

@@ -68,6 +68,17 @@ bool NamesOneDevice(const GetEnv& getenv) {
   return devices.size() == 1;
 }
 
+// CPPTRAIN_SHARED_GPU: unset, "0" or "1".
+absl::StatusOr<bool> SharedGpu(const GetEnv& getenv) {
+  const char* value = getenv("CPPTRAIN_SHARED_GPU");
+  if (value == nullptr || absl::string_view(value) == "0") return false;
+  if (absl::string_view(value) == "1") return true;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "CPPTRAIN_SHARED_GPU=\"", value,
+      "\" is neither 0 nor 1: set 1 to let processes share a GPU (collectives staged through "
+      "the CPU, for tests), or unset it"));
+}
+
 }  // namespace
 
 absl::StatusOr<LocalDevice> LocalDeviceFromEnvironment(const GetEnv& getenv, int visible_devices) {
@@ -76,6 +87,11 @@ absl::StatusOr<LocalDevice> LocalDeviceFromEnvironment(const GetEnv& getenv, int
     return absl::FailedPreconditionError(absl::StrCat(
         LocalRankText(device), ": this process sees no CUDA device (", VisibleDevicesText(getenv),
         "); run on the CPU, or check CUDA_VISIBLE_DEVICES and the GPUs the job was given"));
+  }
+  CT_ASSIGN_OR_RETURN(device.shared_gpu, SharedGpu(getenv));
+  if (device.shared_gpu) {
+    device.cuda_index = device.local_rank % visible_devices;
+    return device;
   }
   if (device.local_rank < visible_devices) {
     device.cuda_index = device.local_rank;

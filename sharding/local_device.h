@@ -19,6 +19,11 @@
 // else cuda:0 when CUDA_VISIBLE_DEVICES names exactly one device and the process sees one (one
 // GPU per task, as srun --gpus-per-task=1 arranges); else an error, because several processes
 // on one GPU fail in NCCL ("Duplicate GPU detected").
+//
+// Shared-GPU mode (CPPTRAIN_SHARED_GPU=1, for tests on a machine with fewer GPUs than
+// processes): the device is cuda:<local rank modulo the devices seen>, and `shared_gpu` tells
+// the communicators to stage CUDA tensors through the CPU communicator instead of NCCL
+// (sharding/staged_communicator.h). Every process of the job must be given the same setting.
 #ifndef CPPTRAIN_SHARDING_LOCAL_DEVICE_H_
 #define CPPTRAIN_SHARDING_LOCAL_DEVICE_H_
 
@@ -37,6 +42,8 @@ struct LocalDevice {
   std::string local_rank_variable;
   // The CUDA device index, among the devices this process sees.
   int cuda_index = 0;
+  // CPPTRAIN_SHARED_GPU=1: processes may share a GPU; CUDA collectives are staged, not NCCL's.
+  bool shared_gpu = false;
 };
 
 // `visible_devices`: the CUDA devices this process sees (torch::cuda::device_count()); the

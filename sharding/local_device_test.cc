@@ -111,6 +111,12 @@ std::vector<Case> LauncherCases() {
       // A bad variable is reported, not skipped for the next one.
       Fails("non-numeric LOCAL_RANK with a valid SLURM_LOCALID",
             {{"LOCAL_RANK", "1x"}, {"SLURM_LOCALID", "1"}}, 4, {"LOCAL_RANK=\"1x\""}),
+      Picks("shared GPU: three ranks on one GPU, the third",
+            {{"LOCAL_RANK", "2"}, {"CPPTRAIN_SHARED_GPU", "1"}}, 1, 2, 0, "LOCAL_RANK"),
+      Picks("shared GPU: four ranks on two GPUs, the fourth",
+            {{"LOCAL_RANK", "3"}, {"CPPTRAIN_SHARED_GPU", "1"}}, 2, 3, 1, "LOCAL_RANK"),
+      Fails("CPPTRAIN_SHARED_GPU not 0 or 1", {{"LOCAL_RANK", "1"}, {"CPPTRAIN_SHARED_GPU", "yes"}},
+            1, {"CPPTRAIN_SHARED_GPU=\"yes\" is neither 0 nor 1"}),
       Fails("no CUDA device", {{"CUDA_VISIBLE_DEVICES", ""}}, 0,
             {"local rank 0", "sees no CUDA device (CUDA_VISIBLE_DEVICES=\"\")", "run on the CPU"}),
   };
@@ -131,6 +137,7 @@ TEST(LocalDeviceTest, Launchers) {
     EXPECT_EQ(device->local_rank, c.local_rank);
     EXPECT_EQ(device->cuda_index, c.cuda_index);
     EXPECT_EQ(device->local_rank_variable, c.variable);
+    EXPECT_EQ(device->shared_gpu, c.env.count("CPPTRAIN_SHARED_GPU") > 0);
   }
 }
 

@@ -26,10 +26,14 @@
 #ifdef CPPTRAIN_HAS_GLOO
 #include "sharding/gloo_communicator.h"
 #endif
-#ifdef CPPTRAIN_HAS_NCCL
+#ifdef CPPTRAIN_HAS_CUDA
 #include <c10/cuda/CUDAFunctions.h>
 
 #include "sharding/local_device.h"
+#include "sharding/staged_communicator.h"
+#include "sharding/staging_cuda.h"
+#endif
+#ifdef CPPTRAIN_HAS_NCCL
 #include "sharding/nccl_communicator.h"
 #endif
 
@@ -592,6 +596,32 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateCpuCommunicator(
   return std::unique_ptr<Communicator>(std::move(comm));
 }
 
+#ifdef CPPTRAIN_HAS_CUDA
+// Processes sharing a GPU (CPPTRAIN_SHARED_GPU=1): CUDA tensors staged through the CPU
+// communicator; CPPTRAIN_STAGED_DELAY_US (default 0) delays each copy back, to widen races.
+absl::StatusOr<std::unique_ptr<Communicator>> CreateStagedCudaCommunicator(
+    c10::intrusive_ptr<c10d::Store> store, int rank, int size, int cuda_index,
+    std::chrono::milliseconds timeout) {
+  int64_t delay_us = 0;
+  const char* delay = std::getenv("CPPTRAIN_STAGED_DELAY_US");
+  if (delay != nullptr && (!absl::SimpleAtoi(delay, &delay_us) || delay_us < 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CPPTRAIN_STAGED_DELAY_US=\"", delay,
+        "\" is not a whole number of microseconds >= 0: fix it or unset it (no delay)"));
+  }
+  CT_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> host,
+                      CreateCpuCommunicator(std::move(store), rank, size, timeout));
+  LOG_FIRST_N(INFO, 1) << "CPPTRAIN_SHARED_GPU=1: CUDA collectives on cuda:" << cuda_index
+                       << " are staged through the CPU communicator (" << host->backend()
+                       << "), not NCCL; delay " << delay_us << " us";
+  CT_ASSIGN_OR_RETURN(std::unique_ptr<StagedCommunicator> staged,
+                      StagedCommunicator::Create(
+                          std::move(host),
+                          CudaStaging(cuda_index, std::chrono::microseconds(delay_us))));
+  return std::unique_ptr<Communicator>(std::move(staged));
+}
+#endif
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Communicator>> CreateCommunicatorForDevice(
@@ -601,24 +631,31 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateCommunicatorForDevice(
     case c10::DeviceType::CPU:
       return CreateCpuCommunicator(std::move(store), rank, size, timeout);
     case c10::DeviceType::CUDA:
-      // ---- NCCL: CUDA builds only (CPPTRAIN_HAS_NCCL) --------------------------------------
-#ifdef CPPTRAIN_HAS_NCCL
+      // ---- CUDA builds only (CPPTRAIN_HAS_CUDA; NCCL where CPPTRAIN_HAS_NCCL) -------------
+#ifdef CPPTRAIN_HAS_CUDA
     {
       // This process's GPU (sharding/local_device.h, as the engines pick it) becomes the
       // current device.
       CT_ASSIGN_OR_RETURN(const LocalDevice local,
                           LocalDeviceFromEnvironment(static_cast<int>(c10::cuda::device_count())));
       c10::cuda::set_device(static_cast<c10::DeviceIndex>(local.cuda_index));
+      if (local.shared_gpu) {
+        return CreateStagedCudaCommunicator(std::move(store), rank, size, local.cuda_index,
+                                            timeout);
+      }
+#ifdef CPPTRAIN_HAS_NCCL
       CT_ASSIGN_OR_RETURN(std::unique_ptr<NcclCommunicator> nccl,
                           NcclCommunicator::Create(store, rank, size, local.cuda_index, timeout));
       return std::unique_ptr<Communicator>(std::move(nccl));
+#endif
     }
 #endif
-      // ---- end NCCL ----------------------------------------------------------------------
+      // ---- end CUDA ----------------------------------------------------------------------
       return absl::UnimplementedError(
           "CreateCommunicatorForDevice: CUDA tensors need the NCCL communicator, which is "
-          "compiled only in CUDA builds (CPPTRAIN_HAS_NCCL); this build moves CPU tensors "
-          "only, so train on device cpu or use a CUDA build");
+          "compiled only in CUDA builds with NCCL (CPPTRAIN_HAS_NCCL; without NCCL, "
+          "CPPTRAIN_SHARED_GPU=1 stages them through the CPU); this build has no NCCL, so train "
+          "on device cpu or use a CUDA build with NCCL");
     default:
       return absl::InvalidArgumentError(absl::StrCat(
           "CreateCommunicatorForDevice: no communicator for device type ",

@@ -48,6 +48,22 @@ if [[ "${TESTS:-1}" != 0 ]]; then
   grep "checks passed" "$out/nccl_checks.log" | tee -a "$summary"
 fi
 
+# The multi-process suites again with CPPTRAIN_SHARED_GPU=1: every variant's CUDA path with
+# 2 to 4 processes sharing this host's GPUs, collectives staged through Gloo or the store
+# (tests/distributed/variants.sh), once plain and once with each staged result delayed by
+# 200 us (SHARED_GPU=0 skips this).
+if [[ "${TESTS:-1}" != 0 && "${SHARED_GPU:-1}" != 0 ]]; then
+  for delay in 0 200; do
+    (cd "$build" && CPPTRAIN_SHARED_GPU=1 CPPTRAIN_STAGED_DELAY_US=$delay \
+      ctest -j 2 --output-on-failure --timeout 600 -R '^tests_distributed_' \
+      >"$out/shared_gpu_delay$delay.log" 2>&1)
+    echo "shared-GPU suites (delay $delay us) exit $?:" \
+      "$(grep -E 'tests passed' "$out/shared_gpu_delay$delay.log" | tail -1)" | tee -a "$summary"
+    grep -hE "^variants:|SKIPPED:|FAIL:" "$build"/Testing/Temporary/LastTest.log 2>/dev/null |
+      sort | uniq -c | tee "$out/shared_gpu_delay$delay.variants" | tail -20 >>"$summary"
+  done
+fi
+
 # BENCH=0 stops after the build and the test suite; TESTS=0 skips the test suite (a rerun of
 # measurements on a machine that built and tested already: the build is then incremental).
 # RUNS picks the measurements (default all). Training runs go through tools/bench_compare.py:

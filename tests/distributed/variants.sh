@@ -15,6 +15,10 @@
 # of them, and otherwise on the CPU (--use_cpu: Gloo, or the store communicator in builds
 # without Gloo), so every variant runs on every machine and the closing line says where:
 #   variants: 14 ran (3 on CUDA, 11 on the CPU), 0 skipped, 0 failed
+# With CPPTRAIN_SHARED_GPU=1 on a CUDA host, every variant runs on the GPUs, several
+# processes sharing one (sharding/local_device.h), their CUDA collectives staged through the
+# CPU communicator instead of NCCL (sharding/staged_communicator.h); the closing line says
+# "staged". CPPTRAIN_STAGED_DELAY_US delays each staged result, widening race windows.
 # A variant passes when the program exits 0 and prints $expect (default EQUIVALENT); lines
 # matching $show are echoed. `placement N` prints the flag a leg with N processes needs.
 
@@ -26,13 +30,19 @@ if command -v nvidia-smi >/dev/null 2>&1 && gpus=$(nvidia-smi -L 2>/dev/null | g
 else
   gpus=0
 fi
+shared_gpu=0
+if [[ "${CPPTRAIN_SHARED_GPU:-0}" == 1 ]] && ((gpus >= 1)); then
+  shared_gpu=1
+  echo "CPPTRAIN_SHARED_GPU=1: every variant runs on the $gpus GPU(s), processes sharing them," \
+    "collectives staged through the CPU (delay ${CPPTRAIN_STAGED_DELAY_US:-0} us)"
+fi
 ran_cuda=0
 ran_cpu=0
 skipped=0
 failed=0
 
 placement() {  # processes -> "" (CUDA) or --use_cpu
-  if (( gpus >= $1 )); then echo ""; else echo "--use_cpu"; fi
+  if (( gpus >= $1 || shared_gpu == 1 )); then echo ""; else echo "--use_cpu"; fi
 }
 
 record() {  # processes, 0 when it passed, [cpu]
@@ -69,7 +79,9 @@ skip() {  # name, reason
 }
 
 variants_done() {
-  echo "variants: $((ran_cuda + ran_cpu)) ran ($ran_cuda on CUDA, $ran_cpu on the CPU)," \
+  local cuda="on CUDA"
+  ((shared_gpu == 1)) && cuda="on CUDA, staged on shared GPUs"
+  echo "variants: $((ran_cuda + ran_cpu)) ran ($ran_cuda $cuda, $ran_cpu on the CPU)," \
     "$skipped skipped, $failed failed"
   [[ $failed -eq 0 ]] && echo PASS
   [[ $failed -eq 0 ]]

@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <nccl.h>
@@ -278,6 +279,35 @@ absl::Status CheckTensor(const at::Tensor& t, int device, const char* what) {
 
 using Issue = std::function<ncclResult_t(ncclComm_t, cudaStream_t)>;
 
+bool Failed(ncclResult_t result) { return result != ncclSuccess && result != ncclInProgress; }
+
+// Issues `issues` on `stream`, as one NCCL group when there are several. The group is closed
+// on every path: left open after a failed call, it would swallow the next collective.
+absl::Status IssueGrouped(ncclComm_t comm, cudaStream_t stream, const std::vector<Issue>& issues,
+                          int rank) {
+  const bool grouped = issues.size() > 1;
+  if (grouped) CT_NCCL_RETURN_IF_ERROR(ncclGroupStart(), rank);
+  ncclResult_t result = ncclSuccess;
+  for (const Issue& issue : issues) {
+    result = issue(comm, stream);
+    if (Failed(result)) break;
+  }
+  if (grouped) {
+    const ncclResult_t ended = ncclGroupEnd();
+    if (!Failed(result)) result = ended;
+  }
+  if (Failed(result)) return NcclError(result, "issuing the collective", rank, __FILE__, __LINE__);
+  return absl::OkStatus();
+}
+
+void RecordStream(const std::vector<at::Tensor>& tensors, const c10::cuda::CUDAStream& stream) {
+  for (const at::Tensor& t : tensors) {
+    if (t.defined() && t.is_cuda()) {
+      c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), stream);
+    }
+  }
+}
+
 absl::StatusOr<std::unique_ptr<Work>> Launch(const std::shared_ptr<NcclCommunicator::State>& st,
                                              NcclCommunicator::Kind kind, std::string name,
                                              std::chrono::milliseconds timeout,
@@ -297,20 +327,25 @@ absl::StatusOr<std::unique_ptr<Work>> Launch(const std::shared_ptr<NcclCommunica
     absl::ReaderMutexLock lock(&st->comm_mu);
     ncclComm_t comm = st->comms[kind];
     if (comm == nullptr) return st->Health();  // aborted
-    if (issues.size() > 1) CT_NCCL_RETURN_IF_ERROR(ncclGroupStart(), st->rank);
-    for (const Issue& issue : issues) {
-      CT_NCCL_RETURN_IF_ERROR(issue(comm, stream.stream()), st->rank);
-    }
-    if (issues.size() > 1) CT_NCCL_RETURN_IF_ERROR(ncclGroupEnd(), st->rank);
+    issued = IssueGrouped(comm, stream.stream(), issues, st->rank);
     // Enqueued on `stream` only once the communicator is ready (at once, when connected).
-    issued = st->PollReady(comm, name, deadline);
+    if (issued.ok()) issued = st->PollReady(comm, name, deadline);
   }
+  // A collective this rank failed to issue is one its peers wait for: the communicator is
+  // done for (and the error ends the job, which ends theirs).
   if (!issued.ok()) return st->FailAndAbort(std::move(issued));
   auto done = std::make_shared<at::cuda::CUDAEvent>();
   done->record(stream);
   // Under capture the collective is recorded, not run, and its event must not be queried.
   const bool captured = Capturing(current);
-  if (!captured) st->Watch(done, timeout, name);
+  if (!captured) {
+    st->Watch(done, timeout, name);
+    // The caching allocator reuses a freed block on the stream it was allocated on; a tensor
+    // from another stream than the caller's (a side stream's buffer) is held back until the
+    // collective's stream is past this point, whenever it is freed. (A capture's memory stays
+    // in its graph's pool, so nothing is recorded under capture.)
+    RecordStream(keep_alive, stream);
+  }
   return std::unique_ptr<Work>(std::make_unique<NcclWork>(st, std::move(done),
                                                           std::move(keep_alive),
                                                           std::move(name), captured));
@@ -335,16 +370,30 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
   std::unique_ptr<NcclCommunicator> comm(new NcclCommunicator(rank, size, device, timeout));
   State& st = *comm->state_;
   c10::cuda::CUDAGuard guard(device);
+  CT_RETURN_IF_ERROR(comm->InitFromUniqueId(*store, kReduce));
+  for (int kind = kReduce + 1; kind < kNumKinds; ++kind) {
+    CT_RETURN_IF_ERROR(comm->SplitFrom(kReduce, static_cast<Kind>(kind)));
+  }
   for (int kind = 0; kind < kNumKinds; ++kind) {
+    st.streams.push_back(c10::cuda::getStreamFromPool(/*isHighPriority=*/true, device));
+  }
+  comm->watchdog_ = std::thread([state = comm->state_] { state->Watch(); });
+  return comm;
+}
+
+absl::Status NcclCommunicator::InitFromUniqueId(c10d::Store& store, Kind kind) {
+  State& st = *state_;
+  const int rank = rank_;
+  {
     const std::string key = absl::StrCat("nccl_unique_id_", kind);
     ncclUniqueId id;
     if (rank == 0) {
       CT_NCCL_RETURN_IF_ERROR(ncclGetUniqueId(&id), rank);
       std::vector<uint8_t> bytes(reinterpret_cast<uint8_t*>(&id),
                                  reinterpret_cast<uint8_t*>(&id) + sizeof(id));
-      CT_RETURN_IF_ERROR(CatchTorch([&] { store->set(key, bytes); }));
+      CT_RETURN_IF_ERROR(CatchTorch([&] { store.set(key, bytes); }));
     } else {
-      CT_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, CatchTorch([&] { return store->get(key); }));
+      CT_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, CatchTorch([&] { return store.get(key); }));
       if (bytes.size() != sizeof(id)) {
         return absl::InternalError(absl::StrCat("rank ", rank, ": NCCL unique id under ", key,
                                                 " has ", bytes.size(), " bytes, not ", sizeof(id)));
@@ -356,15 +405,31 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
     absl::Status ready;
     {
       absl::WriterMutexLock lock(&st.comm_mu);
-      CT_NCCL_RETURN_IF_ERROR(ncclCommInitRankConfig(&st.comms[kind], size, id, rank, &config),
-                              rank);
-      ready = st.PollReady(st.comms[kind], "communicator setup", Clock::now() + timeout);
+      CT_NCCL_RETURN_IF_ERROR(
+          ncclCommInitRankConfig(&st.comms[kind], size_, id, rank, &config), rank);
+      ready = st.PollReady(st.comms[kind], "communicator setup", Clock::now() + timeout_);
     }
     if (!ready.ok()) return st.FailAndAbort(std::move(ready));
-    st.streams.push_back(c10::cuda::getStreamFromPool(/*isHighPriority=*/true, device));
   }
-  comm->watchdog_ = std::thread([state = comm->state_] { state->Watch(); });
-  return comm;
+  return absl::OkStatus();
+}
+
+// Every rank splits with one color, so the child spans the parent's ranks in the same order;
+// NCCL sets it up over the parent's connections instead of a new unique id and bootstrap.
+absl::Status NcclCommunicator::SplitFrom(Kind parent, Kind kind) {
+  State& st = *state_;
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  absl::Status ready;
+  {
+    absl::WriterMutexLock lock(&st.comm_mu);
+    CT_NCCL_RETURN_IF_ERROR(ncclCommSplit(st.comms[parent], /*color=*/0, /*key=*/rank_,
+                                          &st.comms[kind], &config),
+                            rank_);
+    ready = st.PollReady(st.comms[kind], "communicator split", Clock::now() + timeout_);
+  }
+  if (!ready.ok()) return st.FailAndAbort(std::move(ready));
+  return absl::OkStatus();
 }
 
 NcclCommunicator::~NcclCommunicator() {

@@ -3,7 +3,8 @@
 //
 // One NCCL communicator, and one high-priority CUDA stream, per collective kind (all-reduce and
 // broadcast; all-gather; reduce-scatter), so an all-gather and a reduce-scatter run at the
-// same time. Ordering is by CUDA events only: a collective's stream waits on an event
+// same time. The first is set up from a unique id rank 0 publishes through the store; the
+// other two are split from it (ncclCommSplit, one color), without a bootstrap of their own. Ordering is by CUDA events only: a collective's stream waits on an event
 // recorded on the caller's current stream; Work::Wait() makes the caller's current stream
 // wait on the collective's completion event. The NCCL communicators are non-blocking, so no
 // host call waits on a peer: setup, and a collective's first connection to its peers, are
@@ -77,6 +78,10 @@ class NcclCommunicator : public Communicator {
 
  private:
   NcclCommunicator(int rank, int size, int device, std::chrono::milliseconds timeout);
+  // Sets up the communicator of `kind` from a unique id exchanged through `store`.
+  absl::Status InitFromUniqueId(c10d::Store& store, Kind kind);
+  // Sets up the communicator of `kind` as a split of `parent`'s (same ranks).
+  absl::Status SplitFrom(Kind parent, Kind kind);
 
   int rank_;
   int size_;

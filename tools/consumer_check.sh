@@ -23,6 +23,15 @@
 # (CPPTRAIN_CONSUMER_CACHE overrides). With both pointing at empty directories (and
 # `bazel clean --expunge` in examples/) a run is cold, as on a fresh CI machine.
 # CPPTRAIN_CONSUMER_JOBS (default 2) sets the parallel compiles of every build.
+#
+# The two CMake runs compile the same library sources with the same flags. Where ccache is
+# installed they compile through it (CCACHE_DIR, default ~/.cache/cpptrain-consumer-ccache),
+# with every absolute path rewritten relative to the compiler's directory (base_dir /), and
+# the libraries' build tree at the same depth as the subdir build's cpptrain/ tree, so both
+# command lines name the checkout and the generated headers by the same relative paths and
+# the second build takes the first one's objects instead of compiling again (on a fresh
+# machine that saves one whole library build; "ccache:" lines give the hit counts).
+# CPPTRAIN_CONSUMER_CCACHE=0 compiles without it.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -49,6 +58,25 @@ step() {
   echo "consumer $name: FAILED after $((SECONDS - start)) s; its output:"
   tail -40 "$scratch/$name.log"
   return 1
+}
+
+# CMake arguments that compile through ccache (empty without it).
+cmake_launcher=()
+if [[ "${CPPTRAIN_CONSUMER_CCACHE:-1}" != 0 ]] && command -v ccache >/dev/null; then
+  export CCACHE_DIR="${CCACHE_DIR:-$HOME/.cache/cpptrain-consumer-ccache}"
+  export CCACHE_BASEDIR=/ CCACHE_NOHASHDIR=1 CCACHE_SLOPPINESS=time_macros
+  cmake_launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
+fi
+
+# ccache_line <name>: the hits and misses of the step just run, as one line (none without
+# ccache). Reads the counters ccache keeps, zeroed before the step.
+ccache_zero() { if ((${#cmake_launcher[@]})); then ccache -z >/dev/null 2>&1 || true; fi; }
+ccache_line() {
+  if ((${#cmake_launcher[@]} == 0)); then return 0; fi
+  ccache --print-stats 2>/dev/null | awk -v name="$1" -F'\t' '
+    $1 == "direct_cache_hit" || $1 == "preprocessed_cache_hit" { hits += $2 }
+    $1 == "cache_miss" { misses = $2 }
+    END { printf "ccache: %s: %d compiles from the cache, %d compiled\n", name, hits, misses }'
 }
 
 bazel_flags=(
@@ -111,26 +139,31 @@ run_bazel() {
 }
 
 run_cmake() {
-  local build="$cache/cmake-build" prefix="$cache/prefix" example="$cache/example"
+  # (libraries/cpptrain: the depth of subdir/cpptrain, for ccache; see the top.)
+  local build="$cache/libraries/cpptrain" prefix="$cache/prefix" example="$cache/example"
+  ccache_zero
   # (cmake --install keeps the files' times, so the example is rebuilt only for changes.)
   step cmake_libraries bash -c "
     cmake -S . -B '$build' -DCMAKE_BUILD_TYPE=Release -DCPPTRAIN_BUILD_TESTS=OFF \
-      -DCPPTRAIN_BUILD_TOOLS=OFF -DCPPTRAIN_INSTALL=ON &&
+      -DCPPTRAIN_BUILD_TOOLS=OFF -DCPPTRAIN_INSTALL=ON ${cmake_launcher[*]} &&
     cmake --build '$build' --target cpptrain -j$jobs &&
     rm -rf '$prefix' && cmake --install '$build' --prefix '$prefix'" &&
+    ccache_line cmake_libraries &&
     step cmake_example bash -c "
       cmake -S examples -B '$example' -DCMAKE_BUILD_TYPE=Release \
-        -DCMAKE_PREFIX_PATH='$prefix' &&
+        -DCMAKE_PREFIX_PATH='$prefix' ${cmake_launcher[*]} &&
       cmake --build '$example' -j$jobs" &&
     step cmake_run "$example/classifier" "$scratch/cmake_run" &&
     check_trained cmake_run
 }
 
 run_subdir() {
+  ccache_zero
   step subdir_build bash -c "
     cmake -S examples -B '$cache/subdir' -DCMAKE_BUILD_TYPE=Release \
-      -DCPPTRAIN_CHECKOUT='$root' &&
+      -DCPPTRAIN_CHECKOUT='$root' ${cmake_launcher[*]} &&
     cmake --build '$cache/subdir' -j$jobs" &&
+    ccache_line subdir_build &&
     step subdir_run "$cache/subdir/classifier" "$scratch/subdir_run" &&
     check_trained subdir_run
 }

@@ -80,4 +80,6 @@ expect_refused 'data.packing is set but data.format is TOKENS; it applies to dat
   --set=data.format=TOKENS
 expect_refused 'data.completion_only_loss is on but the record has no "completion_mask"' \
   --set="data.train_file=$dir/chat.tok.jsonl" --set=data.completion_only_loss=true
+expect_refused 'args.do_predict with data.packing = true would write one prediction per packed row' \
+  --set=args.do_predict=true --set="data.eval_file=$dir/pc.tok.jsonl"
 echo PASS

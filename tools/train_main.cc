@@ -155,8 +155,8 @@ absl::StatusOr<JobData> LoadData(const proto::DataSpec& data, int64_t vocab_size
 }
 
 // do_eval and do_predict need data to run on; at least one mode must be on.
-absl::Status CheckRunModes(const proto::TrainingArguments& args, const JobData& data,
-                           bool do_eval) {
+absl::Status CheckRunModes(const proto::TrainingArguments& args, const proto::DataSpec& data_spec,
+                           const JobData& data, bool do_eval) {
   if (do_eval && data.eval == nullptr) {
     return absl::InvalidArgumentError(
         "args.do_eval is true but there is no eval data: set data.eval_file (or data.builtin)");
@@ -169,6 +169,13 @@ absl::Status CheckRunModes(const proto::TrainingArguments& args, const JobData& 
   if (!args.do_train() && !do_eval && !args.do_predict()) {
     return absl::InvalidArgumentError(
         "args.do_train, do_eval and do_predict are all false: nothing to run; set one of them");
+  }
+  if (args.do_predict() && data_spec.format() == proto::DataSpec::JSONL &&
+      (data_spec.packing() || data_spec.padding_free())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "args.do_predict with data.", data_spec.packing() ? "packing" : "padding_free",
+        " = true would write one prediction per packed row, not per example; predict with "
+        "data.packing: false and data.padding_free: false"));
   }
   if (args.predict_top_k() < 0) {
     return absl::InvalidArgumentError(absl::StrCat("args.predict_top_k is ", args.predict_top_k(),
@@ -225,7 +232,7 @@ absl::Status Run(const std::string& config_path, const std::vector<std::string>&
                                static_cast<uint64_t>(ResolvedDataSeed(args)), args.do_train(),
                                job.model().pretrained()));
   const bool do_eval = args.has_do_eval() ? args.do_eval() : data.eval != nullptr;
-  CT_RETURN_IF_ERROR(CheckRunModes(args, data, do_eval));
+  CT_RETURN_IF_ERROR(CheckRunModes(args, job.data(), data, do_eval));
   LOG(INFO) << "model: " << DecoderParameterCount(model_config) << " parameters; data: "
             << (data.train ? absl::StrCat(data.train->size(), " train samples") : "no train data")
             << (data.eval ? absl::StrCat(", ", data.eval->size(), " eval samples") : "");

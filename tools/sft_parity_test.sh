@@ -7,10 +7,13 @@
 #   chat: messages records, assistant_only_loss.
 # Every step's loss must be within 1e-5 of SFTTrainer's (golden.txt), and the run must print
 # the packed row count TRL's packing gave. Then a text record is refused with the
-# tools/sft_tokenize.py command that tokenizes it.
+# tools/sft_tokenize.py command that tokenizes it. With torch and transformers in
+# $CPPTRAIN_VENV, tools/sft_tokenize.py must write the committed .tok.jsonl files again from the
+# text records (else SKIPPED).
 set -euo pipefail
 train="$1"
 dir="$2"
+tokenizer_tool="$3"
 
 # golden.txt: "<run> <packed rows> <loss at step 1> ... <loss at step 20>" a line.
 golden_line() { grep "^$1 " "$dir/golden.txt"; }
@@ -82,4 +85,18 @@ expect_refused 'data.completion_only_loss is on but the record has no "completio
   --set="data.train_file=$dir/chat.tok.jsonl" --set=data.completion_only_loss=true
 expect_refused 'args.do_predict with data.packing = true would write one prediction per packed row' \
   --set=args.do_predict=true --set="data.eval_file=$dir/pc.tok.jsonl"
+python="${CPPTRAIN_VENV:-/nonexistent}/bin/python"
+if "$python" -c "import torch, transformers" 2>/dev/null; then
+  "$python" "$tokenizer_tool" --model "$dir/model" --input "$dir/pc.jsonl" \
+    --output "${TEST_TMPDIR}/pc.tok.jsonl" >/dev/null
+  "$python" "$tokenizer_tool" --model "$dir/model" --input "$dir/chat.jsonl" \
+    --output "${TEST_TMPDIR}/chat.tok.jsonl" --assistant_only_loss >/dev/null
+  for name in pc chat; do
+    cmp "${TEST_TMPDIR}/$name.tok.jsonl" "$dir/$name.tok.jsonl" ||
+      { echo "FAIL: tools/sft_tokenize.py no longer writes $dir/$name.tok.jsonl"; exit 1; }
+  done
+  echo "tools/sft_tokenize.py rewrote both .tok.jsonl files byte for byte"
+else
+  echo "SKIPPED: tools/sft_tokenize.py check (no torch and transformers in CPPTRAIN_VENV='${CPPTRAIN_VENV:-}')"
+fi
 echo PASS

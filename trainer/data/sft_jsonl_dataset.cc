@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "base/status.h"
 #include "module/batch.h"
 #include "trainer/data/bfd_packing.h"
 
@@ -135,14 +136,8 @@ absl::StatusOr<Record> ParseRecord(const std::string& text, const std::string& p
   return out;
 }
 
-}  // namespace
-
-absl::StatusOr<std::shared_ptr<SftJsonlDataset>> SftJsonlDataset::Open(
-    const std::string& path, const SftDataOptions& options) {
-  if (options.max_length < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("data.max_length is ", options.max_length, "; it must be >= 1"));
-  }
+absl::StatusOr<std::vector<Record>> ReadRecords(const std::string& path,
+                                                const std::string& model_dir) {
   std::ifstream in(path);
   if (!in) {
     return absl::NotFoundError(
@@ -154,13 +149,61 @@ absl::StatusOr<std::shared_ptr<SftJsonlDataset>> SftJsonlDataset::Open(
   while (std::getline(in, text)) {
     ++line;
     if (absl::StripAsciiWhitespace(text).empty()) continue;
-    auto record = ParseRecord(text, path, line, options.model_dir);
+    auto record = ParseRecord(text, path, line, model_dir);
     if (!record.ok()) return record.status();
     records.push_back(*std::move(record));
   }
   if (records.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(path, " holds no records"));
   }
+  return records;
+}
+
+// The record's input ids and labels (TRL's build_labels), or why the options cannot apply.
+absl::Status Label(const Record& r, const std::string& where, bool completion_only,
+                   bool assistant_only, std::vector<int64_t>* labels) {
+  if (completion_only && !r.has_completion_mask) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": data.completion_only_loss is on but the record has no \"completion_mask\"; "
+               "tokenize prompt/completion records with tools/sft_tokenize.py, or set "
+               "data.completion_only_loss: false"));
+  }
+  if (assistant_only && !r.has_assistant_masks) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": data.assistant_only_loss is on but the record has no \"assistant_masks\"; "
+               "tokenize messages records with tools/sft_tokenize.py --assistant_only_loss, "
+               "or set data.assistant_only_loss: false"));
+  }
+  if (assistant_only && std::find(r.assistant_masks.begin(), r.assistant_masks.end(), 1) ==
+                            r.assistant_masks.end()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": data.assistant_only_loss is on but the record has no assistant token (its "
+               "\"assistant_masks\" is all 0); the chat template probably lacks "
+               "{% generation %} markers around the assistant turns"));
+  }
+  *labels = r.input_ids;
+  for (size_t i = 0; i < labels->size(); ++i) {
+    if ((completion_only && r.completion_mask[i] == 0) ||
+        (assistant_only && r.assistant_masks[i] == 0)) {
+      (*labels)[i] = kIgnoreIndex;
+    }
+  }
+  return absl::OkStatus();
+}
+
+bool HasLabel(const std::vector<int64_t>& labels) {
+  return std::any_of(labels.begin(), labels.end(), [](int64_t l) { return l != kIgnoreIndex; });
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<SftJsonlDataset>> SftJsonlDataset::Open(
+    const std::string& path, const SftDataOptions& options) {
+  if (options.max_length < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("data.max_length is ", options.max_length, "; it must be >= 1"));
+  }
+  CT_ASSIGN_OR_RETURN(std::vector<Record> records, ReadRecords(path, options.model_dir));
   // completion_only_loss unset: TRL turns it on for prompt/completion data, which is the data
   // that has a completion mask.
   const bool completion_only = options.completion_only_loss.value_or(
@@ -171,73 +214,55 @@ absl::StatusOr<std::shared_ptr<SftJsonlDataset>> SftJsonlDataset::Open(
   dataset->num_records_ = static_cast<int64_t>(records.size());
   std::vector<Row> examples;
   for (const Record& r : records) {
-    const std::string where = Where(path, r.line);
-    if (completion_only && !r.has_completion_mask) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ": data.completion_only_loss is on but the record has no \"completion_mask\"; "
-                 "tokenize prompt/completion records with tools/sft_tokenize.py, or set "
-                 "data.completion_only_loss: false"));
-    }
-    if (options.assistant_only_loss && !r.has_assistant_masks) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ": data.assistant_only_loss is on but the record has no \"assistant_masks\"; "
-                 "tokenize messages records with tools/sft_tokenize.py --assistant_only_loss, "
-                 "or set data.assistant_only_loss: false"));
-    }
-    if (options.assistant_only_loss &&
-        std::find(r.assistant_masks.begin(), r.assistant_masks.end(), 1) ==
-            r.assistant_masks.end()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ": data.assistant_only_loss is on but the record has no assistant token (its "
-                 "\"assistant_masks\" is all 0); the chat template probably lacks "
-                 "{% generation %} markers around the assistant turns"));
-    }
     Row row;
     row.first_line = r.line;
     row.input_ids = r.input_ids;
-    row.labels = r.input_ids;
-    for (size_t i = 0; i < row.labels.size(); ++i) {
-      if ((completion_only && r.completion_mask[i] == 0) ||
-          (options.assistant_only_loss && r.assistant_masks[i] == 0)) {
-        row.labels[i] = kIgnoreIndex;
-      }
-    }
+    CT_RETURN_IF_ERROR(Label(r, Where(path, r.line), completion_only,
+                             options.assistant_only_loss, &row.labels));
     examples.push_back(std::move(row));
   }
-  if (!options.packing) {
-    // TRL's truncation (keep_start), then dropping what has no label left.
-    for (Row& row : examples) {
-      if (static_cast<int64_t>(row.input_ids.size()) > options.max_length) {
-        row.input_ids.resize(static_cast<size_t>(options.max_length));
-        row.labels.resize(static_cast<size_t>(options.max_length));
-      }
-      if (std::any_of(row.labels.begin(), row.labels.end(),
-                      [](int64_t l) { return l != kIgnoreIndex; })) {
-        dataset->rows_.push_back(std::move(row));
-      }
-    }
-  } else {
-    std::vector<int64_t> lengths;
-    for (const Row& row : examples) lengths.push_back(static_cast<int64_t>(row.input_ids.size()));
-    for (const PackedRow& packed : PackBestFitDecreasing(lengths, options.max_length)) {
-      Row row;
-      row.first_line = examples[static_cast<size_t>(packed.examples[0])].first_line;
-      for (size_t j = 0; j < packed.examples.size(); ++j) {
-        const Row& e = examples[static_cast<size_t>(packed.examples[j])];
-        const auto n = static_cast<std::ptrdiff_t>(packed.lengths[j]);
-        row.input_ids.insert(row.input_ids.end(), e.input_ids.begin(), e.input_ids.begin() + n);
-        row.labels.insert(row.labels.end(), e.labels.begin(), e.labels.begin() + n);
-        for (int64_t p = 0; p < packed.lengths[j]; ++p) row.position_ids.push_back(p);
-      }
-      dataset->rows_.push_back(std::move(row));
-    }
-  }
+  dataset->rows_ = options.packing ? Pack(std::move(examples), options.max_length)
+                                   : Truncate(std::move(examples), options.max_length);
   if (dataset->rows_.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
         path, ": no example has a token to train on after truncation to data.max_length = ",
         options.max_length, "; raise max_length"));
   }
   return dataset;
+}
+
+std::vector<SftJsonlDataset::Row> SftJsonlDataset::Truncate(std::vector<Row> examples,
+                                                            int64_t max_length) {
+  // TRL's truncation (keep_start), then dropping what has no label left.
+  std::vector<Row> rows;
+  for (Row& row : examples) {
+    if (static_cast<int64_t>(row.input_ids.size()) > max_length) {
+      row.input_ids.resize(static_cast<size_t>(max_length));
+      row.labels.resize(static_cast<size_t>(max_length));
+    }
+    if (HasLabel(row.labels)) rows.push_back(std::move(row));
+  }
+  return rows;
+}
+
+std::vector<SftJsonlDataset::Row> SftJsonlDataset::Pack(std::vector<Row> examples,
+                                                        int64_t max_length) {
+  std::vector<int64_t> lengths;
+  for (const Row& row : examples) lengths.push_back(static_cast<int64_t>(row.input_ids.size()));
+  std::vector<Row> rows;
+  for (const PackedRow& packed : PackBestFitDecreasing(lengths, max_length)) {
+    Row row;
+    row.first_line = examples[static_cast<size_t>(packed.examples[0])].first_line;
+    for (size_t j = 0; j < packed.examples.size(); ++j) {
+      const Row& e = examples[static_cast<size_t>(packed.examples[j])];
+      const auto n = static_cast<std::ptrdiff_t>(packed.lengths[j]);
+      row.input_ids.insert(row.input_ids.end(), e.input_ids.begin(), e.input_ids.begin() + n);
+      row.labels.insert(row.labels.end(), e.labels.begin(), e.labels.begin() + n);
+      for (int64_t p = 0; p < packed.lengths[j]; ++p) row.position_ids.push_back(p);
+    }
+    rows.push_back(std::move(row));
+  }
+  return rows;
 }
 
 Example SftJsonlDataset::Get(int64_t index) const {

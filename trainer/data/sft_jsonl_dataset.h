@@ -70,13 +70,17 @@ class SftJsonlDataset final : public Dataset {
 
  private:
   SftJsonlDataset() = default;
-
   struct Row {
     std::vector<int64_t> input_ids;
     std::vector<int64_t> labels;
     std::vector<int64_t> position_ids;  // empty without packing
     int64_t first_line = 0;             // of its first record, for errors
   };
+
+  // Without packing: each example cut to max_length, those left without a label dropped.
+  static std::vector<Row> Truncate(std::vector<Row> examples, int64_t max_length);
+  // With packing: best-fit-decreasing rows with position_ids.
+  static std::vector<Row> Pack(std::vector<Row> examples, int64_t max_length);
 
   std::string path_;
   int64_t num_records_ = 0;

@@ -54,6 +54,13 @@ at::Tensor SlidingWindowMask(int64_t t, int64_t window, const at::Device& device
   return allowed;
 }
 
+// The sliding-window causal mask [T, T], or options.mask [B, 1, T, T] within the window.
+at::Tensor AllowedKeys(const at::Tensor& q, const AttentionOptions& options) {
+  if (!options.mask.defined()) return SlidingWindowMask(q.size(2), options.window, q.device());
+  if (options.window <= 0 || options.window >= q.size(2)) return options.mask;
+  return options.mask.logical_and(SlidingWindowMask(q.size(2), options.window, q.device()));
+}
+
 }  // namespace
 
 torch::optim::OptimizerParamState* FindOptimizerParamState(torch::optim::Optimizer& optimizer,
@@ -124,12 +131,11 @@ void MultiplyByDeviceScalar(const std::vector<at::Tensor>& tensors, const at::Te
 at::Tensor CausalAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                            const AttentionOptions& options) {
   const int64_t groups = q.size(1) / k.size(1);
-  if (options.window > 0 && options.window < q.size(2)) {
+  if (options.mask.defined() || (options.window > 0 && options.window < q.size(2))) {
     // The kernels that take a mask do not all take grouped keys: expand them.
     const at::Tensor key = groups == 1 ? k : k.repeat_interleave(groups, 1);
     const at::Tensor value = groups == 1 ? v : v.repeat_interleave(groups, 1);
-    return at::scaled_dot_product_attention(q, key, value,
-                                            SlidingWindowMask(q.size(2), options.window, q.device()),
+    return at::scaled_dot_product_attention(q, key, value, AllowedKeys(q, options),
                                             options.dropout, /*is_causal=*/false);
   }
   if (groups == 1) {
@@ -199,8 +205,8 @@ at::Tensor CausalAttention(const at::Tensor& q, const at::Tensor& k, const at::T
   at::Tensor key = groups == 1 ? k : k.repeat_interleave(groups, 1);
   at::Tensor value = groups == 1 ? v : v.repeat_interleave(groups, 1);
   at::Tensor scores = at::matmul(q, key.transpose(-2, -1)) / std::sqrt(double(q.size(-1)));
-  const at::Tensor allowed = SlidingWindowMask(q.size(2), options.window, q.device());
-  scores = scores.masked_fill(allowed.logical_not(), -std::numeric_limits<float>::infinity());
+  scores = scores.masked_fill(AllowedKeys(q, options).logical_not(),
+                              -std::numeric_limits<float>::infinity());
   at::Tensor probs = at::softmax(scores, -1, at::kFloat).to(q.scalar_type());
   // Where transformers' eager attention drops: the probabilities, before they weigh the values.
   if (options.dropout > 0) probs = at::dropout(probs, options.dropout, /*train=*/true);

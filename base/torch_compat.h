@@ -84,6 +84,10 @@ struct AttentionOptions {
   // Dropout on the attention probabilities (softmax output), each kept one scaled by
   // 1 / (1 - dropout), drawn from the default generator; 0 in eval mode.
   double dropout = 0;
+  // Defined: bool [B, 1, T, T], true where query t may attend to key s, replacing the causal
+  // mask (packed examples: PackedCausalMask in models/decoder_layer.h); the window still
+  // applies on top of it.
+  at::Tensor mask;
 };
 
 // Causal self-attention. q: [B, H, T, D]; k, v: [B, Hkv, T, D] with H a multiple of Hkv
@@ -91,7 +95,8 @@ struct AttentionOptions {
 // one (2.x), a reference implementation otherwise. A window shorter than T is a boolean mask
 // for scaled_dot_product_attention in 2.x (its flash and cuDNN kernels take no window: the
 // memory-efficient or math kernel runs that call, with the keys and values expanded to every
-// head), and a banded mask in the reference.
+// head), and a banded mask in the reference. A defined options.mask goes the same way as a
+// window (a boolean mask: memory-efficient or math kernel in 2.x, never flash or cuDNN).
 at::Tensor CausalAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                            const AttentionOptions& options = {});
 

@@ -102,6 +102,40 @@ absl::Status WithSource(const std::string& path, const absl::Status& status) {
   return absl::Status(status.code(), absl::StrCat(path, ": ", status.message()));
 }
 
+// The JSONL options: set only with format JSONL, and in range.
+void CheckJsonlData(const proto::DataSpec& data, Problems* problems) {
+  const bool jsonl = data.format() == proto::DataSpec::JSONL;
+  if (!jsonl) {
+    for (const auto& [set, name] :
+         std::vector<std::pair<bool, const char*>>{
+             {data.has_max_length(), "max_length"},
+             {data.has_packing(), "packing"},
+             {data.has_packing_strategy(), "packing_strategy"},
+             {data.has_padding_free(), "padding_free"},
+             {data.has_completion_only_loss(), "completion_only_loss"},
+             {data.has_assistant_only_loss(), "assistant_only_loss"}}) {
+      if (set) {
+        problems->push_back(absl::StrCat("data.", name, " is set but data.format is ",
+                                         proto::DataSpec::Format_Name(data.format()),
+                                         "; it applies to data.format: JSONL only"));
+      }
+    }
+    return;
+  }
+  if (data.has_builtin()) {
+    problems->push_back(absl::StrCat("data.format=JSONL with data.builtin=\"", data.builtin(),
+                                     "\": JSONL reads data.train_file; unset one of them"));
+  }
+  if (data.max_length() < 2) {
+    problems->push_back(absl::StrCat("data.max_length=", data.max_length(),
+                                     " must be >= 2 (a token and the one it predicts)"));
+  }
+  if (data.packing_strategy() != "bfd") {
+    problems->push_back(absl::StrCat("data.packing_strategy=\"", data.packing_strategy(),
+                                     "\" is not implemented; use \"bfd\" (best-fit decreasing)"));
+  }
+}
+
 void CheckData(const proto::TrainJob& job, Problems* problems) {
   const proto::DataSpec& data = job.data();
   const bool builtin = data.has_builtin() && !data.builtin().empty();
@@ -116,6 +150,7 @@ void CheckData(const proto::TrainJob& job, Problems* problems) {
   if (data.seq_len() < 1) {
     problems->push_back(absl::StrCat("data.seq_len=", data.seq_len(), " must be >= 1"));
   }
+  CheckJsonlData(data, problems);
   if (builtin && data.builtin_train_samples() < 1) {
     problems->push_back(
         absl::StrCat("data.builtin_train_samples=", data.builtin_train_samples(), " must be >= 1"));

@@ -112,9 +112,11 @@ void DecoderLM::InitializeWeights() {
   }
 }
 
-torch::Tensor DecoderLM::Forward(const Batch& batch) { return Logits(batch.inputs); }
+torch::Tensor DecoderLM::Forward(const Batch& batch) {
+  return LogitsAt(batch.inputs, batch.position_ids);
+}
 
-at::Tensor DecoderLM::Hidden(const at::Tensor& ids) {
+at::Tensor DecoderLM::Hidden(const at::Tensor& ids, const at::Tensor& position_ids) {
   at::Tensor h = embed_tokens_->forward(ids);
   if (config_.scale_embeddings()) {
     // Gemma: sqrt(hidden) as an fp32 scalar, rounded to the embedding's dtype, times it.
@@ -125,16 +127,41 @@ at::Tensor DecoderLM::Hidden(const at::Tensor& ids) {
   }
   const int64_t t = ids.size(1);
   const int64_t rotary_dim = ResolvedRotaryDim(config_);
-  const RotaryTables rope = ComputeRotary(
-      t, RopeInverseFrequencies(config_, rotary_dim, t, h.device()), RopeAttentionScaling(config_));
-  // Gemma 3's sliding layers: the default rotary embedding over rope_local_base_freq.
+  if (!position_ids.defined()) {
+    const RotaryTables rope = ComputeRotary(
+        t, RopeInverseFrequencies(config_, rotary_dim, t, h.device()),
+        RopeAttentionScaling(config_));
+    // Gemma 3's sliding layers: the default rotary embedding over rope_local_base_freq.
+    RotaryTables local = rope;
+    if (config_.has_rope_local_base_freq()) {
+      local = ComputeRotary(t, head_dim_, config_.rope_local_base_freq(), h.device());
+    }
+    for (const auto& layer : layers_) {
+      const bool sliding = layer->self_attn()->window() > 0;
+      h = layer->Forward(std::move(h), sliding ? local : rope);
+    }
+    return norm_->Forward(h);
+  }
+  TORCH_CHECK(position_ids.sizes() == ids.sizes(), "DecoderLM: position_ids of shape ",
+              position_ids.sizes(), " for input ids of shape ", ids.sizes(),
+              ": give one position per token");
+  const at::Tensor positions = position_ids.to(h.device(), at::kLong);
+  // A length-dependent rotary reads the longest example (a host read of the positions).
+  const int64_t rope_len =
+      RopeDependsOnLength(config_) ? positions.max().item<int64_t>() + 1 : t;
+  const RotaryTables rope = ComputeRotaryAt(
+      positions, RopeInverseFrequencies(config_, rotary_dim, rope_len, h.device()),
+      RopeAttentionScaling(config_));
   RotaryTables local = rope;
   if (config_.has_rope_local_base_freq()) {
-    local = ComputeRotary(t, head_dim_, config_.rope_local_base_freq(), h.device());
+    local = ComputeRotaryAt(
+        positions,
+        DefaultInverseFrequencies(head_dim_, config_.rope_local_base_freq(), h.device()));
   }
+  const at::Tensor mask = PackedCausalMask(positions);
   for (const auto& layer : layers_) {
     const bool sliding = layer->self_attn()->window() > 0;
-    h = layer->Forward(std::move(h), sliding ? local : rope);
+    h = layer->Forward(std::move(h), sliding ? local : rope, mask);
   }
   return norm_->Forward(h);
 }
@@ -160,9 +187,13 @@ void CheckInputIds(const torch::Tensor& input_ids) {
 }  // namespace
 
 torch::Tensor DecoderLM::Logits(const torch::Tensor& input_ids) {
+  return LogitsAt(input_ids, at::Tensor());
+}
+
+torch::Tensor DecoderLM::LogitsAt(const torch::Tensor& input_ids, const at::Tensor& position_ids) {
   CheckInputIds(input_ids);
-  return Hooked(input_ids, [this](const torch::Tensor& ids) {
-    return SoftcapLogits(at::linear(Hidden(ids), HeadWeight()));
+  return Hooked(input_ids, [this, &position_ids](const torch::Tensor& ids) {
+    return SoftcapLogits(at::linear(Hidden(ids, position_ids), HeadWeight()));
   });
 }
 
@@ -179,7 +210,7 @@ torch::Tensor DecoderLM::ForwardLossSum(const Batch& batch) {
               1)
           .reshape({-1});
   return Hooked(batch.inputs, [&](const torch::Tensor& ids) {
-    const at::Tensor h = Hidden(ids);
+    const at::Tensor h = Hidden(ids, batch.position_ids);
     const at::Tensor& w = HeadWeight();
     const at::DeviceType device = h.device().type();
     const at::ScalarType dtype =

@@ -20,6 +20,14 @@
 // attention_mask is not read: the mask describes right padding only, and under causal
 // attention tokens after the real ones never change the real tokens' logits. Labels of
 // padding must be kIgnoreIndex so LossSum ignores them.
+//
+// position_ids (packed or padding-free batches, module/batch.h) are read: the rotary tables
+// are taken at those positions and attention is confined to each example by a block-diagonal
+// causal mask [B, 1, T, T] (PackedCausalMask), as transformers 5 does for eager and sdpa
+// attention. Such a batch takes the eager QK-norm + rotary (the fused kernel takes [T, D]
+// tables) and, in LibTorch 2.x, scaled_dot_product_attention with a boolean mask (memory-efficient
+// or math kernel, never flash or cuDNN, and no variable-length kernel: the mask costs T * T
+// per row).
 #ifndef CPPTRAIN_MODELS_DECODER_H_
 #define CPPTRAIN_MODELS_DECODER_H_
 
@@ -72,7 +80,8 @@ class DecoderLM : public TrainableModel {
   // `config` must pass ValidateDecoderConfig (configs.h).
   explicit DecoderLM(const proto::DecoderConfig& config, DecoderInit init = {});
 
-  // batch.inputs: [B, T] int64 token ids. Returns logits [B, T, vocab].
+  // batch.inputs: [B, T] int64 token ids; batch.position_ids as above. Returns logits
+  // [B, T, vocab].
   torch::Tensor Forward(const Batch& batch) override;
   torch::Tensor Logits(const torch::Tensor& input_ids);
   // With fused kernels: the final hidden states go through the LM head a chunk of rows at a
@@ -109,7 +118,9 @@ class DecoderLM : public TrainableModel {
  private:
   void InitializeWeights();
   // Embedding, layers and the final norm: [B, T, hidden] (call inside the root hook).
-  at::Tensor Hidden(const at::Tensor& input_ids);
+  // position_ids: Batch::position_ids, or undefined for 0..T-1.
+  at::Tensor Hidden(const at::Tensor& input_ids, const at::Tensor& position_ids);
+  torch::Tensor LogitsAt(const torch::Tensor& input_ids, const at::Tensor& position_ids);
   const at::Tensor& HeadWeight() const;
   // cap * tanh(logits / cap) with final_logit_softcapping (Gemma 2), else the logits.
   at::Tensor SoftcapLogits(const at::Tensor& logits) const;

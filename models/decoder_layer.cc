@@ -62,14 +62,43 @@ torch::Tensor RmsNorm::Forward(const torch::Tensor& x) const {
   return kernels::RmsNorm(x, weight_, eps_, FusedOutputType(x, weight_), /*fused=*/true);
 }
 
-RotaryTables ComputeRotary(int64_t seq_len, int64_t head_dim, double theta,
-                           const c10::Device& device) {
-  // Same fp32 operations as HF's _compute_default_rope_parameters and LlamaRotaryEmbedding.
+at::Tensor DefaultInverseFrequencies(int64_t head_dim, double theta, const c10::Device& device) {
+  // Same fp32 operations as HF's _compute_default_rope_parameters.
   const at::Tensor exponents =
       at::arange(0, head_dim, 2, at::TensorOptions().dtype(at::kLong).device(device))
           .to(at::kFloat) /
       head_dim;
-  return ComputeRotary(seq_len, 1.0 / at::pow(theta, exponents));
+  return 1.0 / at::pow(theta, exponents);
+}
+
+RotaryTables ComputeRotary(int64_t seq_len, int64_t head_dim, double theta,
+                           const c10::Device& device) {
+  // Same fp32 operations as HF's LlamaRotaryEmbedding.
+  return ComputeRotary(seq_len, DefaultInverseFrequencies(head_dim, theta, device));
+}
+
+RotaryTables ComputeRotaryAt(const at::Tensor& position_ids, const at::Tensor& inv_freq,
+                             double attention_scaling) {
+  // position * inv_freq, one fp32 product per element as in outer() (and in HF's matmul over a
+  // dimension of 1), so a row equals the [T, D] table's row at that position.
+  const at::Tensor freqs = position_ids.to(inv_freq.scalar_type()).unsqueeze(-1) * inv_freq;
+  const at::Tensor emb = at::cat({freqs, freqs}, -1).unsqueeze(1);  // [B, 1, T, D]
+  if (attention_scaling == 1.0) return {emb.cos(), emb.sin()};
+  return {emb.cos() * attention_scaling, emb.sin() * attention_scaling};
+}
+
+at::Tensor PackedCausalMask(const at::Tensor& position_ids) {
+  const int64_t t = position_ids.size(1);
+  // Example index of each token: a new example wherever the position is not previous + 1.
+  const at::Tensor starts =
+      at::cat({at::ones({position_ids.size(0), 1}, position_ids.options().dtype(at::kLong)),
+               (position_ids.slice(1, 1) - position_ids.slice(1, 0, t - 1)).ne(1).to(at::kLong)},
+              1);
+  const at::Tensor example = starts.cumsum(1);  // [B, T]
+  const at::Tensor same = example.unsqueeze(2).eq(example.unsqueeze(1));  // [B, T, T]
+  const at::Tensor index = at::arange(t, position_ids.options().dtype(at::kLong));
+  const at::Tensor causal = index.unsqueeze(0).le(index.unsqueeze(1));  // key <= query
+  return same.logical_and(causal).unsqueeze(1);
 }
 
 RotaryTables ComputeRotary(int64_t seq_len, const at::Tensor& inv_freq,
@@ -141,11 +170,12 @@ Attention::Projected Attention::Project(const torch::Tensor& x) {
           qkv.slice(-1, q_size + kv_size).view({b, t, num_kv_heads_, head_dim_}).transpose(1, 2)};
 }
 
-torch::Tensor Attention::Forward(const torch::Tensor& x, const RotaryTables& rope) {
+torch::Tensor Attention::Forward(const torch::Tensor& x, const RotaryTables& rope,
+                                 const at::Tensor& mask) {
   const int64_t b = x.size(0);
   const int64_t t = x.size(1);
   auto [q, k, v] = Project(x);
-  if (fused_ && !eager_only_) {
+  if (fused_ && !eager_only_ && !mask.defined()) {
     // Norm, rotary, the [B, H, T, D] layout and the attention dtype in one kernel each.
     const at::Tensor no_weight;
     const double eps = q_norm_ ? q_norm_->eps() : 0.0;
@@ -163,18 +193,19 @@ torch::Tensor Attention::Forward(const torch::Tensor& x, const RotaryTables& rop
   q = ApplyRotary(q.transpose(1, 2), rope);
   k = ApplyRotary(k.transpose(1, 2), rope);
   if (eager_only_) {
-    const at::Tensor out = EagerAttention(q.to(v.scalar_type()), k.to(v.scalar_type()), v);
+    const at::Tensor out =
+        EagerAttention(q.to(v.scalar_type()), k.to(v.scalar_type()), v, mask);
     return o_proj_->forward(out.transpose(1, 2).reshape({b, t, num_heads_ * head_dim_}));
   }
   // Under autocast the norms promote q and k to fp32 while v stays in the compute dtype; the
   // attention kernels want one dtype.
   const at::Tensor out = CausalAttention(q.to(v.scalar_type()), k.to(v.scalar_type()), v,
-                                         Options());  // [B, H, T, D]
+                                         Options(mask));  // [B, H, T, D]
   return o_proj_->forward(out.transpose(1, 2).reshape({b, t, num_heads_ * head_dim_}));
 }
 
 at::Tensor Attention::EagerAttention(const at::Tensor& q, const at::Tensor& k,
-                                     const at::Tensor& v) const {
+                                     const at::Tensor& v, const at::Tensor& mask) const {
   const int64_t groups = num_heads_ / num_kv_heads_;
   const at::Tensor keys = groups == 1 ? k : k.repeat_interleave(groups, 1);
   const at::Tensor values = groups == 1 ? v : v.repeat_interleave(groups, 1);
@@ -186,7 +217,7 @@ at::Tensor Attention::EagerAttention(const at::Tensor& q, const at::Tensor& k,
   const auto options = at::TensorOptions().dtype(at::kLong).device(q.device());
   const at::Tensor query = at::arange(t, options).unsqueeze(1);
   const at::Tensor key = at::arange(t, options).unsqueeze(0);
-  at::Tensor allowed = key <= query;
+  at::Tensor allowed = mask.defined() ? mask : key <= query;
   if (window_ > 0) allowed = allowed.logical_and(key > query - window_);
   scores = scores.masked_fill(allowed.logical_not(), -std::numeric_limits<double>::infinity());
   at::Tensor probs = at::softmax(scores, -1, at::kFloat).to(q.scalar_type());
@@ -195,9 +226,9 @@ at::Tensor Attention::EagerAttention(const at::Tensor& q, const at::Tensor& k,
   return at::matmul(probs, values);
 }
 
-AttentionOptions Attention::Options() const {
+AttentionOptions Attention::Options(const at::Tensor& mask) const {
   // transformers passes dropout=0.0 outside training, as nn.functional.dropout does.
-  return {window_, is_training() ? dropout_ : 0.0};
+  return {window_, is_training() ? dropout_ : 0.0, mask};
 }
 
 void Attention::set_fused_kernels(bool enabled) {
@@ -261,13 +292,14 @@ void DecoderLayer::set_fused_kernels(bool enabled) {
   if (post_feedforward_layernorm_) post_feedforward_layernorm_->set_fused_kernels(enabled);
 }
 
-torch::Tensor DecoderLayer::Forward(torch::Tensor x, const RotaryTables& rope) {
+torch::Tensor DecoderLayer::Forward(torch::Tensor x, const RotaryTables& rope,
+                                    const at::Tensor& mask) {
   return Hooked(std::move(x), [&](const torch::Tensor& h) {
-    if (!gradient_checkpointing_) return Body(h, rope);
+    if (!gradient_checkpointing_) return Body(h, rope, mask);
     if (!Draws() || !at::GradMode::is_enabled()) {
       // The body is kept until backward: capture the tables by value.
-      return RecomputeInBackward([this, rope](const torch::Tensor& in) { return Body(in, rope); },
-                                 h);
+      return RecomputeInBackward(
+          [this, rope, mask](const torch::Tensor& in) { return Body(in, rope, mask); }, h);
     }
     // Dropout draws from the default generator: the recomputation must draw the forward's masks
     // (torch.utils.checkpoint's preserve_rng_state). Done for the CPU generator; a CUDA one's
@@ -279,14 +311,14 @@ torch::Tensor DecoderLayer::Forward(torch::Tensor x, const RotaryTables& rope) {
                 ". Turn gradient_checkpointing off, or set both dropouts to 0");
     auto forward_state = std::make_shared<at::Tensor>();
     return RecomputeInBackward(
-        [this, rope, forward_state](const torch::Tensor& in) {
+        [this, rope, mask, forward_state](const torch::Tensor& in) {
           at::Generator generator = at::detail::getDefaultCPUGenerator();
           if (!forward_state->defined()) {  // the forward
             {
               std::lock_guard<std::mutex> lock(generator.mutex());
               *forward_state = generator.get_state();
             }
-            return Body(in, rope);
+            return Body(in, rope, mask);
           }
           at::Tensor now;
           {
@@ -294,7 +326,7 @@ torch::Tensor DecoderLayer::Forward(torch::Tensor x, const RotaryTables& rope) {
             now = generator.get_state();
             generator.set_state(*forward_state);
           }
-          at::Tensor out = Body(in, rope);
+          at::Tensor out = Body(in, rope, mask);
           std::lock_guard<std::mutex> lock(generator.mutex());
           generator.set_state(now);
           return out;
@@ -312,16 +344,17 @@ at::Tensor DecoderLayer::ResidualDropout(const at::Tensor& x) const {
   return at::dropout(x, residual_dropout_, /*train=*/true);
 }
 
-torch::Tensor DecoderLayer::Body(const torch::Tensor& x, const RotaryTables& rope) {
+torch::Tensor DecoderLayer::Body(const torch::Tensor& x, const RotaryTables& rope,
+                                 const at::Tensor& mask) {
   const bool fused = fused_kernels_;
   if (pre_feedforward_layernorm_) {
-    const at::Tensor attn = self_attn_->Forward(input_layernorm_->Forward(x), rope);
+    const at::Tensor attn = self_attn_->Forward(input_layernorm_->Forward(x), rope, mask);
     const at::Tensor h =
         kernels::ResidualAdd(x, post_attention_layernorm_->Forward(attn), fused);
     const at::Tensor mlp = mlp_->Forward(pre_feedforward_layernorm_->Forward(h));
     return kernels::ResidualAdd(h, post_feedforward_layernorm_->Forward(mlp), fused);
   }
-  const at::Tensor attn = self_attn_->Forward(input_layernorm_->Forward(x), rope);
+  const at::Tensor attn = self_attn_->Forward(input_layernorm_->Forward(x), rope, mask);
   const at::Tensor h = kernels::ResidualAdd(x, ResidualDropout(attn), fused);
   const at::Tensor mlp = mlp_->Forward(post_attention_layernorm_->Forward(h));
   return kernels::ResidualAdd(h, ResidualDropout(mlp), fused);

@@ -61,6 +61,16 @@ RotaryTables ComputeRotary(int64_t seq_len, int64_t head_dim, double theta,
 // sin multiplied by `attention_scaling` in fp32 (yarn's and longrope's factor) unless it is 1.
 RotaryTables ComputeRotary(int64_t seq_len, const at::Tensor& inv_freq,
                            double attention_scaling = 1.0);
+// theta^(-2i / head_dim) for i < head_dim / 2, fp32 (the default rotary's inverse frequencies).
+at::Tensor DefaultInverseFrequencies(int64_t head_dim, double theta, const c10::Device& device);
+// The tables at given positions ([B, T] int64, Batch::position_ids): [B, 1, T, D], broadcasting
+// over the heads of [B, H, T, D]; the same fp32 values as the [T, D] tables at those rows.
+RotaryTables ComputeRotaryAt(const at::Tensor& position_ids, const at::Tensor& inv_freq,
+                             double attention_scaling = 1.0);
+// bool [B, 1, T, T]: query t may attend to key s <= t of its own example, examples split where
+// a position is not the previous one plus 1 (transformers' find_packed_sequence_indices and
+// its packed-sequence causal mask).
+at::Tensor PackedCausalMask(const at::Tensor& position_ids);
 
 // x * cos + rotate_half(x) * sin for x [B, H, T, D], in x's dtype (HF apply_rotary_pos_emb);
 // with tables narrower than D (partial rotation) on the first dimensions, the rest unchanged.
@@ -74,8 +84,10 @@ torch::Tensor ApplyRotary(const torch::Tensor& x, const RotaryTables& rope);
 class Attention : public torch::nn::Module {
  public:
   Attention(const proto::DecoderConfig& config, int64_t layer_index);
-  // x: [B, T, hidden] -> [B, T, hidden].
-  torch::Tensor Forward(const torch::Tensor& x, const RotaryTables& rope);
+  // x: [B, T, hidden] -> [B, T, hidden]. A defined `mask` (PackedCausalMask) replaces the
+  // causal mask; the QK-norm + rotary then run eagerly, as the fused kernel takes [T, D] tables.
+  torch::Tensor Forward(const torch::Tensor& x, const RotaryTables& rope,
+                        const at::Tensor& mask = {});
   void set_fused_kernels(bool enabled);
   // 0: the whole causal prefix.
   int64_t window() const { return window_; }
@@ -84,13 +96,14 @@ class Attention : public torch::nn::Module {
  private:
   // Gemma's attention: scores scaled by query_pre_attn_scalar^-0.5 and soft-capped, in
   // transformers' eager order (q: [B, H, T, D]; k, v: [B, KV, T, D]).
-  at::Tensor EagerAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) const;
+  at::Tensor EagerAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const at::Tensor& mask) const;
 
   struct Projected {
     at::Tensor q, k, v;  // [B, T, heads, D], v [B, KV, T, D]
   };
   Projected Project(const torch::Tensor& x);
-  AttentionOptions Options() const;
+  AttentionOptions Options(const at::Tensor& mask = {}) const;
 
   bool fused_ = false;
   int64_t window_ = 0;
@@ -147,7 +160,8 @@ class DecoderLayer : public Unit {
   // dropout in training mode the recomputation replays the forward's masks (the CPU generator's
   // state is kept from the forward and set around the recomputation); on CUDA that combination
   // throws.
-  torch::Tensor Forward(torch::Tensor x, const RotaryTables& rope);
+  // `mask`: Attention::Forward's.
+  torch::Tensor Forward(torch::Tensor x, const RotaryTables& rope, const at::Tensor& mask = {});
 
   void set_gradient_checkpointing(bool enabled) { gradient_checkpointing_ = enabled; }
   bool gradient_checkpointing() const { return gradient_checkpointing_; }
@@ -157,7 +171,7 @@ class DecoderLayer : public Unit {
   const std::shared_ptr<Attention>& self_attn() const { return self_attn_; }
 
  private:
-  torch::Tensor Body(const torch::Tensor& x, const RotaryTables& rope);
+  torch::Tensor Body(const torch::Tensor& x, const RotaryTables& rope, const at::Tensor& mask);
 
   // The dropout before a residual add: none outside training.
   at::Tensor ResidualDropout(const at::Tensor& x) const;

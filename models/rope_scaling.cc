@@ -216,4 +216,10 @@ at::Tensor RopeInverseFrequencies(const proto::DecoderConfig& c, int64_t head_di
   return Llama3InvFreq(c, head_dim, device);
 }
 
+bool RopeDependsOnLength(const proto::DecoderConfig& c) {
+  if (!c.has_rope_scaling()) return false;
+  const std::string& type = c.rope_scaling().rope_type();
+  return type == "dynamic" || type == "longrope";
+}
+
 }  // namespace cpptrain

@@ -45,6 +45,10 @@ double RopeAttentionScaling(const proto::DecoderConfig& config);
 at::Tensor RopeInverseFrequencies(const proto::DecoderConfig& config, int64_t head_dim,
                                   int64_t seq_len, const c10::Device& device);
 
+// Whether RopeInverseFrequencies reads seq_len ("dynamic", "longrope"): then a forward over
+// given position ids passes max(position_ids) + 1, as transformers does.
+bool RopeDependsOnLength(const proto::DecoderConfig& config);
+
 }  // namespace cpptrain
 
 #endif  // CPPTRAIN_MODELS_ROPE_SCALING_H_

@@ -21,6 +21,12 @@ struct Batch {
   at::Tensor labels;
   // [B, T] int64, 1 for real tokens and 0 for padding; undefined for feature inputs.
   at::Tensor attention_mask;
+  // [B, T] int64 position of each token in its own example; undefined means 0..T-1 in every
+  // row. Set for packed and padding-free batches (several examples in one row): positions
+  // restart at 0 where an example starts, and a token attends only to the tokens of its own
+  // example (a new example begins wherever a position is not the previous one plus 1, as in
+  // transformers' find_packed_sequence_indices).
+  at::Tensor position_ids;
 
   int64_t size() const { return inputs.defined() ? inputs.size(0) : 0; }
 
@@ -31,6 +37,7 @@ struct Batch {
     if (inputs.defined()) out.inputs = inputs.to(device, non_blocking);
     if (labels.defined()) out.labels = labels.to(device, non_blocking);
     if (attention_mask.defined()) out.attention_mask = attention_mask.to(device, non_blocking);
+    if (position_ids.defined()) out.position_ids = position_ids.to(device, non_blocking);
     return out;
   }
 
@@ -40,6 +47,7 @@ struct Batch {
     if (inputs.defined()) out.inputs = inputs.pin_memory();
     if (labels.defined()) out.labels = labels.pin_memory();
     if (attention_mask.defined()) out.attention_mask = attention_mask.pin_memory();
+    if (position_ids.defined()) out.position_ids = position_ids.pin_memory();
     return out;
   }
 };

@@ -41,6 +41,8 @@
 #include "tools/predictions.h"
 #include "tools/repeated_flag.h"
 #include "trainer/data/arithmetic_corpus.h"
+#include "trainer/data/collator.h"
+#include "trainer/data/sft_jsonl_dataset.h"
 #include "trainer/data/token_file_dataset.h"
 #include "trainer/metrics_log.h"
 #include "trainer/trainer.h"
@@ -76,9 +78,44 @@ absl::StatusOr<DatasetPtr> OpenTokenFile(const proto::DataSpec& data, const std:
   return DatasetPtr(dataset);
 }
 
+// A JSONL instruction data file (docs/INSTRUCTION_DATA.md).
+absl::StatusOr<DatasetPtr> OpenJsonl(const proto::DataSpec& data, const std::string& path,
+                                     int64_t vocab_size, const std::string& model_dir) {
+  SftDataOptions options;
+  options.max_length = data.max_length();
+  options.packing = data.packing();
+  if (data.has_completion_only_loss()) options.completion_only_loss = data.completion_only_loss();
+  options.assistant_only_loss = data.assistant_only_loss();
+  options.model_dir = model_dir;
+  CT_ASSIGN_OR_RETURN(auto dataset, SftJsonlDataset::Open(path, options));
+  CT_RETURN_IF_ERROR(dataset->CheckTokensBelow(vocab_size));
+  LOG(INFO) << path << ": " << dataset->num_records() << " records, " << dataset->size()
+            << (data.packing() ? " packed rows" : " examples") << ", "
+            << dataset->num_label_tokens() << " label tokens";
+  return DatasetPtr(dataset);
+}
+
 absl::StatusOr<JobData> LoadData(const proto::DataSpec& data, int64_t vocab_size, uint64_t seed,
-                                 bool need_train) {
+                                 bool need_train, const std::string& model_dir) {
   JobData out;
+  if (data.format() == proto::DataSpec::JSONL) {
+    auto open = [&](const std::string& path) { return OpenJsonl(data, path, vocab_size, model_dir); };
+    if (need_train && !data.has_train_file()) {
+      return absl::InvalidArgumentError(
+          "data.format is JSONL but data.train_file is unset: set it to a JSONL file");
+    }
+    if (data.has_train_file()) {
+      CT_ASSIGN_OR_RETURN(out.train, open(data.train_file()));
+    }
+    if (data.has_eval_file()) {
+      CT_ASSIGN_OR_RETURN(out.eval, open(data.eval_file()));
+    }
+    out.test = out.eval;
+    if (data.has_test_file()) {
+      CT_ASSIGN_OR_RETURN(out.test, open(data.test_file()));
+    }
+    return out;
+  }
   if (data.has_builtin()) {
     if (data.builtin() != "arithmetic") {
       return absl::InvalidArgumentError(
@@ -118,8 +155,8 @@ absl::StatusOr<JobData> LoadData(const proto::DataSpec& data, int64_t vocab_size
 }
 
 // do_eval and do_predict need data to run on; at least one mode must be on.
-absl::Status CheckRunModes(const proto::TrainingArguments& args, const JobData& data,
-                           bool do_eval) {
+absl::Status CheckRunModes(const proto::TrainingArguments& args, const proto::DataSpec& data_spec,
+                           const JobData& data, bool do_eval) {
   if (do_eval && data.eval == nullptr) {
     return absl::InvalidArgumentError(
         "args.do_eval is true but there is no eval data: set data.eval_file (or data.builtin)");
@@ -132,6 +169,13 @@ absl::Status CheckRunModes(const proto::TrainingArguments& args, const JobData& 
   if (!args.do_train() && !do_eval && !args.do_predict()) {
     return absl::InvalidArgumentError(
         "args.do_train, do_eval and do_predict are all false: nothing to run; set one of them");
+  }
+  if (args.do_predict() && data_spec.format() == proto::DataSpec::JSONL &&
+      (data_spec.packing() || data_spec.padding_free())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "args.do_predict with data.", data_spec.packing() ? "packing" : "padding_free",
+        " = true would write one prediction per packed row, not per example; predict with "
+        "data.packing: false and data.padding_free: false"));
   }
   if (args.predict_top_k() < 0) {
     return absl::InvalidArgumentError(absl::StrCat("args.predict_top_k is ", args.predict_top_k(),
@@ -185,15 +229,26 @@ absl::Status Run(const std::string& config_path, const std::vector<std::string>&
   const proto::DecoderConfig& model_config = model->config();
   CT_ASSIGN_OR_RETURN(JobData data,
                       LoadData(job.data(), model_config.vocab_size(),
-                               static_cast<uint64_t>(ResolvedDataSeed(args)), args.do_train()));
+                               static_cast<uint64_t>(ResolvedDataSeed(args)), args.do_train(),
+                               job.model().pretrained()));
   const bool do_eval = args.has_do_eval() ? args.do_eval() : data.eval != nullptr;
-  CT_RETURN_IF_ERROR(CheckRunModes(args, data, do_eval));
+  CT_RETURN_IF_ERROR(CheckRunModes(args, job.data(), data, do_eval));
   LOG(INFO) << "model: " << DecoderParameterCount(model_config) << " parameters; data: "
             << (data.train ? absl::StrCat(data.train->size(), " train samples") : "no train data")
             << (data.eval ? absl::StrCat(", ", data.eval->size(), " eval samples") : "");
 
   Trainer trainer(args, model, data.train, data.eval, std::move(built.engine));
   if (model_config.has_pad_token_id()) trainer.set_pad_token_id(model_config.pad_token_id());
+  const proto::DataSpec& data_spec = job.data();
+  if (data_spec.format() == proto::DataSpec::JSONL &&
+      (data_spec.has_padding_free() ? data_spec.padding_free() : data_spec.packing())) {
+    // TRL's padding_free: each micro-batch as one row with position_ids.
+    const Collator collator(model_config.has_pad_token_id() ? model_config.pad_token_id() : 0);
+    trainer.set_data_collator(
+        [collator](const std::vector<Example>& examples) {
+          return collator.CollatePaddingFree(examples);
+        });
+  }
   trainer.set_job_identity(
       absl::StrCat("model ", job.model().ShortDebugString(), " data ", job.data().ShortDebugString()));
   if (job.data().builtin() == "arithmetic") trainer.set_compute_metrics(ArithmeticExactMatch);

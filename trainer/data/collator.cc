@@ -6,6 +6,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "base/status.h"
 
 namespace cpptrain {
 namespace {
@@ -20,6 +21,32 @@ bool IsIntegerLabel(const at::Tensor& t) {
 }  // namespace
 
 absl::StatusOr<Batch> Collator::Collate(const std::vector<Example>& examples) const {
+  CT_RETURN_IF_ERROR(CheckExamples(examples));
+  return IsFeature(examples[0]) ? CollateFeatures(examples) : CollateTokens(examples);
+}
+
+absl::StatusOr<Batch> Collator::CollatePaddingFree(const std::vector<Example>& examples) const {
+  CT_RETURN_IF_ERROR(CheckExamples(examples));
+  if (IsFeature(examples[0])) {
+    return absl::InvalidArgumentError(
+        "padding-free collation concatenates token examples, but the batch holds feature "
+        "examples: turn padding_free off");
+  }
+  std::vector<Example> single(1);
+  std::vector<at::Tensor> inputs, labels, positions;
+  for (const Example& e : examples) {
+    inputs.push_back(e.inputs.to(at::kCPU, at::kLong));
+    labels.push_back(e.labels.defined() ? e.labels.to(at::kCPU, at::kLong) : inputs.back());
+    positions.push_back(e.position_ids.defined() ? e.position_ids.to(at::kCPU, at::kLong)
+                                                 : at::arange(e.inputs.size(0), at::kLong));
+  }
+  single[0].inputs = at::cat(inputs);
+  single[0].labels = at::cat(labels);
+  single[0].position_ids = at::cat(positions);
+  return CollateTokens(single);
+}
+
+absl::Status Collator::CheckExamples(const std::vector<Example>& examples) const {
   if (examples.empty()) {
     return absl::InvalidArgumentError("cannot collate an empty list of examples");
   }
@@ -38,8 +65,14 @@ absl::StatusOr<Batch> Collator::Collate(const std::vector<Example>& examples) co
           " inputs but example 0 has ", c10::toString(examples[0].inputs.scalar_type()),
           ": a batch is all token examples or all feature examples"));
     }
+    const at::Tensor& positions = examples[i].position_ids;
+    if (positions.defined() && (positions.dim() != 1 || positions.size(0) != inputs.size(0))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "example ", i, " of the batch has ", inputs.size(0), " inputs but position_ids of shape ",
+          c10::str(positions.sizes()), ": give one position per token (or none)"));
+    }
   }
-  return IsFeature(examples[0]) ? CollateFeatures(examples) : CollateTokens(examples);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<Batch> Collator::CollateTokens(const std::vector<Example>& examples) const {
@@ -70,6 +103,18 @@ absl::StatusOr<Batch> Collator::CollateTokens(const std::vector<Example>& exampl
                                                                : inputs);
     batch.attention_mask[i].narrow(0, 0, len).fill_(1);
   }
+  const bool positions = std::any_of(examples.begin(), examples.end(),
+                                     [](const Example& e) { return e.position_ids.defined(); });
+  if (!positions) return batch;
+  batch.position_ids = at::zeros({batch_size, max_len}, long_options);
+  for (int64_t i = 0; i < batch_size; ++i) {
+    const Example& e = examples[static_cast<size_t>(i)];
+    const int64_t len = e.inputs.size(0);
+    batch.position_ids[i].narrow(0, 0, len).copy_(
+        e.position_ids.defined() ? e.position_ids.to(at::kCPU, at::kLong)
+                                 : at::arange(len, long_options));
+  }
+  batch.labels.masked_fill_(batch.position_ids.eq(0), kIgnoreIndex);
   return batch;
 }
 

@@ -4,6 +4,12 @@
 // pad_token_id keeps its label. Feature examples (floating 1-D inputs, 0-dim label) are
 // stacked into [B, F] inputs and [B] int64 labels.
 //
+// Token examples with position_ids (packed rows) give Batch::position_ids, padded with 0;
+// the label of every token at position 0 becomes kIgnoreIndex, so that no example's last token
+// is trained to predict the next example's first (TRL's collator does the same).
+// CollatePaddingFree concatenates the batch into one row [1, sum of lengths] with
+// position_ids (TRL's padding_free), each example's positions from 0 (or its own).
+//
 //   Collator collator(/*pad_token_id=*/0);
 //   CT_ASSIGN_OR_RETURN(Batch batch, collator.Collate({ds->Get(0), ds->Get(1)}));
 #ifndef CPPTRAIN_TRAINER_DATA_COLLATOR_H_
@@ -32,10 +38,13 @@ class Collator {
   // from the inputs', feature examples of different sizes or dtypes, or feature labels
   // that are not 0-dim integers.
   absl::StatusOr<Batch> Collate(const std::vector<Example>& examples) const;
+  // Token examples only; the same checks.
+  absl::StatusOr<Batch> CollatePaddingFree(const std::vector<Example>& examples) const;
 
   int64_t pad_token_id() const { return pad_token_id_; }
 
  private:
+  absl::Status CheckExamples(const std::vector<Example>& examples) const;
   absl::StatusOr<Batch> CollateTokens(const std::vector<Example>& examples) const;
   absl::StatusOr<Batch> CollateFeatures(const std::vector<Example>& examples) const;
 

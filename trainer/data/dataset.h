@@ -18,6 +18,9 @@ struct Example {
   // Token labels (1-D int64, same length as inputs; undefined means "same as inputs"), or a
   // 0-dim int64 class label for feature examples.
   at::Tensor labels;
+  // Token examples only: 1-D int64 position of each token, restarting at 0 where each example
+  // of a packed row starts (Batch::position_ids); undefined means 0..n-1.
+  at::Tensor position_ids;
 };
 
 // Implementations are immutable after construction, so Get may be called from loader worker

@@ -23,7 +23,9 @@ Batch DeviceCopy(const Batch& batch, const c10::Device& device, bool non_blockin
   auto copy = [&](const at::Tensor& t) {
     return t.defined() ? t.to(device, t.scalar_type(), non_blocking, /*copy=*/true) : t;
   };
-  return Batch{copy(batch.inputs), copy(batch.labels), copy(batch.attention_mask)};
+  Batch out{copy(batch.inputs), copy(batch.labels), copy(batch.attention_mask)};
+  out.position_ids = copy(batch.position_ids);
+  return out;
 }
 
 void CopyInto(at::Tensor& to, const at::Tensor& from, bool non_blocking) {
@@ -36,7 +38,7 @@ std::string StepSignature(const std::vector<Batch>& batches, const std::string& 
   std::string out;
   for (const Batch& b : batches) {
     absl::StrAppend(&out, TensorSignature(b.inputs), " ", TensorSignature(b.labels), " ",
-                    TensorSignature(b.attention_mask), "; ");
+                    TensorSignature(b.attention_mask), " ", TensorSignature(b.position_ids), "; ");
   }
   absl::StrAppend(&out, key);
   return out;
@@ -170,6 +172,7 @@ absl::StatusOr<StepGraph::Outputs> StepGraph::Replay(const std::vector<Batch>& b
     CopyInto(inputs_[i].inputs, batches[i].inputs, non_blocking);
     CopyInto(inputs_[i].labels, batches[i].labels, non_blocking);
     CopyInto(inputs_[i].attention_mask, batches[i].attention_mask, non_blocking);
+    CopyInto(inputs_[i].position_ids, batches[i].position_ids, non_blocking);
   }
   // f.prepare_replay ran in Propose, before the ranks agreed to replay.
   CT_RETURN_IF_ERROR(graph_.Replay());

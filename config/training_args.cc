@@ -140,8 +140,12 @@ void CheckData(const proto::TrainJob& job, Problems* problems) {
 // version), the one sharding strategy named (FULL_SHARD when none), offload_params with
 // "offload", and auto_wrap_policy TRANSFORMER_BASED_WRAP with "auto_wrap", NO_WRAP without it
 // (transformers wraps nothing then). The same errors as transformers for offload alone and for
-// two strategies.
+// two strategies. transformers 5's boolean form: true is FSDP with the block's defaults (FSDP2,
+// as transformers' fsdp_config defaults to), false is "" (no FSDP).
 absl::StatusOr<std::string> FsdpBodyFromHfString(absl::string_view value) {
+  const std::string lower = absl::AsciiStrToLower(absl::StripAsciiWhitespace(value));
+  if (lower == "true" || lower == "1") return std::string("{}");
+  if (lower == "false" || lower == "0") return std::string();
   static constexpr std::pair<const char*, const char*> kStrategies[] = {
       {"full_shard", "FULL_SHARD"},       {"shard_grad_op", "SHARD_GRAD_OP"},
       {"no_shard", "NO_SHARD"},           {"hybrid_shard", "HYBRID_SHARD"},
@@ -202,7 +206,7 @@ absl::StatusOr<std::vector<std::string>> WithFsdpStringForm(
     if (!body.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("--set=", assignment, ": ", body.status().message()));
     }
-    out.push_back(absl::StrCat(fsdp_path, "=", *body));
+    if (!body->empty()) out.push_back(absl::StrCat(fsdp_path, "=", *body));
   }
   return out;
 }
@@ -212,19 +216,21 @@ absl::StatusOr<std::vector<std::string>> WithFsdpStringForm(
 // fsdp; a quoted value after it is never valid text format, so nothing else is changed.
 absl::StatusOr<std::string> WithFsdpStringInText(const std::string& text,
                                                  const std::string& path) {
-  static const std::regex kFsdpString(R"re((^|[\s{;,])fsdp(\s*:\s*)"([^"\\\n]*)")re");
+  static const std::regex kFsdpString(
+      R"re((^|[\s{;,])fsdp(\s*:\s*)(?:"([^"\\\n]*)"|(true|false|True|False)\b))re");
   std::string out;
   size_t done = 0;
   for (auto it = std::sregex_iterator(text.begin(), text.end(), kFsdpString);
        it != std::sregex_iterator(); ++it) {
     const std::smatch& m = *it;
-    absl::StatusOr<std::string> body = FsdpBodyFromHfString(m[3].str());
+    absl::StatusOr<std::string> body = FsdpBodyFromHfString(m[3].matched ? m[3].str() : m[4].str());
     if (!body.ok()) {
       const int line = 1 + std::count(text.begin(), text.begin() + m.position(0), '\n');
       return absl::InvalidArgumentError(
           absl::StrCat(path, ":", line, ": ", body.status().message()));
     }
-    absl::StrAppend(&out, text.substr(done, m.position(0) - done), m[1].str(), "fsdp ", *body);
+    absl::StrAppend(&out, text.substr(done, m.position(0) - done), m[1].str(),
+                    body->empty() ? "" : absl::StrCat("fsdp ", *body));
     done = m.position(0) + m.length(0);
   }
   absl::StrAppend(&out, text.substr(done));

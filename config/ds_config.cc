@@ -135,7 +135,8 @@ absl::Status Converter::Walk(const JsonValue& object, const std::string& path,
                                 absl::StrJoin(known, ", "), ")"));
     }
     if (IsAuto(object.values[i])) {
-      Note(absl::StrCat(key_path, " = \"auto\": left unset (the textproto's own value applies)"));
+      Note(absl::StrCat(key_path, " = \"auto\": left unset (the training arguments' "
+                        "own value applies, the value Hugging Face fills in)"));
       continue;
     }
     CT_RETURN_IF_ERROR(it->second(key_path, object.values[i]));

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
 #include <fstream>
 #include <optional>
 #include <set>
@@ -17,6 +18,7 @@
 #include "checkpoint/internal/json.h"
 #include "config/accelerate_config.h"
 #include "config/ds_config.h"
+#include "proto/training_args.pb.h"
 
 namespace cpptrain {
 namespace {
@@ -51,8 +53,18 @@ absl::StatusOr<Source> ReadValue(absl::string_view name, absl::string_view value
     return absl::InvalidArgumentError(
         absl::StrCat(name, "=", value, ": give the path of a JSON file or a JSON object"));
   }
+  // A regular file of a config's size: not a FIFO or /dev/zero, which would never end.
+  constexpr std::uintmax_t kMaxBytes = 16 << 20;
+  std::error_code error;
+  const bool regular = std::filesystem::is_regular_file(v, error);
+  const std::uintmax_t bytes = regular ? std::filesystem::file_size(v, error) : 0;
+  if (regular && !error && bytes > kMaxBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(name, "=\"", v, "\": ", bytes,
+                                                   " bytes is not a config file (at most ",
+                                                   kMaxBytes, "); give the JSON config's path"));
+  }
   std::ifstream in(v, std::ios::binary);
-  if (!in) {
+  if (!regular || error || !in) {
     return absl::NotFoundError(absl::StrCat(
         name, "=\"", v, "\": the file cannot be read; give the path of a JSON file (a relative "
         "path starts at the working directory, as in Python) or the JSON object itself"));
@@ -122,6 +134,14 @@ absl::StatusOr<HfJsonTranslation> DeepSpeed(const Source& source) {
   }
   HfJsonTranslation out;
   out.assignments = DeepSpeedConversionOverrides(*conversion, "");
+  const proto::ZeroConfig& zero = conversion->args.zero();
+  if (zero.offload_optimizer_device() == proto::ZeroConfig::CPU ||
+      zero.offload_param_device() == proto::ZeroConfig::CPU) {
+    conversion->notes.push_back(
+        "zero_optimization.offload_optimizer/offload_param device = \"cpu\": kept; on a "
+        "CPU-only run (use_cpu, or no GPU) the states already live in host memory, so it "
+        "changes nothing there (pin_memory needs CUDA)");
+  }
   for (const std::string& note : conversion->notes) {
     out.notes.push_back(absl::StrCat("deepspeed=", source.name, ": ", note));
   }
@@ -216,7 +236,9 @@ absl::StatusOr<HfJsonTranslation> GradientAccumulationKwargs(const Source& sourc
     const JsonValue& v = kwargs.values[i];
     const std::string key_path = absl::StrCat(path, ".", key);
     if (key == "num_steps") {
-      if (!v.is_integer()) return KeyError(kName, source, key_path, v, "expected an integer");
+      if (!v.is_integer() || v.integer < 1 || v.integer > INT32_MAX) {
+        return KeyError(kName, source, key_path, v, "expected an integer from 1 to 2^31-1");
+      }
       out.assignments.push_back(absl::StrCat(field, "num_steps=", v.integer));
     } else if (key == "adjust_scheduler" || key == "sync_each_batch") {
       if (!v.is_bool()) return KeyError(kName, source, key_path, v, "expected true or false");

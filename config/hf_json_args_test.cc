@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "config/training_args.h"
+#include "proto/job.pb.h"
 #include "proto/training_args.pb.h"
 
 namespace cpptrain {
@@ -179,6 +180,21 @@ TEST(HfJsonArgsTest, InAConfigFileAndTheConflictRule) {
   ASSERT_FALSE(args.ok());
   EXPECT_THAT(std::string(args.status().message()),
               HasSubstr("sets max_grad_norm=1, but the file also sets max_grad_norm"));
+}
+
+TEST(HfJsonArgsTest, TrainJobsTakeThemUnderArgs) {
+  const std::string job = WriteFile(
+      "job.textproto",
+      absl::StrCat("args {\n  fsdp: true\n  fsdp_config: \"", Sample("fsdp_config.json"),
+                   "\"\n  accelerator_config { split_batches: false }\n}\n"
+                   "model { name: \"demo\" }\ndata { builtin: \"arithmetic\" seq_len: 16 }\n"));
+  absl::StatusOr<proto::TrainJob> loaded = LoadTrainJob(
+      job, {absl::StrCat("args.accelerator_config=", Sample("accelerator_config.json"))});
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->args().fsdp().version(), 2);
+  EXPECT_THAT(loaded->args().fsdp().transformer_layer_cls_to_wrap(),
+              ElementsAre("LlamaDecoderLayer"));
+  EXPECT_EQ(loaded->args().accelerator_config().gradient_accumulation_kwargs().num_steps(), 2);
 }
 
 TEST(HfJsonArgsTest, HfJsonValueTellsPathsAndJsonFromOurTextFormat) {

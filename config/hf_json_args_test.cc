@@ -179,7 +179,7 @@ TEST(HfJsonArgsTest, InAConfigFileAndTheConflictRule) {
   args = LoadTrainingArguments(clash, {});
   ASSERT_FALSE(args.ok());
   EXPECT_THAT(std::string(args.status().message()),
-              HasSubstr("sets max_grad_norm=1, but the file also sets max_grad_norm"));
+              HasSubstr("(deepspeed) sets max_grad_norm=1, but the file also sets max_grad_norm"));
 }
 
 TEST(HfJsonArgsTest, TrainJobsTakeThemUnderArgs) {

@@ -410,7 +410,8 @@ absl::StatusOr<std::vector<std::string>> TranslateHfOverrides(
 
 absl::StatusOr<std::string> ExtractHfArguments(const std::string& text, const std::string& path,
                                                absl::string_view prefix,
-                                               std::vector<std::string>* assignments) {
+                                               std::vector<std::string>* assignments,
+                                               std::vector<std::string>* origins) {
   // name: "str" | 'str' | [list] | {body} | token, or name {body}; one line each except a body.
   static const std::regex* const kHfField = new std::regex(absl::StrCat(
       R"re((^|[\s{;,])()re", NameAlternation(),
@@ -477,7 +478,10 @@ absl::StatusOr<std::string> ExtractHfArguments(const std::string& text, const st
       return absl::InvalidArgumentError(
           absl::StrCat(path, ":", line, ": ", ours.status().message()));
     }
-    for (const std::string& mapped : *ours) assignments->push_back(absl::StrCat(prefix, mapped));
+    for (const std::string& mapped : *ours) {
+      assignments->push_back(absl::StrCat(prefix, mapped));
+      if (origins != nullptr) origins->push_back(m[2].str());
+    }
     // Blank the assignment, keeping its newlines so later errors keep their lines.
     for (size_t i = m.position(2); i < static_cast<size_t>(m.position(0) + m.length(0)); ++i) {
       if (out[i] != '\n') out[i] = ' ';

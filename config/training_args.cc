@@ -238,12 +238,14 @@ absl::StatusOr<std::string> WithFsdpStringInText(const std::string& text,
 }
 
 // The rewrite of a config file: fsdp's string form, then Hugging Face's names outside our fields
-// (config/hf_training_args.h), whose assignments go to `hf_assignments`.
+// (config/hf_training_args.h), whose assignments go to `hf_assignments` and the names they come
+// from to `origins`.
 TextRewrite HfRewrite(const std::string& path, absl::string_view prefix,
-                      std::vector<std::string>* hf_assignments) {
-  return [path, prefix, hf_assignments](const std::string& text) -> absl::StatusOr<std::string> {
+                      std::vector<std::string>* hf_assignments, std::vector<std::string>* origins) {
+  return [path, prefix, hf_assignments,
+          origins](const std::string& text) -> absl::StatusOr<std::string> {
     CT_ASSIGN_OR_RETURN(const std::string with_fsdp, WithFsdpStringInText(text, path));
-    return ExtractHfArguments(with_fsdp, path, prefix, hf_assignments);
+    return ExtractHfArguments(with_fsdp, path, prefix, hf_assignments, origins);
   };
 }
 
@@ -268,8 +270,10 @@ bool PathIsSet(const google::protobuf::Message& msg, absl::string_view path) {
 // (use_liger_kernel: true beside fused_kernels: false): an error naming both, not a silent
 // choice.
 absl::Status CheckMappedAgainstFile(const std::vector<std::string>& from_file,
+                                    const std::vector<std::string>& origins,
                                     const google::protobuf::Message& msg) {
-  for (const std::string& assignment : from_file) {
+  for (size_t i = 0; i < from_file.size(); ++i) {
+    const std::string& assignment = from_file[i];
     const size_t eq = assignment.find('=');
     if (eq == std::string::npos) continue;
     const std::string field = assignment.substr(0, eq);
@@ -279,7 +283,9 @@ absl::Status CheckMappedAgainstFile(const std::vector<std::string>& from_file,
     CT_RETURN_IF_ERROR(ApplyOverrides({assignment}, mapped.get()));
     if (mapped->SerializeAsString() == msg.SerializeAsString()) continue;
     return absl::InvalidArgumentError(absl::StrCat(
-        "a Hugging Face name in the file sets ", assignment, ", but the file also sets ", field,
+        "a Hugging Face name in the file",
+        i < origins.size() ? absl::StrCat(" (", origins[i], ")") : std::string(), " sets ",
+        assignment, ", but the file also sets ", field,
         " to another value; keep one of the two"));
   }
   return absl::OkStatus();
@@ -290,10 +296,12 @@ absl::Status CheckMappedAgainstFile(const std::vector<std::string>& from_file,
 absl::Status LoadWithHfNames(const std::string& path, const std::vector<std::string>& overrides,
                              absl::string_view prefix, google::protobuf::Message* msg) {
   std::vector<std::string> from_file;
+  std::vector<std::string> origins;
   if (!path.empty()) {
-    CT_RETURN_IF_ERROR(LoadTextProtoFile(path, msg, HfRewrite(path, prefix, &from_file)));
+    CT_RETURN_IF_ERROR(
+        LoadTextProtoFile(path, msg, HfRewrite(path, prefix, &from_file, &origins)));
   }
-  CT_RETURN_IF_ERROR(WithSource(path, CheckMappedAgainstFile(from_file, *msg)));
+  CT_RETURN_IF_ERROR(WithSource(path, CheckMappedAgainstFile(from_file, origins, *msg)));
   CT_RETURN_IF_ERROR(WithSource(path, ApplyOverrides(from_file, msg)));
   CT_ASSIGN_OR_RETURN(const std::vector<std::string> with_fsdp,
                       WithFsdpStringForm(overrides, absl::StrCat(prefix, "fsdp")));

@@ -378,7 +378,7 @@ const std::vector<KeyRow>& Rows() {
        Refuse("is not supported: every module is sharded or wrapped by the policy")},
       // ---- deepspeed_config (with distributed_type DEEPSPEED) ----------------------------
       {"deepspeed_config.deepspeed_config_file", "ACCELERATE_DEEPSPEED_CONFIG_FILE",
-       "a DeepSpeed JSON converted by tools/ds_config.h (as tools/ds_config_to_textproto)",
+       "a DeepSpeed JSON converted by config/ds_config.h (as tools/ds_config_to_textproto)",
        [](const AccelerateSetting& s, Context& c) {
          if (!IsEmptyValue(s.value)) c.out->deepspeed_config_file = s.value;
        }},

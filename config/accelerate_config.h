@@ -46,7 +46,7 @@ struct AccelerateLaunch {
 struct AccelerateMapping {
   // Job overrides in ApplyOverride's syntax, in order: "args.fsdp={}", "args.fsdp.version=2".
   std::vector<std::string> overrides;
-  // deepspeed_config.deepspeed_config_file: a DeepSpeed JSON for tools/ds_config.h to convert
+  // deepspeed_config.deepspeed_config_file: a DeepSpeed JSON for config/ds_config.h to convert
   // (its fields go under the overrides above).
   std::string deepspeed_config_file;
   AccelerateLaunch launch;

@@ -10,6 +10,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "base/logging.h"
+#include "config/hf_json_args.h"
 
 namespace cpptrain {
 namespace {
@@ -28,6 +30,9 @@ struct Entry {
   // equivalent here.
   const char* text;
   Rule rule = nullptr;  // null: kNoEffect takes any value, the others only the default
+  // Also a field of ours (accelerator_config): only Hugging Face's form of the value (a JSON
+  // file's path or a JSON object, config/hf_json_args.h) goes through the table.
+  bool our_field = false;
 };
 
 constexpr char kCompile[] =
@@ -68,6 +73,29 @@ std::optional<bool> AsBool(absl::string_view value) {
 }
 
 Translation Nothing() { return std::vector<std::string>{}; }
+
+// deepspeed, fsdp_config, accelerator_config: a JSON file or object (config/hf_json_args.h);
+// its notes are logged once, from rank 0.
+Translation JsonArgument(absl::string_view name, absl::string_view value) {
+  absl::StatusOr<HfJsonTranslation> translation = TranslateHfJsonArgument(name, value);
+  if (!translation.ok()) return translation.status();
+  for (const std::string& note : translation->notes) CT_LOG_RANK0(WARNING) << note;
+  return std::move(translation->assignments);
+}
+
+constexpr char kDeepSpeed[] =
+    "a DeepSpeed JSON (path or object) converted by config/ds_config.h: zero { } from "
+    "zero_optimization; bf16, fp16, max_grad_norm, batch sizes, AdamW's settings and the "
+    "WarmupLR/WarmupDecayLR/WarmupCosineLR scheduler from their keys; \"auto\" keeps the "
+    "training arguments' value (docs/ACCELERATE.md, \"deepspeed=, fsdp_config=, "
+    "accelerator_config=\")";
+constexpr char kFsdpConfig[] =
+    "a JSON (path or object) of FSDP settings, keys with or without fsdp_: fsdp.* as "
+    "Accelerate's fsdp_config keys map (version, reshard_after_forward, cpu_offload, "
+    "auto_wrap_policy, transformer_layer_cls_to_wrap, ...); selects FSDP (docs/ACCELERATE.md)";
+constexpr char kAcceleratorConfig[] =
+    "the field of the same name; also a JSON (path or object) with transformers' keys, each "
+    "onto accelerator_config.<key> (docs/ACCELERATE.md)";
 
 Translation Refuse(absl::string_view name, absl::string_view value, absl::string_view why) {
   const std::string shown = name == "hub_token" ? "<hidden>" : std::string(value);
@@ -258,13 +286,13 @@ const std::vector<Entry>& Entries() {
        }},
       {"length_column_name", Status::kNoEffect, "'length'",
        "group_by_length measures each sample's tokens; there is no length column"},
-      {"fsdp_config", Status::kRefused, "None",
-       "give the settings in the fsdp { } block (version, sharding_strategy, auto_wrap_policy, "
-       "transformer_layer_cls_to_wrap, ...; proto/engines.proto FsdpConfig), or fsdp's string "
-       "form (fsdp: \"full_shard auto_wrap\")"},
-      {"deepspeed", Status::kRefused, "None",
-       "ZeRO is the zero { stage: ... } block; tools/ds_config_to_textproto converts a DeepSpeed "
-       "JSON file into it"},
+      {"fsdp_config", Status::kMapped, "None", kFsdpConfig,
+       [](absl::string_view v) { return JsonArgument("fsdp_config", v); }},
+      {"deepspeed", Status::kMapped, "None", kDeepSpeed,
+       [](absl::string_view v) { return JsonArgument("deepspeed", v); }},
+      {"accelerator_config", Status::kMapped, "None", kAcceleratorConfig,
+       [](absl::string_view v) { return JsonArgument("accelerator_config", v); },
+       /*our_field=*/true},
       {"debug", Status::kRefused, "''",
        "underflow_overflow and tpu_metrics_debug are not implemented; non-finite losses are "
        "handled by logging_nan_inf_filter"},
@@ -295,9 +323,11 @@ const char* StatusName(Status status) {
   return "";
 }
 
-// "a|b|c" of the table's names, longest first so no name matches a prefix of another.
+// "a|b|c" of the table's names (our_field ones too), longest first so no name matches a prefix
+// of another.
 std::string NameAlternation() {
-  std::vector<std::string> names = HfOnlyArgumentNames();
+  std::vector<std::string> names;
+  for (const Entry& entry : Entries()) names.push_back(entry.name);
   std::sort(names.begin(), names.end(),
             [](const std::string& a, const std::string& b) { return a.size() > b.size(); });
   return absl::StrJoin(names, "|");
@@ -305,12 +335,17 @@ std::string NameAlternation() {
 
 }  // namespace
 
-bool IsHfOnlyArgument(absl::string_view name) { return Find(name) != nullptr; }
+bool IsHfOnlyArgument(absl::string_view name) {
+  const Entry* entry = Find(name);
+  return entry != nullptr && !entry->our_field;
+}
 
 const std::vector<std::string>& HfOnlyArgumentNames() {
   static const std::vector<std::string>* const kNames = [] {
     auto* names = new std::vector<std::string>;
-    for (const Entry& entry : Entries()) names->push_back(entry.name);
+    for (const Entry& entry : Entries()) {
+      if (!entry.our_field) names->push_back(entry.name);
+    }
     return names;
   }();
   return *kNames;
@@ -353,11 +388,14 @@ absl::StatusOr<std::vector<std::string>> TranslateHfOverrides(
     const absl::string_view whole = assignment;
     absl::string_view path =
         eq == std::string::npos ? "" : absl::StripAsciiWhitespace(whole.substr(0, eq));
-    if (eq == std::string::npos || !absl::ConsumePrefix(&path, prefix) || !IsHfOnlyArgument(path)) {
+    const absl::string_view value =
+        eq == std::string::npos ? "" : absl::StripAsciiWhitespace(whole.substr(eq + 1));
+    const Entry* entry = nullptr;
+    if (eq != std::string::npos && absl::ConsumePrefix(&path, prefix)) entry = Find(path);
+    if (entry == nullptr || (entry->our_field && !IsHfJsonValue(value))) {
       out.push_back(assignment);
       continue;
     }
-    const absl::string_view value = absl::StripAsciiWhitespace(whole.substr(eq + 1));
     absl::StatusOr<std::vector<std::string>> ours = TranslateHfArgument(path, value);
     if (!ours.ok()) {
       const std::string shown =
@@ -372,7 +410,8 @@ absl::StatusOr<std::vector<std::string>> TranslateHfOverrides(
 
 absl::StatusOr<std::string> ExtractHfArguments(const std::string& text, const std::string& path,
                                                absl::string_view prefix,
-                                               std::vector<std::string>* assignments) {
+                                               std::vector<std::string>* assignments,
+                                               std::vector<std::string>* origins) {
   // name: "str" | 'str' | [list] | {body} | token, or name {body}; one line each except a body.
   static const std::regex* const kHfField = new std::regex(absl::StrCat(
       R"re((^|[\s{;,])()re", NameAlternation(),
@@ -428,13 +467,21 @@ absl::StatusOr<std::string> ExtractHfArguments(const std::string& text, const st
     if (open != scope) continue;
     const int group = m[4].matched ? 4 : 5;
     const std::string value = text.substr(m.position(group), m.length(group));
+    // A field of ours keeps its text-format value; only a quoted path or JSON is Hugging Face's.
+    if (Find(m[2].str())->our_field &&
+        (group != 4 || (value.front() != '"' && value.front() != '\'') || !IsHfJsonValue(value))) {
+      continue;
+    }
     absl::StatusOr<std::vector<std::string>> ours = TranslateHfArgument(m[2].str(), value);
     if (!ours.ok()) {
       const int line = 1 + std::count(masked.begin(), masked.begin() + m.position(2), '\n');
       return absl::InvalidArgumentError(
           absl::StrCat(path, ":", line, ": ", ours.status().message()));
     }
-    for (const std::string& mapped : *ours) assignments->push_back(absl::StrCat(prefix, mapped));
+    for (const std::string& mapped : *ours) {
+      assignments->push_back(absl::StrCat(prefix, mapped));
+      if (origins != nullptr) origins->push_back(m[2].str());
+    }
     // Blank the assignment, keeping its newlines so later errors keep their lines.
     for (size_t i = m.position(2); i < static_cast<size_t>(m.position(0) + m.length(0)); ++i) {
       if (out[i] != '\n') out[i] = ' ';
@@ -450,9 +497,10 @@ std::string HfTrainingArgumentsTableMarkdown(
       "| transformers field | status | here |\n"
       "|---|---|---|\n";
   for (const std::string& name : hf_fields) {
-    if (is_our_field(name)) {
+    const Entry* entry = Find(name);
+    if (is_our_field(name) && (entry == nullptr || !entry->our_field)) {
       absl::StrAppend(&out, "| `", name, "` | accepted | the field of the same name |\n");
-    } else if (const Entry* entry = Find(name)) {
+    } else if (entry != nullptr) {
       std::string text = entry->text;
       for (size_t at = text.find('|'); at != std::string::npos; at = text.find('|', at + 2)) {
         text.replace(at, 1, "\\|");

@@ -44,11 +44,13 @@ absl::StatusOr<std::vector<std::string>> TranslateHfOverrides(
     const std::vector<std::string>& overrides, absl::string_view prefix);
 
 // A text-format config with every "hf_name: value" (or "hf_name { ... }") blanked out, keeping
-// lines and columns; what they stand for is appended to `assignments` with `prefix`. Errors
-// name "path:line: ".
+// lines and columns; what they stand for is appended to `assignments` with `prefix`, and, when
+// `origins` is given, the Hugging Face name each assignment came from to `origins` (one entry
+// per assignment). Errors name "path:line: ".
 absl::StatusOr<std::string> ExtractHfArguments(const std::string& text, const std::string& path,
                                                absl::string_view prefix,
-                                               std::vector<std::string>* assignments);
+                                               std::vector<std::string>* assignments,
+                                               std::vector<std::string>* origins = nullptr);
 
 // docs/TRAINING_ARGUMENTS.md's table: one row per name of `hf_fields` (transformers' order),
 // "accepted" where `is_our_field` says the name is a field of ours, else the table's status.

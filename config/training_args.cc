@@ -175,8 +175,12 @@ void CheckData(const proto::TrainJob& job, Problems* problems) {
 // version), the one sharding strategy named (FULL_SHARD when none), offload_params with
 // "offload", and auto_wrap_policy TRANSFORMER_BASED_WRAP with "auto_wrap", NO_WRAP without it
 // (transformers wraps nothing then). The same errors as transformers for offload alone and for
-// two strategies.
+// two strategies. transformers 5's boolean form: true is FSDP with the block's defaults (FSDP2,
+// as transformers' fsdp_config defaults to), false is "" (no FSDP).
 absl::StatusOr<std::string> FsdpBodyFromHfString(absl::string_view value) {
+  const std::string lower = absl::AsciiStrToLower(absl::StripAsciiWhitespace(value));
+  if (lower == "true" || lower == "1") return std::string("{}");
+  if (lower == "false" || lower == "0") return std::string();
   static constexpr std::pair<const char*, const char*> kStrategies[] = {
       {"full_shard", "FULL_SHARD"},       {"shard_grad_op", "SHARD_GRAD_OP"},
       {"no_shard", "NO_SHARD"},           {"hybrid_shard", "HYBRID_SHARD"},
@@ -237,7 +241,7 @@ absl::StatusOr<std::vector<std::string>> WithFsdpStringForm(
     if (!body.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("--set=", assignment, ": ", body.status().message()));
     }
-    out.push_back(absl::StrCat(fsdp_path, "=", *body));
+    if (!body->empty()) out.push_back(absl::StrCat(fsdp_path, "=", *body));
   }
   return out;
 }
@@ -247,19 +251,21 @@ absl::StatusOr<std::vector<std::string>> WithFsdpStringForm(
 // fsdp; a quoted value after it is never valid text format, so nothing else is changed.
 absl::StatusOr<std::string> WithFsdpStringInText(const std::string& text,
                                                  const std::string& path) {
-  static const std::regex kFsdpString(R"re((^|[\s{;,])fsdp(\s*:\s*)"([^"\\\n]*)")re");
+  static const std::regex kFsdpString(
+      R"re((^|[\s{;,])fsdp(\s*:\s*)(?:"([^"\\\n]*)"|(true|false|True|False)\b))re");
   std::string out;
   size_t done = 0;
   for (auto it = std::sregex_iterator(text.begin(), text.end(), kFsdpString);
        it != std::sregex_iterator(); ++it) {
     const std::smatch& m = *it;
-    absl::StatusOr<std::string> body = FsdpBodyFromHfString(m[3].str());
+    absl::StatusOr<std::string> body = FsdpBodyFromHfString(m[3].matched ? m[3].str() : m[4].str());
     if (!body.ok()) {
       const int line = 1 + std::count(text.begin(), text.begin() + m.position(0), '\n');
       return absl::InvalidArgumentError(
           absl::StrCat(path, ":", line, ": ", body.status().message()));
     }
-    absl::StrAppend(&out, text.substr(done, m.position(0) - done), m[1].str(), "fsdp ", *body);
+    absl::StrAppend(&out, text.substr(done, m.position(0) - done), m[1].str(),
+                    body->empty() ? "" : absl::StrCat("fsdp ", *body));
     done = m.position(0) + m.length(0);
   }
   absl::StrAppend(&out, text.substr(done));
@@ -267,12 +273,14 @@ absl::StatusOr<std::string> WithFsdpStringInText(const std::string& text,
 }
 
 // The rewrite of a config file: fsdp's string form, then Hugging Face's names outside our fields
-// (config/hf_training_args.h), whose assignments go to `hf_assignments`.
+// (config/hf_training_args.h), whose assignments go to `hf_assignments` and the names they come
+// from to `origins`.
 TextRewrite HfRewrite(const std::string& path, absl::string_view prefix,
-                      std::vector<std::string>* hf_assignments) {
-  return [path, prefix, hf_assignments](const std::string& text) -> absl::StatusOr<std::string> {
+                      std::vector<std::string>* hf_assignments, std::vector<std::string>* origins) {
+  return [path, prefix, hf_assignments,
+          origins](const std::string& text) -> absl::StatusOr<std::string> {
     CT_ASSIGN_OR_RETURN(const std::string with_fsdp, WithFsdpStringInText(text, path));
-    return ExtractHfArguments(with_fsdp, path, prefix, hf_assignments);
+    return ExtractHfArguments(with_fsdp, path, prefix, hf_assignments, origins);
   };
 }
 
@@ -297,8 +305,10 @@ bool PathIsSet(const google::protobuf::Message& msg, absl::string_view path) {
 // (use_liger_kernel: true beside fused_kernels: false): an error naming both, not a silent
 // choice.
 absl::Status CheckMappedAgainstFile(const std::vector<std::string>& from_file,
+                                    const std::vector<std::string>& origins,
                                     const google::protobuf::Message& msg) {
-  for (const std::string& assignment : from_file) {
+  for (size_t i = 0; i < from_file.size(); ++i) {
+    const std::string& assignment = from_file[i];
     const size_t eq = assignment.find('=');
     if (eq == std::string::npos) continue;
     const std::string field = assignment.substr(0, eq);
@@ -308,7 +318,9 @@ absl::Status CheckMappedAgainstFile(const std::vector<std::string>& from_file,
     CT_RETURN_IF_ERROR(ApplyOverrides({assignment}, mapped.get()));
     if (mapped->SerializeAsString() == msg.SerializeAsString()) continue;
     return absl::InvalidArgumentError(absl::StrCat(
-        "a Hugging Face name in the file sets ", assignment, ", but the file also sets ", field,
+        "a Hugging Face name in the file",
+        i < origins.size() ? absl::StrCat(" (", origins[i], ")") : std::string(), " sets ",
+        assignment, ", but the file also sets ", field,
         " to another value; keep one of the two"));
   }
   return absl::OkStatus();
@@ -319,10 +331,12 @@ absl::Status CheckMappedAgainstFile(const std::vector<std::string>& from_file,
 absl::Status LoadWithHfNames(const std::string& path, const std::vector<std::string>& overrides,
                              absl::string_view prefix, google::protobuf::Message* msg) {
   std::vector<std::string> from_file;
+  std::vector<std::string> origins;
   if (!path.empty()) {
-    CT_RETURN_IF_ERROR(LoadTextProtoFile(path, msg, HfRewrite(path, prefix, &from_file)));
+    CT_RETURN_IF_ERROR(
+        LoadTextProtoFile(path, msg, HfRewrite(path, prefix, &from_file, &origins)));
   }
-  CT_RETURN_IF_ERROR(WithSource(path, CheckMappedAgainstFile(from_file, *msg)));
+  CT_RETURN_IF_ERROR(WithSource(path, CheckMappedAgainstFile(from_file, origins, *msg)));
   CT_RETURN_IF_ERROR(WithSource(path, ApplyOverrides(from_file, msg)));
   CT_ASSIGN_OR_RETURN(const std::vector<std::string> with_fsdp,
                       WithFsdpStringForm(overrides, absl::StrCat(prefix, "fsdp")));

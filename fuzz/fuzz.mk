@@ -29,7 +29,7 @@ PROTO_HDRS := $(PROTOS:%=$(OUT)/gen/proto/%.pb.h)
 
 TARGETS := json_fuzzer safetensors_fuzzer hf_config_fuzzer token_file_fuzzer text_proto_fuzzer \
   set_override_fuzzer trainer_state_fuzzer manifest_parse_fuzzer manifest_fuzzer \
-  accelerate_yaml_fuzzer
+  accelerate_yaml_fuzzer hf_json_args_fuzzer
 
 # Sources (without .cc, from the repository root; gen/proto/X.pb for proto/X.proto) of each
 # target: $(OUT)/sources.mk, written by tools/fuzz.sh from the Bazel libraries each target
@@ -48,6 +48,7 @@ trainer_state_fuzzer_LIBS := $(BASE_LIBS) $(TORCH_LIBS)
 manifest_parse_fuzzer_LIBS := $(BASE_LIBS) $(TORCH_LIBS)
 manifest_fuzzer_LIBS := $(BASE_LIBS) $(TORCH_LIBS)
 accelerate_yaml_fuzzer_LIBS := $(BASE_LIBS)
+hf_json_args_fuzzer_LIBS := $(BASE_LIBS)
 
 .PHONY: all
 all: $(TARGETS)

@@ -4,9 +4,6 @@
 #include <fstream>
 #include <sstream>
 
-#include <google/protobuf/descriptor.h>
-#include <google/protobuf/text_format.h>
-
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
 #include "config/accelerate_yaml.h"
@@ -38,33 +35,6 @@ absl::StatusOr<std::vector<std::string>> DeepSpeedFileOverrides(const std::strin
 }
 
 }  // namespace
-
-std::vector<std::string> DeepSpeedConversionOverrides(const DeepSpeedConversion& conversion) {
-  std::vector<std::string> out;
-  const google::protobuf::Reflection* reflection = conversion.args.GetReflection();
-  std::vector<const google::protobuf::FieldDescriptor*> fields;
-  reflection->ListFields(conversion.args, &fields);
-  google::protobuf::TextFormat::Printer printer;
-  printer.SetSingleLineMode(true);
-  for (const google::protobuf::FieldDescriptor* field : fields) {
-    std::string value;
-    if (field->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_MESSAGE) {
-      printer.PrintToString(reflection->GetMessage(conversion.args, field), &value);
-      value = absl::StrCat("{", value, "}");
-    } else if (field->is_repeated()) {
-      for (int i = 0; i < reflection->FieldSize(conversion.args, field); ++i) {
-        std::string item;
-        printer.PrintFieldValueToString(conversion.args, field, i, &item);
-        absl::StrAppend(&value, i == 0 ? "[" : ", ", item);
-      }
-      absl::StrAppend(&value, "]");
-    } else {
-      printer.PrintFieldValueToString(conversion.args, field, -1, &value);
-    }
-    out.push_back(absl::StrCat("args.", field->name(), "=", value));
-  }
-  return out;
-}
 
 absl::StatusOr<AccelerateJob> AccelerateJobOverrides(const std::string& yaml_path) {
   AccelerateJob job;

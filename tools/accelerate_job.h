@@ -1,7 +1,7 @@
 // The job overrides an Accelerate configuration gives tools/train: from the YAML file of
 // --accelerate_config, else from the variables `accelerate launch` set
 // (config/accelerate_config.h maps both), with a deepspeed_config_file converted by
-// tools/ds_config.h and laid right after the engine's selection, so the YAML's own keys and
+// config/ds_config.h and laid right after the engine's selection, so the YAML's own keys and
 // then the user's --set flags refine it.
 //
 //   CT_ASSIGN_OR_RETURN(AccelerateJob accelerate, AccelerateJobOverrides(flag_value));
@@ -14,7 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "config/accelerate_config.h"
-#include "tools/ds_config.h"
+#include "config/ds_config.h"
 
 namespace cpptrain {
 
@@ -27,9 +27,6 @@ struct AccelerateJob {
 
 // `yaml_path` empty: the environment's settings (none when not launched by accelerate).
 absl::StatusOr<AccelerateJob> AccelerateJobOverrides(const std::string& yaml_path);
-
-// A DeepSpeed conversion's fields as job overrides: "args.zero={...}" and one per other field.
-std::vector<std::string> DeepSpeedConversionOverrides(const DeepSpeedConversion& conversion);
 
 }  // namespace cpptrain
 

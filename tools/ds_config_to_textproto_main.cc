@@ -1,5 +1,5 @@
 // //tools:ds_config_to_textproto: a DeepSpeed JSON config as the job textproto of the ZeRO
-// engine (tools/ds_config.h says what maps to what).
+// engine (config/ds_config.h says what maps to what).
 //
 //   bazel-bin/tools/ds_config_to_textproto ds_config.json > job.textproto
 //   bazel-bin/tools/ds_config_to_textproto --base=tools/demo.textproto ds_config.json \
@@ -19,7 +19,7 @@
 #include "base/working_directory.h"
 #include "config/text_proto.h"
 #include "config/training_args.h"
-#include "tools/ds_config.h"
+#include "config/ds_config.h"
 
 ABSL_FLAG(std::string, base, "", "a job textproto the converted fields are merged over");
 ABSL_FLAG(std::string, output, "", "where to write the textproto (default: stdout)");

@@ -35,7 +35,7 @@ fi
 
 TARGETS=(json_fuzzer safetensors_fuzzer hf_config_fuzzer token_file_fuzzer text_proto_fuzzer
   set_override_fuzzer trainer_state_fuzzer manifest_parse_fuzzer manifest_fuzzer
-  accelerate_yaml_fuzzer)
+  accelerate_yaml_fuzzer hf_json_args_fuzzer)
 # The Bazel libraries each target's fuzz/<target>.cc uses (and //checkpoint:files, for
 # fuzz/fuzz_util.h): their source files (bazel query) are what fuzz/fuzz.mk compiles with clang.
 declare -A FUZZ_DEPS=(
@@ -48,6 +48,7 @@ declare -A FUZZ_DEPS=(
   [trainer_state_fuzzer]="//checkpoint:manifest //checkpoint:safetensors //checkpoint:verify"
   [manifest_parse_fuzzer]="//checkpoint:manifest"
   [accelerate_yaml_fuzzer]="//config:accelerate_config //config:text_proto //proto:job_cc_proto"
+  [hf_json_args_fuzzer]="//config:hf_json_args //config:text_proto //proto:training_args_cc_proto"
   [manifest_fuzzer]="//checkpoint:checkpoint //checkpoint:manifest //checkpoint:optimizer_state
     //checkpoint:safetensors //checkpoint:verify //engines/local:local_engine //models:configs"
 )

@@ -14,7 +14,7 @@
 //   const JsonValue* eps = config.Find("rms_norm_eps");
 //   if (eps != nullptr && eps->is_number()) Use(eps->AsDouble());
 //
-// Private to //checkpoint and to tools/ds_config.cc (the DeepSpeed config converter).
+// Private to //checkpoint and to config/ds_config.cc (the DeepSpeed config converter).
 #ifndef CPPTRAIN_CHECKPOINT_INTERNAL_JSON_H_
 #define CPPTRAIN_CHECKPOINT_INTERNAL_JSON_H_
 

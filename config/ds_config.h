@@ -5,15 +5,17 @@
 // WarmupLR / WarmupDecayLR / WarmupCosineLR schedulers.
 //
 //   CT_ASSIGN_OR_RETURN(DeepSpeedConversion c, ConvertDeepSpeedConfig(json_text, "ds.json"));
-//   std::cout << DeepSpeedConversionText(c, /*base=*/nullptr);
+//   std::cout << DeepSpeedConversionText(c, "ds.json", /*base=*/nullptr);
+//   // or as overrides of a TrainJob: {"args.zero={stage: 2 ...}", "args.max_grad_norm=1", ...}
+//   std::vector<std::string> overrides = DeepSpeedConversionOverrides(c, "args.");
 //
 // A value of "auto" is left unset, so the textproto's own value applies (a note says so). Keys
 // that only steer DeepSpeed's logging (steps_per_print, wall_clock_breakdown, ...) are dropped
 // with a note. Anything else the engine cannot honour (an unknown key, NVMe offload, another
 // optimizer or scheduler, values this engine does not implement) is an InvalidArgument error
 // naming the key path, the value and what to do instead.
-#ifndef CPPTRAIN_TOOLS_DS_CONFIG_H_
-#define CPPTRAIN_TOOLS_DS_CONFIG_H_
+#ifndef CPPTRAIN_CONFIG_DS_CONFIG_H_
+#define CPPTRAIN_CONFIG_DS_CONFIG_H_
 
 #include <string>
 #include <vector>
@@ -35,6 +37,11 @@ struct DeepSpeedConversion {
 absl::StatusOr<DeepSpeedConversion> ConvertDeepSpeedConfig(absl::string_view json_text,
                                                            absl::string_view source_name);
 
+// The conversion's fields as assignments for ApplyOverrides: "<prefix>zero={...}" and one per
+// other field ("<prefix>bf16=true"). `prefix` is "args." for a TrainJob, "" for TrainingArguments.
+std::vector<std::string> DeepSpeedConversionOverrides(const DeepSpeedConversion& conversion,
+                                                      absl::string_view prefix = "args.");
+
 // The job textproto: the notes as comment lines, then `args { ... }` (the fields set by the
 // conversion merged over base's args, with base's model and data, when base is given).
 std::string DeepSpeedConversionText(const DeepSpeedConversion& conversion,
@@ -42,4 +49,4 @@ std::string DeepSpeedConversionText(const DeepSpeedConversion& conversion,
 
 }  // namespace cpptrain
 
-#endif  // CPPTRAIN_TOOLS_DS_CONFIG_H_
+#endif  // CPPTRAIN_CONFIG_DS_CONFIG_H_

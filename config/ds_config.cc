@@ -1,4 +1,4 @@
-#include "tools/ds_config.h"
+#include "config/ds_config.h"
 
 #include <cmath>
 #include <functional>
@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "base/status.h"
 #include "checkpoint/internal/json.h"
+#include "google/protobuf/descriptor.h"
 #include "google/protobuf/text_format.h"
 
 namespace cpptrain {
@@ -134,7 +135,8 @@ absl::Status Converter::Walk(const JsonValue& object, const std::string& path,
                                 absl::StrJoin(known, ", "), ")"));
     }
     if (IsAuto(object.values[i])) {
-      Note(absl::StrCat(key_path, " = \"auto\": left unset (the textproto's own value applies)"));
+      Note(absl::StrCat(key_path, " = \"auto\": left unset (the training arguments' "
+                        "own value applies, the value Hugging Face fills in)"));
       continue;
     }
     CT_RETURN_IF_ERROR(it->second(key_path, object.values[i]));
@@ -500,6 +502,34 @@ absl::StatusOr<DeepSpeedConversion> ConvertDeepSpeedConfig(absl::string_view jso
         absl::StrCat(source_name, ": not valid JSON: ", root.status().message()));
   }
   return Converter(source_name).Run(*root);
+}
+
+std::vector<std::string> DeepSpeedConversionOverrides(const DeepSpeedConversion& conversion,
+                                                      absl::string_view prefix) {
+  std::vector<std::string> out;
+  const google::protobuf::Reflection* reflection = conversion.args.GetReflection();
+  std::vector<const google::protobuf::FieldDescriptor*> fields;
+  reflection->ListFields(conversion.args, &fields);
+  google::protobuf::TextFormat::Printer printer;
+  printer.SetSingleLineMode(true);
+  for (const google::protobuf::FieldDescriptor* field : fields) {
+    std::string value;
+    if (field->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_MESSAGE) {
+      printer.PrintToString(reflection->GetMessage(conversion.args, field), &value);
+      value = absl::StrCat("{", value, "}");
+    } else if (field->is_repeated()) {
+      for (int i = 0; i < reflection->FieldSize(conversion.args, field); ++i) {
+        std::string item;
+        printer.PrintFieldValueToString(conversion.args, field, i, &item);
+        absl::StrAppend(&value, i == 0 ? "[" : ", ", item);
+      }
+      absl::StrAppend(&value, "]");
+    } else {
+      printer.PrintFieldValueToString(conversion.args, field, -1, &value);
+    }
+    out.push_back(absl::StrCat(prefix, field->name(), "=", value));
+  }
+  return out;
 }
 
 std::string DeepSpeedConversionText(const DeepSpeedConversion& conversion,

@@ -1,4 +1,4 @@
-#include "tools/ds_config.h"
+#include "config/ds_config.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

@@ -114,7 +114,7 @@ void DecoderLM::InitializeWeights() {
 
 torch::Tensor DecoderLM::Forward(const Batch& batch) { return Logits(batch.inputs); }
 
-at::Tensor DecoderLM::Hidden(const at::Tensor& ids) {
+at::Tensor DecoderLM::Hidden(const at::Tensor& ids, KvCache* cache) {
   at::Tensor h = embed_tokens_->forward(ids);
   if (config_.scale_embeddings()) {
     // Gemma: sqrt(hidden) as an fp32 scalar, rounded to the embedding's dtype, times it.
@@ -124,17 +124,28 @@ at::Tensor DecoderLM::Hidden(const at::Tensor& ids) {
     h = h * scale.to(embed_tokens_->weight.scalar_type());
   }
   const int64_t t = ids.size(1);
+  const int64_t past = cache == nullptr ? 0 : cache->length();
+  const int64_t length = past + t;
   const int64_t rotary_dim = ResolvedRotaryDim(config_);
-  const RotaryTables rope = ComputeRotary(
-      t, RopeInverseFrequencies(config_, rotary_dim, t, h.device()), RopeAttentionScaling(config_));
+  // The tables of positions 0 .. length - 1, of which the new tokens take the last t rows.
+  auto rows = [&](RotaryTables tables) {
+    if (past == 0) return tables;
+    return RotaryTables{tables.cos.slice(0, past), tables.sin.slice(0, past)};
+  };
+  const RotaryTables rope =
+      rows(ComputeRotary(length, RopeInverseFrequencies(config_, rotary_dim, length, h.device()),
+                         RopeAttentionScaling(config_)));
   // Gemma 3's sliding layers: the default rotary embedding over rope_local_base_freq.
   RotaryTables local = rope;
   if (config_.has_rope_local_base_freq()) {
-    local = ComputeRotary(t, head_dim_, config_.rope_local_base_freq(), h.device());
+    local = rows(ComputeRotary(length, head_dim_, config_.rope_local_base_freq(), h.device()));
   }
-  for (const auto& layer : layers_) {
-    const bool sliding = layer->self_attn()->window() > 0;
-    h = layer->Forward(std::move(h), sliding ? local : rope);
+  if (cache != nullptr && cache->layers.empty()) cache->layers.resize(layers_.size());
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const auto& layer = layers_[i];
+    const RotaryTables& tables = layer->self_attn()->window() > 0 ? local : rope;
+    h = cache == nullptr ? layer->Forward(std::move(h), tables)
+                         : layer->Forward(std::move(h), tables, cache->layers[i]);
   }
   return norm_->Forward(h);
 }
@@ -163,6 +174,16 @@ torch::Tensor DecoderLM::Logits(const torch::Tensor& input_ids) {
   CheckInputIds(input_ids);
   return Hooked(input_ids, [this](const torch::Tensor& ids) {
     return SoftcapLogits(at::linear(Hidden(ids), HeadWeight()));
+  });
+}
+
+torch::Tensor DecoderLM::Logits(const torch::Tensor& input_ids, KvCache& cache) {
+  CheckInputIds(input_ids);
+  TORCH_CHECK(cache.layers.empty() || cache.layers.size() == layers_.size(), "the KV cache has ",
+              cache.layers.size(), " layers, the model ", layers_.size(),
+              ": use a cache filled by this model");
+  return Hooked(input_ids, [this, &cache](const torch::Tensor& ids) {
+    return SoftcapLogits(at::linear(Hidden(ids, &cache), HeadWeight()));
   });
 }
 

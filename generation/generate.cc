@@ -21,9 +21,8 @@ absl::Status CheckPrompt(const std::vector<int64_t>& prompt, size_t index, int64
   for (int64_t id : prompt) {
     if (id < 0 || id >= vocab) {
       return absl::InvalidArgumentError(
-          absl::StrCat("prompt ", index, ": token id ", id,
-                       " is outside the model's vocabulary [0, ", vocab,
-                       "): use ids below vocab_size"));
+          absl::StrCat("prompt token id ", id, " is outside the model's vocabulary [0, ", vocab,
+                       ") (prompt ", index, "): use ids below vocab_size"));
     }
   }
   return absl::OkStatus();

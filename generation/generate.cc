@@ -40,10 +40,9 @@ int64_t RecomputeAt(const proto::DecoderConfig& config) {
 }
 
 // Generates for prompts of one length, rows in the order of `prompts`.
-std::vector<std::vector<int64_t>> GenerateSameLength(DecoderLM& model,
-                                                     const std::vector<std::vector<int64_t>>& prompts,
-                                                     const GenerationConfig& config,
-                                                     at::Generator& generator) {
+std::vector<std::vector<int64_t>> GenerateSameLength(
+    DecoderLM& model, const std::vector<std::vector<int64_t>>& prompts,
+    const GenerationConfig& config, at::Generator& generator) {
   const int64_t batch = static_cast<int64_t>(prompts.size());
   const int64_t length = static_cast<int64_t>(prompts.front().size());
   std::vector<int64_t> flat;
@@ -77,7 +76,9 @@ std::vector<std::vector<int64_t>> GenerateSameLength(DecoderLM& model,
       logits = model.Logits(sequences.to(device), cache).select(1, -1);
       continue;
     }
-    if (recompute_at > cache.length()) sequences = at::cat({sequences, next.reshape({batch, 1})}, 1);
+    if (recompute_at > cache.length()) {
+      sequences = at::cat({sequences, next.reshape({batch, 1})}, 1);
+    }
     logits = model.Logits(next.reshape({batch, 1}).to(device), cache).select(1, -1);
   }
 }

@@ -27,9 +27,9 @@
 // A sequence that produced a stop id is finished (its row still runs until its batch ends, its
 // later tokens dropped); a batch ends when every row has finished or has max_new_tokens.
 //
-// The model runs in eval mode (a model in training mode returns to it after) under no-grad on whatever device its parameters are on; the
-// choice of each token runs on the CPU (sampling.h), so results do not depend on the device's
-// random number generator.
+// The model runs in eval mode (a model in training mode returns to it afterwards) under
+// no-grad, on whatever device its parameters are on; the choice of each token runs on the CPU
+// (sampling.h), so results do not depend on the device's random number generator.
 #ifndef CPPTRAIN_GENERATION_GENERATE_H_
 #define CPPTRAIN_GENERATION_GENERATE_H_
 

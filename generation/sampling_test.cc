@@ -55,7 +55,8 @@ std::vector<double> ExpectedProbs(const std::vector<double>& logits, const Sampl
 }
 
 // 12 logits with well-separated probabilities (no ties, no cumulative sum near a top_p).
-const std::vector<double> kLogits = {2.0, -1.0, 0.5, 3.1, 1.2, -0.3, 2.6, 0.1, -2.0, 1.7, 0.8, -0.7};
+const std::vector<double> kLogits = {2.0, -1.0, 0.5, 3.1, 1.2, -0.3,
+                                     2.6, 0.1,  -2.0, 1.7, 0.8, -0.7};
 
 at::Tensor LogitsRows(int64_t rows) {
   return at::tensor(kLogits, at::kDouble).to(at::kFloat).unsqueeze(0).expand({rows, -1});

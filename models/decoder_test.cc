@@ -781,15 +781,18 @@ std::vector<std::pair<std::string, proto::DecoderConfig>> CacheVariants() {
 }
 
 // Logits(ids, cache) fed a prompt of 5, then 1, 1, 2 and 1 tokens gives the whole-sequence
-// forward's logits for each position: 10 tokens, past every sliding window (3) and past
+// forward's logits for each position (also with fused kernels on: their QK-norm + rotary path
+// on a GPU, eager references on the CPU): 10 tokens, past every sliding window (3) and past
 // longrope's original_max_position_embeddings (4) from the prompt on.
 TEST(DecoderTest, CachedLogitsEqualTheWholeSequenceForward) {
   for (const auto& [variant, base] : CacheVariants()) {
-    for (const bool tied : {true, false}) {
+    for (const auto& [tied, fused] : {std::pair{true, false}, {false, false}, {false, true}}) {
       proto::DecoderConfig config = base;
       config.set_tie_word_embeddings(tied);
-      const std::string what = variant + (tied ? " tied" : " untied");
+      const std::string what =
+          variant + (tied ? " tied" : " untied") + (fused ? " fused kernels" : "");
       auto model = Build(config, /*seed=*/5);
+      model->SetFusedKernels(fused);
       model->eval();
       torch::NoGradGuard no_grad;
       const torch::Tensor ids = RandomIds(2, 10, config.vocab_size(), 12);

@@ -406,7 +406,7 @@ TEST(FsdpRulesTest, CpuRamEfficientLoadingNeedsSyncModuleStates) {
 }
 
 // FSDP2 reads each rank's own rows whatever the flag says; FSDP1 with the flag and ZeRO-3 with
-// zero3_init_flag read each rank's own flat pieces (tools/job_model.h); DeepSpeed ignores
+// zero3_init_flag read each rank's own flat pieces (jobs/job_model.h); DeepSpeed ignores
 // zero3_init_flag below stage 3.
 TEST(FsdpRulesTest, EfficientLoadingIsAcceptedByEveryShardedEngine) {
   ExpectValid("fsdp { version: 2 cpu_ram_efficient_loading: true }");

@@ -4,7 +4,12 @@
 //
 //   classifier [output_dir] [field=value ...]   e.g. classifier /tmp/run num_train_epochs=2
 //
-// Exits 0 when the final evaluation accuracy reaches 0.8 (guessing gives 0.25), else 1.
+// Then a small decoder learns a few steps of the library's arithmetic corpus, writes its
+// predictions and generates completions through the library's generation API
+// (decoder_generation.h), in output_dir/decoder.
+//
+// Exits 0 when the final evaluation accuracy reaches 0.8 (guessing gives 0.25) and generation
+// works, else 1.
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 
@@ -21,6 +26,7 @@
 #include "base/status.h"
 #include "blob_classifier.h"
 #include "config/text_proto.h"
+#include "decoder_generation.h"
 #include "config/training_args.h"
 #include "label_smoothing_trainer.h"
 #include "print_metrics_callback.h"
@@ -114,7 +120,7 @@ absl::Status Run(int argc, char** argv) {
     return absl::InternalError(
         absl::StrCat("eval accuracy ", accuracy, " is below ", kRequiredAccuracy));
   }
-  return absl::OkStatus();
+  return TrainDecoderAndGenerate(args.output_dir() + "/decoder", std::cout);
 }
 
 }  // namespace

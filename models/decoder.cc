@@ -116,7 +116,8 @@ torch::Tensor DecoderLM::Forward(const Batch& batch) {
   return LogitsAt(batch.inputs, batch.position_ids);
 }
 
-at::Tensor DecoderLM::Hidden(const at::Tensor& ids, const at::Tensor& position_ids) {
+at::Tensor DecoderLM::Hidden(const at::Tensor& ids, const at::Tensor& position_ids,
+                             KvCache* cache) {
   at::Tensor h = embed_tokens_->forward(ids);
   if (config_.scale_embeddings()) {
     // Gemma: sqrt(hidden) as an fp32 scalar, rounded to the embedding's dtype, times it.
@@ -125,23 +126,43 @@ at::Tensor DecoderLM::Hidden(const at::Tensor& ids, const at::Tensor& position_i
                           at::TensorOptions().dtype(at::kFloat).device(h.device()));
     h = h * scale.to(embed_tokens_->weight.scalar_type());
   }
+  if (position_ids.defined()) {
+    TORCH_CHECK(cache == nullptr,
+                "DecoderLM: position_ids with a KV cache; the incremental forward takes one "
+                "sequence per row, from the cache's length on");
+    return PackedLayers(std::move(h), ids, position_ids);
+  }
+  const int64_t t = ids.size(1);
+  const int64_t past = cache == nullptr ? 0 : cache->length();
+  const int64_t length = past + t;
+  const int64_t rotary_dim = ResolvedRotaryDim(config_);
+  // The tables of positions 0 .. length - 1, of which the new tokens take the last t rows.
+  auto rows = [&](RotaryTables tables) {
+    if (past == 0) return tables;
+    return RotaryTables{tables.cos.slice(0, past), tables.sin.slice(0, past)};
+  };
+  const RotaryTables rope =
+      rows(ComputeRotary(length, RopeInverseFrequencies(config_, rotary_dim, length, h.device()),
+                         RopeAttentionScaling(config_)));
+  // Gemma 3's sliding layers: the default rotary embedding over rope_local_base_freq.
+  RotaryTables local = rope;
+  if (config_.has_rope_local_base_freq()) {
+    local = rows(ComputeRotary(length, head_dim_, config_.rope_local_base_freq(), h.device()));
+  }
+  if (cache != nullptr && cache->layers.empty()) cache->layers.resize(layers_.size());
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const auto& layer = layers_[i];
+    const RotaryTables& tables = layer->self_attn()->window() > 0 ? local : rope;
+    h = cache == nullptr ? layer->Forward(std::move(h), tables)
+                         : layer->Forward(std::move(h), tables, cache->layers[i]);
+  }
+  return norm_->Forward(h);
+}
+
+at::Tensor DecoderLM::PackedLayers(at::Tensor h, const at::Tensor& ids,
+                                   const at::Tensor& position_ids) {
   const int64_t t = ids.size(1);
   const int64_t rotary_dim = ResolvedRotaryDim(config_);
-  if (!position_ids.defined()) {
-    const RotaryTables rope = ComputeRotary(
-        t, RopeInverseFrequencies(config_, rotary_dim, t, h.device()),
-        RopeAttentionScaling(config_));
-    // Gemma 3's sliding layers: the default rotary embedding over rope_local_base_freq.
-    RotaryTables local = rope;
-    if (config_.has_rope_local_base_freq()) {
-      local = ComputeRotary(t, head_dim_, config_.rope_local_base_freq(), h.device());
-    }
-    for (const auto& layer : layers_) {
-      const bool sliding = layer->self_attn()->window() > 0;
-      h = layer->Forward(std::move(h), sliding ? local : rope);
-    }
-    return norm_->Forward(h);
-  }
   TORCH_CHECK(position_ids.sizes() == ids.sizes(), "DecoderLM: position_ids of shape ",
               position_ids.sizes(), " for input ids of shape ", ids.sizes(),
               ": give one position per token");
@@ -194,6 +215,16 @@ torch::Tensor DecoderLM::LogitsAt(const torch::Tensor& input_ids, const at::Tens
   CheckInputIds(input_ids);
   return Hooked(input_ids, [this, &position_ids](const torch::Tensor& ids) {
     return SoftcapLogits(at::linear(Hidden(ids, position_ids), HeadWeight()));
+  });
+}
+
+torch::Tensor DecoderLM::Logits(const torch::Tensor& input_ids, KvCache& cache) {
+  CheckInputIds(input_ids);
+  TORCH_CHECK(cache.layers.empty() || cache.layers.size() == layers_.size(), "the KV cache has ",
+              cache.layers.size(), " layers, the model ", layers_.size(),
+              ": use a cache filled by this model");
+  return Hooked(input_ids, [this, &cache](const torch::Tensor& ids) {
+    return SoftcapLogits(at::linear(Hidden(ids, at::Tensor(), &cache), HeadWeight()));
   });
 }
 

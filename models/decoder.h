@@ -75,6 +75,16 @@ struct DecoderInit {
 // window, else "llama".
 std::string ResolvedModelType(const proto::DecoderConfig& config);
 
+// What DecoderLM::Logits(ids, cache) keeps between calls: each layer's keys and values, so the
+// next call runs only the new tokens. One cache per batch of sequences; start a new one (or
+// Clear it) for a new batch.
+struct KvCache {
+  std::vector<LayerKvCache> layers;
+  // The tokens seen so far: the position the next token takes.
+  int64_t length() const { return layers.empty() ? 0 : layers.front().next_position; }
+  void Clear() { layers.clear(); }
+};
+
 class DecoderLM : public TrainableModel {
  public:
   // `config` must pass ValidateDecoderConfig (configs.h).
@@ -84,6 +94,15 @@ class DecoderLM : public TrainableModel {
   // [B, T, vocab].
   torch::Tensor Forward(const Batch& batch) override;
   torch::Tensor Logits(const torch::Tensor& input_ids);
+  // The incremental forward: input_ids [B, T] are the tokens at positions cache.length() ..
+  // + T - 1 of B sequences whose earlier tokens `cache` holds (an empty cache: from position
+  // 0). Runs only these T tokens, appends their keys and values to `cache`, and returns their
+  // logits [B, T, vocab]: the last T rows of Logits over the whole sequences. Rotary tables are
+  // those of the sequence length so far, as transformers' generate computes them: "dynamic" and
+  // "longrope" scaling, which change with the length, rotate the cached keys at the length they
+  // had when they were cached (so past max_position_embeddings resp.
+  // original_max_position_embeddings the two forwards differ, as they do in transformers).
+  torch::Tensor Logits(const torch::Tensor& input_ids, KvCache& cache);
   // With fused kernels: the final hidden states go through the LM head a chunk of rows at a
   // time into the loss (kernels/linear_cross_entropy.h), never materializing the logits.
   torch::Tensor ForwardLossSum(const Batch& batch) override;
@@ -118,8 +137,12 @@ class DecoderLM : public TrainableModel {
  private:
   void InitializeWeights();
   // Embedding, layers and the final norm: [B, T, hidden] (call inside the root hook).
-  // position_ids: Batch::position_ids, or undefined for 0..T-1.
-  at::Tensor Hidden(const at::Tensor& input_ids, const at::Tensor& position_ids);
+  // position_ids: Batch::position_ids, or undefined for 0..T-1. With `cache` (and no
+  // position_ids), the incremental form (Logits(ids, cache)).
+  at::Tensor Hidden(const at::Tensor& input_ids, const at::Tensor& position_ids,
+                    KvCache* cache = nullptr);
+  // The layers over a packed batch: rotary at `position_ids`, attention within each example.
+  at::Tensor PackedLayers(at::Tensor h, const at::Tensor& input_ids, const at::Tensor& position_ids);
   torch::Tensor LogitsAt(const torch::Tensor& input_ids, const at::Tensor& position_ids);
   const at::Tensor& HeadWeight() const;
   // cap * tanh(logits / cap) with final_logit_softcapping (Gemma 2), else the logits.

@@ -171,11 +171,13 @@ Attention::Projected Attention::Project(const torch::Tensor& x) {
 }
 
 torch::Tensor Attention::Forward(const torch::Tensor& x, const RotaryTables& rope,
-                                 const at::Tensor& mask) {
+                                 const at::Tensor& mask, LayerKvCache* cache) {
   const int64_t b = x.size(0);
   const int64_t t = x.size(1);
   auto [q, k, v] = Project(x);
-  if (fused_ && !eager_only_ && !mask.defined()) {
+  // A packed batch's rotary tables are per token; the fused kernel takes [T, D] ones.
+  const bool fused_rope = fused_ && !eager_only_ && !mask.defined();
+  if (fused_rope) {
     // Norm, rotary, the [B, H, T, D] layout and the attention dtype in one kernel each.
     const at::Tensor no_weight;
     const double eps = q_norm_ ? q_norm_->eps() : 0.0;
@@ -183,40 +185,67 @@ torch::Tensor Attention::Forward(const torch::Tensor& x, const RotaryTables& rop
                             v.scalar_type(), /*fused=*/true);
     k = kernels::QkNormRope(k, k_norm_ ? k_norm_->weight() : no_weight, eps, rope.cos, rope.sin,
                             v.scalar_type(), /*fused=*/true);
-    const at::Tensor out = CausalAttention(q, k, v, Options());  // [B, H, T, D]
-    return o_proj_->forward(out.transpose(1, 2).reshape({b, t, num_heads_ * head_dim_}));
+  } else {
+    if (q_norm_ != nullptr) {
+      q = q_norm_->Forward(q);
+      k = k_norm_->Forward(k);
+    }
+    // Under autocast the norms promote q and k to fp32 while v stays in the compute dtype; the
+    // attention kernels want one dtype.
+    q = ApplyRotary(q.transpose(1, 2), rope).to(v.scalar_type());
+    k = ApplyRotary(k.transpose(1, 2), rope).to(v.scalar_type());
   }
-  if (q_norm_ != nullptr) {
-    q = q_norm_->Forward(q);
-    k = k_norm_->Forward(k);
+  at::Tensor out;  // [B, H, T, D]
+  if (cache != nullptr) {
+    const int64_t query_position = cache->next_position;
+    auto [keys, values] = Remember(k, v, *cache);
+    out = OffsetAttention(q, keys, values, query_position,
+                          cache->next_position - keys.size(2), /*mask=*/at::Tensor());
+    // Only now: OffsetAttention needed the keys' first position before trimming.
+    if (window_ > 0 && cache->keys.size(2) > window_ - 1) {
+      const int64_t keep = window_ - 1;
+      cache->keys = cache->keys.slice(2, cache->keys.size(2) - keep).contiguous();
+      cache->values = cache->values.slice(2, cache->values.size(2) - keep).contiguous();
+      cache->first_position = cache->next_position - keep;
+    }
+  } else if (eager_only_) {
+    out = EagerAttention(q, k, v, mask);
+  } else {
+    out = CausalAttention(q, k, v, Options(mask));
   }
-  q = ApplyRotary(q.transpose(1, 2), rope);
-  k = ApplyRotary(k.transpose(1, 2), rope);
-  if (eager_only_) {
-    const at::Tensor out =
-        EagerAttention(q.to(v.scalar_type()), k.to(v.scalar_type()), v, mask);
-    return o_proj_->forward(out.transpose(1, 2).reshape({b, t, num_heads_ * head_dim_}));
-  }
-  // Under autocast the norms promote q and k to fp32 while v stays in the compute dtype; the
-  // attention kernels want one dtype.
-  const at::Tensor out = CausalAttention(q.to(v.scalar_type()), k.to(v.scalar_type()), v,
-                                         Options(mask));  // [B, H, T, D]
   return o_proj_->forward(out.transpose(1, 2).reshape({b, t, num_heads_ * head_dim_}));
 }
 
-at::Tensor Attention::EagerAttention(const at::Tensor& q, const at::Tensor& k,
-                                     const at::Tensor& v, const at::Tensor& mask) const {
+std::pair<at::Tensor, at::Tensor> Attention::Remember(const at::Tensor& k, const at::Tensor& v,
+                                                      LayerKvCache& cache) const {
+  if (cache.keys.defined()) {
+    TORCH_CHECK(cache.keys.size(0) == k.size(0), "the KV cache holds a batch of ",
+                cache.keys.size(0), " sequences, the forward has ", k.size(0),
+                ": use one cache per batch");
+    cache.keys = at::cat({cache.keys, k}, 2);
+    cache.values = at::cat({cache.values, v}, 2);
+  } else {
+    cache.keys = k.contiguous();
+    cache.values = v.contiguous();
+    cache.first_position = cache.next_position;
+  }
+  cache.next_position += k.size(2);
+  return {cache.keys, cache.values};
+}
+
+at::Tensor Attention::OffsetAttention(const at::Tensor& q, const at::Tensor& k,
+                                      const at::Tensor& v, int64_t query_position,
+                                      int64_t key_position, const at::Tensor& mask) const {
   const int64_t groups = num_heads_ / num_kv_heads_;
   const at::Tensor keys = groups == 1 ? k : k.repeat_interleave(groups, 1);
   const at::Tensor values = groups == 1 ? v : v.repeat_interleave(groups, 1);
-  // transformers: query_pre_attn_scalar**-0.5, or head_dim**-0.5.
   const double scale = scale_ > 0 ? scale_ : std::pow(static_cast<double>(head_dim_), -0.5);
   at::Tensor scores = at::matmul(q, keys.transpose(2, 3)) * scale;
   if (softcap_ > 0) scores = at::tanh(scores / softcap_) * softcap_;
-  const int64_t t = q.size(2);
   const auto options = at::TensorOptions().dtype(at::kLong).device(q.device());
-  const at::Tensor query = at::arange(t, options).unsqueeze(1);
-  const at::Tensor key = at::arange(t, options).unsqueeze(0);
+  const at::Tensor query = at::arange(query_position, query_position + q.size(2), options)
+                               .unsqueeze(1);
+  const at::Tensor key = at::arange(key_position, key_position + k.size(2), options).unsqueeze(0);
   at::Tensor allowed = mask.defined() ? mask : key <= query;
   if (window_ > 0) allowed = allowed.logical_and(key > query - window_);
   scores = scores.masked_fill(allowed.logical_not(), -std::numeric_limits<double>::infinity());
@@ -224,6 +253,11 @@ at::Tensor Attention::EagerAttention(const at::Tensor& q, const at::Tensor& k,
   const double dropout = Options().dropout;
   if (dropout > 0) probs = at::dropout(probs, dropout, /*train=*/true);
   return at::matmul(probs, values);
+}
+
+at::Tensor Attention::EagerAttention(const at::Tensor& q, const at::Tensor& k,
+                                     const at::Tensor& v, const at::Tensor& mask) const {
+  return OffsetAttention(q, k, v, /*query_position=*/0, /*key_position=*/0, mask);
 }
 
 AttentionOptions Attention::Options(const at::Tensor& mask) const {
@@ -335,6 +369,12 @@ torch::Tensor DecoderLayer::Forward(torch::Tensor x, const RotaryTables& rope,
   });
 }
 
+torch::Tensor DecoderLayer::Forward(torch::Tensor x, const RotaryTables& rope,
+                                   LayerKvCache& cache) {
+  return Hooked(std::move(x),
+                [&](const torch::Tensor& h) { return Body(h, rope, at::Tensor(), &cache); });
+}
+
 bool DecoderLayer::Draws() const {
   return is_training() && (self_attn_->dropout() > 0 || residual_dropout_ > 0);
 }
@@ -345,16 +385,16 @@ at::Tensor DecoderLayer::ResidualDropout(const at::Tensor& x) const {
 }
 
 torch::Tensor DecoderLayer::Body(const torch::Tensor& x, const RotaryTables& rope,
-                                 const at::Tensor& mask) {
+                                 const at::Tensor& mask, LayerKvCache* cache) {
   const bool fused = fused_kernels_;
   if (pre_feedforward_layernorm_) {
-    const at::Tensor attn = self_attn_->Forward(input_layernorm_->Forward(x), rope, mask);
+    const at::Tensor attn = self_attn_->Forward(input_layernorm_->Forward(x), rope, mask, cache);
     const at::Tensor h =
         kernels::ResidualAdd(x, post_attention_layernorm_->Forward(attn), fused);
     const at::Tensor mlp = mlp_->Forward(pre_feedforward_layernorm_->Forward(h));
     return kernels::ResidualAdd(h, post_feedforward_layernorm_->Forward(mlp), fused);
   }
-  const at::Tensor attn = self_attn_->Forward(input_layernorm_->Forward(x), rope, mask);
+  const at::Tensor attn = self_attn_->Forward(input_layernorm_->Forward(x), rope, mask, cache);
   const at::Tensor h = kernels::ResidualAdd(x, ResidualDropout(attn), fused);
   const at::Tensor mlp = mlp_->Forward(post_attention_layernorm_->Forward(h));
   return kernels::ResidualAdd(h, ResidualDropout(mlp), fused);

@@ -8,7 +8,9 @@
 #ifndef CPPTRAIN_MODELS_DECODER_LAYER_H_
 #define CPPTRAIN_MODELS_DECODER_LAYER_H_
 
+#include <cstdint>
 #include <memory>
+#include <utility>
 
 #include <torch/nn/module.h>
 #include <torch/nn/modules/linear.h>
@@ -76,6 +78,18 @@ at::Tensor PackedCausalMask(const at::Tensor& position_ids);
 // with tables narrower than D (partial rotation) on the first dimensions, the rest unchanged.
 torch::Tensor ApplyRotary(const torch::Tensor& x, const RotaryTables& rope);
 
+// One layer's part of a KvCache (decoder.h): the keys (after QK-norm and rotary) and values of
+// the positions first_position .. first_position + keys.size(2) - 1, [B, KV, S, D] each. A
+// sliding-window layer keeps only the last window - 1 positions: no later query can see older
+// ones. Empty (undefined tensors) before the first incremental forward.
+struct LayerKvCache {
+  at::Tensor keys;
+  at::Tensor values;
+  int64_t first_position = 0;
+  // The position the next token takes: every position before it has gone through this layer.
+  int64_t next_position = 0;
+};
+
 // Grouped-query causal self-attention: q_proj, k_proj, v_proj, o_proj (bias on all four when
 // attention_bias, as in HF Llama/Qwen3; on q, k and v when qkv_bias, as in Qwen2), or o_proj and
 // one qkv_proj with fused_projections (Phi-3), Qwen3's per-head q_norm / k_norm when qk_norm,
@@ -86,8 +100,11 @@ class Attention : public torch::nn::Module {
   Attention(const proto::DecoderConfig& config, int64_t layer_index);
   // x: [B, T, hidden] -> [B, T, hidden]. A defined `mask` (PackedCausalMask) replaces the
   // causal mask; the QK-norm + rotary then run eagerly, as the fused kernel takes [T, D] tables.
+  // With `cache` (and no mask), x holds the positions cache->next_position .. + T - 1 (`rope`
+  // has their rows): their keys and values join the cache and the queries attend to every
+  // cached position their mask allows.
   torch::Tensor Forward(const torch::Tensor& x, const RotaryTables& rope,
-                        const at::Tensor& mask = {});
+                        const at::Tensor& mask = {}, LayerKvCache* cache = nullptr);
   void set_fused_kernels(bool enabled);
   // 0: the whole causal prefix.
   int64_t window() const { return window_; }
@@ -98,6 +115,15 @@ class Attention : public torch::nn::Module {
   // transformers' eager order (q: [B, H, T, D]; k, v: [B, KV, T, D]).
   at::Tensor EagerAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const at::Tensor& mask) const;
+  // Attention of the queries at positions query_position .. + T - 1 over the keys at
+  // key_position .. + S - 1 (causal, or `mask` where defined; the window, Gemma's scale and
+  // soft-capping), eager.
+  at::Tensor OffsetAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                             int64_t query_position, int64_t key_position,
+                             const at::Tensor& mask) const;
+  // Appends k and v ([B, KV, T, D]) to `cache`; returns every cached key and value.
+  std::pair<at::Tensor, at::Tensor> Remember(const at::Tensor& k, const at::Tensor& v,
+                                             LayerKvCache& cache) const;
 
   struct Projected {
     at::Tensor q, k, v;  // [B, T, heads, D], v [B, KV, T, D]
@@ -162,6 +188,9 @@ class DecoderLayer : public Unit {
   // throws.
   // `mask`: Attention::Forward's.
   torch::Tensor Forward(torch::Tensor x, const RotaryTables& rope, const at::Tensor& mask = {});
+  // The incremental forward (Attention::Forward with a cache), through the hook, never
+  // recomputed: generation runs without gradients.
+  torch::Tensor Forward(torch::Tensor x, const RotaryTables& rope, LayerKvCache& cache);
 
   void set_gradient_checkpointing(bool enabled) { gradient_checkpointing_ = enabled; }
   bool gradient_checkpointing() const { return gradient_checkpointing_; }
@@ -171,7 +200,8 @@ class DecoderLayer : public Unit {
   const std::shared_ptr<Attention>& self_attn() const { return self_attn_; }
 
  private:
-  torch::Tensor Body(const torch::Tensor& x, const RotaryTables& rope, const at::Tensor& mask);
+  torch::Tensor Body(const torch::Tensor& x, const RotaryTables& rope, const at::Tensor& mask,
+                     LayerKvCache* cache = nullptr);
 
   // The dropout before a residual add: none outside training.
   at::Tensor ResidualDropout(const at::Tensor& x) const;

@@ -1,6 +1,7 @@
 #include "models/decoder.h"
 
 #include <cmath>
+#include <iostream>
 #include <map>
 #include <optional>
 #include <string>
@@ -810,6 +811,83 @@ TEST(DecoderTest, FusedKernelsMatchTheEagerPath) {
       }
     }
   }
+}
+
+// The variants the KV cache meets: the fused path's, plain Llama (Tiny without QK-norm), GQA
+// with one KV head, and the other RoPE scaling types.
+std::vector<std::pair<std::string, proto::DecoderConfig>> CacheVariants() {
+  std::vector<std::pair<std::string, proto::DecoderConfig>> variants = FusedPathVariants();
+  proto::DecoderConfig config = Tiny();
+  config.set_model_type("llama");
+  config.set_qk_norm(false);
+  config.set_num_key_value_heads(1);
+  variants.emplace_back("llama gqa 4:1", config);
+  for (const std::string type : {"linear", "llama3", "dynamic"}) {
+    config = Tiny();
+    config.set_model_type("llama");
+    config.set_qk_norm(false);
+    proto::RopeScaling* rope = config.mutable_rope_scaling();
+    rope->set_rope_type(type);
+    rope->set_factor(4);
+    if (type == "llama3") {
+      rope->set_low_freq_factor(1);
+      rope->set_high_freq_factor(4);
+      rope->set_original_max_position_embeddings(8);
+    }
+    // dynamic: the 10 tokens stay within max_position_embeddings, where the cached keys keep
+    // their rotation (past it the cached forward rotates each key at its own length, as
+    // transformers' generate does, and the whole-sequence forward at the final one).
+    if (type == "dynamic") config.set_max_position_embeddings(16);
+    variants.emplace_back(type, config);
+  }
+  return variants;
+}
+
+// Logits(ids, cache) fed a prompt of 5, then 1, 1, 2 and 1 tokens gives the whole-sequence
+// forward's logits for each position (also with fused kernels on: their QK-norm + rotary path
+// on a GPU, eager references on the CPU): 10 tokens, past every sliding window (3) and past
+// longrope's original_max_position_embeddings (4) from the prompt on.
+TEST(DecoderTest, CachedLogitsEqualTheWholeSequenceForward) {
+  for (const auto& [variant, base] : CacheVariants()) {
+    for (const auto& [tied, fused] : {std::pair{true, false}, {false, false}, {false, true}}) {
+      proto::DecoderConfig config = base;
+      config.set_tie_word_embeddings(tied);
+      const std::string what =
+          variant + (tied ? " tied" : " untied") + (fused ? " fused kernels" : "");
+      auto model = Build(config, /*seed=*/5);
+      model->SetFusedKernels(fused);
+      model->eval();
+      torch::NoGradGuard no_grad;
+      const torch::Tensor ids = RandomIds(2, 10, config.vocab_size(), 12);
+      const torch::Tensor whole = model->Logits(ids);
+      KvCache cache;
+      std::vector<torch::Tensor> pieces;
+      int64_t begin = 0;
+      for (const int64_t step : {5, 1, 1, 2, 1}) {
+        pieces.push_back(model->Logits(ids.slice(1, begin, begin + step), cache));
+        begin += step;
+        EXPECT_EQ(cache.length(), begin) << what;
+      }
+      const torch::Tensor cached = torch::cat(pieces, 1);
+      ASSERT_EQ(cached.sizes(), whole.sizes()) << what;
+      const double diff = (cached - whole).abs().max().item<double>();
+      EXPECT_LE(diff, 1e-5) << what;
+      std::cout << "max |cached - uncached| logits, " << what << ": " << diff << std::endl;
+      // A sliding layer keeps window - 1 positions; a full layer all of them.
+      for (size_t i = 0; i < cache.layers.size(); ++i) {
+        const int64_t window = model->layers()[i]->self_attn()->window();
+        EXPECT_EQ(cache.layers[i].keys.size(2), window > 0 ? window - 1 : 10) << what << i;
+      }
+    }
+  }
+}
+
+TEST(DecoderTest, CacheRefusesAnotherBatchSize) {
+  auto model = Build(Tiny());
+  torch::NoGradGuard no_grad;
+  KvCache cache;
+  model->Logits(RandomIds(2, 3, 64, 1), cache);
+  EXPECT_THROW(model->Logits(RandomIds(3, 1, 64, 1), cache), c10::Error);
 }
 
 }  // namespace

@@ -7,6 +7,10 @@
 #   checkpoint/ includes no engines/ or trainer/ header
 #   models/     includes no sharding/, engines/, checkpoint/, trainer/ header
 #   engines/    includes no checkpoint/ or trainer/ header
+#   generation/ includes no sharding/, engines/, checkpoint/, trainer/, jobs/ header (models/ only)
+#   jobs/       includes no trainer/ or generation/ header
+#   trainer/    includes no jobs/ or generation/ header
+#   and no room below tools/ includes a tools/ header
 # Usage: tools/check_layering.sh [ROOT]. Exit 0 when every arrow holds, 1 listing the
 # offending lines otherwise.
 set -euo pipefail
@@ -22,11 +26,14 @@ forbid() {  # room, pattern of forbidden include paths
     status=1
   fi
 }
-forbid kernels 'config|proto|module|sharding|engines|models|checkpoint|trainer|tools|tests'
-forbid module 'base|config|proto|sharding|engines|models|checkpoint|trainer|tools|tests'
-forbid sharding 'models|engines|checkpoint|trainer|tools'
-forbid checkpoint 'engines|trainer|tools'
-forbid models 'sharding|engines|checkpoint|trainer|tools'
-forbid engines 'checkpoint|trainer|tools'
+forbid kernels 'config|proto|module|sharding|engines|models|checkpoint|trainer|generation|jobs|tools|tests'
+forbid module 'base|config|proto|sharding|engines|models|checkpoint|trainer|generation|jobs|tools|tests'
+forbid sharding 'models|engines|checkpoint|trainer|generation|jobs|tools'
+forbid checkpoint 'engines|trainer|generation|jobs|tools'
+forbid models 'sharding|engines|checkpoint|trainer|generation|jobs|tools'
+forbid engines 'checkpoint|trainer|generation|jobs|tools'
+forbid generation 'sharding|engines|checkpoint|trainer|jobs|tools'
+forbid jobs 'trainer|generation|tools'
+forbid trainer 'generation|jobs|tools'
 [[ $status -eq 0 ]] && echo "check_layering: OK: every room includes only the rooms below it"
 exit $status

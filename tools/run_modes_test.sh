@@ -3,7 +3,8 @@
 # arithmetic compute_metrics and saves checkpoint-N; then, from that checkpoint as
 # model.pretrained, do_train: false with do_eval gives the same eval_loss, do_predict writes
 # predictions.jsonl (one line per eval sample, with top-k logits); //tools:generate completes
-# token ids and arithmetic prompts from the checkpoint and reports an exact-match accuracy.
+# token ids and arithmetic prompts from the checkpoint (greedy, and sampled: the same tokens for
+# the same --seed) and reports an exact-match accuracy.
 set -euo pipefail
 train="$1"
 generate="$2"
@@ -46,6 +47,16 @@ ids=$("$generate" --model="$ckpt" --prompt="2 3 11 4 12" --max_new_tokens=4 2>/d
 echo "generate ids: $ids"
 [[ "$ids" =~ ^\{\"prompt_ids\":\[2,3,11,4,12\],\"completion_ids\":\[[0-9,]+\]\}$ ]] ||
   { echo "FAIL: unexpected ids output"; exit 1; }
+# Sampling: one line per --prompt, the same tokens for the same --seed.
+sample() {
+  "$generate" --model="$ckpt" --prompt="2 3 11" --prompt="4 12" --max_new_tokens=6 --do_sample \
+    --temperature=1.5 --top_k=8 --top_p=0.95 --seed="$1" 2>/dev/null
+}
+sampled=$(sample 5)
+echo "generate sampled: $sampled"
+[[ $(grep -c '"completion_ids":\[[0-9]' <<<"$sampled") -eq 2 ]] ||
+  { echo "FAIL: sampling did not complete both prompts"; exit 1; }
+[[ "$(sample 5)" == "$sampled" ]] || { echo "FAIL: one --seed sampled different tokens"; exit 1; }
 text=$("$generate" --model="$ckpt" --tokenizer=arithmetic --prompt="12+30=" 2>/dev/null)
 echo "generate text: $text"
 [[ "$text" == *'"prompt":"12+30="'* && "$text" == *'"completion":'* ]] || { echo "FAIL: text output"; exit 1; }

@@ -1,6 +1,6 @@
 // The peak host memory each rank adds while a Hugging Face directory is loaded for FSDP1 or
 // ZeRO-3, with and without the efficient load (fsdp.cpu_ram_efficient_loading,
-// zero.zero3_init_flag), through tools/job_model's BuildJobModel as tools/train loads a model.
+// zero.zero3_init_flag), through jobs/job_model's BuildJobModel as tools/train loads a model.
 // For tests/distributed/efficient_load_test.sh and the figures in docs/ARCHITECTURE.md.
 //
 //   efficient_load --write=DIR --model=tiny --layers=8 --hidden=512   (one process, fp32 file)
@@ -30,7 +30,7 @@
 #include "models/decoder.h"
 #include "sharding/flat_shard.h"
 #include "sharding/rendezvous.h"
-#include "tools/job_model.h"
+#include "jobs/job_model.h"
 
 ABSL_FLAG(std::string, write, "", "write a model directory here and exit (one process)");
 ABSL_FLAG(std::string, model, "tiny", "--write: the named decoder shape");

@@ -1,10 +1,10 @@
-// Writes what Trainer::Predict returns as JSON lines, for tools/train's do_predict
-// (docs/PREDICTIONS.md describes the format).
+// Writes what Trainer::Predict returns as JSON lines: tools/train's do_predict output, and any
+// application's (docs/PREDICTIONS.md describes the format).
 //
 //   CT_ASSIGN_OR_RETURN(PredictionOutput out, trainer.Predict(test));
 //   CT_RETURN_IF_ERROR(WritePredictions(out, /*top_k=*/5, output_dir + "/predictions.jsonl"));
-#ifndef CPPTRAIN_TOOLS_PREDICTIONS_H_
-#define CPPTRAIN_TOOLS_PREDICTIONS_H_
+#ifndef CPPTRAIN_TRAINER_PREDICTIONS_H_
+#define CPPTRAIN_TRAINER_PREDICTIONS_H_
 
 #include <string>
 
@@ -22,4 +22,4 @@ absl::Status WritePredictions(const PredictionOutput& output, int top_k, const s
 
 }  // namespace cpptrain
 
-#endif  // CPPTRAIN_TOOLS_PREDICTIONS_H_
+#endif  // CPPTRAIN_TRAINER_PREDICTIONS_H_

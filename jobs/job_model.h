@@ -1,6 +1,6 @@
-// The model a TrainJob names (proto/job.proto ModelSpec), for tools/train and tools/generate:
-// a named or given decoder shape built fresh, or a Hugging Face directory (model.pretrained)
-// with its config.json and safetensors weights.
+// The model a TrainJob names (proto/job.proto ModelSpec), for tools/train, tools/generate and
+// C++ applications: a named or given decoder shape built fresh, or a Hugging Face directory
+// (model.pretrained) with its config.json and safetensors weights.
 //
 //   CT_ASSIGN_OR_RETURN(JobModel built, BuildJobModel(job));
 //   Trainer trainer(job.args(), built.model, train, eval, std::move(built.engine));
@@ -12,8 +12,8 @@
 // FSDP1 with fsdp.cpu_ram_efficient_loading and ZeRO-3 with zero.zero3_init_flag do the same
 // with their flat pieces: each rank holds its 1/N of the fp32 parameters, never the whole
 // model (without the option every rank loads it whole, then shards it).
-#ifndef CPPTRAIN_TOOLS_JOB_MODEL_H_
-#define CPPTRAIN_TOOLS_JOB_MODEL_H_
+#ifndef CPPTRAIN_JOBS_JOB_MODEL_H_
+#define CPPTRAIN_JOBS_JOB_MODEL_H_
 
 #include <memory>
 #include <string>
@@ -48,4 +48,4 @@ absl::StatusOr<std::shared_ptr<DecoderLM>> LoadDecoderDir(const std::string& dir
 
 }  // namespace cpptrain
 
-#endif  // CPPTRAIN_TOOLS_JOB_MODEL_H_
+#endif  // CPPTRAIN_JOBS_JOB_MODEL_H_

@@ -1,4 +1,4 @@
-#include "tools/predictions.h"
+#include "trainer/predictions.h"
 
 #include <ATen/ATen.h>
 

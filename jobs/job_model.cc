@@ -1,4 +1,4 @@
-#include "tools/job_model.h"
+#include "jobs/job_model.h"
 
 #include <filesystem>
 #include <string>

@@ -100,7 +100,9 @@ TEST(SamplingTest, FrequenciesMatchTheFilteredSoftmax) {
         EXPECT_NEAR(frequency, expected[t], 0.01) << what << ": token " << t;
       }
     }
-    if (options.top_k > 0) EXPECT_LE(allowed, options.top_k) << what;
+    if (options.top_k > 0) {
+      EXPECT_LE(allowed, options.top_k) << what;
+    }
     if (options.top_p < 1 || options.top_k > 0) {
       EXPECT_LT(allowed, static_cast<int>(kLogits.size())) << what << ": the filter removes some";
     }

@@ -10,6 +10,7 @@ PACKAGES=(
   libgoogle-glog-dev libgflags-dev libgtest-dev libgmock-dev
   cmake
   iproute2  # ip netns, veth: tests/distributed/multinode_test.sh
+  slurmd slurmctld slurm-client munge  # a private SLURM for tests/distributed/srun_test.sh
   clang-14 libclang-rt-14-dev ccache  # libFuzzer, ASan, UBSan: tools/fuzz.sh (ccache keeps it quick)
 )
 

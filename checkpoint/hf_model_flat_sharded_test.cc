@@ -29,11 +29,8 @@
 namespace cpptrain {
 namespace {
 
+using multi_rank::Check;
 using multi_rank::RunRanksAsThreads;
-
-absl::Status Check(bool condition, const std::string& what) {
-  return condition ? absl::OkStatus() : absl::InternalError(what);
-}
 
 struct Case {
   std::string dir_name;

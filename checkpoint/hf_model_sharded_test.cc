@@ -27,13 +27,10 @@
 namespace cpptrain {
 namespace {
 
+using multi_rank::Check;
 using multi_rank::RunRanksAsThreads;
 
 constexpr auto kTimeout = std::chrono::seconds(60);
-
-absl::Status Check(bool condition, const std::string& what) {
-  return condition ? absl::OkStatus() : absl::InternalError(what);
-}
 
 struct Case {
   std::string dir_name;

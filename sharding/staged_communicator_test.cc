@@ -10,7 +10,6 @@
 #include <gtest/gtest.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
-#include "absl/strings/ascii.h"
 #include "base/status.h"
 #include "sharding/gloo_communicator.h"
 #include "sharding/store_communicator.h"
@@ -47,19 +46,10 @@ conformance::CommunicatorUnderTest StagedGloo() {
   return gloo;
 }
 
-std::string KebabCase(absl::string_view method) {
-  std::string name;
-  for (char c : method) {
-    if (absl::ascii_isupper(c) && !name.empty()) name += '-';
-    name += absl::ascii_tolower(c);
-  }
-  return name;
-}
-
 conformance::CommunicatorUnderTest StagedStore() {
   conformance::CommunicatorUnderTest store("StagedStore", "staged-store", "StoreCommunicator",
                                            StagedOver<StoreCommunicator>());
-  store.op_name = KebabCase;
+  store.op_name = conformance::KebabCase;
   store.collective_timeout_error =
       "rank 0 of 2: store all-reduce #1 did not complete within 1.5 s: rank(s) 1 never "
       "contributed";

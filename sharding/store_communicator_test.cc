@@ -17,7 +17,6 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
 #include "sharding/testing/communicator_conformance.h"
@@ -38,21 +37,11 @@ absl::StatusOr<std::unique_ptr<StoreCommunicator>> Join(const StorePtr& store, i
   return StoreCommunicator::Create(store, rank, world, kTimeout);
 }
 
-// "AllGather" -> "all-gather": how the store communicator names a collective in its errors.
-std::string KebabCase(absl::string_view method) {
-  std::string name;
-  for (char c : method) {
-    if (absl::ascii_isupper(c) && !name.empty()) name += '-';
-    name += absl::ascii_tolower(c);
-  }
-  return name;
-}
-
 conformance::CommunicatorUnderTest Store() {
   conformance::CommunicatorUnderTest store("Store", "store", "StoreCommunicator",
                                            conformance::FactoryOf<StoreCommunicator>());
   store.takes_non_contiguous = true;
-  store.op_name = KebabCase;
+  store.op_name = conformance::KebabCase;
   store.collective_timeout_error =
       "rank 0 of 2: store all-reduce #1 did not complete within 1.5 s: rank(s) 1 never "
       "contributed";

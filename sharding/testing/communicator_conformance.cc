@@ -11,6 +11,7 @@
 #include <gmock/gmock.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
 #include "sharding/testing/multi_rank.h"
@@ -53,6 +54,15 @@ bool DoneOrRefusedAsStrided(const CommunicatorUnderTest& backend, WorkOr work,
 }
 
 }  // namespace
+
+std::string KebabCase(absl::string_view method) {
+  std::string name;
+  for (char c : method) {
+    if (absl::ascii_isupper(c) && !name.empty()) name += '-';
+    name += absl::ascii_tolower(c);
+  }
+  return name;
+}
 
 void PrintTo(const CommunicatorUnderTest& backend, std::ostream* out) { *out << backend.name; }
 

@@ -82,6 +82,9 @@ struct CommunicatorUnderTest {
   std::optional<absl::StatusCode> join_timeout_code;
 };
 
+// "AllGather" -> "all-gather": an op_name for backends that name collectives so.
+std::string KebabCase(absl::string_view method);
+
 // gtest prints parameters that fail; the name is enough.
 void PrintTo(const CommunicatorUnderTest& backend, std::ostream* out);
 

@@ -13,6 +13,7 @@
 
 #include <chrono>
 #include <functional>
+#include <string>
 
 #include <c10/util/intrusive_ptr.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -23,6 +24,11 @@ namespace cpptrain {
 namespace multi_rank {
 
 using RankBody = std::function<absl::Status(int rank, c10::intrusive_ptr<c10d::Store> store)>;
+
+// OK, or an InternalError saying `what`: a rank body's check of a condition.
+inline absl::Status Check(bool condition, const std::string& what) {
+  return condition ? absl::OkStatus() : absl::InternalError(what);
+}
 
 // Runs `body` for ranks 0..world_size-1 on one thread each, all given the same fresh
 // HashStore; joins them all. Returns OK or the errors of the failed ranks, each prefixed by

@@ -32,9 +32,5 @@ absl::StatusOr<ShardMesh> Mesh(int rank, int world, c10::intrusive_ptr<c10d::Sto
   return ShardMesh{std::shared_ptr<Communicator>(std::move(comm)), nullptr};
 }
 
-absl::Status Check(bool condition, const std::string& what) {
-  return condition ? absl::OkStatus() : absl::InternalError(what);
-}
-
 }  // namespace shard_test
 }  // namespace cpptrain

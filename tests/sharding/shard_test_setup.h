@@ -22,6 +22,7 @@
 #include "absl/status/statusor.h"
 #include "models/decoder.h"
 #include "sharding/sharding_core.h"
+#include "sharding/testing/multi_rank.h"
 
 namespace cpptrain {
 namespace shard_test {
@@ -38,8 +39,7 @@ std::vector<std::shared_ptr<DecoderLM>> Replicas(int world, int layers);
 // A 1-D mesh over a Gloo communicator of `world` ranks on `store`.
 absl::StatusOr<ShardMesh> Mesh(int rank, int world, c10::intrusive_ptr<c10d::Store> store);
 
-// OK, or an InternalError saying `what`.
-absl::Status Check(bool condition, const std::string& what);
+using multi_rank::Check;
 
 }  // namespace shard_test
 }  // namespace cpptrain

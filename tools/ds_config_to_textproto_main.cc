@@ -2,8 +2,8 @@
 // engine (config/ds_config.h says what maps to what).
 //
 //   bazel-bin/tools/ds_config_to_textproto ds_config.json > job.textproto
-//   bazel-bin/tools/ds_config_to_textproto --base=tools/demo.textproto ds_config.json \
-//       --output=job.textproto
+//   bazel-bin/tools/ds_config_to_textproto --base=tools/demo.textproto
+//       --output=job.textproto ds_config.json            (one command line)
 //
 // With --base, the converted fields are merged over that job (its model, data and other
 // arguments kept) and the result is validated as //tools:train would load it. Notes ("auto"

@@ -126,65 +126,63 @@ at::Tensor DecoderLM::Hidden(const at::Tensor& ids, const at::Tensor& position_i
                           at::TensorOptions().dtype(at::kFloat).device(h.device()));
     h = h * scale.to(embed_tokens_->weight.scalar_type());
   }
-  if (position_ids.defined()) {
-    TORCH_CHECK(cache == nullptr,
-                "DecoderLM: position_ids with a KV cache; the incremental forward takes one "
-                "sequence per row, from the cache's length on");
-    return PackedLayers(std::move(h), ids, position_ids);
-  }
-  const int64_t t = ids.size(1);
+  TORCH_CHECK(!position_ids.defined() || cache == nullptr,
+              "DecoderLM: position_ids with a KV cache; the incremental forward takes one "
+              "sequence per row, from the cache's length on");
   const int64_t past = cache == nullptr ? 0 : cache->length();
+  const LayerTables tables = position_ids.defined()
+                                 ? TablesAt(position_ids, ids, h.device())
+                                 : TablesFrom(past, ids.size(1), h.device());
+  if (cache != nullptr && cache->layers.empty()) cache->layers.resize(layers_.size());
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const auto& layer = layers_[i];
+    const RotaryTables& rope = layer->self_attn()->window() > 0 ? tables.local : tables.rope;
+    h = cache == nullptr ? layer->Forward(std::move(h), rope, tables.mask)
+                         : layer->Forward(std::move(h), rope, cache->layers[i]);
+  }
+  return norm_->Forward(h);
+}
+
+DecoderLM::LayerTables DecoderLM::TablesFrom(int64_t past, int64_t t,
+                                             const c10::Device& device) const {
   const int64_t length = past + t;
-  const int64_t rotary_dim = ResolvedRotaryDim(config_);
   // The tables of positions 0 .. length - 1, of which the new tokens take the last t rows.
   auto rows = [&](RotaryTables tables) {
     if (past == 0) return tables;
     return RotaryTables{tables.cos.slice(0, past), tables.sin.slice(0, past)};
   };
-  const RotaryTables rope =
-      rows(ComputeRotary(length, RopeInverseFrequencies(config_, rotary_dim, length, h.device()),
-                         RopeAttentionScaling(config_)));
+  LayerTables out;
+  out.rope = rows(ComputeRotary(
+      length, RopeInverseFrequencies(config_, ResolvedRotaryDim(config_), length, device),
+      RopeAttentionScaling(config_)));
   // Gemma 3's sliding layers: the default rotary embedding over rope_local_base_freq.
-  RotaryTables local = rope;
+  out.local = out.rope;
   if (config_.has_rope_local_base_freq()) {
-    local = rows(ComputeRotary(length, head_dim_, config_.rope_local_base_freq(), h.device()));
+    out.local = rows(ComputeRotary(length, head_dim_, config_.rope_local_base_freq(), device));
   }
-  if (cache != nullptr && cache->layers.empty()) cache->layers.resize(layers_.size());
-  for (size_t i = 0; i < layers_.size(); ++i) {
-    const auto& layer = layers_[i];
-    const RotaryTables& tables = layer->self_attn()->window() > 0 ? local : rope;
-    h = cache == nullptr ? layer->Forward(std::move(h), tables)
-                         : layer->Forward(std::move(h), tables, cache->layers[i]);
-  }
-  return norm_->Forward(h);
+  return out;
 }
 
-at::Tensor DecoderLM::PackedLayers(at::Tensor h, const at::Tensor& ids,
-                                   const at::Tensor& position_ids) {
-  const int64_t t = ids.size(1);
-  const int64_t rotary_dim = ResolvedRotaryDim(config_);
+DecoderLM::LayerTables DecoderLM::TablesAt(const at::Tensor& position_ids, const at::Tensor& ids,
+                                           const c10::Device& device) const {
   TORCH_CHECK(position_ids.sizes() == ids.sizes(), "DecoderLM: position_ids of shape ",
               position_ids.sizes(), " for input ids of shape ", ids.sizes(),
               ": give one position per token");
-  const at::Tensor positions = position_ids.to(h.device(), at::kLong);
+  const at::Tensor positions = position_ids.to(device, at::kLong);
   // A length-dependent rotary reads the longest example (a host read of the positions).
   const int64_t rope_len =
-      RopeDependsOnLength(config_) ? positions.max().item<int64_t>() + 1 : t;
-  const RotaryTables rope = ComputeRotaryAt(
-      positions, RopeInverseFrequencies(config_, rotary_dim, rope_len, h.device()),
+      RopeDependsOnLength(config_) ? positions.max().item<int64_t>() + 1 : ids.size(1);
+  LayerTables out;
+  out.rope = ComputeRotaryAt(
+      positions, RopeInverseFrequencies(config_, ResolvedRotaryDim(config_), rope_len, device),
       RopeAttentionScaling(config_));
-  RotaryTables local = rope;
+  out.local = out.rope;
   if (config_.has_rope_local_base_freq()) {
-    local = ComputeRotaryAt(
-        positions,
-        DefaultInverseFrequencies(head_dim_, config_.rope_local_base_freq(), h.device()));
+    out.local = ComputeRotaryAt(
+        positions, DefaultInverseFrequencies(head_dim_, config_.rope_local_base_freq(), device));
   }
-  const at::Tensor mask = PackedCausalMask(positions);
-  for (const auto& layer : layers_) {
-    const bool sliding = layer->self_attn()->window() > 0;
-    h = layer->Forward(std::move(h), sliding ? local : rope, mask);
-  }
-  return norm_->Forward(h);
+  out.mask = PackedCausalMask(positions);
+  return out;
 }
 
 at::Tensor DecoderLM::SoftcapLogits(const at::Tensor& logits) const {

@@ -141,8 +141,18 @@ class DecoderLM : public TrainableModel {
   // position_ids), the incremental form (Logits(ids, cache)).
   at::Tensor Hidden(const at::Tensor& input_ids, const at::Tensor& position_ids,
                     KvCache* cache = nullptr);
-  // The layers over a packed batch: rotary at `position_ids`, attention within each example.
-  at::Tensor PackedLayers(at::Tensor h, const at::Tensor& input_ids, const at::Tensor& position_ids);
+  // What every layer reads besides its input: the rotary tables (`local`: Gemma 3's sliding
+  // layers'), and for a packed batch the mask confining attention to each example.
+  struct LayerTables {
+    RotaryTables rope;
+    RotaryTables local;
+    at::Tensor mask;
+  };
+  // Positions past .. past + t - 1 of every row.
+  LayerTables TablesFrom(int64_t past, int64_t t, const c10::Device& device) const;
+  // Packed rows: the positions Batch::position_ids gives, attention within each example.
+  LayerTables TablesAt(const at::Tensor& position_ids, const at::Tensor& input_ids,
+                       const c10::Device& device) const;
   torch::Tensor LogitsAt(const torch::Tensor& input_ids, const at::Tensor& position_ids);
   const at::Tensor& HeadWeight() const;
   // cap * tanh(logits / cap) with final_logit_softcapping (Gemma 2), else the logits.

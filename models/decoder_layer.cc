@@ -239,6 +239,7 @@ at::Tensor Attention::OffsetAttention(const at::Tensor& q, const at::Tensor& k,
   const int64_t groups = num_heads_ / num_kv_heads_;
   const at::Tensor keys = groups == 1 ? k : k.repeat_interleave(groups, 1);
   const at::Tensor values = groups == 1 ? v : v.repeat_interleave(groups, 1);
+  // transformers: query_pre_attn_scalar**-0.5, or head_dim**-0.5.
   const double scale = scale_ > 0 ? scale_ : std::pow(static_cast<double>(head_dim_), -0.5);
   at::Tensor scores = at::matmul(q, keys.transpose(2, 3)) * scale;
   if (softcap_ > 0) scores = at::tanh(scores / softcap_) * softcap_;

@@ -81,18 +81,7 @@ done
   fail "the node did not become idle: $(sinfo 2>&1 | tr '\n' ' ')" "$dir/slurmd.log"
 echo "SLURM $(sinfo -V | cut -d' ' -f2) on $host"
 
-export OMP_NUM_THREADS=1
-common=(--config="$config" --set=args.max_steps=3 --set=args.logging_steps=1
-        --set=args.eval_strategy=NO --set=args.save_strategy=NO --set=args.use_cpu=true
-        --set=args.ddp_timeout=120)
-losses() { grep '"loss":' "$1/metrics.jsonl" | sed -E 's/.*"loss":([^,}]*).*/\1/' | tr '\n' ' '; }
-engine_flag() {
-  case "$1" in
-    ddp) echo '--set=args.ddp={}' ;;
-    fsdp2) echo '--set=args.fsdp={version: 2}' ;;
-    zero3) echo '--set=args.zero={stage: 3}' ;;
-  esac
-}
+source "$(dirname "$0")/demo_job.sh"
 
 # run ENGINE PROCESSES: tools/launch's run, then srun's, which must match it.
 runs=0

@@ -24,20 +24,7 @@ venv="${CPPTRAIN_VENV:-$TEST_TMPDIR/venv}"
 torchrun="$venv/bin/torchrun"
 echo "torchrun of torch $("$venv/bin/python" -c 'import torch; print(torch.__version__)' 2>/dev/null)"
 
-export OMP_NUM_THREADS=1  # torchrun's default; tools/launch is given the same
-common=(--config="$config" --set=args.max_steps=3 --set=args.logging_steps=1
-        --set=args.eval_strategy=NO --set=args.save_strategy=NO --set=args.use_cpu=true
-        --set=args.ddp_timeout=120)
-losses() { grep '"loss":' "$1/metrics.jsonl" | sed -E 's/.*"loss":([^,}]*).*/\1/' | tr '\n' ' '; }
-
-# The engine's flag for a name.
-engine_flag() {
-  case "$1" in
-    ddp) echo '--set=args.ddp={}' ;;
-    fsdp2) echo '--set=args.fsdp={version: 2}' ;;
-    zero3) echo '--set=args.zero={stage: 3}' ;;
-  esac
-}
+source "$(dirname "$0")/demo_job.sh"
 
 # tools/launch's run of each engine: the losses torchrun's runs must match.
 declare -A want

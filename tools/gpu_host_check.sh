@@ -4,10 +4,13 @@
 # runs the CTest suite, then the GPU measurements. Logs go to $OUT (or /tmp/gpu_out).
 #   NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 tools/gpu_host_check.sh
 #   TESTS=0 RUNS="local ddp fsdp2" tools/gpu_host_check.sh   # measurements only (see RUNS below)
+# LOG_DIR (default /tmp/cpptrain_gpu_logs; $OUT/logs keeps them if the call is cut) and
+# BUILD_DIR (default /tmp/cpptrain_build) move the logs and the build; CTEST_ARGS is added to
+# the first CTest run (e.g. '-E ^tests_distributed_'); SHARED_DELAYS lists the staged delays.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 final="${OUT:-/tmp/gpu_out}"
-out=/tmp/cpptrain_gpu_logs
+out=${LOG_DIR:-/tmp/cpptrain_gpu_logs}
 summary="$out/summary.txt"
 mkdir -p "$out" "$final"
 trap 'cp "$summary" "$final/" 2>/dev/null; tar czf "$final/logs.tgz" -C "$out" .' EXIT
@@ -20,7 +23,7 @@ gpus=$(python3 -c 'import torch; print(torch.cuda.device_count())')
 echo "gpus: $gpus; $(python3 -c 'import torch; print(torch.__version__)')" | tee "$out/env.txt"
 nvidia-smi topo -m >>"$out/env.txt" 2>&1
 
-build=/tmp/cpptrain_build
+build=${BUILD_DIR:-/tmp/cpptrain_build}
 start=$SECONDS
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_PREFIX_PATH="$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)');$prefix/usr" \
@@ -28,7 +31,7 @@ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   >"$out/build.log" 2>&1 && cmake --build "$build" -j "$(nproc)" >>"$out/build.log" 2>&1
 echo "build exit $? in $((SECONDS - start)) s" | tee -a "$summary"
 if [[ "${TESTS:-1}" != 0 ]]; then
-  (cd "$build" && ctest -j 8 --output-on-failure --timeout 300 >"$out/ctest.log" 2>&1)
+  (cd "$build" && ctest -j 8 --output-on-failure --timeout 300 ${CTEST_ARGS:-} >"$out/ctest.log" 2>&1)
   grep -E "tests passed|FAILED|Failed|checks passed|CUDA host" "$out/ctest.log" | tail -12 | tee -a "$summary"
 fi
 
@@ -53,9 +56,9 @@ fi
 # (tests/distributed/variants.sh), once plain and once with each staged result delayed by
 # 200 us (SHARED_GPU=0 skips this).
 if [[ "${TESTS:-1}" != 0 && "${SHARED_GPU:-1}" != 0 ]]; then
-  for delay in 0 200; do
+  for delay in ${SHARED_DELAYS:-0 200}; do
     (cd "$build" && CPPTRAIN_SHARED_GPU=1 CPPTRAIN_STAGED_DELAY_US=$delay \
-      ctest -j 2 --output-on-failure --timeout 600 -R '^tests_distributed_' \
+      ctest -j "${SHARED_JOBS:-4}" --output-on-failure --timeout 600 -R '^tests_distributed_' \
       >"$out/shared_gpu_delay$delay.log" 2>&1)
     echo "shared-GPU suites (delay $delay us) exit $?:" \
       "$(grep -E 'tests passed' "$out/shared_gpu_delay$delay.log" | tail -1)" | tee -a "$summary"

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# tools/verified_stamp.sh on a scratch git checkout: a written stamp matches the inputs it was
+# written for; a changed source, a new untracked file or another phase's stamp does not match;
+# a changed doc, Markdown file or ignored file still matches.
+#   tools/verified_stamp_test.sh tools/verified_stamp.sh
+set -euo pipefail
+script=$(realpath "$1")
+work=$(mktemp -d "${TEST_TMPDIR:-/tmp}/stamp.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+cd "$work"
+git init -q .
+mkdir -p tools docs src
+cp "$script" tools/verified_stamp.sh
+echo "int f();" >src/a.h
+echo "# doc" >docs/guide.md
+echo "build/" >.gitignore
+git add -A && git -c user.email=t@t -c user.name=t commit -qm init
+failures=0
+expect() {  # want (match|differ), what
+  local got=differ
+  tools/verified_stamp.sh matches fuzz >/dev/null && got=match
+  if [[ "$got" == "$1" ]]; then echo "ok: $2: $got"; else echo "FAIL: $2: $got, want $1"; failures=$((failures + 1)); fi
+}
+expect differ "no stamp yet"
+tools/verified_stamp.sh write fuzz "$(tools/verified_stamp.sh fingerprint fuzz)" "fuzz.sh: 1 targets, 0 failed"
+expect match "the stamp just written"
+[[ "$(tools/verified_stamp.sh matches fuzz)" == "fuzz.sh: 1 targets, 0 failed (recorded "* ]] ||
+  { echo "FAIL: summary line: $(tools/verified_stamp.sh matches fuzz)"; failures=$((failures + 1)); }
+echo "more" >>docs/guide.md
+echo "# notes" >NOTES.md
+mkdir -p build && echo "object" >build/a.o
+expect match "a doc, a Markdown file and an ignored file changed"
+echo "int g();" >>src/a.h
+expect differ "a tracked source changed"
+git checkout -q src/a.h
+expect match "the source restored"
+echo "int h();" >src/b.h
+expect differ "an untracked source added"
+rm src/b.h
+tools/verified_stamp.sh matches consumers >/dev/null && { echo "FAIL: consumers matched fuzz's stamp"; failures=$((failures + 1)); }
+cp tools/verified/fuzz.stamp tools/verified/consumers.stamp
+tools/verified_stamp.sh matches consumers >/dev/null &&
+  { echo "FAIL: fuzz's fingerprint matched for consumers"; failures=$((failures + 1)); } ||
+  echo "ok: a stamp copied to another phase does not match"
+((failures == 0)) && echo "verified_stamp: all checks passed"
+exit $((failures > 0))

@@ -1,5 +1,6 @@
 #include "models/decoder.h"
 
+#include <algorithm>
 #include <cmath>
 #include <iostream>
 #include <map>
@@ -790,8 +791,16 @@ void ExpectFusedMatchesEager(const proto::DecoderConfig& config, bool bf16, c10:
   const auto [fused_loss, fused_grads] = run(true);
   const double tolerance = bf16 ? 2e-2 : 1e-5;
   EXPECT_NEAR(fused_loss, eager_loss, tolerance * std::abs(eager_loss)) << what;
+  // Each gradient within `tolerance` of its own norm, but never held tighter than 1% of the
+  // largest gradient's: a key bias's gradient is nearly zero (softmax ignores a shift common to
+  // every key; only the rotary angles break that), so bf16 rounding elsewhere is most of it
+  // (on an H100, yarn's k_proj.bias differed by 3.3% of its 4.4e-3 norm).
+  double largest = 0;
+  for (const auto& item : eager_grads) {
+    largest = std::max(largest, item.second.norm().item<double>());
+  }
   for (const auto& [name, grad] : eager_grads) {
-    const double scale = grad.norm().item<double>();
+    const double scale = std::max(grad.norm().item<double>(), 1e-2 * largest);
     EXPECT_LE((fused_grads.at(name) - grad).norm().item<double>(), tolerance * scale + 1e-12)
         << what << ": " << name;
   }

@@ -416,6 +416,9 @@ absl::Status NcclCommunicator::InitFromUniqueId(c10d::Store& store, Kind kind) {
 
 // Every rank splits with one color, so the child spans the parent's ranks in the same order;
 // NCCL sets it up over the parent's connections instead of a new unique id and bootstrap.
+// A non-blocking split leaves the child null until it completes and reports its progress on
+// the parent (polling the null child is NCCL's "invalid argument", as the first run on a GPU
+// showed), so the parent is polled first, then the child.
 absl::Status NcclCommunicator::SplitFrom(Kind parent, Kind kind) {
   State& st = *state_;
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
@@ -423,10 +426,16 @@ absl::Status NcclCommunicator::SplitFrom(Kind parent, Kind kind) {
   absl::Status ready;
   {
     absl::WriterMutexLock lock(&st.comm_mu);
+    const Clock::time_point deadline = Clock::now() + timeout_;
     CT_NCCL_RETURN_IF_ERROR(ncclCommSplit(st.comms[parent], /*color=*/0, /*key=*/rank_,
                                           &st.comms[kind], &config),
                             rank_);
-    ready = st.PollReady(st.comms[kind], "communicator split", Clock::now() + timeout_);
+    ready = st.PollReady(st.comms[parent], "communicator split", deadline);
+    if (ready.ok() && st.comms[kind] == nullptr) {
+      ready = absl::InternalError(absl::StrCat(
+          "rank ", rank_, ": NCCL finished the communicator split without a communicator"));
+    }
+    if (ready.ok()) ready = st.PollReady(st.comms[kind], "communicator split", deadline);
   }
   if (!ready.ok()) return st.FailAndAbort(std::move(ready));
   return absl::OkStatus();

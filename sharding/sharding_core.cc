@@ -824,7 +824,10 @@ absl::StatusOr<c10::Device> ResolveDevice(const ShardMesh& mesh, std::optional<c
     return absl::InvalidArgumentError(
         absl::StrCat(who, ": ShardMesh.shard (the communicator) is null"));
   }
-  const std::optional<c10::Device> comm_device = mesh.shard->device();
+  // A shard group of one rank (NO_SHARD) has no device of its own: the replicas' communicator
+  // then names it (with processes sharing a GPU, NO_SHARD resolved to the CPU before).
+  std::optional<c10::Device> comm_device = mesh.shard->device();
+  if (!comm_device && mesh.replicate != nullptr) comm_device = mesh.replicate->device();
   const c10::Device device = asked.value_or(comm_device.value_or(c10::Device(c10::kCPU)));
   for (const auto& comm : {mesh.shard, mesh.replicate}) {
     if (comm == nullptr || !comm->device() || *comm->device() == device) continue;

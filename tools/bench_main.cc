@@ -36,6 +36,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <random>
 
 #include "absl/flags/flag.h"
@@ -256,7 +257,11 @@ absl::StatusOr<proto::TrainingArguments> BenchArgs(int rank,
   const int64_t accum = absl::GetFlag(FLAGS_grad_accum);
   const int64_t steps = absl::GetFlag(FLAGS_warmup) + absl::GetFlag(FLAGS_steps);
   proto::TrainingArguments args;
-  args.set_output_dir(absl::StrCat("/tmp/cpptrain_bench_rank", rank));
+  // One directory per job and rank: two benchmarks running at once (CTest runs tests in
+  // parallel) would otherwise refuse each other's output_dir lock. MASTER_PORT differs per job.
+  const char* port = std::getenv("MASTER_PORT");
+  args.set_output_dir(absl::StrCat("/tmp/cpptrain_bench_", port != nullptr ? port : "0", "_rank",
+                                   rank));
   args.set_per_device_train_batch_size(static_cast<int32_t>(micro));
   args.set_gradient_accumulation_steps(static_cast<int32_t>(accum));
   args.set_max_steps(steps);

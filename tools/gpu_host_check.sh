@@ -6,7 +6,8 @@
 #   TESTS=0 RUNS="local ddp fsdp2" tools/gpu_host_check.sh   # measurements only (see RUNS below)
 # LOG_DIR (default /tmp/cpptrain_gpu_logs; $OUT/logs keeps them if the call is cut) and
 # BUILD_DIR (default /tmp/cpptrain_build) move the logs and the build; CTEST_ARGS is added to
-# the first CTest run (e.g. '-E ^tests_distributed_'); SHARED_DELAYS lists the staged delays.
+# the first CTest run (e.g. '-E ^tests_distributed_'); SHARED_DELAYS lists the staged delays and
+# SHARED_CTEST_ARGS narrows those runs (e.g. '-E stopped_rank').
 set -uo pipefail
 cd "$(dirname "$0")/.."
 final="${OUT:-/tmp/gpu_out}"
@@ -28,7 +29,7 @@ start=$SECONDS
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_PREFIX_PATH="$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)');$prefix/usr" \
   -DCMAKE_MODULE_PATH="$prefix/usr/share/glog/cmake" -DCMAKE_POLICY_VERSION_MINIMUM=3.5 \
-  >"$out/build.log" 2>&1 && cmake --build "$build" -j "$(nproc)" >>"$out/build.log" 2>&1
+  >"$out/build.log" 2>&1 && cmake --build "$build" -j "$(nproc)" -- -k 0 >>"$out/build.log" 2>&1
 echo "build exit $? in $((SECONDS - start)) s" | tee -a "$summary"
 if [[ "${TESTS:-1}" != 0 ]]; then
   (cd "$build" && ctest -j 8 --output-on-failure --timeout 300 ${CTEST_ARGS:-} >"$out/ctest.log" 2>&1)
@@ -58,7 +59,7 @@ fi
 if [[ "${TESTS:-1}" != 0 && "${SHARED_GPU:-1}" != 0 ]]; then
   for delay in ${SHARED_DELAYS:-0 200}; do
     (cd "$build" && CPPTRAIN_SHARED_GPU=1 CPPTRAIN_STAGED_DELAY_US=$delay \
-      ctest -j "${SHARED_JOBS:-4}" --output-on-failure --timeout 600 -R '^tests_distributed_' \
+      ctest -j "${SHARED_JOBS:-4}" --output-on-failure --timeout 600 -R '^tests_distributed_' ${SHARED_CTEST_ARGS:-} \
       >"$out/shared_gpu_delay$delay.log" 2>&1)
     echo "shared-GPU suites (delay $delay us) exit $?:" \
       "$(grep -E 'tests passed' "$out/shared_gpu_delay$delay.log" | tail -1)" | tee -a "$summary"

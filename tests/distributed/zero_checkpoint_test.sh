@@ -32,10 +32,16 @@ leg zero1bf_2 2 --engine=zero1_offload --bf16 --resume="$TEST_TMPDIR/zero2bf_2/c
 # Stage 2 with offload: its step rounds the masters to bf16 itself and copies each bucket back
 # while it steps the next (the benchmarked configuration).
 leg zero2obf_2 2 --engine=zero2_offload --bf16 --resume="$TEST_TMPDIR/zero2bf_2/checkpoint-2"
-# Same world size, same bf16 gradients, the same clip norm on every path: exactly the same losses.
+# Same world size, same bf16 gradients, the same clip norm on every path: on the CPU exactly
+# the same losses. On a GPU the offloaded legs step with the CPU's AdamW and ZeRO-2 with the
+# CUDA one, whose roundings differ in the last bit and grow through bf16 (4e-5 and 9e-5 with
+# processes sharing an H100): there, within the matrix's 1e-4.
+same_device_tolerance=0
+[[ -z "$(placement 2)" ]] && same_device_tolerance=1e-4
 for resumed in zero1bf_2 zero2obf_2; do
-  if ! continues zero2bf_2 "$resumed" 0; then
-    echo "FAIL: $resumed does not continue the 2-rank bf16 ZeRO-2 run exactly"; fail=1
+  if ! continues zero2bf_2 "$resumed" "$same_device_tolerance"; then
+    echo "FAIL: $resumed does not continue the 2-rank bf16 ZeRO-2 run" \
+      "(relative tolerance $same_device_tolerance)"; fail=1
   fi
 done
 # bf16 working copies in the local and DDP engines: their checkpoints hold the fp32 masters and

@@ -25,7 +25,6 @@
 #include "checkpoint/model_match.h"
 #include "checkpoint/optimizer_state.h"
 #include "checkpoint/safetensors.h"
-#include "models/decoder.h"
 #include "sharding/all_ranks_ok.h"
 #include "sharding/flat_shard.h"
 #include "sharding/fully_shard.h"
@@ -266,10 +265,10 @@ std::vector<int64_t> ShapeOf(const proto::CheckpointTensor& t) {
 // config, or an older checkpoint's config.json.
 void CompareDecoderConfig(const std::string& dir, const proto::CheckpointManifest& manifest,
                           const TrainableModel& model, LoadProblems& problems) {
-  const auto* decoder = dynamic_cast<const DecoderLM*>(&model);
+  const proto::DecoderConfig* decoder = AsDecoderConfig(model.ConfigProto());
   if (decoder == nullptr) return;
   if (manifest.has_decoder()) {
-    problems.AddConfigDifferences(DecoderConfigDifferences(manifest.decoder(), decoder->config()));
+    problems.AddConfigDifferences(DecoderConfigDifferences(manifest.decoder(), *decoder));
     return;
   }
   absl::StatusOr<std::string> config_json = CheckpointFilePath(dir, "config.json");
@@ -283,7 +282,7 @@ void CompareDecoderConfig(const std::string& dir, const proto::CheckpointManifes
     return;
   }
   problems.AddConfigDifferences(
-      DecoderConfigDifferences(*saved, decoder->config(), "the checkpoint's config.json"));
+      DecoderConfigDifferences(*saved, *decoder, "the checkpoint's config.json"));
 }
 
 // Matches the model's parameters (and the optimizer's state for them) with the manifest.
@@ -531,8 +530,8 @@ absl::Status SaveModelState(const std::string& dir, TrainableModel& model,
   proto::CheckpointManifest manifest;
   manifest.set_engine(options.engine_name);
   manifest.set_world_size(ranks.world_size());
-  if (const auto* decoder = dynamic_cast<const DecoderLM*>(&model)) {
-    *manifest.mutable_decoder() = decoder->config();
+  if (const proto::DecoderConfig* decoder = AsDecoderConfig(model.ConfigProto())) {
+    *manifest.mutable_decoder() = *decoder;
   }
   std::vector<std::pair<std::string, at::Tensor>> mine;  // this rank's shard-file entries
   WrittenChecksums written;

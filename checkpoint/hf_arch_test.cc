@@ -24,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "checkpoint/files.h"
 #include "checkpoint/hf_config.h"
+#include "checkpoint/hf_decoder_testing.h"
 #include "checkpoint/hf_model.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/test_dirs.h"
@@ -76,7 +77,7 @@ at::Tensor MeanLoss(DecoderLM& model, const Batch& batch) {
 void ExpectTransformersParity(const std::string& name) {
   SCOPED_TRACE(name);
   const std::string dir = TestdataPath(name);
-  auto loaded = LoadHfDecoder(dir);
+  auto loaded = LoadHfDecoderForTest(dir);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   DecoderLM& model = **loaded;
   const Golden golden = ReadGolden(dir);
@@ -161,7 +162,7 @@ TEST(HfArchTest, Qwen2UntiedGivesTransformersResults) {
 }
 
 TEST(HfArchTest, Qwen2TiedGivesTransformersResults) {
-  auto model = LoadHfDecoder(TestdataPath("hf_qwen2_tied_tiny"));
+  auto model = LoadHfDecoderForTest(TestdataPath("hf_qwen2_tied_tiny"));
   ASSERT_TRUE(model.ok()) << model.status();
   EXPECT_TRUE((*model)->config().tie_word_embeddings());
   EXPECT_FALSE((*model)->named_parameters().contains("lm_head.weight"));
@@ -611,7 +612,7 @@ void ExportAndReload(const proto::DecoderConfig& config, const std::string& suff
   ASSERT_TRUE(WriteSafetensors(dir + "/expected_logits.safetensors",
                                {{"input_ids", input_ids}, {"logits", logits}}, {{"format", "pt"}})
                   .ok());
-  auto loaded = LoadHfDecoder(dir);
+  auto loaded = LoadHfDecoderForTest(dir);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   // Equal as configs: a field set to its default equals the field unset.
   google::protobuf::util::MessageDifferencer differencer;

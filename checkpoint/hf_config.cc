@@ -770,6 +770,16 @@ absl::Status WriteHfModelConfigs(const proto::DecoderConfig& config, const std::
                              HfGenerationConfigJson(config));
 }
 
+const proto::DecoderConfig* AsDecoderConfig(const google::protobuf::Message* config) {
+  return dynamic_cast<const proto::DecoderConfig*>(config);
+}
+
+absl::Status WriteHfModelConfigsFor(const google::protobuf::Message* config,
+                                    const std::string& dir) {
+  const proto::DecoderConfig* decoder = AsDecoderConfig(config);
+  return decoder != nullptr ? WriteHfModelConfigs(*decoder, dir) : absl::OkStatus();
+}
+
 absl::Status WriteHfConfig(const proto::DecoderConfig& config, const std::string& path) {
   if (absl::Status valid = ValidateDecoderConfig(config); !valid.ok()) {
     return absl::InvalidArgumentError(

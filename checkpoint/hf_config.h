@@ -6,6 +6,10 @@
 //   CT_ASSIGN_OR_RETURN(proto::DecoderConfig config,
 //                       DecoderConfigFromHfConfig(dir + "/config.json"));
 //   CT_RETURN_IF_ERROR(WriteHfModelConfigs(config, out_dir));  // + generation_config.json
+//
+// For a model whose class the caller does not know (checkpoints, the Trainer):
+//   if (const proto::DecoderConfig* c = AsDecoderConfig(model.ConfigProto())) ...
+//   CT_RETURN_IF_ERROR(WriteHfModelConfigsFor(model.ConfigProto(), out_dir));
 #ifndef CPPTRAIN_CHECKPOINT_HF_CONFIG_H_
 #define CPPTRAIN_CHECKPOINT_HF_CONFIG_H_
 
@@ -70,6 +74,15 @@ std::string HfGenerationConfigJson(const proto::DecoderConfig& config);
 // config.json and generation_config.json in `dir` (each atomically): what from_pretrained reads
 // beside the weights.
 absl::Status WriteHfModelConfigs(const proto::DecoderConfig& config, const std::string& dir);
+
+// `config` (a model's TrainableModel::ConfigProto()) as a DecoderConfig, or nullptr when it is
+// null or another message.
+const proto::DecoderConfig* AsDecoderConfig(const google::protobuf::Message* config);
+
+// WriteHfModelConfigs when `config` is a DecoderConfig; nothing (OK) for other models, whose
+// checkpoints then hold the weights without a config.json.
+absl::Status WriteHfModelConfigsFor(const google::protobuf::Message* config,
+                                    const std::string& dir);
 
 // HfConfigJson(config) written to `path` atomically. Checks the config with
 // ValidateDecoderConfig first.

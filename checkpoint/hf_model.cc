@@ -229,7 +229,7 @@ absl::Status VerifySources(const std::string& dir, const SafetensorsModelDir& fi
 }
 
 // The config fields of `dir`/config.json that differ from the model's, when the model is a
-// DecoderLM and the file is there.
+// decoder (its ConfigProto is a DecoderConfig) and the file is there.
 void CompareWithConfigJson(const std::string& dir, const TrainableModel& model,
                            LoadProblems& problems);
 
@@ -286,7 +286,7 @@ namespace {
 
 void CompareWithConfigJson(const std::string& dir, const TrainableModel& model,
                            LoadProblems& problems) {
-  const auto* decoder = dynamic_cast<const DecoderLM*>(&model);
+  const proto::DecoderConfig* decoder = AsDecoderConfig(model.ConfigProto());
   const std::string path = absl::StrCat(dir, "/config.json");
   if (decoder == nullptr || ::access(path.c_str(), F_OK) != 0) return;
   absl::StatusOr<proto::DecoderConfig> saved = DecoderConfigFromHfConfig(path);
@@ -295,20 +295,9 @@ void CompareWithConfigJson(const std::string& dir, const TrainableModel& model,
                               saved.status().message()));
     return;
   }
-  problems.AddConfigDifferences(DecoderConfigDifferences(*saved, decoder->config(), "config.json"));
+  problems.AddConfigDifferences(DecoderConfigDifferences(*saved, *decoder, "config.json"));
 }
 
 }  // namespace
-
-absl::StatusOr<std::shared_ptr<DecoderLM>> LoadHfDecoder(const std::string& dir,
-                                                         const HfLoadOptions& options) {
-  CT_ASSIGN_OR_RETURN(proto::DecoderConfig config,
-                      DecoderConfigFromHfConfig(absl::StrCat(dir, "/config.json")));
-  // Deferred: each tensor is allocated once, as it is read, and never initialized first.
-  CT_ASSIGN_OR_RETURN(std::shared_ptr<DecoderLM> model,
-                      BuildDecoder(config, {DecoderInit::Mode::kDeferred, 0}));
-  CT_RETURN_IF_ERROR(LoadHfWeights(dir, *model, options));
-  return model;
-}
 
 }  // namespace cpptrain

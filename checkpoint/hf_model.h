@@ -1,8 +1,10 @@
-// Loads a Hugging Face model directory, as transformers' save_pretrained writes it (config.json
-// and model.safetensors, or shards named by model.safetensors.index.json), into the reference
-// decoder, for fine-tuning. Llama and Qwen3 checkpoints are supported.
+// Loads the weights of a Hugging Face model directory, as transformers' save_pretrained writes
+// it (config.json and model.safetensors, or shards named by model.safetensors.index.json), into
+// a model whose parameters carry Hugging Face's names, for fine-tuning. It knows TrainableModel
+// only; jobs/job_model.h's LoadHfDecoder builds the reference decoder from config.json and
+// calls it:
 //
-//   CT_ASSIGN_OR_RETURN(std::shared_ptr<DecoderLM> model, LoadHfDecoder("/models/Qwen3-0.6B"));
+//   CT_RETURN_IF_ERROR(LoadHfWeights("/models/Qwen3-0.6B", *model));
 //
 // Sharded at load time, each rank reads only the rows it owns (built deferred, no rank ever
 // allocates a whole tensor):
@@ -27,7 +29,6 @@
 #include "absl/status/statusor.h"
 // DecoderConfigFromHfConfig, HfConfigJson and WriteHfConfig: config.json on its own.
 #include "checkpoint/hf_config.h"
-#include "models/decoder.h"
 #include "module/trainable_model.h"
 #include "proto/model.pb.h"
 
@@ -46,7 +47,7 @@ struct HfLoadOptions {
 // error leaves the model unchanged: a parameter without a tensor, a tensor without a parameter
 // (allowed: lm_head.weight when the model ties it to the embedding, and rotary inv_freq
 // buffers), a shape that differs, a non-floating dtype, config.json fields that differ from a
-// DecoderLM's config (rope_theta, rms_norm_eps, head_dim, the sizes, ...), a tensor whose
+// decoder's config (its ConfigProto: rope_theta, rms_norm_eps, head_dim, the sizes, ...), a tensor whose
 // bytes fail the checksum its file stores (files written here carry one), NaN or infinite
 // values in the rows to load. Errors name the tensor (both shapes, both values, the config
 // field that probably differs) and what to do.
@@ -60,11 +61,6 @@ struct HfLoadOptions {
 // holds what it loads, not the file (the checksum still reads every byte of each tensor).
 absl::Status LoadHfWeights(const std::string& dir, TrainableModel& model,
                            const HfLoadOptions& options = {});
-
-// DecoderConfigFromHfConfig(dir/config.json), BuildDecoder, then LoadHfWeights: the model on
-// the CPU, in fp32, with the checkpoint's weights.
-absl::StatusOr<std::shared_ptr<DecoderLM>> LoadHfDecoder(const std::string& dir,
-                                                         const HfLoadOptions& options = {});
 
 }  // namespace cpptrain
 

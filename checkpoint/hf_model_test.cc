@@ -22,6 +22,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "checkpoint/files.h"
+#include "checkpoint/hf_decoder_testing.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/test_dirs.h"
 #include "gmock/gmock.h"
@@ -92,7 +93,7 @@ void ExpectUnchanged(DecoderLM& model, const std::map<std::string, at::Tensor>& 
 
 TEST(HfModelTest, Qwen3TiedSingleFileGivesTransformersLogits) {
   const std::string dir = TestdataPath("hf_qwen3_tiny");
-  auto model = LoadHfDecoder(dir);
+  auto model = LoadHfDecoderForTest(dir);
   ASSERT_TRUE(model.ok()) << model.status();
   const proto::DecoderConfig& config = (*model)->config();
   EXPECT_EQ(config.vocab_size(), 64);
@@ -109,7 +110,7 @@ TEST(HfModelTest, Qwen3TiedSingleFileGivesTransformersLogits) {
 TEST(HfModelTest, LlamaShardedBf16FilesGiveTransformersLogits) {
   const std::string dir = TestdataPath("hf_llama_tiny");
   ASSERT_TRUE(std::filesystem::exists(dir + "/model.safetensors.index.json"));
-  auto model = LoadHfDecoder(dir);
+  auto model = LoadHfDecoderForTest(dir);
   ASSERT_TRUE(model.ok()) << model.status();
   const proto::DecoderConfig& config = (*model)->config();
   EXPECT_FALSE(config.qk_norm());
@@ -133,7 +134,7 @@ TEST(HfModelTest, LlamaShardedBf16FilesGiveTransformersLogits) {
 // same weights with the default embedding give logits further away than that).
 void ExpectScaledRopeLogits(const std::string& name, const std::string& rope_type) {
   const std::string dir = TestdataPath(name);
-  auto model = LoadHfDecoder(dir);
+  auto model = LoadHfDecoderForTest(dir);
   ASSERT_TRUE(model.ok()) << model.status();
   const proto::DecoderConfig& config = (*model)->config();
   EXPECT_EQ(config.rope_scaling().rope_type(), rope_type);
@@ -173,7 +174,7 @@ TEST(HfModelTest, LinearRopeScalingGivesTransformersLogits) {
 TEST(HfModelTest, DynamicRopeScalingGivesTransformersLogits) {
   ExpectScaledRopeLogits("hf_rope_dynamic_tiny", "dynamic");
   // Within max_position_embeddings (16) dynamic is the default embedding.
-  auto model = LoadHfDecoder(TestdataPath("hf_rope_dynamic_tiny"));
+  auto model = LoadHfDecoderForTest(TestdataPath("hf_rope_dynamic_tiny"));
   ASSERT_TRUE(model.ok()) << model.status();
   proto::DecoderConfig unscaled = (*model)->config();
   unscaled.clear_rope_scaling();
@@ -615,7 +616,7 @@ void ExportAndReload(const proto::DecoderConfig& config, const std::string& dir)
                                {{"input_ids", input_ids}, {"logits", logits}}, {{"format", "pt"}})
                   .ok());
 
-  auto loaded = LoadHfDecoder(dir);
+  auto loaded = LoadHfDecoderForTest(dir);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   ExpectEquivalent((*loaded)->config(), config);
   EXPECT_EQ((*loaded)->named_parameters().size(), weights.size());

@@ -118,6 +118,16 @@ absl::StatusOr<JobModel> BuildJobModel(const proto::TrainJob& job) {
   return out;
 }
 
+absl::StatusOr<std::shared_ptr<DecoderLM>> LoadHfDecoder(const std::string& dir,
+                                                         const HfLoadOptions& options) {
+  CT_ASSIGN_OR_RETURN(proto::DecoderConfig config,
+                      DecoderConfigFromHfConfig(absl::StrCat(dir, "/config.json")));
+  CT_ASSIGN_OR_RETURN(std::shared_ptr<DecoderLM> model,
+                      BuildDecoder(config, {DecoderInit::Mode::kDeferred, 0}));
+  CT_RETURN_IF_ERROR(LoadHfWeights(dir, *model, options));
+  return model;
+}
+
 absl::StatusOr<std::shared_ptr<DecoderLM>> LoadDecoderDir(const std::string& dir) {
   if (!std::filesystem::exists(std::filesystem::path(dir) / "manifest.pb")) {
     return LoadHfDecoder(dir);

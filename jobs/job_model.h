@@ -19,6 +19,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "checkpoint/hf_model.h"
 #include "engines/engine.h"
 #include "models/decoder.h"
 #include "proto/job.pb.h"
@@ -45,6 +46,13 @@ absl::StatusOr<JobModel> BuildJobModel(const proto::TrainJob& job);
 // decoder config, and its weights whether saved full or sharded, at any world size) or a
 // Hugging Face model directory (config.json and safetensors weights).
 absl::StatusOr<std::shared_ptr<DecoderLM>> LoadDecoderDir(const std::string& dir);
+
+// A Hugging Face model directory as the reference decoder: DecoderConfigFromHfConfig
+// (dir/config.json), BuildDecoder deferred (each tensor allocated once, as it is read), then
+// LoadHfWeights. On the CPU, in fp32.
+//   CT_ASSIGN_OR_RETURN(std::shared_ptr<DecoderLM> model, LoadHfDecoder("/models/Qwen3-0.6B"));
+absl::StatusOr<std::shared_ptr<DecoderLM>> LoadHfDecoder(const std::string& dir,
+                                                         const HfLoadOptions& options = {});
 
 }  // namespace cpptrain
 

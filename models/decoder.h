@@ -132,6 +132,7 @@ class DecoderLM : public TrainableModel {
   // The DecoderConfig as JSON with its proto field names (Hugging Face's config.json names;
   // protobuf's JSON mapping, which quotes 64-bit integers), fields that are set only.
   std::string ConfigJson() const override;
+  const google::protobuf::Message* ConfigProto() const override { return &config_; }
   const std::vector<std::shared_ptr<DecoderLayer>>& layers() const { return layers_; }
 
  private:

@@ -17,6 +17,10 @@
 #include "module/batch.h"
 #include "module/unit.h"
 
+namespace google::protobuf {
+class Message;
+}  // namespace google::protobuf
+
 namespace cpptrain {
 
 // A model is the root unit: parameters not in a wrapped child unit belong to it.
@@ -62,6 +66,11 @@ class TrainableModel : public Unit {
   // The model's configuration as one JSON object, for dashboards (TensorBoard's model_config
   // text, as Hugging Face writes model.config there); "" when the model has none to show.
   virtual std::string ConfigJson() const { return ""; }
+
+  // The message that describes the model's architecture (DecoderLM: its proto::DecoderConfig),
+  // or nullptr. Checkpoints record and compare it, and write Hugging Face's config.json from a
+  // DecoderConfig, without knowing the model's class.
+  virtual const google::protobuf::Message* ConfigProto() const { return nullptr; }
 
   // Recompute each layer's activations in backward instead of keeping them.
   virtual void SetGradientCheckpointing(bool enabled) { (void)enabled; }

@@ -11,8 +11,8 @@
 #include "absl/strings/str_cat.h"
 #include "base/logging.h"
 #include "base/status.h"
-#include "checkpoint/hf_model.h"
 #include "checkpoint/safetensors.h"
+#include "jobs/job_model.h"
 #include "models/configs.h"
 
 namespace cpptrain {

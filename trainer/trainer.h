@@ -157,6 +157,12 @@ class Trainer {
   virtual absl::StatusOr<std::unique_ptr<LrSchedule>> CreateScheduler(int64_t total_steps);
   // Adds epoch and step, appends to the history and calls the callbacks.
   virtual void Log(Metrics logs);
+  // Writes the model's configuration files into a checkpoint or save_model directory `dir`
+  // (rank 0 only, beside the weights). The default writes Hugging Face's config.json and
+  // generation_config.json when the model's ConfigProto is a DecoderConfig, so
+  // from_pretrained loads the directory, and nothing for other models: override it to write
+  // your model's own.
+  virtual absl::Status WriteModelConfig(const std::string& dir);
 
   // args, state, control, the model and (once created) the engine's optimizer.
   CallbackContext Context();

@@ -22,12 +22,11 @@
 #include "base/torch_status.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/files.h"
-#include "checkpoint/hf_model.h"
+#include "checkpoint/hf_config.h"
 #include "checkpoint/manifest.h"
 #include "checkpoint/safetensors.h"
 #include "config/training_args.h"
 #include "engines/engine.h"
-#include "models/decoder.h"
 #include "proto/checkpoint.pb.h"
 #include "sharding/all_ranks_ok.h"
 #include "sharding/fully_shard.h"
@@ -312,9 +311,7 @@ absl::Status Trainer::FinishCheckpoint(const std::string& name, const std::strin
       WriteFileAtomically((temp_dir / "training_args.textproto").string(), args_text));
   // With the full model, the directory is also a Hugging Face model directory
   // (from_pretrained reads config.json and model.safetensors).
-  if (const auto* decoder = dynamic_cast<const DecoderLM*>(model_.get())) {
-    CT_RETURN_IF_ERROR(WriteHfModelConfigs(decoder->config(), temp_dir.string()));
-  }
+  CT_RETURN_IF_ERROR(WriteModelConfig(temp_dir.string()));
   CT_RETURN_IF_ERROR(WriteFileAtomically((temp_dir / "trainer_state.json").string(),
                                          TrainerStateJson(state_, best_model_checkpoint_)));
   // Last: its presence marks a finished checkpoint.
@@ -576,14 +573,15 @@ absl::Status Trainer::SaveModel(const std::string& output_dir) {
     std::string args_text;
     google::protobuf::TextFormat::PrintToString(args_, &args_text);
     written = WriteFileAtomically((dir / "training_args.textproto").string(), args_text);
-    if (const auto* decoder = dynamic_cast<const DecoderLM*>(model_.get());
-        written.ok() && decoder) {
-      written = WriteHfModelConfigs(decoder->config(), dir.string());
-    }
+    if (written.ok()) written = WriteModelConfig(dir.string());
   }
   CT_RETURN_IF_ERROR(AllRanksOk(written));
   CT_LOG_RANK0(INFO) << "saved the model to " << dir.string();
   return absl::OkStatus();
+}
+
+absl::Status Trainer::WriteModelConfig(const std::string& dir) {
+  return WriteHfModelConfigsFor(model_->ConfigProto(), dir);
 }
 
 absl::Status Trainer::PrepareOutputDir() {

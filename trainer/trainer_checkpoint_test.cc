@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/hf_decoder_testing.h"
 #include "checkpoint/hf_model.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/test_dirs.h"
@@ -63,7 +64,7 @@ TEST(TrainerCheckpointTest, ResumedRunIsBitwiseEqualToUninterrupted) {
   ASSERT_TRUE(fs::exists(whole_dir + "/checkpoint-3/model.safetensors"));
   ASSERT_TRUE(fs::exists(whole_dir + "/checkpoint-6/manifest.pb"));
   // A Hugging Face model directory too: config.json beside model.safetensors.
-  auto exported = LoadHfDecoder(whole_dir + "/checkpoint-6");
+  auto exported = LoadHfDecoderForTest(whole_dir + "/checkpoint-6");
   ASSERT_TRUE(exported.ok()) << exported.status();
 
   // "Interrupted" after step 3: a new process, another initialization, resumed from there.

@@ -14,10 +14,10 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "checkpoint/hf_model.h"
 #include "checkpoint/safetensors.h"
 #include "generation/generate.h"
 #include "generation/sampling.h"
+#include "jobs/job_model.h"
 
 namespace cpptrain {
 namespace {

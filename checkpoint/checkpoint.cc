@@ -1,6 +1,9 @@
 #include "checkpoint/checkpoint.h"
 
-#include <torch/torch.h>
+#include <torch/optim/optimizer.h>
+#include <torch/ordered_dict.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <algorithm>
 #include <cerrno>

@@ -4,10 +4,11 @@
 // verification before anything opens them, and a FIFO never blocks either. Each FIFO case runs
 // under a timeout: a reader blocked on the FIFO is let go (the FIFO opened for writing) and the
 // test fails, instead of hanging.
+#include <ATen/core/Tensor.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
-#include <torch/torch.h>
+#include <torch/utils.h>
 
 #include <filesystem>
 #include <functional>

@@ -2,8 +2,10 @@
 
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
+#include <torch/optim/optimizer.h>
 #include <torch/optim/sgd.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include "absl/strings/str_cat.h"
 #include "base/status.h"

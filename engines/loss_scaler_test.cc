@@ -1,7 +1,7 @@
 #include "engines/loss_scaler.h"
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <limits>
 

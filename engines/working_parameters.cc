@@ -1,6 +1,7 @@
 #include "engines/working_parameters.h"
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <algorithm>
 #include <utility>

@@ -6,7 +6,8 @@
 
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/variable.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 namespace cpptrain {
 namespace {

@@ -1,6 +1,6 @@
 #include "kernels/cpu_adamw_agreement.h"
 
-#include <torch/torch.h>
+#include <torch/types.h>
 #include <torch/version.h>
 
 #include <cmath>

@@ -1,7 +1,9 @@
 #include "kernels/cpu_adamw.h"
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/optim/adamw.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 #include <torch/version.h>
 
 #include <cmath>

@@ -4,7 +4,6 @@
 #include <string>
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
 
 namespace cpptrain {
 namespace {

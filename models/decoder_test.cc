@@ -10,7 +10,11 @@
 #include <vector>
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/cuda.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/nn/utils/convert_parameters.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include "base/torch_compat.h"
 #include "models/configs.h"

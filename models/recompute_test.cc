@@ -1,7 +1,8 @@
 #include "models/recompute.h"
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include "base/torch_compat.h"
 

@@ -1,6 +1,6 @@
 #include "sharding/all_ranks_ok.h"
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <algorithm>
 

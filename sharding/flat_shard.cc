@@ -1,6 +1,7 @@
 #include "sharding/flat_shard.h"
 
-#include <torch/torch.h>
+#include <ATen/ATen.h>
+#include <torch/utils.h>
 
 #include <algorithm>
 #include <utility>

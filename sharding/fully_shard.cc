@@ -1,6 +1,7 @@
 #include "sharding/fully_shard.h"
 
-#include <torch/torch.h>
+#include <ATen/ATen.h>
+#include <torch/utils.h>
 
 #include <utility>
 

@@ -1,8 +1,11 @@
 #include "sharding/sharding_core.h"
 
+#include <ATen/core/ivalue.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/csrc/autograd/custom_function.h>
-#include <torch/torch.h>
+#include <torch/nn/module.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <algorithm>
 #include <unordered_map>

@@ -1,7 +1,8 @@
 #include "tools/bench_init_dir.h"
 
 #include <ATen/ATen.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <filesystem>
 #include <system_error>

@@ -30,7 +30,7 @@
 // before clipping), param_checksum (the sum of squares of the trained parameters, fp64) and
 // tokens_fingerprint. --inject_fault breaks one of those on purpose, for testing the check.
 #include <sys/resource.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <algorithm>
 #include <chrono>

@@ -1,7 +1,8 @@
 #include "tools/bench_verification.h"
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <ATen/CPUGeneratorImpl.h>
 

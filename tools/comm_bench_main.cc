@@ -17,7 +17,8 @@
 #include <string>
 #include <vector>
 
-#include <torch/torch.h>
+#include <ATen/ATen.h>
+#include <torch/cuda.h>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"

@@ -10,7 +10,9 @@
 // writes the bf16 copy of the parameters in the kernel's pass (ZeRO-Offload's path; 2 bytes more
 // per element, counted in its GB/s).
 // Prints a table and one JSON line per row.
-#include <torch/torch.h>
+#include <torch/optim/adamw.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <chrono>
 #include <cstdio>

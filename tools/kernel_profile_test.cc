@@ -1,7 +1,8 @@
 #include "tools/kernel_profile.h"
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/cuda.h>
+#include <torch/types.h>
 
 namespace cpptrain {
 namespace {

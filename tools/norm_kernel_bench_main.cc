@@ -13,7 +13,10 @@
 // ||a - b|| / ||b||, after the outputs were poisoned with NaN (an unwritten element shows).
 // Exits 1 when an error exceeds 1e-2 (bf16). Prints a table and one JSON line per case; in a
 // build without the CUDA kernels or on a machine without a GPU it prints SKIPPED and exits 0.
-#include <torch/torch.h>
+#include <torch/autograd.h>
+#include <torch/cuda.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <algorithm>
 #include <cmath>

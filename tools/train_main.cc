@@ -11,8 +11,6 @@
 // Under `accelerate launch` the ACCELERATE_* and FSDP_* variables it sets are read the same way
 // as --accelerate_config's YAML (tools/accelerate_job.h; docs/ACCELERATE.md lists every key);
 // precedence: the job file, then Accelerate's settings, then --set.
-#include <torch/torch.h>
-
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
@@ -22,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include <torch/torch.h>
+#include <torch/utils.h>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"

@@ -9,7 +9,8 @@
 #include <vector>
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/cuda.h>
+#include <torch/types.h>
 
 #include "base/cuda_graph.h"
 #include "base/status.h"

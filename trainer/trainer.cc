@@ -10,7 +10,10 @@
 #include <utility>
 #include <vector>
 
-#include <torch/torch.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/optim/optimizer.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"

@@ -3,7 +3,7 @@
 // save_total_limit keeping the best, and read back by resume_from_checkpoint.
 #include <ATen/CPUGeneratorImpl.h>
 #include <google/protobuf/text_format.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <algorithm>
 #include <csignal>

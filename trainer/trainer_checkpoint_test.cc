@@ -4,7 +4,7 @@
 // load_best_model_at_end restores the best one.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
-#include <torch/torch.h>
+#include <torch/utils.h>
 
 #include <cstdlib>
 #include <cstring>

@@ -1,7 +1,8 @@
 // Trainer::Evaluate and Trainer::Predict: forward passes under no-grad over a dataset, with
 // the loss summed over all counted targets (so the result does not depend on batch size).
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <algorithm>
 

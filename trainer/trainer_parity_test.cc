@@ -1,7 +1,11 @@
 // Hugging Face Trainer API parity (docs/HF_PARITY.md): each test fails without its feature.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/optimizer.h>
+#include <torch/optim/sgd.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <atomic>
 #include <cmath>

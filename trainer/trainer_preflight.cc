@@ -13,7 +13,7 @@
 #include <unordered_set>
 #include <vector>
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"

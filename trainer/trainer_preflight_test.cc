@@ -4,9 +4,9 @@
 #include <functional>
 #include <string>
 
+#include <c10/core/Device.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <torch/torch.h>
 
 #include "engines/ddp/ddp_engine.h"
 #include "sharding/store_communicator.h"

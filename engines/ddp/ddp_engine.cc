@@ -4,7 +4,9 @@
 #include <mutex>
 #include <utility>
 
-#include <torch/torch.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"

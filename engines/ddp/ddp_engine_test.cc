@@ -6,7 +6,10 @@
 
 #include <gtest/gtest.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-#include <torch/torch.h>
+#include <torch/optim/optimizer.h>
+#include <torch/optim/sgd.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include "base/status.h"
 #include "engines/testing/engine_testing.h"

@@ -1,6 +1,6 @@
 #include "engines/fsdp/fsdp1_engine.h"
 
-#include <torch/torch.h>
+#include <c10/core/Device.h>
 
 #include <utility>
 

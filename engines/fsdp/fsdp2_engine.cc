@@ -1,6 +1,7 @@
 #include "engines/fsdp/fsdp2_engine.h"
 
-#include <torch/torch.h>
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
 
 #include <utility>
 #include <vector>

@@ -3,9 +3,9 @@
 // gives each layer its own group, like the project's "DecoderLayer"; a made-up class name
 // ends PrepareForInference with an error listing the classes that exist (before: one group,
 // the whole model, and no word of it).
+#include <c10/core/Device.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <torch/torch.h>
 
 #include "base/status.h"
 #include "engines/fsdp/fsdp1_engine.h"

@@ -1,6 +1,6 @@
 #include "engines/fsdp/sharded_engine.h"
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <cmath>
 #include <utility>

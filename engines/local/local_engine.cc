@@ -6,7 +6,9 @@
 #include <utility>
 #include <vector>
 
-#include <torch/torch.h>
+#include <torch/cuda.h>
+#include <torch/optim/optimizer.h>
+#include <torch/types.h>
 
 #include "absl/strings/str_cat.h"
 #include "base/logging.h"

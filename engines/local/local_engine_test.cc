@@ -4,7 +4,8 @@
 #include "engines/local/local_engine.h"
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/optim/optimizer.h>
+#include <torch/types.h>
 
 #include <cmath>
 #include <map>

@@ -1,6 +1,9 @@
 #include "engines/testing/engine_testing.h"
 
-#include <torch/torch.h>
+#include <torch/optim/optimizer.h>
+#include <torch/optim/sgd.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <cmath>
 #include <memory>

@@ -1,6 +1,7 @@
 #include "engines/zero/host_copies.h"
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <utility>
 

@@ -1,6 +1,7 @@
 #include "engines/zero/zero3_engine.h"
 
-#include <torch/torch.h>
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
 
 #include <utility>
 

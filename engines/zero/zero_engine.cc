@@ -1,6 +1,9 @@
 #include "engines/zero/zero_engine.h"
 
-#include <torch/torch.h>
+#include <torch/cuda.h>
+#include <torch/optim/optimizer.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <chrono>
 #include <cmath>

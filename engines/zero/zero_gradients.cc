@@ -1,6 +1,7 @@
 #include "engines/zero/zero_gradients.h"
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <algorithm>
 #include <utility>

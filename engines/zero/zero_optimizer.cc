@@ -1,6 +1,8 @@
 #include "engines/zero/zero_optimizer.h"
 
-#include <torch/torch.h>
+#include <torch/optim/optimizer.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <utility>
 

@@ -7,7 +7,8 @@
 #ifndef CPPTRAIN_MODULE_TESTING_TIED_BLOCKS_H_
 #define CPPTRAIN_MODULE_TESTING_TIED_BLOCKS_H_
 
-#include <torch/torch.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/types.h>
 
 #include <memory>
 #include <string>

@@ -4,7 +4,7 @@
 // Rank 0 prints "LOSS <step> <loss>" (to full double precision) for every step this run
 // trained, which the scripts compare across legs run on different engines, world sizes and
 // nodes (checkpoint_test.sh, multinode_test.sh).
-#include <torch/torch.h>
+#include <torch/utils.h>
 
 #include <csignal>
 #include <iomanip>

@@ -2,7 +2,8 @@
 // against a formula, for fp32, bf16, fp16 and int64 and chunk sizes that no world size
 // divides evenly. --device=cpu uses Gloo, --device=cuda NCCL (one GPU per process), so both
 // backends pass the same checks. Exits 0 and prints "N checks passed" when all hold.
-#include <torch/torch.h>
+#include <ATen/ATen.h>
+#include <torch/cuda.h>
 
 #include <chrono>
 #include <cstdio>

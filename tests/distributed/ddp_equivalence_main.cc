@@ -9,7 +9,8 @@
 // With --unused, the model carries a parameter the loss never touches: with
 // find_unused_parameters off, Train() must fail with an error naming it (exit status 3); with
 // --find_unused, training must succeed.
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <cmath>
 #include <cstdlib>

@@ -15,7 +15,7 @@
 #include <chrono>
 #include <string>
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"

@@ -1,6 +1,8 @@
 #include "tests/distributed/equivalence_variant.h"
 
-#include <torch/torch.h>
+#include <torch/nn/module.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/match.h"

@@ -16,7 +16,7 @@
 // --forward_prefetch, --checkpointing, --offload, --sync_each_batch, --wrap=none|size, and
 // those of equivalence_variant.h (AdamW, frozen parameters, uneven batches).
 // Prints EQUIVALENT and exits 0 when every check passes.
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <cmath>
 #include <cstdlib>

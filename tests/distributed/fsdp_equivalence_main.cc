@@ -17,7 +17,7 @@
 // equivalence_variant.h (AdamW, frozen parameters, uneven batches, CPU on a CUDA host).
 // With --uneven predictions cannot be gathered (no even batches): losses only.
 // Prints EQUIVALENT and exits 0 when every check passes.
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <cmath>
 #include <cstdlib>

@@ -12,7 +12,7 @@
 // --persistence (stage3_param_persistence_threshold: 0 wraps every layer), --no_prefetch
 // (stage3_prefetch_bucket_size 0), and those of equivalence_variant.h (AdamW, frozen, uneven).
 // Prints EQUIVALENT and exits 0 when every check passes.
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <cmath>
 #include <cstdlib>

@@ -5,7 +5,8 @@
 #include "sharding/fully_shard.h"
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include "base/status.h"
 #include "base/torch_status.h"

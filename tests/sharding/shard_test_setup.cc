@@ -1,6 +1,6 @@
 #include "tests/sharding/shard_test_setup.h"
 
-#include <torch/torch.h>
+#include <torch/utils.h>
 
 #include <utility>
 

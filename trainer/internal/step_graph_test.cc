@@ -6,7 +6,8 @@
 #include <vector>
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/cuda.h>
+#include <torch/types.h>
 
 namespace cpptrain {
 namespace trainer_internal {

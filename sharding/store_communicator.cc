@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <exception>
+#include <map>
 #include <utility>
 
 #include <ATen/ATen.h>
@@ -34,6 +35,10 @@
 // Rank 0 ends each collective last, after every peer's last store request for it: rank 0 is
 // where ConnectStore hosts the TCPStore, so it may exit right after its last collective
 // without cutting a peer off mid-collective.
+// A value longer than max_value_bytes is written as pieces: "<key>/p1", "<key>/p2", ... first,
+// then "<key>" holding the first piece, so a reader that sees "<key>" finds every piece; the
+// reader knows the length it expects, so the number of pieces. Whoever deletes "<key>" deletes
+// its pieces too.
 // A rank that waits for a key never written (a peer died, or called another collective) gives
 // up at the deadline and names the ranks whose keys are missing. Each value ends with the
 // collective's name, so ranks that issue different collectives under one number get an error
@@ -77,7 +82,8 @@ std::string StripTag(Bytes& value) {
 class Round {
  public:
   Round(c10d::Store& store, const std::string& communicator_prefix, const char* op,
-        int64_t sequence, int rank, int size, std::chrono::milliseconds timeout)
+        int64_t sequence, int rank, int size, std::chrono::milliseconds timeout,
+        int64_t max_value_bytes)
       : store_(store),
         prefix_(absl::StrCat(communicator_prefix, sequence, "/")),
         op_(op),
@@ -85,6 +91,7 @@ class Round {
         rank_(rank),
         size_(size),
         timeout_(timeout),
+        max_value_bytes_(max_value_bytes),
         deadline_(Clock::now() + timeout) {}
 
   int rank() const { return rank_; }
@@ -95,7 +102,15 @@ class Round {
 
   absl::Status Put(const std::string& key, Bytes value) {
     AppendTag(op_, value);
-    return Guard("writing", [&] { store_.set(key, value); });
+    const int64_t pieces = Pieces(static_cast<int64_t>(value.size()));
+    pieces_[key] = pieces;
+    for (int64_t i = pieces - 1; i >= 0; --i) {  // "<key>" last: readers wait for it
+      const auto begin = value.begin() + i * max_value_bytes_;
+      const auto end = i + 1 == pieces ? value.end() : begin + max_value_bytes_;
+      CT_RETURN_IF_ERROR(
+          Guard("writing", [&] { store_.set(PieceKey(key, i), Bytes(begin, end)); }));
+    }
+    return absl::OkStatus();
   }
 
   // Waits until the deadline for `keys` (written by `senders`, in the same order), then reads
@@ -106,8 +121,16 @@ class Round {
     const char* never = op_ == absl::string_view(kJoin) ? kNeverJoined : kNeverContributed;
     CT_RETURN_IF_ERROR(WaitFor(keys, senders, never));
     std::vector<Bytes> values(keys.size());
+    const int64_t pieces = Pieces(bytes + static_cast<int64_t>(std::strlen(op_)) + 1);  // + tag
     for (size_t i = 0; i < keys.size(); ++i) {
-      CT_RETURN_IF_ERROR(Guard("reading", [&] { values[i] = store_.get(keys[i]); }));
+      pieces_[keys[i]] = pieces;
+      for (int64_t p = 0; p < pieces; ++p) {
+        Bytes piece;
+        CT_RETURN_IF_ERROR(Guard("reading", [&] { piece = store_.get(PieceKey(keys[i], p)); }));
+        values[i].insert(values[i].end(), piece.begin(), piece.end());
+        // A shorter first piece: the sender wrote less than expected (CheckValue says so).
+        if (static_cast<int64_t>(piece.size()) < max_value_bytes_) break;
+      }
       CT_RETURN_IF_ERROR(CheckValue(values[i], senders[i], bytes));
     }
     return values;
@@ -132,7 +155,11 @@ class Round {
 
   absl::Status Delete(const std::vector<std::string>& keys) {
     return Guard("deleting keys", [&] {
-      for (const std::string& key : keys) store_.deleteKey(key);
+      for (const std::string& key : keys) {
+        const auto known = pieces_.find(key);
+        const int64_t pieces = known == pieces_.end() ? 1 : known->second;
+        for (int64_t p = 0; p < pieces; ++p) store_.deleteKey(PieceKey(key, p));
+      }
     });
   }
 
@@ -148,6 +175,14 @@ class Round {
       "same order)";
 
   std::string LeftKey(int rank) const { return absl::StrCat(prefix_, "left", rank); }
+
+  // How many pieces a value of `bytes` bytes (tag included) is stored in.
+  int64_t Pieces(int64_t bytes) const {
+    return std::max<int64_t>(1, (bytes + max_value_bytes_ - 1) / max_value_bytes_);
+  }
+  static std::string PieceKey(const std::string& key, int64_t piece) {
+    return piece == 0 ? key : absl::StrCat(key, "/p", piece);
+  }
 
   // "rank 1 of 2: store all-reduce #12"
   std::string Where() const {
@@ -224,7 +259,9 @@ class Round {
   int rank_;
   int size_;
   std::chrono::milliseconds timeout_;
+  int64_t max_value_bytes_;
   Clock::time_point deadline_;
+  std::map<std::string, int64_t> pieces_;  // of each key written or read, for Delete
 };
 
 }  // namespace store_internal
@@ -445,9 +482,15 @@ absl::Status ReduceScatterTensors(Round& round, const std::vector<at::Tensor>& i
 // ---- StoreCommunicator ---------------------------------------------------------------------
 
 absl::StatusOr<std::unique_ptr<StoreCommunicator>> StoreCommunicator::Create(
-    c10::intrusive_ptr<c10d::Store> store, int rank, int size, std::chrono::milliseconds timeout) {
+    c10::intrusive_ptr<c10d::Store> store, int rank, int size, std::chrono::milliseconds timeout,
+    int64_t max_value_bytes) {
   CT_RETURN_IF_ERROR(
       sharding_internal::CheckCreateArguments("StoreCommunicator", store, rank, size, timeout));
+  if (max_value_bytes < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "StoreCommunicator::Create: max_value_bytes is ", max_value_bytes,
+        "; it must be at least 1 (the default, ", kDefaultMaxValueBytes, ", suits TCPStore)"));
+  }
   absl::StatusOr<int64_t> generation = CatchTorch(
       [&] { return store->add(absl::StrCat(store_internal::kKeyRoot, "/created/rank", rank), 1); });
   if (!generation.ok()) {
@@ -457,7 +500,7 @@ absl::StatusOr<std::unique_ptr<StoreCommunicator>> StoreCommunicator::Create(
   }
   std::unique_ptr<StoreCommunicator> comm(new StoreCommunicator(
       std::move(store), absl::StrCat(store_internal::kKeyRoot, "/", *generation, "/"), rank, size,
-      timeout));
+      timeout, max_value_bytes));
   absl::Status joined = comm->Join();
   if (!joined.ok()) {
     return absl::Status(joined.code(),
@@ -469,12 +512,14 @@ absl::StatusOr<std::unique_ptr<StoreCommunicator>> StoreCommunicator::Create(
 }
 
 StoreCommunicator::StoreCommunicator(c10::intrusive_ptr<c10d::Store> store, std::string key_prefix,
-                                     int rank, int size, std::chrono::milliseconds timeout)
+                                     int rank, int size, std::chrono::milliseconds timeout,
+                                     int64_t max_value_bytes)
     : store_(std::move(store)),
       key_prefix_(std::move(key_prefix)),
       rank_(rank),
       size_(size),
-      timeout_(timeout) {}
+      timeout_(timeout),
+      max_value_bytes_(max_value_bytes) {}
 
 absl::Status StoreCommunicator::Run(const char* op,
                                     const std::function<absl::Status(Round&)>& body) {
@@ -486,7 +531,8 @@ absl::Status StoreCommunicator::Run(const char* op,
         "agree on what comes next; create a new communicator. The failure: ",
         failure_.message()));
   }
-  Round round(*store_, key_prefix_, op, next_sequence_++, rank_, size_, timeout_);
+  Round round(*store_, key_prefix_, op, next_sequence_++, rank_, size_, timeout_,
+              max_value_bytes_);
   absl::Status status = body(round);
   if (!status.ok()) failure_ = status;
   return status;

@@ -9,6 +9,10 @@
 // has no Gloo, or in any build when the environment says CPPTRAIN_CPU_COMM=store
 // (CPPTRAIN_CPU_COMM=gloo insists on Gloo; unset picks Gloo where it exists).
 //
+// A value longer than Create's max_value_bytes (default 4 MiB) is stored in pieces of at most
+// that size: LibTorch 2.x's TCPStore server (libuv) closes the connection of a client that sends
+// a value over 8 MiB, which a 16 MiB embedding all-gather did on the GPU host.
+//
 // Rank 0 of the communicator ends each collective last, once every peer has made its last store
 // request for it, so the process hosting the TCPStore (rank 0 under ConnectStore) may exit
 // right after its last collective. A group that does not contain that process (a mesh's other
@@ -59,7 +63,10 @@ class StoreCommunicator : public Communicator {
   // keys, provided every rank creates them in the same order). Blocks until every rank of the
   // group has called Create, at most `timeout`, which also bounds each later collective.
   static absl::StatusOr<std::unique_ptr<StoreCommunicator>> Create(
-      c10::intrusive_ptr<c10d::Store> store, int rank, int size, std::chrono::milliseconds timeout);
+      c10::intrusive_ptr<c10d::Store> store, int rank, int size, std::chrono::milliseconds timeout,
+      int64_t max_value_bytes = kDefaultMaxValueBytes);
+
+  static constexpr int64_t kDefaultMaxValueBytes = int64_t{4} << 20;
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -89,7 +96,7 @@ class StoreCommunicator : public Communicator {
 
  private:
   StoreCommunicator(c10::intrusive_ptr<c10d::Store> store, std::string key_prefix, int rank,
-                    int size, std::chrono::milliseconds timeout);
+                    int size, std::chrono::milliseconds timeout, int64_t max_value_bytes);
 
   // Runs `body` as the next collective, named `op` in errors: gives it the next sequence
   // number, and marks the communicator failed when `body` fails.
@@ -102,6 +109,7 @@ class StoreCommunicator : public Communicator {
   int rank_;
   int size_;
   std::chrono::milliseconds timeout_;
+  int64_t max_value_bytes_;  // longer values go in pieces
 
   std::mutex mu_;  // Serializes collectives: their numbers must follow the issue order.
   int64_t next_sequence_ = 0;

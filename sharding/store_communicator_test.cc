@@ -51,8 +51,20 @@ conformance::CommunicatorUnderTest Store() {
   return store;
 }
 
-INSTANTIATE_TEST_SUITE_P(Store, CommunicatorConformanceTest, ::testing::Values(Store()),
-                         conformance::TestName);
+// The whole suite again with every value over 16 bytes stored in pieces (the default cut is
+// 4 MiB, for TCPStore's 8 MiB limit): every collective's data crosses several keys.
+conformance::CommunicatorUnderTest StoreInPieces() {
+  conformance::CommunicatorUnderTest store = Store();
+  store.name = "StoreInPieces";
+  store.create = [](StorePtr s, int rank, int size, std::chrono::milliseconds timeout)
+      -> absl::StatusOr<std::unique_ptr<Communicator>> {
+    return StoreCommunicator::Create(std::move(s), rank, size, timeout, /*max_value_bytes=*/16);
+  };
+  return store;
+}
+
+INSTANTIATE_TEST_SUITE_P(Store, CommunicatorConformanceTest,
+                         ::testing::Values(Store(), StoreInPieces()), conformance::TestName);
 
 class StoreKeysTest : public ::testing::TestWithParam<int> {};
 
@@ -93,6 +105,56 @@ TEST_P(StoreKeysTest, ManyCollectivesLeaveNoKeysBehind) {
   const int64_t counters = world;  // "store_comm/created/rank<r>"
   EXPECT_LE(most_keys.load(), counters + world - 1);
   EXPECT_EQ(shared->getNumKeys(), counters);
+}
+
+// A HashStore that remembers the longest value it was given.
+class LongestValueStore : public c10d::HashStore {
+ public:
+  void set(const std::string& key, const std::vector<uint8_t>& value) override {
+    longest = std::max<int64_t>(longest, static_cast<int64_t>(value.size()));
+    c10d::HashStore::set(key, value);
+  }
+  std::atomic<int64_t> longest{0};
+};
+
+// Values in 8-byte pieces: the store never holds a longer value, every collective's pieces are
+// gone once it returns (only each rank's creation counter is left), and a max_value_bytes
+// below 1 is refused.
+TEST_P(StoreKeysTest, PiecesLeaveNoKeysBehind) {
+  const int world = GetParam();
+  auto shared = c10::make_intrusive<LongestValueStore>();
+  absl::Status s =
+      multi_rank::RunRanksAsThreads(world, [&](int rank, StorePtr) -> absl::Status {
+        CT_ASSIGN_OR_RETURN(auto comm, StoreCommunicator::Create(shared, rank, world, kTimeout,
+                                                                 /*max_value_bytes=*/8));
+        Expectations expect(rank);
+        for (int step = 0; step < 5; ++step) {
+          at::Tensor t = at::full({7}, rank + step * 1.0);
+          expect.Done(comm->AllReduce(t, ReduceOp::kMax), "AllReduce");
+          expect.Equal(t, at::full({7}, world - 1.0 + step), absl::StrCat("AllReduce ", step));
+        }
+        at::Tensor in = at::arange(world * 5, at::kFloat);
+        at::Tensor out = at::zeros({5});
+        expect.Done(comm->ReduceScatter(in, out, ReduceOp::kSum), "ReduceScatter");
+        expect.Equal(out, at::arange(rank * 5, rank * 5 + 5, at::kFloat) * world, "ReduceScatter");
+        expect.Done(comm->Scatter(rank == 0 ? in : at::Tensor(), out, 0), "Scatter");
+        expect.Equal(out, at::arange(rank * 5, rank * 5 + 5, at::kFloat), "Scatter");
+        expect.Done(comm->Broadcast(out, world - 1), "Broadcast");
+        expect.Equal(out, at::arange((world - 1) * 5, world * 5, at::kFloat), "Broadcast");
+        at::Tensor full = at::zeros({world * 5});
+        expect.Done(comm->AllGather(out, full), "AllGather");
+        expect.Equal(full, at::arange((world - 1) * 5, world * 5, at::kFloat).repeat({world}),
+                     "AllGather");
+        return expect.status();
+      });
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_LE(shared->longest.load(), 8);
+  EXPECT_EQ(shared->getNumKeys(), world);  // "store_comm/created/rank<r>"
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  absl::StatusOr<std::unique_ptr<StoreCommunicator>> refused =
+      StoreCommunicator::Create(store, 0, 1, kTimeout, /*max_value_bytes=*/0);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("max_value_bytes is 0"));
 }
 
 // Real sockets: every rank its own TCPStore client of one server on 127.0.0.1.

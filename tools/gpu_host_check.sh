@@ -59,8 +59,8 @@ fi
 if [[ "${TESTS:-1}" != 0 && "${SHARED_GPU:-1}" != 0 ]]; then
   for delay in ${SHARED_DELAYS:-0 200}; do
     (cd "$build" && CPPTRAIN_SHARED_GPU=1 CPPTRAIN_STAGED_DELAY_US=$delay \
-      ctest -j "${SHARED_JOBS:-4}" --output-on-failure --timeout 600 -R '^tests_distributed_' ${SHARED_CTEST_ARGS:-} \
-      >"$out/shared_gpu_delay$delay.log" 2>&1)
+      ctest -j "${SHARED_JOBS:-4}" --output-on-failure --timeout 600 -R '^tests_distributed_' \
+        ${SHARED_CTEST_ARGS:-} >"$out/shared_gpu_delay$delay.log" 2>&1)
     echo "shared-GPU suites (delay $delay us) exit $?:" \
       "$(grep -E 'tests passed' "$out/shared_gpu_delay$delay.log" | tail -1)" | tee -a "$summary"
     grep -hE "^variants:|SKIPPED:|FAIL:" "$build"/Testing/Temporary/LastTest.log 2>/dev/null |

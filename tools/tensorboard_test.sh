@@ -10,10 +10,15 @@ config="$2"
 reader="$3"
 out="${TEST_TMPDIR}/tb"
 python="${CPPTRAIN_VENV:-}/bin/python"
+# The system's Python when it has the package (GPU hosts do, and reach no PyPI).
+"$python" -c "import tensorboard" 2>/dev/null || python=python3
 if ! "$python" -c "import tensorboard" 2>/dev/null; then
   python3 -m venv "${TEST_TMPDIR}/venv"
-  "${TEST_TMPDIR}/venv/bin/pip" install -q tensorboard ||
-    { echo "FAIL: cannot install the tensorboard package from PyPI"; exit 1; }
+  if ! "${TEST_TMPDIR}/venv/bin/pip" install -q tensorboard; then
+    python3 -c 'import socket; socket.create_connection(("pypi.org", 443), 5)' 2>/dev/null ||
+      { echo "SKIPPED: tensorboard_test: no tensorboard package here and PyPI cannot be reached"; exit 0; }
+    echo "FAIL: cannot install the tensorboard package from PyPI"; exit 1
+  fi
   python="${TEST_TMPDIR}/venv/bin/python"
 fi
 "$train" --config="$config" --set="args.output_dir=$out" --set=args.max_steps=30 \

@@ -66,7 +66,8 @@ case "${1:-}" in
     mv "$tmp" "$stamp_dir/$2.stamp"
     ;;
   *)
-    echo "usage: tools/verified_stamp.sh fingerprint|matches PHASE, or write PHASE FINGERPRINT LINE" >&2
+    echo "usage: tools/verified_stamp.sh fingerprint|matches PHASE," \
+      "or write PHASE FINGERPRINT LINE" >&2
     exit 2
     ;;
 esac

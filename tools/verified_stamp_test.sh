@@ -16,16 +16,18 @@ echo "# doc" >docs/guide.md
 echo "build/" >.gitignore
 git add -A && git -c user.email=t@t -c user.name=t commit -qm init
 failures=0
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 expect() {  # want (match|differ), what
   local got=differ
   tools/verified_stamp.sh matches fuzz >/dev/null && got=match
-  if [[ "$got" == "$1" ]]; then echo "ok: $2: $got"; else echo "FAIL: $2: $got, want $1"; failures=$((failures + 1)); fi
+  if [[ "$got" == "$1" ]]; then echo "ok: $2: $got"; else fail "$2: $got, want $1"; fi
 }
 expect differ "no stamp yet"
-tools/verified_stamp.sh write fuzz "$(tools/verified_stamp.sh fingerprint fuzz)" "fuzz.sh: 1 targets, 0 failed"
+tools/verified_stamp.sh write fuzz "$(tools/verified_stamp.sh fingerprint fuzz)" \
+  "fuzz.sh: 1 targets, 0 failed"
 expect match "the stamp just written"
 [[ "$(tools/verified_stamp.sh matches fuzz)" == "fuzz.sh: 1 targets, 0 failed (recorded "* ]] ||
-  { echo "FAIL: summary line: $(tools/verified_stamp.sh matches fuzz)"; failures=$((failures + 1)); }
+  fail "summary line: $(tools/verified_stamp.sh matches fuzz)"
 echo "more" >>docs/guide.md
 echo "# notes" >NOTES.md
 mkdir -p build && echo "object" >build/a.o
@@ -37,10 +39,12 @@ expect match "the source restored"
 echo "int h();" >src/b.h
 expect differ "an untracked source added"
 rm src/b.h
-tools/verified_stamp.sh matches consumers >/dev/null && { echo "FAIL: consumers matched fuzz's stamp"; failures=$((failures + 1)); }
+tools/verified_stamp.sh matches consumers >/dev/null && fail "consumers matched fuzz's stamp"
 cp tools/verified/fuzz.stamp tools/verified/consumers.stamp
-tools/verified_stamp.sh matches consumers >/dev/null &&
-  { echo "FAIL: fuzz's fingerprint matched for consumers"; failures=$((failures + 1)); } ||
+if tools/verified_stamp.sh matches consumers >/dev/null; then
+  fail "fuzz's fingerprint matched for consumers"
+else
   echo "ok: a stamp copied to another phase does not match"
+fi
 ((failures == 0)) && echo "verified_stamp: all checks passed"
 exit $((failures > 0))

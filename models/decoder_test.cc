@@ -765,16 +765,23 @@ std::vector<std::pair<std::string, proto::DecoderConfig>> FusedPathVariants() {
 
 // The fused path (the LM head fused with the loss on every device; on a GPU with the CUDA
 // kernels also the norms, QK-norm + rotary and SwiGLU) against the eager one: the loss and every
-// gradient, fp32 and under bf16 autocast, tied and untied heads, padded labels, for each variant.
+// gradient, fp32 and under bf16 autocast, tied and untied heads, padded labels, packed rows or
+// not, for each variant.
 // The loss and every gradient of `config` on the fused path against the eager one.
-void ExpectFusedMatchesEager(const proto::DecoderConfig& config, bool bf16, c10::Device device,
-                             const std::string& what) {
+// `packed`: each row holds two examples (position_ids restart at 0), so attention runs under
+// the packed block-diagonal mask on both paths.
+void ExpectFusedMatchesEager(const proto::DecoderConfig& config, bool bf16, bool packed,
+                             c10::Device device, const std::string& what) {
   auto model = Build(config, /*seed=*/3);
   model->to(device);
   Batch batch;
   batch.inputs = RandomIds(3, 7, config.vocab_size(), 11).to(device);
   batch.labels = batch.inputs.clone();
   batch.labels.select(0, 1).slice(0, 4).fill_(kIgnoreIndex);
+  if (packed) {
+    batch.position_ids =
+        torch::tensor({0, 1, 2, 0, 1, 2, 3}, torch::kLong).unsqueeze(0).repeat({3, 1}).to(device);
+  }
   auto run = [&](bool fused) {
     model->zero_grad();
     model->SetFusedKernels(fused);
@@ -816,11 +823,14 @@ TEST(DecoderTest, FusedKernelsMatchTheEagerPath) {
   for (const auto& [variant, base] : FusedPathVariants()) {
     for (const bool tied : {true, false}) {
       for (const bool bf16 : {false, true}) {
-        proto::DecoderConfig config = base;
-        config.set_tie_word_embeddings(tied);
-        ExpectFusedMatchesEager(config, bf16, device,
-                                variant + (tied ? " tied" : " untied") +
-                                    (bf16 ? " bf16" : " fp32") + " on " + device.str());
+        for (const bool packed : {false, true}) {
+          proto::DecoderConfig config = base;
+          config.set_tie_word_embeddings(tied);
+          ExpectFusedMatchesEager(config, bf16, packed, device,
+                                  variant + (tied ? " tied" : " untied") +
+                                      (bf16 ? " bf16" : " fp32") + (packed ? " packed" : "") +
+                                      " on " + device.str());
+        }
       }
     }
   }

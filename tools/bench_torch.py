@@ -48,6 +48,10 @@ modules named as Hugging Face's. --impl hf: transformers' AutoModelForCausalLM f
 --compile: torch.compile of each decoder layer (fsdp2, ddp: so gradients still come out layer by
 layer for the collectives to overlap) or of the whole model (local), before wrapping.
 
+--profile_steps N: device time per kernel family over the last N timed steps (torch.profiler),
+printed to stderr as tools/bench --profile_steps prints ours (the same families, plus
+"compiled (triton)" for torch.compile's kernels), so the two tables compare line by line.
+
 Prints one JSON line with the same fields and formulas as the C++ bench.
 """
 import argparse
@@ -523,6 +527,53 @@ def fingerprint(ids, rank):
     return int((flat * weights).sum()) * (rank + 1)
 
 
+def kernel_family(name):
+    """tools/kernel_profile.cc's KernelProfile::Family, with torch.compile's Triton kernels
+    (triton_poi_/triton_red_/triton_per_..., named after the ops they fuse) as their own."""
+    n = name.lower()
+    rules = (("fused (kernels/)", ("cpptrain",)), ("memcpy/memset", ("memcpy", "memset")),
+             ("attention", ("flash", "fmha", "attention", "sdpa", "cudnn")),
+             ("matmul", ("gemm", "nvjet", "cutlass", "xmma", "cublas", "matmul", "gemv")),
+             ("compiled (triton)", ("triton_",)),
+             ("optimizer", ("adam", "multi_tensor", "foreach")),
+             ("cross-entropy/softmax", ("softmax", "nll_loss", "cross_entropy", "logsumexp")),
+             ("cast/copy", ("copy_kernel", "catarray", "cat_", "_to_copy")),
+             ("norm/reduction", ("reduce", "norm")), ("add", ("functor_add", "add_kernel")),
+             ("elementwise", ("elementwise", "vectorized", "unrolled")))
+    for family, words in rules:
+        if any(w in n for w in words):
+            return family
+    return "other"
+
+
+def profile_table(prof, steps):
+    """Device time per step by kernel family, then the 15 kernels with most time: the lines
+    tools/bench --profile_steps prints (tools/kernel_profile.cc)."""
+    families, kernels = {}, {}
+    for event in prof.profiler.kineto_results.events():
+        if event.device_type() != torch.autograd.DeviceType.CUDA:
+            continue
+        ns, name = float(event.duration_ns()), event.name()
+        total_count = families.setdefault(kernel_family(name), [0.0, 0])
+        total_count[0] += ns
+        total_count[1] += 1
+        kernels[name] = kernels.get(name, 0.0) + ns
+    total = sum(v[0] for v in families.values())
+    if total == 0:
+        return ("profile: SKIPPED: no CUDA kernels were recorded (device time per kernel needs "
+                "a CUDA device)\n")
+    per_step = 1e6 * max(steps, 1)
+    out = [f"profile: device time per step over {steps} steps: {total / per_step:.1f} ms",
+           "profile: | family | ms/step | share | kernels/step |"]
+    for name, (ns, count) in sorted(families.items(), key=lambda kv: -kv[1][0]):
+        out.append(f"profile: | {name} | {ns / per_step:.2f} | {100 * ns / total:.1f}% | "
+                   f"{count / max(steps, 1):.0f} |")
+    out.append("profile: top kernels (ms/step, family, name):")
+    for name, ns in sorted(kernels.items(), key=lambda kv: -kv[1])[:15]:
+        out.append(f"profile:   {ns / per_step:7.2f}  {kernel_family(name):<22} {name[:110]}")
+    return "\n".join(out) + "\n"
+
+
 def micro_batch_loss(forward, model, ids, targets, a):
     """Cross-entropy summed over logits[:, :-1] against ids[:, 1:] in fp32, divided by `targets`
     (labels are the inputs, as tools/bench's collator makes them). The logits die on return.
@@ -625,6 +676,10 @@ def parse_args():
                    help="of the matrices; tools/bench's default too")
     p.add_argument("--max_grad_norm", type=float, default=1.0)
     p.add_argument("--activation_checkpointing", action="store_true")
+    p.add_argument("--profile_steps", type=int, default=0,
+                   help="profile the last N timed steps and print device time per kernel family "
+                        "to stderr (CUDA; those steps run slower, so the JSON line says "
+                        "profiled_steps)")
     p.add_argument("--peak_tflops", type=float, default=790.0,
                    help="measured dense bf16 peak of one GPU (tools/matmul_peak.py), for "
                         "mfu_full_measured")
@@ -726,10 +781,16 @@ def train(model, forward, opt, tokens, a, device):
     stepper = Stepper(model, opt, a) if a.engine != "zero" else None
     kept = {}
     start = None
+    profiler = None
     for step in range(total):
         if step == a.warmup:
             synchronize(device)
             start = time.perf_counter()
+        if a.profile_steps and step == total - min(a.profile_steps, a.steps):
+            synchronize(device)
+            profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                          torch.profiler.ProfilerActivity.CUDA])
+            profiler.__enter__()
         step_loss = None
         for i in range(a.grad_accum):
             ids = tokens[step, i]
@@ -760,7 +821,13 @@ def train(model, forward, opt, tokens, a, device):
         if step in (0, total - 1):
             kept[step] = step_loss  # stays on the device until after the run
     synchronize(device)
-    return kept[0], kept[total - 1], kept["first_grad_norm"], time.perf_counter() - start
+    seconds = time.perf_counter() - start
+    if profiler is not None:
+        profiler.__exit__(None, None, None)
+        if dist.get_rank() == 0:
+            print(profile_table(profiler, min(a.profile_steps, a.steps)), end="", file=sys.stderr,
+                  flush=True)
+    return kept[0], kept[total - 1], kept["first_grad_norm"], seconds
 
 
 def main():
@@ -818,6 +885,7 @@ def main():
             "gpus": world, "device": str(device), "seq_len": a.seq_len,
             "micro_batch": a.micro_batch, "grad_accum": a.grad_accum, "steps": a.steps,
             "warmup": a.warmup, "bf16": a.bf16,
+            "profiled_steps": min(a.profile_steps, a.steps),
             "activation_checkpointing": a.activation_checkpointing,
             "learning_rate": a.learning_rate, "weight_decay": a.weight_decay,
             "init_dir": a.init_dir, "tokens": a.tokens, "inject_fault": a.inject_fault,

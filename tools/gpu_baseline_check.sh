@@ -14,7 +14,9 @@
 # bench_compare.py) replaces the default sweep, TORCH_CONFIG names one configuration to compare
 # with instead of sweeping; TESTS="" skips the tests; PEAK=0 skips the peak
 # (PEAK_TFLOPS then gives it); RUNS (default 3) runs a side; DEADLINE (seconds after the start)
-# cuts the rows to fit a call. Liger comes from .whl/ (carried; the device README's recipe).
+# cuts the rows to fit a call; COMPARE_ARGS adds bench_compare.py flags to every row (e.g.
+# "--ours_arg=--profile_steps=4 --torch_arg=--profile_steps=4": both sides' kernel tables,
+# gathered into $OUT/profiles.txt). Liger comes from .whl/ (carried; the device README's recipe).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 final="${OUT:-/tmp/gpu_out}"
@@ -106,8 +108,12 @@ for row in ${ROWS:-local:qwen3-0.6b:4:graphs}; do
     --init_dir "/tmp/cpptrain_bench_init_$model" --jsonl "$jsonl" --log_dir "$out/$name" \
     --runs "${RUNS:-3}" --steps "${STEPS:-12}" --warmup "${WARMUP:-3}" --timeout 420 \
     "${pick[@]}" --peak_tflops "$peak" --peak_source "$peak_source" "${extra[@]}" \
-    >"$out/$name.log" 2>&1
+    ${COMPARE_ARGS:-} >"$out/$name.log" 2>&1
   echo "$name exit $? in $((SECONDS - start)) s:" | tee -a "$summary"
   grep -E '^   [a-z0-9-]+: |fastest|^[0-9]+ process|^\| (ours|torch) |^ours / |^largest|^bench_compare|^  .* differ' \
     "$out/$name.log" | tee -a "$summary"
+  for log in "$out/$name"/*.log; do
+    grep -q "profile:" "$log" 2>/dev/null &&
+      { echo "== $name: $(basename "$log")"; grep -h "profile:" "$log"; } >>"$final/profiles.txt"
+  done
 done

@@ -72,6 +72,7 @@ const std::vector<std::pair<std::string, Shape>>& NamedShapes() {
       {"llama3.2-1b", {128256, 2048, 8192, 16, 32, 8, 64, 500000, 1e-5, true, false}},
       {"llama3.2-3b", {128256, 3072, 8192, 28, 24, 8, 128, 500000, 1e-5, true, false}},
       {"qwen2.5-0.5b", {151936, 896, 4864, 24, 14, 2, 0, 1e6, 1e-6, true, false, true}},
+      {"qwen2.5-1.5b", {151936, 1536, 8960, 28, 12, 2, 0, 1e6, 1e-6, true, false, true}},
       {"mistral-7b", {32000, 4096, 14336, 32, 32, 8, 0, 10000, 1e-5, false, false, false, 4096}},
       {"phi3-mini", {32064, 3072, 8192, 32, 32, 32, 0, 10000, 1e-5, false, false, false, 2047}},
       {"gemma2-2b", {256000, 2304, 9216, 26, 8, 4, 256, 10000, 1e-6, true, false, false, 4096}},

@@ -67,6 +67,10 @@ TORCH_CONFIGS = {
     # The earlier baseline: the model (local) or each layer compiled, the loss eager, GQA keys and
     # values by repeat_interleave, fp32 parameters under bf16 autocast, fused AdamW.
     "compiled-model": {"args": ["--compile"]},
+    # The same with CUDA graphs (reduce-overhead): with --torch_impl hf, transformers' model at its
+    # strongest here (its loss is computed outside: the compiled-full configurations need the
+    # native model).
+    "compiled-model-graphs": {"args": ["--compile", "--compile_mode=reduce-overhead"]},
     # Model and loss compiled together (fullgraph where it traces whole), SDPA's native GQA.
     "compiled-full": {"args": FULL},
     "compiled-full-autotune": {"args": FULL + ["--compile_mode=max-autotune-no-cudagraphs"]},

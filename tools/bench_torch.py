@@ -91,13 +91,16 @@ ADAM_BETAS = (0.9, 0.999)
 ADAM_EPS = 1e-8
 
 
-def config_from_json(path):
-    """The decoder shape of a Hugging Face config.json (llama or qwen3)."""
+def config_from_json(path, impl="native"):
+    """The decoder shape of a Hugging Face config.json: llama or qwen3 for --impl native (the
+    decoder written here), any decoder transformers knows for --impl hf (the shape then serves
+    only the FLOP count)."""
     with open(path) as f:
         j = json.load(f)
-    if j.get("model_type") not in ("llama", "qwen3"):
-        raise SystemExit(f"{path}: model_type {j.get('model_type')!r} is not llama or qwen3")
-    if j.get("attention_bias"):
+    if impl == "native" and j.get("model_type") not in ("llama", "qwen3"):
+        raise SystemExit(f"{path}: model_type {j.get('model_type')!r} is not llama or qwen3, "
+                         "which --impl native builds: give --impl hf for transformers' model")
+    if impl == "native" and j.get("attention_bias"):
         raise SystemExit(f"{path}: attention_bias is true; the native model has no biases "
                          "(use --impl hf)")
     heads = j["num_attention_heads"]
@@ -834,7 +837,8 @@ def main():
     a = parse_args()
     device = init_distributed(a)
     world, rank = dist.get_world_size(), dist.get_rank()
-    c = config_from_json(os.path.join(a.init_dir, "config.json")) if a.init_dir else CONFIGS[a.model]
+    c = (config_from_json(os.path.join(a.init_dir, "config.json"), a.impl) if a.init_dir
+         else CONFIGS[a.model])
     a.vocab_size = c["vocab_size"]
     if a.engine == "zero":
         model, forward = build_model(a, c, torch.device("cpu"))

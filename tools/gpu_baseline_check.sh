@@ -16,7 +16,9 @@
 # (PEAK_TFLOPS then gives it); RUNS (default 3) runs a side; DEADLINE (seconds after the start)
 # cuts the rows to fit a call; COMPARE_ARGS adds bench_compare.py flags to every row (e.g.
 # "--ours_arg=--profile_steps=4 --torch_arg=--profile_steps=4": both sides' kernel tables,
-# gathered into $OUT/profiles.txt). Liger comes from .whl/ (carried; the device README's recipe).
+# gathered into $OUT/profiles.txt); TORCH_IMPL=hf runs transformers' model on PyTorch's side (the
+# architectures bench_torch.py's own decoder lacks: Qwen2, Gemma, Mistral, Phi-3; configurations
+# compiled-model and compiled-model-graphs). Liger comes from .whl/ (carried; the device README's recipe).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 final="${OUT:-/tmp/gpu_out}"
@@ -108,7 +110,7 @@ for row in ${ROWS:-local:qwen3-0.6b:4:graphs}; do
     --init_dir "/tmp/cpptrain_bench_init_$model" --jsonl "$jsonl" --log_dir "$out/$name" \
     --runs "${RUNS:-3}" --steps "${STEPS:-12}" --warmup "${WARMUP:-3}" --timeout 420 \
     "${pick[@]}" --peak_tflops "$peak" --peak_source "$peak_source" "${extra[@]}" \
-    ${COMPARE_ARGS:-} >"$out/$name.log" 2>&1
+    --torch_impl "${TORCH_IMPL:-native}" ${COMPARE_ARGS:-} >"$out/$name.log" 2>&1
   echo "$name exit $? in $((SECONDS - start)) s:" | tee -a "$summary"
   grep -E '^   [a-z0-9-]+: |fastest|^[0-9]+ process|^\| (ours|torch) |^ours / |^largest|^bench_compare|^  .* differ' \
     "$out/$name.log" | tee -a "$summary"

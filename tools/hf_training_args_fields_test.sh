@@ -8,19 +8,10 @@
 set -euo pipefail
 script="$(realpath "$1")"
 committed="$(realpath "$2")"
-venv="${CPPTRAIN_VENV:-$TEST_TMPDIR/venv}"
-if ! "$venv/bin/python" -c 'import transformers' >/dev/null 2>&1; then
-  [[ -x "$venv/bin/pip" ]] || python3 -m venv "$venv"
-  if ! "$venv/bin/pip" install -q --disable-pip-version-check transformers; then
-    python3 -c 'import socket; socket.create_connection(("pypi.org", 443), 5)' 2>/dev/null || {
-      echo "SKIPPED: hf_training_args_fields_test: no transformers here and PyPI cannot be reached"
-      exit 0
-    }
-    echo "FAIL: could not install transformers into $venv"; exit 1
-  fi
-fi
+source "$(dirname "${BASH_SOURCE[0]}")/pypi_python.sh"
+pypi_python transformers hf_training_args_fields_test "${CPPTRAIN_VENV:-$TEST_TMPDIR/venv}"
 generated="$TEST_TMPDIR/fields.txt"
-"$venv/bin/python" "$script" >"$generated" 2>"$TEST_TMPDIR/stderr" ||
+"$python" "$script" >"$generated" 2>"$TEST_TMPDIR/stderr" ||
   { cat "$TEST_TMPDIR/stderr"; echo "FAIL: $script failed"; exit 1; }
 echo "installed: $(head -1 "$generated")"
 echo "committed: $(head -1 "$committed")"

@@ -10,18 +10,8 @@ train="$1"
 tokenize="$2"
 dir="${TEST_TMPDIR}/tokenize"
 mkdir -p "$dir"
-python="${CPPTRAIN_VENV:-}/bin/python"
-# The system's Python when it has the package (GPU hosts do, and reach no PyPI).
-"$python" -c "import tokenizers" 2>/dev/null || python=python3
-if ! "$python" -c "import tokenizers" 2>/dev/null; then
-  python3 -m venv "${TEST_TMPDIR}/venv"
-  if ! "${TEST_TMPDIR}/venv/bin/pip" install -q tokenizers; then
-    python3 -c 'import socket; socket.create_connection(("pypi.org", 443), 5)' 2>/dev/null ||
-      { echo "SKIPPED: tokenize_test: no tokenizers package here and PyPI cannot be reached"; exit 0; }
-    echo "FAIL: cannot install the tokenizers package from PyPI"; exit 1
-  fi
-  python="${TEST_TMPDIR}/venv/bin/python"
-fi
+source "$(dirname "${BASH_SOURCE[0]}")/pypi_python.sh"
+pypi_python tokenizers tokenize_test
 
 # Two tokenizers: "small" (vocab 24, fits the tiny model's 64) and "big" (vocab 100, where
 # "rare" is id 99).

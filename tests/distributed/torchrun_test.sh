@@ -20,7 +20,8 @@ installer="$4"
 fail() { echo "FAIL: $1"; [[ -n "${2:-}" ]] && tail -40 "$2"; exit 1; }
 
 venv="${CPPTRAIN_VENV:-$TEST_TMPDIR/venv}"
-"$installer" "$venv" || fail "could not install torch's torchrun into $venv"
+source "$(dirname "${BASH_SOURCE[0]}")/../../tools/pypi_python.sh"
+"$installer" "$venv" || pypi_skip_or_fail torchrun_test "torch's torchrun"
 torchrun="$venv/bin/torchrun"
 echo "torchrun of torch $("$venv/bin/python" -c 'import torch; print(torch.__version__)' 2>/dev/null)"
 

@@ -10,7 +10,9 @@
 // cross-entropy/softmax, cast/copy (conversions, transposes, cat), norm/reduction, add
 // (residual and gradient sums), elementwise, optimizer, fused (this
 // project's kernels, kernels/), memcpy/memset, other. Kernels only exist on CUDA: elsewhere
-// the table says so.
+// the table says so. After the table, how long the device sat idle between the window's first
+// and last kernel, and the longest idle gaps with the host calls that overlapped each (where a
+// step waits for the host: a synchronization, a pageable copy, the host's own work).
 #ifndef CPPTRAIN_TOOLS_KERNEL_PROFILE_H_
 #define CPPTRAIN_TOOLS_KERNEL_PROFILE_H_
 

@@ -56,6 +56,8 @@ TEST(KernelProfileTest, RecordsCudaKernelsByFamily) {
   torch::cuda::synchronize();
   const std::string table = profile.StopAndFormat(1);
   EXPECT_NE(table.find("| matmul |"), std::string::npos) << table;
+  EXPECT_NE(table.find("device busy"), std::string::npos) << table;
+  EXPECT_NE(table.find("longest idle gaps"), std::string::npos) << table;
 }
 
 }  // namespace

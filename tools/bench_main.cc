@@ -408,6 +408,22 @@ absl::StatusOr<Figures> GatherFigures(BenchTrainer& trainer, const StepTimer& ti
   return out;
 }
 
+// Under --cuda_graphs every timed step must be a replay: a capture (an eager run of the step
+// plus the capture itself) inside the timed window would be charged to a few steps' average,
+// and PyTorch's reduce-overhead records its graphs in the warm-up.
+absl::Status CheckTimedStepsReplayed(const Figures& f) {
+  const int64_t steps = absl::GetFlag(FLAGS_steps);
+  if (!absl::GetFlag(FLAGS_cuda_graphs) || f.graph_replays >= static_cast<double>(steps)) {
+    return absl::OkStatus();
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "--cuda_graphs: ", f.graph_replays, " replays over --warmup=", absl::GetFlag(FLAGS_warmup),
+      " and --steps=", steps, " steps, so the timed steps include the capture or eager steps ",
+      "(the step is captured after 2 eager steps all ranks agree on, and the first step has no "
+      "vote yet): give --warmup of at least 4 (the log's cuda_graphs lines say why when no "
+      "step was captured)"));
+}
+
 // The run's JSON line (printed by rank 0).
 std::string ResultLine(const proto::TrainingArguments& args, const proto::DecoderConfig& config,
                        const Engine& engine, const Figures& f, const Verification& v) {
@@ -500,6 +516,7 @@ absl::Status Run(const std::vector<std::string>& overrides) {
   }
   CT_ASSIGN_OR_RETURN(TrainOutput trained, trainer.Train());
   CT_ASSIGN_OR_RETURN(const Figures figures, GatherFigures(trainer, *timer, trained));
+  CT_RETURN_IF_ERROR(CheckTimedStepsReplayed(figures));
   // After the peaks were read: the checksum gathers whole parameters.
   CT_ASSIGN_OR_RETURN(const Verification verification,
                       VerificationFigures(trainer, init_dir, seq));

@@ -108,7 +108,7 @@ for row in ${ROWS:-local:qwen3-0.6b:4:graphs}; do
   timeout "$row_timeout" python3 tools/bench_compare.py --launch "$launch" \
     --bench "$bench" --nproc 1 --engine "$ours_engine" --model "$model" --micro_batch "$micro" \
     --init_dir "/tmp/cpptrain_bench_init_$model" --jsonl "$jsonl" --log_dir "$out/$name" \
-    --runs "${RUNS:-3}" --steps "${STEPS:-12}" --warmup "${WARMUP:-3}" --timeout 420 \
+    --runs "${RUNS:-3}" --steps "${STEPS:-12}" --warmup "${WARMUP:-5}" --timeout 420 \
     "${pick[@]}" --peak_tflops "$peak" --peak_source "$peak_source" "${extra[@]}" \
     --torch_impl "${TORCH_IMPL:-native}" ${COMPARE_ARGS:-} >"$out/$name.log" 2>&1
   echo "$name exit $? in $((SECONDS - start)) s:" | tee -a "$summary"

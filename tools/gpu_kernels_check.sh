@@ -5,7 +5,7 @@
 # --profile_steps). Logs go to $OUT (or /tmp/gpu_out); the summary is printed last.
 #   NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
 #     tools/gpu_kernels_check.sh
-#   STEPS=15 WARMUP=3 PROFILE=0 tools/gpu_kernels_check.sh   # timings only
+#   STEPS=15 WARMUP=5 PROFILE=0 tools/gpu_kernels_check.sh   # timings only
 # ENGINES (default "local"), MICRO (default 4) and MODEL (default qwen3-0.6b) pick the timed
 # runs; COMPARE (below) the runs beside PyTorch with torch.compile. TESTS=0 skips the kernel
 # tests and norm_kernel_bench (a second invocation in the same call). GRAPHS=1 runs ours with
@@ -107,7 +107,7 @@ fi
 [[ "${BENCH:-1}" == 0 ]] && exit 0
 
 bench=$(find_bin bench)
-steps=${STEPS:-12} warmup=${WARMUP:-3}
+steps=${STEPS:-12} warmup=${WARMUP:-5}
 run_bench() {  # name, flags...
   local name=$1
   shift

@@ -317,19 +317,19 @@ class FullgraphOrBreaks(nn.Module):
         self.fullgraph = True
         self.tried = False
 
-    def forward(self, *args):
+    def forward(self, *args, **kwargs):  # transformers' models take input_ids=...
         if self.tried:
-            return self.compiled(*args)
+            return self.compiled(*args, **kwargs)
         self.tried = True
         try:
-            return self.compiled(*args)
+            return self.compiled(*args, **kwargs)
         except Exception as e:  # noqa: BLE001 (dynamo's errors have no common public base)
             print(f"bench_torch: fullgraph compile failed ({type(e).__name__}: "
                   f"{str(e).splitlines()[0][:200]}); compiling with graph breaks", file=sys.stderr)
             torch._dynamo.reset()
             self.compiled = torch.compile(self.inner, **compile_kwargs(self.a))
             self.fullgraph = False
-            return self.compiled(*args)
+            return self.compiled(*args, **kwargs)
 
 
 def compile_model(model, a):

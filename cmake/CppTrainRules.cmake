@@ -231,6 +231,23 @@ function(cpptrain_cc_binary name)
   endif()
 endfunction()
 
+# cpptrain_glob_data(<out_var> <dir>...): every file under each directory, as paths relative to
+# the source root in sorted order (Bazel's glob(["<dir>/**"])), for a test's DATA. Golden
+# directories written by a generator script hold the same few files each.
+function(cpptrain_glob_data out_var)
+  set(files "")
+  foreach(dir ${ARGN})
+    file(GLOB_RECURSE found RELATIVE "${CPPTRAIN_SOURCE_DIR}" CONFIGURE_DEPENDS
+         "${CPPTRAIN_SOURCE_DIR}/${dir}/*")
+    if(NOT found)
+      message(FATAL_ERROR "cpptrain_glob_data: ${dir} has no files")
+    endif()
+    list(SORT found)
+    list(APPEND files ${found})
+  endforeach()
+  set(${out_var} ${files} PARENT_SCOPE)
+endfunction()
+
 # Registers a test command with the Bazel test environment.
 # _cpptrain_add_test(<name> <size> <data list var> <command> [<arg>...])
 function(_cpptrain_add_test name size data_var)

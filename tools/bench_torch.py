@@ -279,6 +279,12 @@ def build_model(a, c, device):
             raise SystemExit("--impl hf loads --init_dir: give the directory tools/bench wrote")
         new = int(transformers.__version__.split(".")[0]) >= 5  # torch_dtype became dtype
         dtype_arg = {"dtype" if new else "torch_dtype": torch.float32}
+        with open(os.path.join(a.init_dir, "config.json")) as f:
+            softcap = json.load(f).get("attn_logit_softcapping")
+        if softcap:
+            # transformers' SDPA attention skips Gemma 2's soft-capping (ours applies it, in its
+            # eager attention): the eager implementation computes what ours does.
+            dtype_arg["attn_implementation"] = "eager"
         model = transformers.AutoModelForCausalLM.from_pretrained(a.init_dir, **dtype_arg)
         if a.activation_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

@@ -63,4 +63,15 @@ if "$launch" --nproc_per_node=1 --master_port=0 "$bench" --model=demo --bf16=fal
 fi
 grep -q -- "--init_dir=$init holds another model than --model=demo" "$log" ||
   { cat "$log"; echo "FAIL: the refusal does not name the flags"; exit 1; }
+
+# --cuda_graphs times only replays: a run whose timed steps were not all replays fails, naming
+# --warmup (on the CPU nothing is captured, so every timed step is eager).
+if "$launch" --nproc_per_node=1 --master_port=0 "$bench" --model=tiny --bf16=false --use_cpu \
+  --seq_len=16 --micro_batch=2 --warmup=1 --steps=3 --init_dir="$init" --cuda_graphs \
+  >"$log" 2>&1; then
+  echo "FAIL: --cuda_graphs with no replayed step was accepted"; exit 1
+fi
+grep -q -- "--cuda_graphs: 0 replays over --warmup=1 and --steps=3 steps.*give --warmup of at least 4" \
+  "$log" || { cat "$log"; echo "FAIL: the refusal does not name the replays and --warmup"; exit 1; }
+echo "cuda_graphs without replays: refused"
 echo PASS

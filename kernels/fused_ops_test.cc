@@ -370,6 +370,16 @@ TEST(FusedOpsTest, LinearCrossEntropyWithoutGradientsAndWithNothingCounted) {
   EXPECT_EQ(loss.item<float>(), 0.f);
   EXPECT_EQ(leaves[0].grad().abs().max().item<float>(), 0.f);
   EXPECT_EQ(leaves[1].grad().abs().max().item<float>(), 0.f);
+
+  // No rows at all: no chunk writes the gradients, which must still be zeros, not whatever
+  // uninitialized memory held.
+  auto empty = Leaves({torch::randn({0, 4}), w});
+  loss = LinearCrossEntropySum(empty[0], empty[1], torch::zeros({0}, at::kLong), -100, at::kFloat,
+                               4);
+  loss.backward();
+  EXPECT_EQ(loss.item<float>(), 0.f);
+  EXPECT_EQ(empty[0].grad().numel(), 0);
+  EXPECT_EQ(empty[1].grad().abs().max().item<float>(), 0.f);
 }
 
 TEST(FusedOpsTest, WithoutKernelsTheFusedEntryPointsReturnTheReferences) {

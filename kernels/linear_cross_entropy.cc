@@ -21,27 +21,37 @@ int64_t ChunkRows(int64_t requested, int64_t rows, int64_t vocab) {
       1, std::min<int64_t>(rows, (int64_t{1} << 27) / std::max<int64_t>(vocab, 1)));
 }
 
-// dw += dlogits^T h. With 16-bit operands on CUDA (LibTorch 2.8 and later), cuBLAS adds the
-// product into the fp32 accumulator as it writes it (addmm's out_dtype form), so no 16-bit
-// product of the whole weight's size is stored and then added: that add was 1.25 bytes moved
-// per weight element per chunk (7.8 ms a step at Llama-3.2-1B's 128256 x 2048 head).
-void AddWeightGradient(at::Tensor& dw, const at::Tensor& dlogits, const at::Tensor& h) {
+// dw += dlogits^T h, or dw = dlogits^T h for the first chunk (`first`: dw is uninitialized, and
+// the fp32 accumulator is neither zeroed nor read, 2 x 4 bytes per weight element less). With
+// 16-bit operands on CUDA (LibTorch 2.8 and later), cuBLAS adds the product into the fp32
+// accumulator as it writes it (addmm's out_dtype form), so no 16-bit product of the whole
+// weight's size is stored and then added: that add was 1.25 bytes moved per weight element per
+// chunk (7.8 ms a step at Llama-3.2-1B's 128256 x 2048 head).
+void AddWeightGradient(at::Tensor& dw, const at::Tensor& dlogits, const at::Tensor& h,
+                       bool first) {
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 8)
   if (h.is_cuda() && h.scalar_type() != at::kFloat) {
-    at::addmm_out(dw, dw, dlogits.t(), h, at::kFloat);
+    at::addmm_out(dw, dw, dlogits.t(), h, at::kFloat, /*beta=*/first ? 0 : 1);
     return;
   }
 #endif
-  dw.add_(at::mm(dlogits.t(), h));
+  if (!first) {
+    dw.add_(at::mm(dlogits.t(), h));
+  } else if (h.scalar_type() == at::kFloat) {
+    at::mm_out(dw, dlogits.t(), h);
+  } else {
+    dw.copy_(at::mm(dlogits.t(), h));
+  }
 }
 
-// dh = dlogits w, unscaled, into fp32 rows: the loss scale is applied in backward before the one
-// rounding to the input's dtype. 16-bit operands on CUDA (LibTorch 2.8 and later) write the
-// fp32 product directly; elsewhere the product in the operands' dtype is widened.
+// dh = dlogits w, unscaled, into fp32 rows (uninitialized before): the loss scale is applied in
+// backward before the one rounding to the input's dtype. 16-bit operands on CUDA (LibTorch 2.8
+// and later) write the fp32 product directly; elsewhere the product in the operands' dtype is
+// widened.
 void WriteHiddenGradient(at::Tensor& dh_rows, const at::Tensor& dlogits, const at::Tensor& w) {
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 8)
   if (w.is_cuda() && w.scalar_type() != at::kFloat) {
-    at::addmm_out(dh_rows, dh_rows, dlogits, w, at::kFloat);  // dh_rows is zero
+    at::addmm_out(dh_rows, dh_rows, dlogits, w, at::kFloat, /*beta=*/0);  // dh_rows not read
     return;
   }
 #endif
@@ -107,9 +117,12 @@ class LinearCrossEntropyFunction : public torch::autograd::Function<LinearCrossE
     const int64_t rows = h.size(0);
     const int64_t chunk = ChunkRows(chunk_rows, rows, w.size(0));
     at::Tensor loss = at::zeros({}, hidden.options().dtype(at::kFloat));
-    // Both gradients stay fp32 and unscaled until backward knows the scale.
-    at::Tensor dh = at::zeros(h.sizes(), h.options().dtype(at::kFloat));
-    at::Tensor dw = at::zeros(w.sizes(), w.options().dtype(at::kFloat));
+    // Both gradients stay fp32 and unscaled until backward knows the scale. The chunks write
+    // every row of dh and the first one writes dw whole, so neither is zeroed first (unless
+    // there are no rows, and so no chunk).
+    const at::TensorOptions fp32 = h.options().dtype(at::kFloat);
+    at::Tensor dh = rows == 0 ? at::zeros(h.sizes(), fp32) : at::empty(h.sizes(), fp32);
+    at::Tensor dw = rows == 0 ? at::zeros(w.sizes(), fp32) : at::empty(w.sizes(), fp32);
     for (int64_t begin = 0; begin < rows; begin += chunk) {
       const int64_t end = std::min(rows, begin + chunk);
       const at::Tensor hc = h.slice(0, begin, end);
@@ -117,7 +130,7 @@ class LinearCrossEntropyFunction : public torch::autograd::Function<LinearCrossE
       loss.add_(part.loss);
       at::Tensor dh_rows = dh.slice(0, begin, end);
       WriteHiddenGradient(dh_rows, part.dlogits, w);
-      AddWeightGradient(dw, part.dlogits, hc);
+      AddWeightGradient(dw, part.dlogits, hc, /*first=*/begin == 0);
     }
     ctx->saved_data["dhidden"] = dh;
     ctx->saved_data["dweight"] = dw;

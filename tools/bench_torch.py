@@ -112,7 +112,8 @@ def config_from_json(path, impl="native"):
                 num_hidden_layers=j["num_hidden_layers"], num_attention_heads=heads,
                 num_key_value_heads=j.get("num_key_value_heads") or heads, head_dim=head_dim,
                 tie_word_embeddings=j.get("tie_word_embeddings", False), rope_theta=theta,
-                rms_norm_eps=j.get("rms_norm_eps", 1e-6), qk_norm=j["model_type"] == "qwen3")
+                rms_norm_eps=j.get("rms_norm_eps", 1e-6), qk_norm=j["model_type"] == "qwen3",
+                attn_logit_softcapping=j.get("attn_logit_softcapping"))
 
 
 class RMSNorm(nn.Module):
@@ -279,9 +280,7 @@ def build_model(a, c, device):
             raise SystemExit("--impl hf loads --init_dir: give the directory tools/bench wrote")
         new = int(transformers.__version__.split(".")[0]) >= 5  # torch_dtype became dtype
         dtype_arg = {"dtype" if new else "torch_dtype": torch.float32}
-        with open(os.path.join(a.init_dir, "config.json")) as f:
-            softcap = json.load(f).get("attn_logit_softcapping")
-        if softcap:
+        if c.get("attn_logit_softcapping"):
             # transformers' SDPA attention skips Gemma 2's soft-capping (ours applies it, in its
             # eager attention): the eager implementation computes what ours does.
             dtype_arg["attn_implementation"] = "eager"
@@ -708,6 +707,7 @@ def parse_args():
         p.error(f"--optimizer compiled steps torch.optim.AdamW, not --engine {a.engine}'s")
     if a.bf16 is None:
         a.bf16 = a.device == "cuda"
+    a.profile_steps = min(a.profile_steps, a.steps)  # the timed steps at most
     if a.engine != "zero" and (a.stage != 1 or a.offload_optimizer != "none" or
                                a.offload_param != "none" or a.ds_config):
         p.error(f"--stage, --offload_optimizer, --offload_param and --ds_config are for "
@@ -795,11 +795,11 @@ def train(model, forward, opt, tokens, a, device):
         if step == a.warmup:
             synchronize(device)
             start = time.perf_counter()
-        if a.profile_steps and step == total - min(a.profile_steps, a.steps):
+        if a.profile_steps and step == total - a.profile_steps:
             synchronize(device)
             profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                                           torch.profiler.ProfilerActivity.CUDA])
-            profiler.__enter__()
+            profiler.start()
         step_loss = None
         for i in range(a.grad_accum):
             ids = tokens[step, i]
@@ -832,10 +832,9 @@ def train(model, forward, opt, tokens, a, device):
     synchronize(device)
     seconds = time.perf_counter() - start
     if profiler is not None:
-        profiler.__exit__(None, None, None)
+        profiler.stop()
         if dist.get_rank() == 0:
-            print(profile_table(profiler, min(a.profile_steps, a.steps)), end="", file=sys.stderr,
-                  flush=True)
+            print(profile_table(profiler, a.profile_steps), end="", file=sys.stderr, flush=True)
     return kept[0], kept[total - 1], kept["first_grad_norm"], seconds
 
 
@@ -895,7 +894,7 @@ def main():
             "gpus": world, "device": str(device), "seq_len": a.seq_len,
             "micro_batch": a.micro_batch, "grad_accum": a.grad_accum, "steps": a.steps,
             "warmup": a.warmup, "bf16": a.bf16,
-            "profiled_steps": min(a.profile_steps, a.steps),
+            "profiled_steps": a.profile_steps,
             "activation_checkpointing": a.activation_checkpointing,
             "learning_rate": a.learning_rate, "weight_decay": a.weight_decay,
             "init_dir": a.init_dir, "tokens": a.tokens, "inject_fault": a.inject_fault,

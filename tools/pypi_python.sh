@@ -5,12 +5,11 @@
 #   pypi_python transformers fields_test "$CPPTRAIN_VENV"   # installs there when it must
 #   "$installer" "$venv" || pypi_skip_or_fail torchrun_test "torch's torchrun"
 #
-# pypi_python PACKAGE TEST: $python becomes the first Python that imports PACKAGE:
+# pypi_python PACKAGE TEST [VENV]: $python becomes the first Python that imports PACKAGE:
 # $CPPTRAIN_VENV's, the system's (GPU hosts have torch, transformers and tensorboard, and reach
-# no PyPI), or a virtualenv it is installed into (VENV, the third argument, default
-# $TEST_TMPDIR/venv). When the install fails,
-# pypi_skip_or_fail ends the test: SKIPPED (exit 0) if pypi.org cannot be reached, FAIL (exit 1)
-# if it can, since then the install itself is broken.
+# no PyPI), or VENV's (default $TEST_TMPDIR/venv) after installing it there. When an install
+# fails, pypi_skip_or_fail ends the test: SKIPPED (exit 0) if pypi.org cannot be reached, FAIL
+# (exit 1) if it can, since then the install itself is broken.
 pypi_skip_or_fail() {
   local test="$1" what="$2"
   if ! python3 -c 'import socket; socket.create_connection(("pypi.org", 443), 5)' 2>/dev/null; then

@@ -313,30 +313,36 @@ double FittedScale(const at::Tensor& a, const at::Tensor& b) {
 }
 
 // bf16 inputs under an upstream gradient of 1/3 (bf16 rounds it to 0.333984375, 2^-9 high):
-// the gradients scale in fp32, so their fitted scale against the fp32 head is 1 to well under
-// that rounding; and a second backward through the same graph adds the same gradients again.
+// the gradients scale in fp32, so their fitted scale against a third of the gradients under an
+// upstream 1 is 1 to well under that rounding; they equal the eager bf16 head's under the same
+// 1/3; and a second backward through the same graph adds the same gradients again. (Not against
+// an fp32 head: on a CPU without AVX-512 (an AVX2 AMD EPYC, 2026-12-06), LibTorch 1.13's bf16
+// GEMM accumulates in bf16 unless its second operand is transposed, 3% off fp32 over 700 terms
+// and biased low, in the eager head as in this one.)
 TEST(FusedOpsTest, LinearCrossEntropyScalesBf16GradientsInFp32) {
   torch::manual_seed(9);
   const int64_t rows = 64, hidden = 96, vocab = 700;
   const at::Tensor targets = torch::randint(vocab, {rows}, at::kLong);
   const at::Tensor h = torch::randn({rows, hidden}).to(at::kBFloat16);
   const at::Tensor w = (0.1 * torch::randn({vocab, hidden})).to(at::kBFloat16);
-  const at::Tensor third = torch::full({}, 1.0 / 3);
-  auto fused = ValueAndGrads(
+  const auto fused_head = [&](const auto& in) {
+    return LinearCrossEntropySum(in[0], in[1], targets, -100, at::kBFloat16, 16);
+  };
+  auto third = ValueAndGrads(fused_head, {h, w}, torch::full({}, 1.0 / 3));
+  auto one = ValueAndGrads(fused_head, {h, w}, torch::ones({}));
+  auto eager = ValueAndGrads(
       [&](const auto& in) {
-        return LinearCrossEntropySum(in[0], in[1], targets, -100, at::kBFloat16, 16);
+        return LinearCrossEntropySumReference(in[0], in[1], targets, -100, at::kBFloat16);
       },
-      {h, w}, third);
-  auto reference = ValueAndGrads(
-      [&](const auto& in) {
-        return LinearCrossEntropySumReference(in[0], in[1], targets, -100, at::kFloat);
-      },
-      {h.to(at::kFloat), w.to(at::kFloat)}, third);
+      {h, w}, torch::full({}, 1.0 / 3));
   for (int i = 1; i <= 2; ++i) {
-    EXPECT_EQ(fused[i].scalar_type(), at::kBFloat16);
-    EXPECT_NEAR(FittedScale(fused[i], reference[i]), 1.0, 4e-4)
-        << (i == 1 ? "dhidden" : "dweight") << ": 2^-9 = 1.95e-3 would be the rounded scale";
-    EXPECT_LT(RelativeError(fused[i], reference[i]), 1e-2);
+    const char* what = i == 1 ? "dhidden" : "dweight";
+    EXPECT_EQ(third[i].scalar_type(), at::kBFloat16);
+    EXPECT_NEAR(FittedScale(third[i], one[i].to(at::kDouble) / 3), 1.0, 4e-4)
+        << what << ": 2^-9 = 1.95e-3 would be the rounded scale";
+    // On such a CPU both accumulate their products in bf16, each from its own operands (this
+    // one's unscaled, the eager head's scaled): dhidden 1.9% apart there.
+    EXPECT_LT(RelativeError(third[i], eager[i]), 3e-2) << what;
   }
 
   std::vector<at::Tensor> leaves = Leaves({h, w});

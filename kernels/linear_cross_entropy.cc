@@ -162,6 +162,8 @@ at::Tensor LinearCrossEntropySum(const at::Tensor& hidden, const at::Tensor& wei
                   targets.dim() == 1 && targets.size(0) == hidden.size(0),
               "LinearCrossEntropySum: hidden [N, H], weight [V, H] and targets [N] expected, got ",
               hidden.sizes(), ", ", weight.sizes(), " and ", targets.sizes());
+  TORCH_CHECK(chunk_rows >= 0, "LinearCrossEntropySum: chunk_rows ", chunk_rows,
+              " is negative: give rows per chunk, or 0 for about 2^27 logits a chunk");
   const bool want_grad =
       at::GradMode::is_enabled() && (hidden.requires_grad() || weight.requires_grad());
   if (want_grad) {

@@ -245,7 +245,7 @@ torch::Tensor DecoderLM::ForwardLossSum(const Batch& batch) {
     const at::ScalarType dtype =
         AutocastEnabled(device) ? AutocastDtype(device) : at::result_type(h, w);
     return kernels::LinearCrossEntropySum(h.reshape({-1, h.size(-1)}), w, targets, kIgnoreIndex,
-                                          dtype);
+                                          dtype, loss_chunk_rows_);
   });
 }
 

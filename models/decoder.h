@@ -121,6 +121,10 @@ class DecoderLM : public TrainableModel {
   // The norms, QK-norm + rotary and SwiGLU as fused CUDA kernels (eager on the CPU), and the
   // LM head fused with the loss (every device).
   void SetFusedKernels(bool enabled) override;
+  // Rows per chunk of the fused LM head + loss (LinearCrossEntropySum's chunk_rows; 0, the
+  // default: about 2^27 logits a chunk). Fewer, larger chunks read and write the fp32 head
+  // weight gradient fewer times (once per chunk) and hold more logits at once.
+  void set_loss_chunk_rows(int64_t rows) { loss_chunk_rows_ = rows; }
   // Row-seeded from the DecoderInit seed (whatever the mode the model was built with).
   absl::Status InitializeRows(const std::string& name, int64_t row_begin,
                               torch::Tensor rows) override;
@@ -168,6 +172,7 @@ class DecoderLM : public TrainableModel {
   std::unordered_map<std::string, std::pair<int64_t, RowInit>> row_init_;
   int64_t head_dim_;
   bool fused_ = false;
+  int64_t loss_chunk_rows_ = 0;
   std::shared_ptr<torch::nn::Module> model_;  // "model": embed_tokens, layers, norm
   torch::nn::Embedding embed_tokens_{nullptr};
   torch::nn::ModuleList layer_list_;

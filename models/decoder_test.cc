@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include <ATen/record_function.h>
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
 #include <torch/nn/functional/loss.h>
@@ -833,6 +834,64 @@ TEST(DecoderTest, FusedKernelsMatchTheEagerPath) {
         }
       }
     }
+  }
+}
+
+// aten::mm calls on this thread while a MatmulCounter lives.
+thread_local int64_t mm_calls = 0;
+
+class MatmulCounter {
+ public:
+  MatmulCounter()
+      : handle_(at::addThreadLocalCallback(at::RecordFunctionCallback(
+            [](const at::RecordFunction& fn) -> std::unique_ptr<at::ObserverContext> {
+              if (std::string(fn.name()) == "aten::mm") ++mm_calls;
+              return nullptr;
+            }))) {
+    mm_calls = 0;
+  }
+  ~MatmulCounter() { at::removeCallback(handle_); }
+  int64_t calls() const { return mm_calls; }
+
+ private:
+  at::CallbackHandle handle_;
+};
+
+// set_loss_chunk_rows changes how many rows of the fused head + loss run at once, not the
+// result: 21 rows in chunks of 4 (6 chunks, the last one short) against the default (one). The
+// chunks are seen: the head's matrix products run once per chunk.
+TEST(DecoderTest, LossChunkRowsLeaveTheLossAndGradients) {
+  auto model = Build(Tiny(), /*seed=*/3);
+  model->SetFusedKernels(true);
+  Batch batch;
+  batch.inputs = RandomIds(3, 7, Tiny().vocab_size(), 11);
+  batch.labels = batch.inputs.clone();
+  std::map<int64_t, int64_t> products;  // chunk_rows -> aten::mm calls in the forward
+  auto run = [&](int64_t chunk_rows) {
+    model->zero_grad();
+    model->set_loss_chunk_rows(chunk_rows);
+    torch::Tensor loss;
+    {
+      MatmulCounter counter;
+      loss = model->ForwardLossSum(batch);
+      products[chunk_rows] = counter.calls();
+    }
+    loss.backward();
+    std::map<std::string, torch::Tensor> grads;
+    for (const auto& item : model->named_parameters()) {
+      grads[item.key()] = item.value().grad().detach().clone();
+    }
+    return std::make_pair(loss.item<double>(), grads);
+  };
+  const auto [whole_loss, whole_grads] = run(0);
+  const auto [chunked_loss, chunked_grads] = run(4);
+  // The per-chunk products (logits, the hidden and the weight gradient) run 5 chunks more.
+  EXPECT_GE(products[4], products[0] + 5) << products[0] << " products in one chunk";
+  EXPECT_NEAR(chunked_loss, whole_loss, 1e-6 * std::abs(whole_loss));
+  for (const auto& [name, grad] : whole_grads) {
+    EXPECT_LE((chunked_grads.at(name) - grad).norm().item<double>(),
+              1e-5 * grad.norm().item<double>() + 1e-9)
+        << name;
   }
 }
 

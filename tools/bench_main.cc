@@ -96,6 +96,9 @@ ABSL_FLAG(bool, cuda_graphs, false,
           "(the warm-up must cover the two eager steps and the captured one)");
 ABSL_FLAG(bool, fused_kernels, true,
           "the model's fused kernels (TrainingArguments.fused_kernels; false: the eager path)");
+ABSL_FLAG(int64_t, loss_chunk_rows, 0,
+          "rows per chunk of the fused LM head + loss (0: about 2^27 logits a chunk); larger "
+          "chunks move the fp32 head gradient fewer times and hold more logits");
 ABSL_FLAG(int64_t, profile_steps, 0,
           "profile the last N timed steps and print device time per kernel family (CUDA; the "
           "profiled steps run slower, so the JSON line says profiled)");
@@ -444,6 +447,7 @@ std::string ResultLine(const proto::TrainingArguments& args, const proto::Decode
   line.Bool("activation_checkpointing", absl::GetFlag(FLAGS_activation_checkpointing));
   line.Bool("fused_kernels", args.fused_kernels()).Bool("cuda_graphs", args.cuda_graphs());
   line.Fixed("graph_replays", f.graph_replays, 0);
+  line.Int("loss_chunk_rows", absl::GetFlag(FLAGS_loss_chunk_rows));
   line.Int("profiled_steps", std::min(absl::GetFlag(FLAGS_profile_steps), steps));
   line.Bool("skip_collectives", absl::GetFlag(FLAGS_skip_collectives));
   line.Number("learning_rate", absl::GetFlag(FLAGS_learning_rate));
@@ -476,6 +480,20 @@ absl::StatusOr<std::shared_ptr<Dataset>> BenchTokens(int64_t samples, int64_t se
       absl::StrCat("--tokens=", kind, " is unknown: use markov (learnable) or random"));
 }
 
+absl::Status CheckLossChunkRows() {
+  const int64_t rows = absl::GetFlag(FLAGS_loss_chunk_rows);
+  if (rows < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--loss_chunk_rows=", rows, " is negative: give rows per chunk, or 0 for the default"));
+  }
+  if (rows > 0 && !absl::GetFlag(FLAGS_fused_kernels)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--loss_chunk_rows=", rows, " chunks the fused LM head + loss, which "
+        "--fused_kernels=false turns off: drop one of the two flags"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckFault() {
   const std::string fault = absl::GetFlag(FLAGS_inject_fault);
   if (fault == "none" || fault == "noop_optimizer" || fault == "scaled_gradient" ||
@@ -491,6 +509,7 @@ absl::Status Run(const std::vector<std::string>& overrides) {
   CT_ASSIGN_OR_RETURN(DistributedEnv env, DistributedEnvFromEnvironment());
   InitLogging("bench", env.rank);
   CT_RETURN_IF_ERROR(CheckFault());
+  CT_RETURN_IF_ERROR(CheckLossChunkRows());
   const std::string model_name = absl::GetFlag(FLAGS_model);
   CT_ASSIGN_OR_RETURN(proto::DecoderConfig config, NamedDecoderConfig(model_name));
   const int64_t seq = absl::GetFlag(FLAGS_seq_len);
@@ -502,6 +521,7 @@ absl::Status Run(const std::vector<std::string>& overrides) {
   CT_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, MakeEngine(args));
   CT_ASSIGN_OR_RETURN(std::shared_ptr<DecoderLM> model,
                       BenchModel(init_dir, config, model_name, *engine));
+  model->set_loss_chunk_rows(absl::GetFlag(FLAGS_loss_chunk_rows));
   const c10::Device device = engine->device();
   CT_ASSIGN_OR_RETURN(std::shared_ptr<Dataset> data,
                       BenchTokens(samples * engine->world_size(), seq, config.vocab_size()));

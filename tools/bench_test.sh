@@ -2,7 +2,8 @@
 # End to end, our side of the bench verification (tools/bench_compare.py compares it with
 # PyTorch's; that needs torch in Python and is run by hand: docs/BENCHMARKS.md): on the tiny
 # model in fp32 on the CPU, tools/bench --init_dir writes the model and token ids once, later
-# runs load them and get the same first and last loss; DDP, FSDP2 and ZeRO 1/2/3 on 2 ranks get
+# runs load them and get the same first and last loss (also with the fused loss in smaller
+# chunks, --loss_chunk_rows); DDP, FSDP2 and ZeRO 1/2/3 on 2 ranks get
 # the same losses as each other; a model of another shape is refused. On the CPU also on a CUDA host
 # (--use_cpu).
 set -euo pipefail
@@ -22,6 +23,8 @@ bench_json() {
 }
 field() { sed -E "s/.*\"$1\":([^,}]*).*/\1/" <<<"$2"; }
 losses() { echo "$(field first_loss "$1") $(field last_loss "$1") $(field tokens_fingerprint "$1")"; }
+# fp32 on the CPU: engines and chunkings agree to a few ulps, so compare to 6 significant digits.
+round() { awk '{ printf "%.6g %.6g %s", $1, $2, $3 }' <<<"$1"; }
 
 first=$(bench_json 1 --engine=local)
 for f in config.json model.safetensors tokens-markov-w1-ga1-mb2-seq16-steps4-rank0.safetensors; do
@@ -39,13 +42,29 @@ echo "written: $(losses "$first"); loaded: $(losses "$again")"
 [[ "$(losses "$first")" == "$(losses "$again")" ]] ||
   { echo "FAIL: the run from the written directory differs from the one that wrote it"; exit 1; }
 
+# The fused head + loss in chunks of 5 of the 32 rows trains as the default (one chunk) does.
+chunked=$(bench_json 1 --engine=local --loss_chunk_rows=5)
+[[ "$(field loss_chunk_rows "$chunked")" == 5 ]] ||
+  { echo "FAIL: the JSON line should record loss_chunk_rows 5: $chunked"; exit 1; }
+echo "loss chunks of 5 rows: $(losses "$chunked")"
+[[ "$(round "$(losses "$chunked")")" == "$(round "$(losses "$first")")" ]] ||
+  { echo "FAIL: --loss_chunk_rows=5 trained differently from the default"; exit 1; }
+for refused in "--loss_chunk_rows=-1:is negative" \
+  "--loss_chunk_rows=5 --fused_kernels=false:which --fused_kernels=false turns off"; do
+  if "$launch" --nproc_per_node=1 --master_port=0 "$bench" --model=tiny --bf16=false --use_cpu \
+    --seq_len=16 --micro_batch=2 --warmup=1 --steps=1 --init_dir="$init" ${refused%%:*} \
+    >"$log" 2>&1; then
+    echo "FAIL: ${refused%%:*} was accepted"; exit 1
+  fi
+  grep -q -- "--loss_chunk_rows=.*${refused#*:}" "$log" ||
+    { cat "$log"; echo "FAIL: the refusal of ${refused%%:*} does not say why"; exit 1; }
+done
+
 ddp=$(bench_json 2 --engine=ddp)
 fsdp2=$(bench_json 2 --engine=fsdp2)
 echo "2 ranks: ddp $(losses "$ddp"); fsdp2 $(losses "$fsdp2")"
 [[ -s "$init/tokens-markov-w2-ga1-mb2-seq16-steps4-rank1.safetensors" ]] ||
   { echo "FAIL: rank 1 wrote no token ids"; exit 1; }
-# fp32 on the CPU: the engines agree to a few ulps, so compare to 6 significant digits.
-round() { awk '{ printf "%.6g %.6g %s", $1, $2, $3 }' <<<"$1"; }
 [[ "$(round "$(losses "$ddp")")" == "$(round "$(losses "$fsdp2")")" ]] ||
   { echo "FAIL: DDP and FSDP2 trained differently from the same directory"; exit 1; }
 for stage in 1 2 3; do

@@ -39,6 +39,11 @@ uint64_t StartNs(const Event& event, long) {
   return event.startUs() * 1000;
 }
 
+// Kineto's activity types of host operations: CPU_OP (0) and USER_ANNOTATION (1), whose
+// correlation ids are the ones kernels link to. CUDA runtime calls (7) count apart, so their
+// ids could collide with an op's. (Debian's LibTorch ships no kineto/ActivityType.h.)
+bool IsHostOp(uint8_t activity_type) { return activity_type <= 1; }
+
 struct Interval {
   uint64_t start = 0;
   uint64_t end = 0;
@@ -105,6 +110,69 @@ std::string IdleReport(std::vector<Interval> kernels, const std::vector<Interval
   return out;
 }
 
+constexpr char kNodePrefix[] = "autograd::engine::evaluate_function: ";
+
+// A backward node's name without the engine's prefix; a C++ custom function's
+// "torch::autograd::CppNode<ns::Name>" becomes "Name".
+std::string NodeName(std::string name) {
+  if (absl::StartsWith(name, kNodePrefix)) name = name.substr(sizeof(kNodePrefix) - 1);
+  const size_t open = name.find("CppNode<");
+  if (open != std::string::npos) {
+    name = name.substr(open + 8);
+    if (!name.empty() && name.back() == '>') name.pop_back();
+    const size_t last = name.rfind("::");
+    if (last != std::string::npos) name = name.substr(last + 2);
+  }
+  return name.substr(0, 60);
+}
+
+using HostOp = KernelProfile::HostOp;
+
+// The backward nodes' evaluations per thread, by start: where an op ran inside the engine.
+class BackwardNodes {
+ public:
+  explicit BackwardNodes(const std::vector<HostOp>& ops) {
+    for (const HostOp& op : ops) {
+      if (absl::StartsWith(op.name, kNodePrefix)) by_thread_[op.thread].push_back(&op);
+    }
+    for (auto& [thread, nodes] : by_thread_) {
+      std::sort(nodes.begin(), nodes.end(),
+                [](const HostOp* a, const HostOp* b) { return a->start < b->start; });
+    }
+  }
+
+  // The innermost node on op's thread whose evaluation encloses op; nullptr in the forward.
+  const HostOp* Enclosing(const HostOp& op) const {
+    const auto found = by_thread_.find(op.thread);
+    if (found == by_thread_.end()) return nullptr;
+    const std::vector<const HostOp*>& nodes = found->second;
+    auto it = std::upper_bound(nodes.begin(), nodes.end(), op.start,
+                               [](uint64_t t, const HostOp* n) { return t < n->start; });
+    while (it != nodes.begin()) {
+      --it;
+      if ((*it)->end >= op.end) return *it;
+    }
+    return nullptr;
+  }
+
+ private:
+  std::map<uint64_t, std::vector<const HostOp*>> by_thread_;
+};
+
+// "aten::add in AddBackward0", "aten::mm" (forward), "in Node" (launched by the node's own
+// code outside any op: the engine records the node's evaluation, and inside it the node under
+// its bare name), or why there is no op.
+std::string LaunchLabel(const HostOp* op, const BackwardNodes& nodes) {
+  if (op == nullptr) {
+    return "(no launching op: a kernels/ launch outside any op, or a replayed CUDA graph)";
+  }
+  if (absl::StartsWith(op->name, kNodePrefix)) return "in " + NodeName(op->name);
+  const HostOp* node = nodes.Enclosing(*op);
+  if (node == nullptr) return op->name.substr(0, 60);
+  if (node->name.substr(sizeof(kNodePrefix) - 1) == op->name) return "in " + NodeName(op->name);
+  return absl::StrCat(op->name.substr(0, 60), " in ", NodeName(node->name));
+}
+
 std::string Lower(std::string s) {
   std::transform(s.begin(), s.end(), s.begin(),
                  [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
@@ -140,6 +208,45 @@ std::string KernelProfile::Family(const std::string& name) {
   return "other";
 }
 
+std::string KernelProfile::LaunchReport(const std::vector<DeviceKernel>& kernels,
+                                        const std::vector<HostOp>& ops, int64_t steps,
+                                        int per_family) {
+  std::map<uint64_t, const HostOp*> by_correlation;
+  for (const HostOp& op : ops) by_correlation[op.correlation] = &op;
+  const BackwardNodes nodes(ops);
+  // family -> (total ns, label -> (ns, kernels))
+  std::map<std::string, std::pair<double, std::map<std::string, std::pair<double, int64_t>>>>
+      families;
+  for (const DeviceKernel& k : kernels) {
+    const auto op = by_correlation.find(k.linked);
+    const std::string label =
+        LaunchLabel(k.linked == 0 || op == by_correlation.end() ? nullptr : op->second, nodes);
+    auto& family = families[Family(k.name)];
+    family.first += k.ns;
+    auto& entry = family.second[label];
+    entry.first += k.ns;
+    entry.second += 1;
+  }
+  std::vector<std::pair<double, std::string>> order;
+  for (const auto& [name, family] : families) order.push_back({family.first, name});
+  std::sort(order.rbegin(), order.rend());
+  const double step_count = static_cast<double>(std::max<int64_t>(steps, 1));
+  std::string out = "profile: by op | family | launching op | ms/step | kernels/step |\n";
+  for (const auto& [ns, family] : order) {
+    std::vector<std::pair<double, std::pair<std::string, int64_t>>> top;
+    for (const auto& [label, entry] : families[family].second) {
+      top.push_back({entry.first, {label, entry.second}});
+    }
+    std::sort(top.rbegin(), top.rend());
+    for (size_t i = 0; i < top.size() && i < static_cast<size_t>(per_family); ++i) {
+      absl::StrAppendFormat(&out, "profile: by op | %s | %s | %.2f | %.1f |\n", family,
+                            top[i].second.first, top[i].first / (1e6 * step_count),
+                            static_cast<double>(top[i].second.second) / step_count);
+    }
+  }
+  return out;
+}
+
 void KernelProfile::Start() {
   const impl::ProfilerConfig config(impl::ProfilerState::KINETO);
   const std::set<impl::ActivityType> activities = {impl::ActivityType::CPU,
@@ -158,15 +265,21 @@ std::string KernelProfile::StopAndFormat(int64_t steps) {
   double total = 0;
   std::vector<Interval> device_intervals;
   std::vector<Interval> host_intervals;
+  std::vector<DeviceKernel> launched;
+  std::vector<HostOp> ops;
   for (const auto& event : result->events()) {
     const uint64_t start = StartNs(event, 0);
     const uint64_t end = start + DurationNs(event, 0);
     if (event.deviceType() != c10::DeviceType::CUDA) {
       host_intervals.push_back({start, end, event.name()});
+      if (IsHostOp(event.activityType())) {
+        ops.push_back({event.correlationId(), event.startThreadId(), start, end, event.name()});
+      }
       continue;
     }
     device_intervals.push_back({start, end, event.name()});
     const double ns = static_cast<double>(end - start);
+    launched.push_back({event.linkedCorrelationId(), ns, event.name()});
     auto& family = families[Family(event.name())];
     family.first += ns;
     family.second += 1;
@@ -197,6 +310,7 @@ std::string KernelProfile::StopAndFormat(int64_t steps) {
     absl::StrAppendFormat(&out, "profile:   %7.2f  %-22s %s\n", top[i].first / per_step,
                           Family(top[i].second), top[i].second.substr(0, 110));
   }
+  out += LaunchReport(launched, ops, steps);
   return out + IdleReport(std::move(device_intervals), host_intervals, steps);
 }
 

@@ -19,25 +19,24 @@ namespace {
 namespace profiler = torch::autograd::profiler;
 namespace impl = torch::profiler::impl;
 
-// LibTorch 2.x reports durations in ns (durationNs), 1.13 in us (durationUs).
+using Span = std::pair<uint64_t, uint64_t>;
+
+// An event's start and end in ns: LibTorch 2.x reports startNs and durationNs, 1.13 startUs
+// and durationUs.
 template <typename Event>
-auto DurationNs(const Event& event, int) -> decltype(event.durationNs()) {
-  return event.durationNs();
+auto SpanNs(const Event& e, int) -> decltype(e.startNs() + e.durationNs(), Span()) {
+  return {e.startNs(), e.startNs() + e.durationNs()};
 }
 template <typename Event>
-uint64_t DurationNs(const Event& event, long) {
-  return event.durationUs() * 1000;
+Span SpanNs(const Event& e, long) {
+  return {e.startUs() * 1000, (e.startUs() + e.durationUs()) * 1000};
 }
 
-// Start times: startNs in 2.x, startUs in 1.13.
-template <typename Event>
-auto StartNs(const Event& event, int) -> decltype(event.startNs()) {
-  return event.startNs();
+// A total over `steps` steps, per step; MsPerStep from ns.
+double PerStep(double total, int64_t steps) {
+  return total / static_cast<double>(std::max<int64_t>(steps, 1));
 }
-template <typename Event>
-uint64_t StartNs(const Event& event, long) {
-  return event.startUs() * 1000;
-}
+double MsPerStep(double ns, int64_t steps) { return PerStep(ns, steps) / 1e6; }
 
 // Kineto's activity types of host operations: CPU_OP (0) and USER_ANNOTATION (1), whose
 // correlation ids are the ones kernels link to. CUDA runtime calls (7) count apart, so their
@@ -79,11 +78,10 @@ std::string IdleReport(std::vector<Interval> kernels, const std::vector<Interval
     }
   }
   const double span = static_cast<double>(covered_to - kernels[0].start);
-  const double per_step = 1e6 * static_cast<double>(std::max<int64_t>(steps, 1));
   std::string out = absl::StrFormat(
       "profile: device busy %.1f of %.1f ms per step from first kernel to last: idle %.1f ms\n",
-      static_cast<double>(busy) / per_step, span / per_step,
-      (span - static_cast<double>(busy)) / per_step);
+      MsPerStep(static_cast<double>(busy), steps), MsPerStep(span, steps),
+      MsPerStep(span - static_cast<double>(busy), steps));
   std::sort(gaps.begin(), gaps.end(),
             [](const Gap& a, const Gap& b) { return a.length > b.length; });
   out += "profile: longest idle gaps (ms; kernel before -> after; host calls overlapping it):\n";
@@ -230,7 +228,6 @@ std::string KernelProfile::LaunchReport(const std::vector<DeviceKernel>& kernels
   std::vector<std::pair<double, std::string>> order;
   for (const auto& [name, family] : families) order.push_back({family.first, name});
   std::sort(order.rbegin(), order.rend());
-  const double step_count = static_cast<double>(std::max<int64_t>(steps, 1));
   std::string out = "profile: by op | family | launching op | ms/step | kernels/step |\n";
   for (const auto& [ns, family] : order) {
     std::vector<std::pair<double, std::pair<std::string, int64_t>>> top;
@@ -240,8 +237,8 @@ std::string KernelProfile::LaunchReport(const std::vector<DeviceKernel>& kernels
     std::sort(top.rbegin(), top.rend());
     for (size_t i = 0; i < top.size() && i < static_cast<size_t>(per_family); ++i) {
       absl::StrAppendFormat(&out, "profile: by op | %s | %s | %.2f | %.1f |\n", family,
-                            top[i].second.first, top[i].first / (1e6 * step_count),
-                            static_cast<double>(top[i].second.second) / step_count);
+                            top[i].second.first, MsPerStep(top[i].first, steps),
+                            PerStep(static_cast<double>(top[i].second.second), steps));
     }
   }
   return out;
@@ -268,8 +265,7 @@ std::string KernelProfile::StopAndFormat(int64_t steps) {
   std::vector<DeviceKernel> launched;
   std::vector<HostOp> ops;
   for (const auto& event : result->events()) {
-    const uint64_t start = StartNs(event, 0);
-    const uint64_t end = start + DurationNs(event, 0);
+    const auto [start, end] = SpanNs(event, 0);
     if (event.deviceType() != c10::DeviceType::CUDA) {
       host_intervals.push_back({start, end, event.name()});
       if (IsHostOp(event.activityType())) {
@@ -290,24 +286,23 @@ std::string KernelProfile::StopAndFormat(int64_t steps) {
     return "profile: SKIPPED: no CUDA kernels were recorded (device time per kernel needs a "
            "CUDA device and LibTorch's Kineto)\n";
   }
-  const double per_step = 1e6 * static_cast<double>(std::max<int64_t>(steps, 1));  // ns -> ms
   std::vector<std::pair<double, std::string>> order;
   for (const auto& [name, value] : families) order.push_back({value.first, name});
   std::sort(order.rbegin(), order.rend());
   std::string out = absl::StrFormat("profile: device time per step over %d steps: %.1f ms\n", steps,
-                                    total / per_step);
+                                    MsPerStep(total, steps));
   out += "profile: | family | ms/step | share | kernels/step |\n";
   for (const auto& [ns, name] : order) {
-    absl::StrAppendFormat(&out, "profile: | %s | %.2f | %.1f%% | %.0f |\n", name, ns / per_step,
-                          100 * ns / total,
-                          static_cast<double>(families[name].second) / std::max<int64_t>(steps, 1));
+    absl::StrAppendFormat(&out, "profile: | %s | %.2f | %.1f%% | %.0f |\n", name,
+                          MsPerStep(ns, steps), 100 * ns / total,
+                          PerStep(static_cast<double>(families[name].second), steps));
   }
   std::vector<std::pair<double, std::string>> top;
   for (const auto& [name, ns] : kernels) top.push_back({ns, name});
   std::sort(top.rbegin(), top.rend());
   out += "profile: top kernels (ms/step, family, name):\n";
   for (size_t i = 0; i < top.size() && i < 15; ++i) {
-    absl::StrAppendFormat(&out, "profile:   %7.2f  %-22s %s\n", top[i].first / per_step,
+    absl::StrAppendFormat(&out, "profile:   %7.2f  %-22s %s\n", MsPerStep(top[i].first, steps),
                           Family(top[i].second), top[i].second.substr(0, 110));
   }
   out += LaunchReport(launched, ops, steps);

@@ -25,6 +25,18 @@ field() { sed -E "s/.*\"$1\":([^,}]*).*/\1/" <<<"$2"; }
 losses() { echo "$(field first_loss "$1") $(field last_loss "$1") $(field tokens_fingerprint "$1")"; }
 # fp32 on the CPU: engines and chunkings agree to a few ulps, so compare to 6 significant digits.
 round() { awk '{ printf "%.6g %.6g %s", $1, $2, $3 }' <<<"$1"; }
+# expect_refused MESSAGE ARGS...: tools/bench on one rank with ARGS must fail, and its log must
+# match MESSAGE (a grep pattern).
+expect_refused() {
+  local message="$1"
+  shift
+  if "$launch" --nproc_per_node=1 --master_port=0 "$bench" --bf16=false --seq_len=16 \
+    --micro_batch=2 --init_dir="$init" "$@" >"$log" 2>&1; then
+    echo "FAIL: tools/bench $* was accepted"; exit 1
+  fi
+  grep -q -- "$message" "$log" ||
+    { cat "$log"; echo "FAIL: the refusal of $* does not say: $message"; exit 1; }
+}
 
 first=$(bench_json 1 --engine=local)
 for f in config.json model.safetensors tokens-markov-w1-ga1-mb2-seq16-steps4-rank0.safetensors; do
@@ -49,16 +61,10 @@ chunked=$(bench_json 1 --engine=local --loss_chunk_rows=5)
 echo "loss chunks of 5 rows: $(losses "$chunked")"
 [[ "$(round "$(losses "$chunked")")" == "$(round "$(losses "$first")")" ]] ||
   { echo "FAIL: --loss_chunk_rows=5 trained differently from the default"; exit 1; }
-for refused in "--loss_chunk_rows=-1:is negative" \
-  "--loss_chunk_rows=5 --fused_kernels=false:which --fused_kernels=false turns off"; do
-  if "$launch" --nproc_per_node=1 --master_port=0 "$bench" --model=tiny --bf16=false --use_cpu \
-    --seq_len=16 --micro_batch=2 --warmup=1 --steps=1 --init_dir="$init" ${refused%%:*} \
-    >"$log" 2>&1; then
-    echo "FAIL: ${refused%%:*} was accepted"; exit 1
-  fi
-  grep -q -- "--loss_chunk_rows=.*${refused#*:}" "$log" ||
-    { cat "$log"; echo "FAIL: the refusal of ${refused%%:*} does not say why"; exit 1; }
-done
+expect_refused "--loss_chunk_rows=.*is negative" --model=tiny --use_cpu --warmup=1 --steps=1 \
+  --loss_chunk_rows=-1
+expect_refused "--loss_chunk_rows=.*which --fused_kernels=false turns off" --model=tiny --use_cpu \
+  --warmup=1 --steps=1 --loss_chunk_rows=5 --fused_kernels=false
 
 ddp=$(bench_json 2 --engine=ddp)
 fsdp2=$(bench_json 2 --engine=fsdp2)
@@ -76,21 +82,13 @@ for stage in 1 2 3; do
     { echo "FAIL: DDP and ZeRO-$stage trained differently from the same directory"; exit 1; }
 done
 
-if "$launch" --nproc_per_node=1 --master_port=0 "$bench" --model=demo --bf16=false \
-  --seq_len=16 --micro_batch=2 --warmup=1 --steps=1 --init_dir="$init" >"$log" 2>&1; then
-  echo "FAIL: --model=demo on a directory holding the tiny model was accepted"; exit 1
-fi
-grep -q -- "--init_dir=$init holds another model than --model=demo" "$log" ||
-  { cat "$log"; echo "FAIL: the refusal does not name the flags"; exit 1; }
+expect_refused "--init_dir=$init holds another model than --model=demo" --model=demo \
+  --warmup=1 --steps=1
 
 # --cuda_graphs times only replays: a run whose timed steps were not all replays fails, naming
 # --warmup (on the CPU nothing is captured, so every timed step is eager).
-if "$launch" --nproc_per_node=1 --master_port=0 "$bench" --model=tiny --bf16=false --use_cpu \
-  --seq_len=16 --micro_batch=2 --warmup=1 --steps=3 --init_dir="$init" --cuda_graphs \
-  >"$log" 2>&1; then
-  echo "FAIL: --cuda_graphs with no replayed step was accepted"; exit 1
-fi
-grep -q -- "--cuda_graphs: 0 replays over --warmup=1 and --steps=3 steps.*give --warmup of at least 4" \
-  "$log" || { cat "$log"; echo "FAIL: the refusal does not name the replays and --warmup"; exit 1; }
+expect_refused \
+  "--cuda_graphs: 0 replays over --warmup=1 and --steps=3 steps.*give --warmup of at least 4" \
+  --model=tiny --use_cpu --warmup=1 --steps=3 --cuda_graphs
 echo "cuda_graphs without replays: refused"
 echo PASS

@@ -602,12 +602,19 @@ __device__ __forceinline__ void Combine(float& m, float& s, float m2, float s2) 
   m = top;
 }
 
-// One block per row: loss[row] = logsumexp(z) - z[target] (0 when ignored, NaN when the target
-// is outside [0, vocab)); with write_grad,
-// z is overwritten by softmax(z) - onehot(target) (zeros when ignored).
+// softcap * tanh(v / softcap) (Gemma 2's final logits) when softcap > 0, else v.
+__device__ __forceinline__ float Softcapped(float v, float softcap) {
+  return softcap > 0.f ? softcap * tanhf(v / softcap) : v;
+}
+
+// One block per row: loss[row] = logsumexp(c) - c[target] with c = Softcapped(z) (0 when
+// ignored, NaN when the target is outside [0, vocab)); with write_grad, z is overwritten by
+// d(loss)/dz = (softmax(c) - onehot(target)) * dc/dz (zeros when ignored), where dc/dz is
+// 1 - tanh^2(z / softcap) under a cap and 1 without.
 template <typename T, bool kVector>
 __global__ void CrossEntropyRowsKernel(int64_t vocab, T* logits, const int64_t* targets,
-                                       int64_t ignore_index, float* loss, bool write_grad) {
+                                       int64_t ignore_index, float softcap, float* loss,
+                                       bool write_grad) {
   constexpr int kWidth = kVector ? kVec<T> : 1;
   __shared__ float shared_m[kRowBlock / kWarp];
   __shared__ float shared_s[kRowBlock / kWarp];
@@ -620,6 +627,8 @@ __global__ void CrossEntropyRowsKernel(int64_t vocab, T* logits, const int64_t* 
     } else {
       v[0] = Load(z, j);
     }
+#pragma unroll
+    for (int k = 0; k < kWidth; ++k) v[k] = Softcapped(v[k], softcap);
     float top = v[0];
 #pragma unroll
     for (int k = 1; k < kWidth; ++k) top = fmaxf(top, v[k]);
@@ -648,7 +657,7 @@ __global__ void CrossEntropyRowsKernel(int64_t vocab, T* logits, const int64_t* 
   // A target outside the vocabulary (eager raises) makes the loss NaN rather than pass unseen.
   const bool valid = target >= 0 && target < vocab;
   if (threadIdx.x == 0) {
-    loss[blockIdx.x] = !counted ? 0.f : valid ? lse - Load(z, target) : NAN;
+    loss[blockIdx.x] = !counted ? 0.f : valid ? lse - Softcapped(Load(z, target), softcap) : NAN;
   }
   if (!write_grad) return;
   __syncthreads();  // z[target] is read before it is overwritten
@@ -661,7 +670,13 @@ __global__ void CrossEntropyRowsKernel(int64_t vocab, T* logits, const int64_t* 
     }
 #pragma unroll
     for (int k = 0; k < kWidth; ++k) {
-      v[k] = counted ? __expf(v[k] - lse) - (j + k == target ? 1.f : 0.f) : 0.f;
+      float slope = 1.f;  // dc/dz
+      if (softcap > 0.f) {
+        const float t = tanhf(v[k] / softcap);
+        v[k] = softcap * t;
+        slope = 1.f - t * t;
+      }
+      v[k] = counted ? (__expf(v[k] - lse) - (j + k == target ? 1.f : 0.f)) * slope : 0.f;
     }
     if constexpr (kVector) {
       StoreVec(z + j, v);
@@ -961,15 +976,15 @@ const char* LaunchResidualAdd(int64_t n, const void* x, ElementType x_type, cons
 }
 
 const char* LaunchCrossEntropyRows(int64_t rows, int64_t vocab, void* logits, ElementType type,
-                                   const int64_t* targets, int64_t ignore_index, float* loss,
-                                   bool write_grad, void* stream) {
+                                   const int64_t* targets, int64_t ignore_index, float softcap,
+                                   float* loss, bool write_grad, void* stream) {
   if (rows == 0) return nullptr;
   WithType(type, [&](auto t) {
     using T = decltype(t);
     auto kernel = Vectorizable<T>(vocab, {logits}) ? CrossEntropyRowsKernel<T, true>
                                                    : CrossEntropyRowsKernel<T, false>;
     kernel<<<rows, kRowBlock, 0, static_cast<cudaStream_t>(stream)>>>(
-        vocab, static_cast<T*>(logits), targets, ignore_index, loss, write_grad);
+        vocab, static_cast<T*>(logits), targets, ignore_index, softcap, loss, write_grad);
   });
   return LastError();
 }

@@ -240,7 +240,7 @@ at::Tensor QkNormRope(const at::Tensor& x, const at::Tensor& weight, double eps,
 }
 
 at::Tensor CrossEntropyRowsInPlace(at::Tensor& logits, const at::Tensor& targets,
-                                   int64_t ignore_index, bool write_grad) {
+                                   int64_t ignore_index, bool write_grad, double softcap) {
   if (!logits.is_cuda() || logits.dim() != 2 || !logits.is_contiguous() ||
       !Supported(logits.scalar_type()) || targets.device() != logits.device() ||
       targets.scalar_type() != at::kLong || targets.numel() != logits.size(0)) {
@@ -251,7 +251,8 @@ at::Tensor CrossEntropyRowsInPlace(at::Tensor& logits, const at::Tensor& targets
   at::Tensor loss = at::empty({logits.size(0)}, logits.options().dtype(at::kFloat));
   Check(LaunchCrossEntropyRows(logits.size(0), logits.size(1), logits.data_ptr(),
                                TypeOf(logits.scalar_type()), t.data_ptr<int64_t>(), ignore_index,
-                               loss.data_ptr<float>(), write_grad, Stream()),
+                               static_cast<float>(softcap), loss.data_ptr<float>(), write_grad,
+                               Stream()),
         "cross-entropy rows");
   return loss;
 }
@@ -259,7 +260,7 @@ at::Tensor CrossEntropyRowsInPlace(at::Tensor& logits, const at::Tensor& targets
 #else  // no CUDA kernels in this build
 
 at::Tensor CrossEntropyRowsInPlace(at::Tensor& logits, const at::Tensor& targets,
-                                   int64_t ignore_index, bool write_grad) {
+                                   int64_t ignore_index, bool write_grad, double softcap) {
   return at::Tensor();
 }
 

@@ -47,12 +47,13 @@ at::Tensor QkNormRopeReference(const at::Tensor& x, const at::Tensor& weight, do
                                at::ScalarType out_dtype);
 
 // Per-row cross-entropy of logits [rows, vocab] (contiguous fp32 or bf16 on CUDA) against
-// targets [rows]: the fp32 [rows] losses (0 where ignored), and with write_grad the logits
-// overwritten by softmax - onehot(target) (zero rows where ignored), in one kernel. Undefined
-// where the kernel does not apply (the CPU, builds without the kernels): the caller then
-// computes it with ATen.
+// targets [rows], of softcap * tanh(logits / softcap) where softcap > 0: the fp32 [rows] losses
+// (0 where ignored), and with write_grad the logits overwritten by the gradient with respect to
+// them (softmax - onehot(target), times the cap's slope; zero rows where ignored), in one
+// kernel. Undefined where the kernel does not apply (the CPU, builds without the kernels): the
+// caller then computes it with ATen.
 at::Tensor CrossEntropyRowsInPlace(at::Tensor& logits, const at::Tensor& targets,
-                                   int64_t ignore_index, bool write_grad);
+                                   int64_t ignore_index, bool write_grad, double softcap = 0.0);
 
 }  // namespace kernels
 }  // namespace cpptrain

@@ -206,27 +206,33 @@ TEST(FusedOpsTest, LinearCrossEntropyMatchesReferenceOnTheGpu) {
   REQUIRE_KERNELS();
   torch::manual_seed(4);
   const int64_t rows = 1000, hidden = 256;
-  // 50257: the row kernel's one-value path; 50304: its 16-byte path.
+  // 50257: the row kernel's one-value path; 50304: its 16-byte path. Softcap 0: none; 1.5:
+  // Gemma 2's final cap, small enough against these logits (|z| up to about 4) to bend most.
   for (const int64_t vocab : {int64_t{50257}, int64_t{50304}}) {
     at::Tensor targets = torch::randint(vocab, {rows}, torch::device(kCuda).dtype(at::kLong));
     targets.slice(0, 0, 100).fill_(-100);
     for (const at::ScalarType type : {at::kFloat, at::kBFloat16}) {
-      const at::Tensor h = torch::randn({rows, hidden}, torch::device(kCuda));
-      const at::Tensor w = 0.05 * torch::randn({vocab, hidden}, torch::device(kCuda));
-      const at::Tensor one = torch::ones({}, torch::device(kCuda));
-      auto fused = ValueAndGrads(
-          [&](const auto& in) {
-            return LinearCrossEntropySum(in[0], in[1], targets, -100, type, /*chunk_rows=*/300);
-          },
-          {h, w}, one);
-      auto reference = ValueAndGrads(
-          [&](const auto& in) {
-            return LinearCrossEntropySumReference(in[0], in[1], targets, -100, type);
-          },
-          {h, w}, one);
-      ExpectClose(
-          fused, reference, type == at::kFloat ? 1e-5 : 1e-2,
-          "linear cross-entropy vocab " + std::to_string(vocab) + " " + c10::toString(type));
+      for (const double softcap : {0.0, 1.5}) {
+        const at::Tensor h = torch::randn({rows, hidden}, torch::device(kCuda));
+        const at::Tensor w = 0.05 * torch::randn({vocab, hidden}, torch::device(kCuda));
+        const at::Tensor one = torch::ones({}, torch::device(kCuda));
+        auto fused = ValueAndGrads(
+            [&](const auto& in) {
+              return LinearCrossEntropySum(in[0], in[1], targets, -100, type, /*chunk_rows=*/300,
+                                           softcap);
+            },
+            {h, w}, one);
+        auto reference = ValueAndGrads(
+            [&](const auto& in) {
+              // fp32 logits for the reference under a cap: the fused kernel caps in fp32.
+              return LinearCrossEntropySumReference(
+                  in[0], in[1], targets, -100, softcap > 0 ? at::kFloat : type, softcap);
+            },
+            {h, w}, one);
+        ExpectClose(fused, reference, type == at::kFloat ? 1e-5 : 1e-2,
+                    "linear cross-entropy vocab " + std::to_string(vocab) + " " +
+                        c10::toString(type) + " softcap " + std::to_string(softcap));
+      }
     }
   }
 }
@@ -280,6 +286,41 @@ TEST(FusedOpsTest, LinearCrossEntropyMatchesReferenceFp32) {
         },
         {h.to(at::kDouble), w.to(at::kDouble)}, scale);
     ExpectClose(fused, reference, 1e-5, "chunk_rows " + std::to_string(chunk));
+  }
+}
+
+// Gemma 2's final soft-capping inside the chunks, against the eager cap in double; and the cap
+// must change the loss and gradients (a cap ignored would pass the comparison otherwise only if
+// the logits never reached it, so these do: |z| up to about 6 against a cap of 2).
+TEST(FusedOpsTest, LinearCrossEntropyWithASoftcapMatchesTheEagerCap) {
+  torch::manual_seed(9);
+  const int64_t rows = 23, hidden = 16, vocab = 301;
+  at::Tensor targets = torch::randint(vocab, {rows}, at::kLong);
+  targets.slice(0, 2, 5).fill_(-100);
+  const at::Tensor h = torch::randn({rows, hidden});
+  const at::Tensor w = 0.5 * torch::randn({vocab, hidden});
+  const at::Tensor scale = torch::full({}, 0.7);
+  const double softcap = 2.0;
+  auto reference = ValueAndGrads(
+      [&](const auto& in) {
+        return LinearCrossEntropySumReference(in[0], in[1], targets, -100, at::kDouble, softcap);
+      },
+      {h.to(at::kDouble), w.to(at::kDouble)}, scale);
+  for (const int64_t chunk : {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{23}}) {
+    auto fused = ValueAndGrads(
+        [&](const auto& in) {
+          return LinearCrossEntropySum(in[0], in[1], targets, -100, at::kFloat, chunk, softcap);
+        },
+        {h, w}, scale);
+    ExpectClose(fused, reference, 1e-5, "softcap, chunk_rows " + std::to_string(chunk));
+  }
+  auto uncapped = ValueAndGrads(
+      [&](const auto& in) {
+        return LinearCrossEntropySumReference(in[0], in[1], targets, -100, at::kDouble);
+      },
+      {h.to(at::kDouble), w.to(at::kDouble)}, scale);
+  for (size_t i = 0; i < uncapped.size(); ++i) {
+    EXPECT_GT(RelativeError(uncapped[i], reference[i]), 0.05) << "output " << i;
   }
 }
 

@@ -75,11 +75,12 @@ const char* LaunchResidualAdd(int64_t n, const void* x, ElementType x_type, cons
                               ElementType delta_type, void* out, void* stream);
 
 // Per-row cross-entropy of logits [rows, vocab] against targets [rows] (int64; ignore_index
-// rows count 0): loss [rows] fp32 (written). With write_grad the logits are overwritten by
-// softmax - onehot(target), zero rows where ignored.
+// rows count 0), of softcap * tanh(logits / softcap) when softcap > 0: loss [rows] fp32
+// (written). With write_grad the logits are overwritten by the loss's gradient with respect to
+// them (softmax - onehot(target), times the cap's slope), zero rows where ignored.
 const char* LaunchCrossEntropyRows(int64_t rows, int64_t vocab, void* logits, ElementType type,
-                                   const int64_t* targets, int64_t ignore_index, float* loss,
-                                   bool write_grad, void* stream);
+                                   const int64_t* targets, int64_t ignore_index, float softcap,
+                                   float* loss, bool write_grad, void* stream);
 
 // One tensor of an AdamW step: fp32 parameter and moments, a gradient of the launch's type, the
 // step count this step uses (1 at the first; fp32, on the device) and, unless null, where the new

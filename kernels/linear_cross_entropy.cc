@@ -77,12 +77,14 @@ struct ChunkResult {
 };
 
 // One chunk: the summed loss and, when wanted, d(loss)/d(logits) = softmax - onehot on the
-// counted rows (zero on ignored ones).
+// counted rows (zero on ignored ones), times the cap's slope 1 - tanh^2(logits / softcap) under
+// a cap.
 ChunkResult Chunk(const at::Tensor& h, const at::Tensor& w, const at::Tensor& targets,
-                  int64_t ignore_index, bool want_grad) {
+                  int64_t ignore_index, bool want_grad, double softcap) {
   at::Tensor logits = at::mm(h, w.t());
   // On CUDA one kernel per row does the statistics and the gradient, in place.
-  const at::Tensor row_losses = CrossEntropyRowsInPlace(logits, targets, ignore_index, want_grad);
+  const at::Tensor row_losses =
+      CrossEntropyRowsInPlace(logits, targets, ignore_index, want_grad, softcap);
   if (row_losses.defined()) {
     ChunkResult out;
     out.loss = row_losses.sum();
@@ -90,6 +92,12 @@ ChunkResult Chunk(const at::Tensor& h, const at::Tensor& w, const at::Tensor& ta
     return out;
   }
   at::Tensor z = logits.to(at::kFloat);
+  at::Tensor slope;  // dz/dlogits under a cap
+  if (softcap > 0) {
+    const at::Tensor t = at::tanh(z / softcap);
+    slope = 1 - t * t;
+    z = t * softcap;
+  }
   const at::Tensor counted = targets.ne(ignore_index);
   const at::Tensor safe = at::where(counted, targets, at::zeros_like(targets)).unsqueeze(1);
   const at::Tensor lse = at::logsumexp(z, 1);
@@ -102,6 +110,7 @@ ChunkResult Chunk(const at::Tensor& h, const at::Tensor& w, const at::Tensor& ta
   const at::Tensor weight = counted.to(at::kFloat).unsqueeze(1);
   z.scatter_add_(1, safe, -weight);
   z.mul_(weight);
+  if (slope.defined()) z.mul_(slope);
   out.dlogits = z.to(h.scalar_type());
   return out;
 }
@@ -110,7 +119,8 @@ class LinearCrossEntropyFunction : public torch::autograd::Function<LinearCrossE
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& hidden,
                             const at::Tensor& weight, const at::Tensor& targets,
-                            int64_t ignore_index, int64_t compute_dtype, int64_t chunk_rows) {
+                            int64_t ignore_index, int64_t compute_dtype, int64_t chunk_rows,
+                            double softcap) {
     const auto dtype = static_cast<at::ScalarType>(compute_dtype);
     const at::Tensor h = hidden.to(dtype).contiguous();
     const at::Tensor w = weight.to(dtype).contiguous();
@@ -126,7 +136,7 @@ class LinearCrossEntropyFunction : public torch::autograd::Function<LinearCrossE
     for (int64_t begin = 0; begin < rows; begin += chunk) {
       const int64_t end = std::min(rows, begin + chunk);
       const at::Tensor hc = h.slice(0, begin, end);
-      ChunkResult part = Chunk(hc, w, targets.slice(0, begin, end), ignore_index, true);
+      ChunkResult part = Chunk(hc, w, targets.slice(0, begin, end), ignore_index, true, softcap);
       loss.add_(part.loss);
       at::Tensor dh_rows = dh.slice(0, begin, end);
       WriteHiddenGradient(dh_rows, part.dlogits, w);
@@ -149,6 +159,7 @@ class LinearCrossEntropyFunction : public torch::autograd::Function<LinearCrossE
             at::Tensor(),
             at::Tensor(),
             at::Tensor(),
+            at::Tensor(),
             at::Tensor()};
   }
 };
@@ -157,7 +168,8 @@ class LinearCrossEntropyFunction : public torch::autograd::Function<LinearCrossE
 
 at::Tensor LinearCrossEntropySum(const at::Tensor& hidden, const at::Tensor& weight,
                                  const at::Tensor& targets, int64_t ignore_index,
-                                 at::ScalarType compute_dtype, int64_t chunk_rows) {
+                                 at::ScalarType compute_dtype, int64_t chunk_rows,
+                                 double softcap) {
   TORCH_CHECK(hidden.dim() == 2 && weight.dim() == 2 && hidden.size(1) == weight.size(1) &&
                   targets.dim() == 1 && targets.size(0) == hidden.size(0),
               "LinearCrossEntropySum: hidden [N, H], weight [V, H] and targets [N] expected, got ",
@@ -168,7 +180,8 @@ at::Tensor LinearCrossEntropySum(const at::Tensor& hidden, const at::Tensor& wei
       at::GradMode::is_enabled() && (hidden.requires_grad() || weight.requires_grad());
   if (want_grad) {
     return LinearCrossEntropyFunction::apply(hidden, weight, targets, ignore_index,
-                                             static_cast<int64_t>(compute_dtype), chunk_rows);
+                                             static_cast<int64_t>(compute_dtype), chunk_rows,
+                                             softcap);
   }
   const at::Tensor h = hidden.to(compute_dtype);
   const at::Tensor w = weight.to(compute_dtype);
@@ -176,18 +189,25 @@ at::Tensor LinearCrossEntropySum(const at::Tensor& hidden, const at::Tensor& wei
   at::Tensor loss = at::zeros({}, hidden.options().dtype(at::kFloat));
   for (int64_t begin = 0; begin < h.size(0); begin += chunk) {
     const int64_t end = std::min(h.size(0), begin + chunk);
-    loss.add_(
-        Chunk(h.slice(0, begin, end), w, targets.slice(0, begin, end), ignore_index, false).loss);
+    loss.add_(Chunk(h.slice(0, begin, end), w, targets.slice(0, begin, end), ignore_index, false,
+                    softcap)
+                  .loss);
   }
   return loss;
 }
 
 at::Tensor LinearCrossEntropySumReference(const at::Tensor& hidden, const at::Tensor& weight,
                                           const at::Tensor& targets, int64_t ignore_index,
-                                          at::ScalarType compute_dtype) {
-  const at::Tensor logits = at::linear(hidden.to(compute_dtype), weight.to(compute_dtype));
+                                          at::ScalarType compute_dtype, double softcap) {
+  const at::Tensor logits = SoftcapReference(
+      at::linear(hidden.to(compute_dtype), weight.to(compute_dtype)), softcap);
   return at::cross_entropy_loss(logits.to(at::kFloat), targets, /*weight=*/{}, at::Reduction::Sum,
                                 ignore_index);
+}
+
+at::Tensor SoftcapReference(const at::Tensor& logits, double softcap) {
+  if (softcap <= 0) return logits;
+  return at::tanh(logits / softcap) * softcap;
 }
 
 }  // namespace kernels

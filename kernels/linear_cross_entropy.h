@@ -26,15 +26,22 @@ namespace cpptrain {
 namespace kernels {
 
 // Sum over rows whose target is not ignore_index of logsumexp(z) - z[target], z = hidden_row
-// @ weight^T. chunk_rows 0 picks chunks of about 2^27 logits.
+// @ weight^T, or z = SoftcapReference(hidden_row @ weight^T, softcap) when softcap > 0 (Gemma
+// 2's final_logit_softcapping; the cap is applied in fp32). chunk_rows 0 picks chunks of about
+// 2^27 logits.
 at::Tensor LinearCrossEntropySum(const at::Tensor& hidden, const at::Tensor& weight,
                                  const at::Tensor& targets, int64_t ignore_index,
-                                 at::ScalarType compute_dtype, int64_t chunk_rows = 0);
+                                 at::ScalarType compute_dtype, int64_t chunk_rows = 0,
+                                 double softcap = 0.0);
 
-// The eager path it replaces: logits in compute_dtype, fp32 cross-entropy summed.
+// The eager path it replaces: logits in compute_dtype (soft-capped there when softcap > 0, as
+// transformers does), fp32 cross-entropy summed.
 at::Tensor LinearCrossEntropySumReference(const at::Tensor& hidden, const at::Tensor& weight,
                                           const at::Tensor& targets, int64_t ignore_index,
-                                          at::ScalarType compute_dtype);
+                                          at::ScalarType compute_dtype, double softcap = 0.0);
+
+// softcap * tanh(logits / softcap) in the logits' dtype; the logits themselves when softcap <= 0.
+at::Tensor SoftcapReference(const at::Tensor& logits, double softcap);
 
 }  // namespace kernels
 }  // namespace cpptrain

@@ -186,9 +186,7 @@ DecoderLM::LayerTables DecoderLM::TablesAt(const at::Tensor& position_ids, const
 }
 
 at::Tensor DecoderLM::SoftcapLogits(const at::Tensor& logits) const {
-  if (!config_.has_final_logit_softcapping()) return logits;
-  const double cap = config_.final_logit_softcapping();
-  return at::tanh(logits / cap) * cap;
+  return kernels::SoftcapReference(logits, config_.final_logit_softcapping());
 }
 
 const at::Tensor& DecoderLM::HeadWeight() const {
@@ -227,8 +225,7 @@ torch::Tensor DecoderLM::Logits(const torch::Tensor& input_ids, KvCache& cache) 
 }
 
 torch::Tensor DecoderLM::ForwardLossSum(const Batch& batch) {
-  // Soft-capped logits (Gemma 2) have no fused head + loss: the eager one for that piece.
-  if (!fused_ || config_.has_final_logit_softcapping()) {
+  if (!fused_) {
     return TrainableModel::ForwardLossSum(batch);
   }
   CheckInputIds(batch.inputs);
@@ -245,7 +242,8 @@ torch::Tensor DecoderLM::ForwardLossSum(const Batch& batch) {
     const at::ScalarType dtype =
         AutocastEnabled(device) ? AutocastDtype(device) : at::result_type(h, w);
     return kernels::LinearCrossEntropySum(h.reshape({-1, h.size(-1)}), w, targets, kIgnoreIndex,
-                                          dtype, loss_chunk_rows_);
+                                          dtype, loss_chunk_rows_,
+                                          config_.final_logit_softcapping());
   });
 }
 

@@ -739,7 +739,7 @@ std::vector<std::pair<std::string, proto::DecoderConfig>> FusedPathVariants() {
   config.mutable_rope_scaling()->mutable_long_factor()->Truncate(2);
   variants.emplace_back("phi3 partial rotary", config);
   // Gemma 2: (1 + w) norms, GeGLU, soft-capped attention and logits, alternating windows
-  // (each piece eager on the fused path, the rest fused).
+  // (the final cap inside the fused head + loss; the other pieces eager on the fused path).
   config = Tiny();
   config.set_model_type("gemma2");
   config.set_qk_norm(false);
@@ -783,13 +783,13 @@ void ExpectFusedMatchesEager(const proto::DecoderConfig& config, bool bf16, bool
     batch.position_ids =
         torch::tensor({0, 1, 2, 0, 1, 2, 3}, torch::kLong).unsqueeze(0).repeat({3, 1}).to(device);
   }
-  auto run = [&](bool fused) {
+  auto run = [&](bool fused, bool under_bf16) {
     model->zero_grad();
     model->SetFusedKernels(fused);
     torch::Tensor loss;
     {
       std::optional<AutocastGuard> autocast;
-      if (bf16) autocast.emplace(device.type(), torch::kBFloat16);
+      if (under_bf16) autocast.emplace(device.type(), torch::kBFloat16);
       loss = model->ForwardLossSum(batch);
     }
     loss.backward();
@@ -799,22 +799,35 @@ void ExpectFusedMatchesEager(const proto::DecoderConfig& config, bool bf16, bool
     }
     return std::make_pair(loss.item<double>(), grads);
   };
-  const auto [eager_loss, eager_grads] = run(false);
-  const auto [fused_loss, fused_grads] = run(true);
-  const double tolerance = bf16 ? 2e-2 : 1e-5;
-  EXPECT_NEAR(fused_loss, eager_loss, tolerance * std::abs(eager_loss)) << what;
-  // Each gradient within `tolerance` of its own norm, but never held tighter than 1% of the
+  const auto [eager_loss, eager_grads] = run(false, bf16);
+  const auto [fused_loss, fused_grads] = run(true, bf16);
+  // fp32: the fused path within 1e-5 of the eager one. bf16: both paths round, differently (the
+  // fused head caps Gemma 2's logits in fp32, the eager one in bf16; this machine's bf16 CPU
+  // products may accumulate in bf16), and each lands 1-3% from the fp32 result. So the fused
+  // path is held to the fp32 eager result, no farther than 1.5 times the eager bf16 path is
+  // (never tighter than 1%).
+  const auto [truth_loss, truth_grads] = bf16 ? run(false, false) : std::make_pair(0.0, eager_grads);
+  const double tolerance = bf16 ? 1e-2 : 1e-5;
+  auto bound = [&](double eager_error, double scale) {
+    return bf16 ? std::max(1.5 * eager_error, tolerance * scale) : tolerance * scale + 1e-12;
+  };
+  const double loss_reference = bf16 ? truth_loss : eager_loss;
+  EXPECT_LE(std::abs(fused_loss - loss_reference),
+            bound(std::abs(eager_loss - truth_loss), std::abs(loss_reference)))
+      << what << ": loss " << fused_loss << " against " << loss_reference;
+  // Each gradient within the bound of its own norm, but never held tighter than 1% of the
   // largest gradient's: a key bias's gradient is nearly zero (softmax ignores a shift common to
   // every key; only the rotary angles break that), so bf16 rounding elsewhere is most of it
   // (on an H100, yarn's k_proj.bias differed by 3.3% of its 4.4e-3 norm).
   double largest = 0;
-  for (const auto& item : eager_grads) {
+  for (const auto& item : truth_grads) {
     largest = std::max(largest, item.second.norm().item<double>());
   }
-  for (const auto& [name, grad] : eager_grads) {
+  for (const auto& [name, grad] : truth_grads) {
     const double scale = std::max(grad.norm().item<double>(), 1e-2 * largest);
-    EXPECT_LE((fused_grads.at(name) - grad).norm().item<double>(), tolerance * scale + 1e-12)
-        << what << ": " << name;
+    const double eager_error = (eager_grads.at(name) - grad).norm().item<double>();
+    EXPECT_LE((fused_grads.at(name) - grad).norm().item<double>(), bound(eager_error, scale))
+        << what << ": " << name << " (the eager path's error " << eager_error << ")";
   }
 }
 

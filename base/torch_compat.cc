@@ -131,23 +131,21 @@ void MultiplyByDeviceScalar(const std::vector<at::Tensor>& tensors, const at::Te
 at::Tensor CausalAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                            const AttentionOptions& options) {
   const int64_t groups = q.size(1) / k.size(1);
+  const std::optional<double> scale =
+      options.scale > 0 ? std::optional<double>(options.scale) : std::nullopt;
   if (options.mask.defined() || (options.window > 0 && options.window < q.size(2))) {
     // The kernels that take a mask do not all take grouped keys: expand them.
     const at::Tensor key = groups == 1 ? k : k.repeat_interleave(groups, 1);
     const at::Tensor value = groups == 1 ? v : v.repeat_interleave(groups, 1);
     return at::scaled_dot_product_attention(q, key, value, AllowedKeys(q, options),
-                                            options.dropout, /*is_causal=*/false);
-  }
-  if (groups == 1) {
-    return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, options.dropout,
-                                            /*is_causal=*/true);
+                                            options.dropout, /*is_causal=*/false, scale);
   }
   // Grouped keys and values go in as they are: cuDNN's flash attention on Hopper reads them
   // per group (tools/sdpa_gqa_check.py on an H200: forward + backward 0.78 ms instead of
   // 1.00 ms with them expanded to every head, qwen3-0.6b's attention at micro-batch 4).
   return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, options.dropout,
-                                          /*is_causal=*/true, /*scale=*/std::nullopt,
-                                          /*enable_gqa=*/true);
+                                          /*is_causal=*/true, scale,
+                                          /*enable_gqa=*/groups != 1);
 }
 
 #else  // LibTorch 1.13
@@ -204,7 +202,9 @@ at::Tensor CausalAttention(const at::Tensor& q, const at::Tensor& k, const at::T
   const int64_t groups = q.size(1) / k.size(1);
   at::Tensor key = groups == 1 ? k : k.repeat_interleave(groups, 1);
   at::Tensor value = groups == 1 ? v : v.repeat_interleave(groups, 1);
-  at::Tensor scores = at::matmul(q, key.transpose(-2, -1)) / std::sqrt(double(q.size(-1)));
+  const at::Tensor products = at::matmul(q, key.transpose(-2, -1));
+  at::Tensor scores = options.scale > 0 ? products * options.scale
+                                        : products / std::sqrt(double(q.size(-1)));
   scores = scores.masked_fill(AllowedKeys(q, options).logical_not(),
                               -std::numeric_limits<float>::infinity());
   at::Tensor probs = at::softmax(scores, -1, at::kFloat).to(q.scalar_type());

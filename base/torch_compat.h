@@ -88,6 +88,8 @@ struct AttentionOptions {
   // mask (packed examples: PackedCausalMask in models/decoder_layer.h); the window still
   // applies on top of it.
   at::Tensor mask;
+  // > 0: the scores' scale in place of 1 / sqrt(head_dim) (Gemma's query_pre_attn_scalar^-0.5).
+  double scale = 0;
 };
 
 // Causal self-attention. q: [B, H, T, D]; k, v: [B, Hkv, T, D] with H a multiple of Hkv

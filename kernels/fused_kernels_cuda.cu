@@ -387,13 +387,26 @@ void WithLayout(const RowLayout& layout, F&& f) {
   }
 }
 
-// ---- SwiGLU ----------------------------------------------------------------------------
+// ---- SwiGLU and GeGLU -------------------------------------------------------------------
 
 __device__ __forceinline__ float Silu(float g) { return g / (1.f + __expf(-g)); }
 
+constexpr float kSqrt2OverPi = 0.7978845608028654f;
+constexpr float kGeluCubic = 0.044715f;
+
+// The gate's activation: silu, or GELU's tanh approximation (kGelu, Gemma's gelu_pytorch_tanh).
+template <bool kGelu>
+__device__ __forceinline__ float Activation(float g) {
+  if constexpr (kGelu) {
+    return 0.5f * g * (1.f + tanhf(kSqrt2OverPi * (g + kGeluCubic * g * g * g)));
+  } else {
+    return Silu(g);
+  }
+}
+
 // kVector: n is a multiple of kVec<T> and the pointers are aligned (16-byte accesses).
-template <typename T, bool kVector>
-__global__ void SwiGluForwardKernel(int64_t n, const T* gate, const T* up, T* out) {
+template <typename T, bool kVector, bool kGelu>
+__global__ void GatedForwardKernel(int64_t n, const T* gate, const T* up, T* out) {
   constexpr int kWidth = kVector ? kVec<T> : 1;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x * kWidth;
   for (int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kWidth; i < n;
@@ -403,23 +416,33 @@ __global__ void SwiGluForwardKernel(int64_t n, const T* gate, const T* up, T* ou
       LoadVec(gate + i, g);
       LoadVec(up + i, u);
 #pragma unroll
-      for (int k = 0; k < kVec<T>; ++k) o[k] = Silu(g[k]) * u[k];
+      for (int k = 0; k < kVec<T>; ++k) o[k] = Activation<kGelu>(g[k]) * u[k];
       StoreVec(out + i, o);
     } else {
-      Store(out, i, Silu(Load(gate, i)) * Load(up, i));
+      Store(out, i, Activation<kGelu>(Load(gate, i)) * Load(up, i));
     }
   }
 }
 
-__device__ __forceinline__ void SwiGluGrad(float g, float u, float d, float& dg, float& du) {
-  const float s = 1.f / (1.f + __expf(-g));
-  du = d * g * s;
-  dg = d * u * s * (1.f + g * (1.f - s));
+// d(act(g) * u): du = d * act(g), dg = d * u * act'(g).
+template <bool kGelu>
+__device__ __forceinline__ void GatedGrad(float g, float u, float d, float& dg, float& du) {
+  if constexpr (kGelu) {
+    const float t = tanhf(kSqrt2OverPi * (g + kGeluCubic * g * g * g));
+    du = d * 0.5f * g * (1.f + t);
+    const float slope =
+        0.5f * (1.f + t) + 0.5f * g * (1.f - t * t) * kSqrt2OverPi * (1.f + 3.f * kGeluCubic * g * g);
+    dg = d * u * slope;
+  } else {
+    const float s = 1.f / (1.f + __expf(-g));
+    du = d * g * s;
+    dg = d * u * s * (1.f + g * (1.f - s));
+  }
 }
 
-template <typename T, bool kVector>
-__global__ void SwiGluBackwardKernel(int64_t n, const T* gate, const T* up, const T* dout, T* dgate,
-                                     T* dup) {
+template <typename T, bool kVector, bool kGelu>
+__global__ void GatedBackwardKernel(int64_t n, const T* gate, const T* up, const T* dout, T* dgate,
+                                    T* dup) {
   constexpr int kWidth = kVector ? kVec<T> : 1;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x * kWidth;
   for (int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kWidth; i < n;
@@ -430,12 +453,12 @@ __global__ void SwiGluBackwardKernel(int64_t n, const T* gate, const T* up, cons
       LoadVec(up + i, u);
       LoadVec(dout + i, d);
 #pragma unroll
-      for (int k = 0; k < kVec<T>; ++k) SwiGluGrad(g[k], u[k], d[k], dg[k], du[k]);
+      for (int k = 0; k < kVec<T>; ++k) GatedGrad<kGelu>(g[k], u[k], d[k], dg[k], du[k]);
       StoreVec(dgate + i, dg);
       StoreVec(dup + i, du);
     } else {
       float dg, du;
-      SwiGluGrad(Load(gate, i), Load(up, i), Load(dout, i), dg, du);
+      GatedGrad<kGelu>(Load(gate, i), Load(up, i), Load(dout, i), dg, du);
       Store(dgate, i, dg);
       Store(dup, i, du);
     }
@@ -868,26 +891,44 @@ const char* LaunchRmsNormBackward(int64_t rows, int64_t cols, const void* dy, El
   return SumPartials(parts, cols, workspace, dweight, s);
 }
 
-const char* LaunchSwiGluForward(int64_t n, const void* gate, const void* up, void* out,
-                                ElementType type, void* stream) {
+// One of the four forward kernels (vector or not, silu or GELU) for these pointers.
+template <typename T>
+auto GatedForward(int64_t n, bool gelu_tanh, std::initializer_list<const void*> pointers) {
+  const bool vector = Vectorizable<T>(n, pointers);
+  if (gelu_tanh) {
+    return vector ? GatedForwardKernel<T, true, true> : GatedForwardKernel<T, false, true>;
+  }
+  return vector ? GatedForwardKernel<T, true, false> : GatedForwardKernel<T, false, false>;
+}
+
+template <typename T>
+auto GatedBackward(int64_t n, bool gelu_tanh, std::initializer_list<const void*> pointers) {
+  const bool vector = Vectorizable<T>(n, pointers);
+  if (gelu_tanh) {
+    return vector ? GatedBackwardKernel<T, true, true> : GatedBackwardKernel<T, false, true>;
+  }
+  return vector ? GatedBackwardKernel<T, true, false> : GatedBackwardKernel<T, false, false>;
+}
+
+const char* LaunchGatedForward(int64_t n, const void* gate, const void* up, void* out,
+                               ElementType type, bool gelu_tanh, void* stream) {
   if (n == 0) return nullptr;
   WithType(type, [&](auto t) {
     using T = decltype(t);
-    auto kernel = Vectorizable<T>(n, {gate, up, out}) ? SwiGluForwardKernel<T, true>
-                                                      : SwiGluForwardKernel<T, false>;
+    auto kernel = GatedForward<T>(n, gelu_tanh, {gate, up, out});
     kernel<<<ElementwiseBlocks(n), kBlock, 0, static_cast<cudaStream_t>(stream)>>>(
         n, static_cast<const T*>(gate), static_cast<const T*>(up), static_cast<T*>(out));
   });
   return LastError();
 }
 
-const char* LaunchSwiGluBackward(int64_t n, const void* gate, const void* up, const void* dout,
-                                 void* dgate, void* dup, ElementType type, void* stream) {
+const char* LaunchGatedBackward(int64_t n, const void* gate, const void* up, const void* dout,
+                                void* dgate, void* dup, ElementType type, bool gelu_tanh,
+                                void* stream) {
   if (n == 0) return nullptr;
   WithType(type, [&](auto t) {
     using T = decltype(t);
-    auto kernel = Vectorizable<T>(n, {gate, up, dout, dgate, dup}) ? SwiGluBackwardKernel<T, true>
-                                                                   : SwiGluBackwardKernel<T, false>;
+    auto kernel = GatedBackward<T>(n, gelu_tanh, {gate, up, dout, dgate, dup});
     kernel<<<ElementwiseBlocks(n), kBlock, 0, static_cast<cudaStream_t>(stream)>>>(
         n, static_cast<const T*>(gate), static_cast<const T*>(up), static_cast<const T*>(dout),
         static_cast<T*>(dgate), static_cast<T*>(dup));

@@ -23,6 +23,10 @@ at::Tensor SwiGluReference(const at::Tensor& gate, const at::Tensor& up) {
   return at::silu(gate) * up;
 }
 
+at::Tensor GeGluReference(const at::Tensor& gate, const at::Tensor& up) {
+  return at::gelu(gate, "tanh") * up;
+}
+
 at::Tensor ApplyRotaryReference(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   const int64_t half = x.size(-1) / 2;
   const at::Tensor rotated = at::cat({-x.slice(-1, half), x.slice(-1, 0, half)}, -1);
@@ -99,31 +103,43 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
   }
 };
 
-class SwiGluFunction : public torch::autograd::Function<SwiGluFunction> {
+// act(gate) * up: silu, or GELU's tanh approximation when gelu_tanh.
+class GatedFunction : public torch::autograd::Function<GatedFunction> {
  public:
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up) {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up,
+                            bool gelu_tanh) {
     const c10::cuda::CUDAGuard guard(gate.device());
     const at::Tensor g = gate.contiguous(), u = up.contiguous();
     at::Tensor out = at::empty_like(g);
-    Check(LaunchSwiGluForward(g.numel(), g.data_ptr(), u.data_ptr(), out.data_ptr(),
-                              TypeOf(g.scalar_type()), Stream()),
-          "SwiGLU forward");
+    Check(LaunchGatedForward(g.numel(), g.data_ptr(), u.data_ptr(), out.data_ptr(),
+                             TypeOf(g.scalar_type()), gelu_tanh, Stream()),
+          gelu_tanh ? "GeGLU forward" : "SwiGLU forward");
     ctx->save_for_backward({g, u});
+    ctx->saved_data["gelu_tanh"] = gelu_tanh;
     return out;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const std::vector<at::Tensor> saved = ctx->get_saved_variables();
     const at::Tensor &g = saved[0], &u = saved[1];
+    const bool gelu_tanh = ctx->saved_data["gelu_tanh"].toBool();
     const c10::cuda::CUDAGuard guard(g.device());
     const at::Tensor dout = grads[0].to(g.scalar_type()).contiguous();
     at::Tensor dgate = at::empty_like(g), dup = at::empty_like(u);
-    Check(LaunchSwiGluBackward(g.numel(), g.data_ptr(), u.data_ptr(), dout.data_ptr(),
-                               dgate.data_ptr(), dup.data_ptr(), TypeOf(g.scalar_type()), Stream()),
-          "SwiGLU backward");
-    return {dgate, dup};
+    Check(LaunchGatedBackward(g.numel(), g.data_ptr(), u.data_ptr(), dout.data_ptr(),
+                              dgate.data_ptr(), dup.data_ptr(), TypeOf(g.scalar_type()), gelu_tanh,
+                              Stream()),
+          gelu_tanh ? "GeGLU backward" : "SwiGLU backward");
+    return {dgate, dup, at::Tensor()};
   }
 };
+
+// Whether the gated kernels take these inputs (CUDA, one supported dtype, equal shapes).
+bool GatedApplies(const at::Tensor& gate, const at::Tensor& up) {
+  return gate.is_cuda() && Supported(gate.scalar_type()) &&
+         gate.scalar_type() == up.scalar_type() && gate.sizes() == up.sizes() &&
+         gate.device() == up.device();
+}
 
 class ResidualAddFunction : public torch::autograd::Function<ResidualAddFunction> {
  public:
@@ -206,12 +222,13 @@ at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps,
 }
 
 at::Tensor SwiGlu(const at::Tensor& gate, const at::Tensor& up, bool fused) {
-  if (!fused || !gate.is_cuda() || !Supported(gate.scalar_type()) ||
-      gate.scalar_type() != up.scalar_type() || gate.sizes() != up.sizes() ||
-      gate.device() != up.device()) {
-    return SwiGluReference(gate, up);
-  }
-  return SwiGluFunction::apply(gate, up);
+  if (!fused || !GatedApplies(gate, up)) return SwiGluReference(gate, up);
+  return GatedFunction::apply(gate, up, false);
+}
+
+at::Tensor GeGlu(const at::Tensor& gate, const at::Tensor& up, bool fused) {
+  if (!fused || !GatedApplies(gate, up)) return GeGluReference(gate, up);
+  return GatedFunction::apply(gate, up, true);
 }
 
 at::Tensor ResidualAdd(const at::Tensor& x, const at::Tensor& delta, bool fused) {
@@ -273,6 +290,10 @@ at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps,
 
 at::Tensor SwiGlu(const at::Tensor& gate, const at::Tensor& up, bool fused) {
   return SwiGluReference(gate, up);
+}
+
+at::Tensor GeGlu(const at::Tensor& gate, const at::Tensor& up, bool fused) {
+  return GeGluReference(gate, up);
 }
 
 at::Tensor ResidualAdd(const at::Tensor& x, const at::Tensor& delta, bool fused) {

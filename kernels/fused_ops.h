@@ -30,6 +30,11 @@ at::Tensor RmsNormReference(const at::Tensor& x, const at::Tensor& weight, doubl
 at::Tensor SwiGlu(const at::Tensor& gate, const at::Tensor& up, bool fused);
 at::Tensor SwiGluReference(const at::Tensor& gate, const at::Tensor& up);
 
+// gelu(gate, "tanh") * up (Gemma's GeGLU, hidden_act gelu_pytorch_tanh); the kernel computes
+// in fp32 and rounds once, where the reference rounds the activation first.
+at::Tensor GeGlu(const at::Tensor& gate, const at::Tensor& up, bool fused);
+at::Tensor GeGluReference(const at::Tensor& gate, const at::Tensor& up);
+
 // x + delta in x's dtype (the residual stream keeps its dtype; delta's gradient comes back in
 // delta's). The reference is eager promotion: x + delta.
 at::Tensor ResidualAdd(const at::Tensor& x, const at::Tensor& delta, bool fused);

@@ -144,20 +144,30 @@ TEST(FusedOpsTest, RmsNormVectorAndScalarPathsMatchReference) {
   }
 }
 
-TEST(FusedOpsTest, SwiGluMatchesReference) {
+// SwiGLU and GeGLU (tanh GELU, Gemma's) against their references in double.
+TEST(FusedOpsTest, SwiGluAndGeGluMatchReference) {
   REQUIRE_KERNELS();
   torch::manual_seed(2);
-  for (const int64_t n : {int64_t{1}, int64_t{1001}, int64_t{257 * 3072}}) {
-    for (const at::ScalarType type : {at::kFloat, at::kBFloat16}) {
-      const at::Tensor gate = (3 * torch::randn({n}, torch::device(kCuda))).to(type);
-      const at::Tensor up = torch::randn({n}, torch::device(kCuda)).to(type);
-      const at::Tensor g = torch::randn({n}, torch::device(kCuda));
-      auto fused =
-          ValueAndGrads([](const auto& in) { return SwiGlu(in[0], in[1], true); }, {gate, up}, g);
-      auto reference = ValueAndGrads([](const auto& in) { return SwiGluReference(in[0], in[1]); },
-                                     {gate.to(at::kDouble), up.to(at::kDouble)}, g);
-      ExpectClose(fused, reference, type == at::kFloat ? 1e-5 : 1e-2,
-                  "SwiGLU n=" + std::to_string(n) + " " + c10::toString(type));
+  for (const bool gelu : {false, true}) {
+    for (const int64_t n : {int64_t{1}, int64_t{1001}, int64_t{257 * 3072}}) {
+      for (const at::ScalarType type : {at::kFloat, at::kBFloat16}) {
+        const at::Tensor gate = (3 * torch::randn({n}, torch::device(kCuda))).to(type);
+        const at::Tensor up = torch::randn({n}, torch::device(kCuda)).to(type);
+        const at::Tensor g = torch::randn({n}, torch::device(kCuda));
+        auto fused = ValueAndGrads(
+            [&](const auto& in) {
+              return gelu ? GeGlu(in[0], in[1], true) : SwiGlu(in[0], in[1], true);
+            },
+            {gate, up}, g);
+        auto reference = ValueAndGrads(
+            [&](const auto& in) {
+              return gelu ? GeGluReference(in[0], in[1]) : SwiGluReference(in[0], in[1]);
+            },
+            {gate.to(at::kDouble), up.to(at::kDouble)}, g);
+        ExpectClose(fused, reference, type == at::kFloat ? 1e-5 : 1e-2,
+                    std::string(gelu ? "GeGLU" : "SwiGLU") + " n=" + std::to_string(n) + " " +
+                        c10::toString(type));
+      }
     }
   }
 }
@@ -436,6 +446,8 @@ TEST(FusedOpsTest, WithoutKernelsTheFusedEntryPointsReturnTheReferences) {
   const at::Tensor emb = torch::randn({5, 8});
   EXPECT_TRUE(RmsNorm(x, w, 1e-6, at::kBFloat16, true).equal(RmsNormReference(x, w, 1e-6)));
   EXPECT_TRUE(SwiGlu(x, x * 2, true).equal(SwiGluReference(x, x * 2)));
+  EXPECT_TRUE(GeGlu(x, x * 2, true).equal(GeGluReference(x, x * 2)));
+  EXPECT_FALSE(GeGlu(x, x * 2, true).equal(SwiGlu(x, x * 2, true)));
   EXPECT_TRUE(QkNormRope(x, w, 1e-6, emb.cos(), emb.sin(), at::kFloat, true)
                   .equal(QkNormRopeReference(x, w, 1e-6, emb.cos(), emb.sin(), at::kFloat)));
 }

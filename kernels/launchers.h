@@ -44,12 +44,14 @@ const char* LaunchRmsNormBackward(int64_t rows, int64_t cols, const void* dy, El
                                   float* dweight, float* workspace, int64_t workspace_floats,
                                   void* stream);
 
-// out = silu(gate) * up, elementwise over n values of one type.
-const char* LaunchSwiGluForward(int64_t n, const void* gate, const void* up, void* out,
-                                ElementType type, void* stream);
+// out = act(gate) * up, elementwise over n values of one type, computed in fp32 and rounded
+// once; act is silu (SwiGLU), or GELU's tanh approximation with gelu_tanh (GeGLU).
+const char* LaunchGatedForward(int64_t n, const void* gate, const void* up, void* out,
+                               ElementType type, bool gelu_tanh, void* stream);
 // dgate, dup from dout (all of the same type).
-const char* LaunchSwiGluBackward(int64_t n, const void* gate, const void* up, const void* dout,
-                                 void* dgate, void* dup, ElementType type, void* stream);
+const char* LaunchGatedBackward(int64_t n, const void* gate, const void* up, const void* dout,
+                                void* dgate, void* dup, ElementType type, bool gelu_tanh,
+                                void* stream);
 
 // Qwen3's per-head RMSNorm (weight [head_dim]; skipped when weight is null) then the rotary
 // embedding, from x [B, T, H, D] (row-major) to out [B, H, T, D] (row-major), the layout

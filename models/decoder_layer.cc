@@ -53,10 +53,18 @@ RmsNorm::RmsNorm(int64_t size, double eps, bool unit_offset)
 }
 
 torch::Tensor RmsNorm::Forward(const torch::Tensor& x) const {
-  if (unit_offset_) {
+  if (unit_offset_ && !fused_) {
     const at::Tensor x32 = x.to(at::kFloat);
     const at::Tensor normed = x32 * at::rsqrt(x32.pow(2).mean(-1, /*keepdim=*/true) + eps_);
     return (normed * (weight_.to(at::kFloat) + 1.0)).to(x.scalar_type());
+  }
+  if (unit_offset_) {
+    // Gemma: x / rms(x) * (1 + w) in fp32, rounded once to x's dtype. The kernel rounds
+    // x / rms(x) to x's dtype before the weight, so x goes in as fp32 (a cast only where x is
+    // 16-bit) and the weight as 1 + w.
+    return kernels::RmsNorm(x.to(at::kFloat), weight_.to(at::kFloat) + 1.0, eps_,
+                            x.scalar_type(), /*fused=*/true)
+        .to(x.scalar_type());
   }
   if (!fused_) return kernels::RmsNormReference(x, weight_, eps_);
   return kernels::RmsNorm(x, weight_, eps_, FusedOutputType(x, weight_), /*fused=*/true);
@@ -126,9 +134,10 @@ Attention::Attention(const proto::DecoderConfig& config, int64_t layer_index)
                                                 : 0.0),
       softcap_(config.attn_logit_softcapping()),
       // The fused QK-norm + rotary kernel turns the whole head.
-      eager_only_(config.norm_unit_offset() || config.has_query_pre_attn_scalar() ||
-                  config.has_attn_logit_softcapping() ||
+      eager_rope_((config.qk_norm() && config.norm_unit_offset()) ||
                   ResolvedRotaryDim(config) != ResolvedHeadDim(config)),
+      gemma_attention_(config.norm_unit_offset() || config.has_query_pre_attn_scalar() ||
+                       config.has_attn_logit_softcapping()),
       num_heads_(config.num_attention_heads()),
       num_kv_heads_(config.num_key_value_heads()),
       head_dim_(ResolvedHeadDim(config)) {
@@ -176,7 +185,7 @@ torch::Tensor Attention::Forward(const torch::Tensor& x, const RotaryTables& rop
   const int64_t t = x.size(1);
   auto [q, k, v] = Project(x);
   // A packed batch's rotary tables are per token; the fused kernel takes [T, D] ones.
-  const bool fused_rope = fused_ && !eager_only_ && !mask.defined();
+  const bool fused_rope = fused_ && !eager_rope_ && !mask.defined();
   if (fused_rope) {
     // Norm, rotary, the [B, H, T, D] layout and the attention dtype in one kernel each.
     const at::Tensor no_weight;
@@ -208,7 +217,7 @@ torch::Tensor Attention::Forward(const torch::Tensor& x, const RotaryTables& rop
       cache->values = cache->values.slice(2, cache->values.size(2) - keep).contiguous();
       cache->first_position = cache->next_position - keep;
     }
-  } else if (eager_only_) {
+  } else if (softcap_ > 0 || (gemma_attention_ && !fused_)) {
     out = EagerAttention(q, k, v, mask);
   } else {
     out = CausalAttention(q, k, v, Options(mask));
@@ -263,7 +272,7 @@ at::Tensor Attention::EagerAttention(const at::Tensor& q, const at::Tensor& k,
 
 AttentionOptions Attention::Options(const at::Tensor& mask) const {
   // transformers passes dropout=0.0 outside training, as nn.functional.dropout does.
-  return {window_, is_training() ? dropout_ : 0.0, mask};
+  return {window_, is_training() ? dropout_ : 0.0, mask, scale_};
 }
 
 void Attention::set_fused_kernels(bool enabled) {
@@ -295,7 +304,7 @@ torch::Tensor SwiGluMlp::Forward(const torch::Tensor& x) {
 }
 
 at::Tensor SwiGluMlp::Activate(const at::Tensor& gate, const at::Tensor& up) const {
-  if (gelu_tanh_) return at::gelu(gate, "tanh") * up;
+  if (gelu_tanh_) return kernels::GeGlu(gate, up, fused_);
   return kernels::SwiGlu(gate, up, fused_);
 }
 

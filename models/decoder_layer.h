@@ -136,8 +136,13 @@ class Attention : public torch::nn::Module {
   double dropout_ = 0;
   double scale_ = 0;    // 0: head_dim^-0.5
   double softcap_ = 0;  // 0: none
-  // Gemma's (1 + w) QK-norm, scale or soft-capping: no fused kernel covers them.
-  bool eager_only_ = false;
+  // The QK-norm + rotary eager on the fused path too: Gemma 3's (1 + w) QK-norm, or a partial
+  // rotation (the fused kernel turns whole heads with a plain w norm).
+  bool eager_rope_ = false;
+  // Gemma's attention in transformers' eager order on the eager path. On the fused path only
+  // soft-capping keeps it (no fused kernel caps the scores); Gemma's scale goes to
+  // CausalAttention's options.
+  bool gemma_attention_ = false;
   int64_t num_heads_;
   int64_t num_kv_heads_;
   int64_t head_dim_;

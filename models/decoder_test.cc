@@ -738,8 +738,9 @@ std::vector<std::pair<std::string, proto::DecoderConfig>> FusedPathVariants() {
   config.mutable_rope_scaling()->mutable_short_factor()->Truncate(2);
   config.mutable_rope_scaling()->mutable_long_factor()->Truncate(2);
   variants.emplace_back("phi3 partial rotary", config);
-  // Gemma 2: (1 + w) norms, GeGLU, soft-capped attention and logits, alternating windows
-  // (the final cap inside the fused head + loss; the other pieces eager on the fused path).
+  // Gemma 2: (1 + w) norms, GeGLU, soft-capped attention and logits, alternating windows. On
+  // the fused path only the soft-capped attention stays eager: the norms, GeGLU and rotary run
+  // the kernels and the final cap runs inside the fused head + loss.
   config = Tiny();
   config.set_model_type("gemma2");
   config.set_qk_norm(false);
@@ -755,6 +756,8 @@ std::vector<std::pair<std::string, proto::DecoderConfig>> FusedPathVariants() {
   config.add_layer_types("full_attention");
   variants.emplace_back("gemma2", config);
   // Gemma 3: the same without soft-capping, with the (1 + w) QK-norm and the local rope base.
+  // On the fused path its attention is CausalAttention with Gemma's scale (SDPA in 2.x) and its
+  // QK-norm + rotary eager.
   config.set_model_type("gemma3_text");
   config.set_qk_norm(true);
   config.clear_attn_logit_softcapping();

@@ -625,6 +625,37 @@ __device__ __forceinline__ void Combine(float& m, float& s, float m2, float s2) 
   m = top;
 }
 
+// The (max, sum) pairs of a block of kRowBlock threads combined; every thread gets the result.
+__device__ __forceinline__ void BlockCombine(float& m, float& s) {
+  __shared__ float shared_m[kRowBlock / kWarp];
+  __shared__ float shared_s[kRowBlock / kWarp];
+  for (int offset = kWarp / 2; offset > 0; offset /= 2) {
+    Combine(m, s, __shfl_xor_sync(0xffffffffu, m, offset), __shfl_xor_sync(0xffffffffu, s, offset));
+  }
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  if (lane == 0) {
+    shared_m[warp] = m;
+    shared_s[warp] = s;
+  }
+  __syncthreads();
+  m = shared_m[0];
+  s = shared_s[0];
+  for (int w = 1; w < static_cast<int>(blockDim.x / kWarp); ++w) {
+    Combine(m, s, shared_m[w], shared_s[w]);
+  }
+}
+
+// The sum of v over a block of kRowBlock threads; every thread gets it.
+__device__ __forceinline__ float BlockSum(float v) {
+  __shared__ float shared[kRowBlock / kWarp];
+  v = WarpSum(v);
+  if (threadIdx.x % kWarp == 0) shared[threadIdx.x / kWarp] = v;
+  __syncthreads();
+  float total = 0.f;
+  for (int w = 0; w < static_cast<int>(blockDim.x / kWarp); ++w) total += shared[w];
+  return total;
+}
+
 // softcap * tanh(v / softcap) (Gemma 2's final logits) when softcap > 0, else v.
 __device__ __forceinline__ float Softcapped(float v, float softcap) {
   return softcap > 0.f ? softcap * tanhf(v / softcap) : v;
@@ -639,8 +670,6 @@ __global__ void CrossEntropyRowsKernel(int64_t vocab, T* logits, const int64_t* 
                                        int64_t ignore_index, float softcap, float* loss,
                                        bool write_grad) {
   constexpr int kWidth = kVector ? kVec<T> : 1;
-  __shared__ float shared_m[kRowBlock / kWarp];
-  __shared__ float shared_s[kRowBlock / kWarp];
   T* z = logits + static_cast<int64_t>(blockIdx.x) * vocab;
   float m = -INFINITY, s = 0.f;
   for (int64_t j = threadIdx.x * kWidth; j < vocab; j += blockDim.x * kWidth) {
@@ -660,20 +689,7 @@ __global__ void CrossEntropyRowsKernel(int64_t vocab, T* logits, const int64_t* 
     for (int k = 0; k < kWidth; ++k) part += __expf(v[k] - top);
     Combine(m, s, top, part);
   }
-  for (int offset = kWarp / 2; offset > 0; offset /= 2) {
-    Combine(m, s, __shfl_xor_sync(0xffffffffu, m, offset), __shfl_xor_sync(0xffffffffu, s, offset));
-  }
-  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
-  if (lane == 0) {
-    shared_m[warp] = m;
-    shared_s[warp] = s;
-  }
-  __syncthreads();
-  m = shared_m[0];
-  s = shared_s[0];
-  for (int w = 1; w < static_cast<int>(blockDim.x / kWarp); ++w) {
-    Combine(m, s, shared_m[w], shared_s[w]);
-  }
+  BlockCombine(m, s);
   const float lse = m + logf(s);
   const int64_t target = targets[blockIdx.x];
   const bool counted = target != ignore_index;
@@ -705,6 +721,116 @@ __global__ void CrossEntropyRowsKernel(int64_t vocab, T* logits, const int64_t* 
       StoreVec(z + j, v);
     } else {
       Store(z, j, v[0]);
+    }
+  }
+}
+
+// ---- soft-capped attention softmax ------------------------------------------------------
+
+// Whether query t may attend to key j: causal, and within the window when window > 0.
+__device__ __forceinline__ bool Attends(int64_t t, int64_t j, int64_t window) {
+  return j <= t && (window <= 0 || j > t - window);
+}
+
+// One block per row of scores [rows, keys], the row's query at position row % queries:
+// probs = softmax over allowed keys of Softcapped(scores * scale, softcap) (0 where not
+// allowed), in fp32, rounded once.
+template <typename T, bool kVector>
+__global__ void SoftcapSoftmaxForwardKernel(int64_t keys, int64_t queries, const T* scores,
+                                            T* probs, float scale, float softcap, int64_t window) {
+  constexpr int kWidth = kVector ? kVec<T> : 1;
+  const int64_t row = blockIdx.x, t = row % queries;
+  const T* z = scores + row * keys;
+  T* p = probs + row * keys;
+  float m = -INFINITY, s = 0.f;
+  for (int64_t j = threadIdx.x * kWidth; j < keys; j += blockDim.x * kWidth) {
+    float v[kWidth];
+    if constexpr (kVector) {
+      LoadVec(z + j, v);
+    } else {
+      v[0] = Load(z, j);
+    }
+    float top = -INFINITY;
+#pragma unroll
+    for (int k = 0; k < kWidth; ++k) {
+      v[k] = Attends(t, j + k, window) ? Softcapped(v[k] * scale, softcap) : -INFINITY;
+      top = fmaxf(top, v[k]);
+    }
+    if (top == -INFINITY) continue;
+    float part = 0.f;
+#pragma unroll
+    for (int k = 0; k < kWidth; ++k) part += __expf(v[k] - top);
+    Combine(m, s, top, part);
+  }
+  BlockCombine(m, s);
+  const float inverse = 1.f / s;
+  for (int64_t j = threadIdx.x * kWidth; j < keys; j += blockDim.x * kWidth) {
+    float v[kWidth];
+    if constexpr (kVector) {
+      LoadVec(z + j, v);
+    } else {
+      v[0] = Load(z, j);
+    }
+#pragma unroll
+    for (int k = 0; k < kWidth; ++k) {
+      v[k] = Attends(t, j + k, window)
+                 ? __expf(Softcapped(v[k] * scale, softcap) - m) * inverse
+                 : 0.f;
+    }
+    if constexpr (kVector) {
+      StoreVec(p + j, v);
+    } else {
+      Store(p, j, v[0]);
+    }
+  }
+}
+
+// dscores from dprobs: softmax's backward on the saved probs, times the cap's slope and the
+// scale (1 - tanh^2(scores * scale / softcap)) * scale; 0 where not allowed.
+template <typename T, bool kVector>
+__global__ void SoftcapSoftmaxBackwardKernel(int64_t keys, int64_t queries, const T* scores,
+                                             const T* probs, const T* dprobs, T* dscores,
+                                             float scale, float softcap, int64_t window) {
+  constexpr int kWidth = kVector ? kVec<T> : 1;
+  const int64_t row = blockIdx.x, t = row % queries, offset = row * keys;
+  float dot = 0.f;
+  for (int64_t j = threadIdx.x * kWidth; j < keys; j += blockDim.x * kWidth) {
+    float p[kWidth], d[kWidth];
+    if constexpr (kVector) {
+      LoadVec(probs + offset + j, p);
+      LoadVec(dprobs + offset + j, d);
+    } else {
+      p[0] = Load(probs, offset + j);
+      d[0] = Load(dprobs, offset + j);
+    }
+#pragma unroll
+    for (int k = 0; k < kWidth; ++k) dot += p[k] * d[k];
+  }
+  dot = BlockSum(dot);
+  for (int64_t j = threadIdx.x * kWidth; j < keys; j += blockDim.x * kWidth) {
+    float z[kWidth], p[kWidth], d[kWidth];
+    if constexpr (kVector) {
+      LoadVec(scores + offset + j, z);
+      LoadVec(probs + offset + j, p);
+      LoadVec(dprobs + offset + j, d);
+    } else {
+      z[0] = Load(scores, offset + j);
+      p[0] = Load(probs, offset + j);
+      d[0] = Load(dprobs, offset + j);
+    }
+#pragma unroll
+    for (int k = 0; k < kWidth; ++k) {
+      float slope = scale;
+      if (softcap > 0.f) {
+        const float c = tanhf(z[k] * scale / softcap);
+        slope *= 1.f - c * c;
+      }
+      z[k] = Attends(t, j + k, window) ? p[k] * (d[k] - dot) * slope : 0.f;
+    }
+    if constexpr (kVector) {
+      StoreVec(dscores + offset + j, z);
+    } else {
+      Store(dscores, offset + j, z[0]);
     }
   }
 }
@@ -1026,6 +1152,40 @@ const char* LaunchCrossEntropyRows(int64_t rows, int64_t vocab, void* logits, El
                                                    : CrossEntropyRowsKernel<T, false>;
     kernel<<<rows, kRowBlock, 0, static_cast<cudaStream_t>(stream)>>>(
         vocab, static_cast<T*>(logits), targets, ignore_index, softcap, loss, write_grad);
+  });
+  return LastError();
+}
+
+const char* LaunchSoftcapSoftmaxForward(int64_t rows, int64_t keys, int64_t queries,
+                                        const void* scores, void* probs, ElementType type,
+                                        float scale, float softcap, int64_t window,
+                                        void* stream) {
+  if (rows == 0) return nullptr;
+  WithType(type, [&](auto t) {
+    using T = decltype(t);
+    auto kernel = Vectorizable<T>(keys, {scores, probs}) ? SoftcapSoftmaxForwardKernel<T, true>
+                                                         : SoftcapSoftmaxForwardKernel<T, false>;
+    kernel<<<rows, kRowBlock, 0, static_cast<cudaStream_t>(stream)>>>(
+        keys, queries, static_cast<const T*>(scores), static_cast<T*>(probs), scale, softcap,
+        window);
+  });
+  return LastError();
+}
+
+const char* LaunchSoftcapSoftmaxBackward(int64_t rows, int64_t keys, int64_t queries,
+                                         const void* scores, const void* probs,
+                                         const void* dprobs, void* dscores, ElementType type,
+                                         float scale, float softcap, int64_t window,
+                                         void* stream) {
+  if (rows == 0) return nullptr;
+  WithType(type, [&](auto t) {
+    using T = decltype(t);
+    auto kernel = Vectorizable<T>(keys, {scores, probs, dprobs, dscores})
+                      ? SoftcapSoftmaxBackwardKernel<T, true>
+                      : SoftcapSoftmaxBackwardKernel<T, false>;
+    kernel<<<rows, kRowBlock, 0, static_cast<cudaStream_t>(stream)>>>(
+        keys, queries, static_cast<const T*>(scores), static_cast<const T*>(probs),
+        static_cast<const T*>(dprobs), static_cast<T*>(dscores), scale, softcap, window);
   });
   return LastError();
 }

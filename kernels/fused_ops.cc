@@ -1,5 +1,6 @@
 #include "kernels/fused_ops.h"
 
+#include <limits>
 #include <vector>
 
 #include "kernels/launchers.h"
@@ -25,6 +26,20 @@ at::Tensor SwiGluReference(const at::Tensor& gate, const at::Tensor& up) {
 
 at::Tensor GeGluReference(const at::Tensor& gate, const at::Tensor& up) {
   return at::gelu(gate, "tanh") * up;
+}
+
+at::Tensor SoftcapSoftmaxReference(const at::Tensor& scores, double scale, double softcap,
+                                   int64_t window) {
+  at::Tensor z = scores * scale;
+  if (softcap > 0) z = at::tanh(z / softcap) * softcap;
+  const int64_t t = scores.size(-2), keys = scores.size(-1);
+  const auto options = at::TensorOptions().dtype(at::kLong).device(scores.device());
+  const at::Tensor query = at::arange(t, options).unsqueeze(1);
+  const at::Tensor key = at::arange(keys, options).unsqueeze(0);
+  at::Tensor allowed = key <= query;
+  if (window > 0) allowed = allowed.logical_and(key > query - window);
+  z = z.masked_fill(allowed.logical_not(), -std::numeric_limits<double>::infinity());
+  return at::softmax(z, -1, at::kFloat).to(scores.scalar_type());
 }
 
 at::Tensor ApplyRotaryReference(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
@@ -141,6 +156,43 @@ bool GatedApplies(const at::Tensor& gate, const at::Tensor& up) {
          gate.device() == up.device();
 }
 
+class SoftcapSoftmaxFunction : public torch::autograd::Function<SoftcapSoftmaxFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& scores, double scale,
+                            double softcap, int64_t window) {
+    const c10::cuda::CUDAGuard guard(scores.device());
+    at::Tensor probs = at::empty_like(scores);
+    const int64_t keys = scores.size(-1);
+    Check(LaunchSoftcapSoftmaxForward(scores.numel() / keys, keys, scores.size(-2),
+                                      scores.data_ptr(), probs.data_ptr(),
+                                      TypeOf(scores.scalar_type()), static_cast<float>(scale),
+                                      static_cast<float>(softcap), window, Stream()),
+          "soft-capped softmax forward");
+    ctx->save_for_backward({scores, probs});
+    ctx->saved_data["scale"] = scale;
+    ctx->saved_data["softcap"] = softcap;
+    ctx->saved_data["window"] = window;
+    return probs;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const std::vector<at::Tensor> saved = ctx->get_saved_variables();
+    const at::Tensor &scores = saved[0], &probs = saved[1];
+    const c10::cuda::CUDAGuard guard(scores.device());
+    const at::Tensor dprobs = grads[0].to(scores.scalar_type()).contiguous();
+    at::Tensor dscores = at::empty_like(scores);
+    const int64_t keys = scores.size(-1);
+    Check(LaunchSoftcapSoftmaxBackward(
+              scores.numel() / keys, keys, scores.size(-2), scores.data_ptr(), probs.data_ptr(),
+              dprobs.data_ptr(), dscores.data_ptr(), TypeOf(scores.scalar_type()),
+              static_cast<float>(ctx->saved_data["scale"].toDouble()),
+              static_cast<float>(ctx->saved_data["softcap"].toDouble()),
+              ctx->saved_data["window"].toInt(), Stream()),
+          "soft-capped softmax backward");
+    return {dscores, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
 class ResidualAddFunction : public torch::autograd::Function<ResidualAddFunction> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& delta) {
@@ -231,6 +283,16 @@ at::Tensor GeGlu(const at::Tensor& gate, const at::Tensor& up, bool fused) {
   return GatedFunction::apply(gate, up, true);
 }
 
+at::Tensor SoftcapSoftmax(const at::Tensor& scores, double scale, double softcap, int64_t window,
+                          bool fused) {
+  // Training's square scores only: the kernel puts query t at row t of each [T, T] block.
+  if (!fused || !scores.is_cuda() || scores.dim() != 4 || !Supported(scores.scalar_type()) ||
+      !scores.is_contiguous() || scores.size(-1) != scores.size(-2)) {
+    return SoftcapSoftmaxReference(scores, scale, softcap, window);
+  }
+  return SoftcapSoftmaxFunction::apply(scores, scale, softcap, window);
+}
+
 at::Tensor ResidualAdd(const at::Tensor& x, const at::Tensor& delta, bool fused) {
   if (!fused || !x.is_cuda() || !Supported(x.scalar_type()) || !Supported(delta.scalar_type()) ||
       x.sizes() != delta.sizes() || x.device() != delta.device() ||
@@ -294,6 +356,11 @@ at::Tensor SwiGlu(const at::Tensor& gate, const at::Tensor& up, bool fused) {
 
 at::Tensor GeGlu(const at::Tensor& gate, const at::Tensor& up, bool fused) {
   return GeGluReference(gate, up);
+}
+
+at::Tensor SoftcapSoftmax(const at::Tensor& scores, double scale, double softcap, int64_t window,
+                          bool fused) {
+  return SoftcapSoftmaxReference(scores, scale, softcap, window);
 }
 
 at::Tensor ResidualAdd(const at::Tensor& x, const at::Tensor& delta, bool fused) {

@@ -84,6 +84,21 @@ const char* LaunchCrossEntropyRows(int64_t rows, int64_t vocab, void* logits, El
                                    const int64_t* targets, int64_t ignore_index, float softcap,
                                    float* loss, bool write_grad, void* stream);
 
+// Gemma 2's attention softmax over scores [rows, keys] (one dtype), the row's query at
+// position row % queries: probs = softmax over the keys it attends to (causal; within `window`
+// when window > 0) of softcap * tanh(scores * scale / softcap) (no cap when softcap <= 0), 0
+// elsewhere, computed in fp32.
+const char* LaunchSoftcapSoftmaxForward(int64_t rows, int64_t keys, int64_t queries,
+                                        const void* scores, void* probs, ElementType type,
+                                        float scale, float softcap, int64_t window,
+                                        void* stream);
+// dscores from dprobs, the forward's scores and probs.
+const char* LaunchSoftcapSoftmaxBackward(int64_t rows, int64_t keys, int64_t queries,
+                                         const void* scores, const void* probs,
+                                         const void* dprobs, void* dscores, ElementType type,
+                                         float scale, float softcap, int64_t window,
+                                         void* stream);
+
 // One tensor of an AdamW step: fp32 parameter and moments, a gradient of the launch's type, the
 // step count this step uses (1 at the first; fp32, on the device) and, unless null, where the new
 // value goes rounded to bf16 (numel values, contiguous).

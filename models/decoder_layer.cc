@@ -217,6 +217,8 @@ torch::Tensor Attention::Forward(const torch::Tensor& x, const RotaryTables& rop
       cache->values = cache->values.slice(2, cache->values.size(2) - keep).contiguous();
       cache->first_position = cache->next_position - keep;
     }
+  } else if (softcap_ > 0 && fused_ && !mask.defined() && Options().dropout == 0) {
+    out = SoftcapAttention(q, k, v);
   } else if (softcap_ > 0 || (gemma_attention_ && !fused_)) {
     out = EagerAttention(q, k, v, mask);
   } else {
@@ -263,6 +265,19 @@ at::Tensor Attention::OffsetAttention(const at::Tensor& q, const at::Tensor& k,
   const double dropout = Options().dropout;
   if (dropout > 0) probs = at::dropout(probs, dropout, /*train=*/true);
   return at::matmul(probs, values);
+}
+
+at::Tensor Attention::SoftcapAttention(const at::Tensor& q, const at::Tensor& k,
+                                       const at::Tensor& v) const {
+  const int64_t b = q.size(0), t = q.size(2), groups = num_heads_ / num_kv_heads_;
+  const double scale = scale_ > 0 ? scale_ : std::pow(static_cast<double>(head_dim_), -0.5);
+  // Query head h reads key/value head h / groups: [B, H, T, D] is [B, KV, groups * T, D].
+  const at::Tensor grouped = q.reshape({b, num_kv_heads_, groups * t, head_dim_});
+  const at::Tensor scores =
+      at::matmul(grouped, k.transpose(2, 3)).view({b, num_heads_, t, k.size(2)});
+  const at::Tensor probs = kernels::SoftcapSoftmax(scores, scale, softcap_, window_, true);
+  return at::matmul(probs.view({b, num_kv_heads_, groups * t, k.size(2)}), v)
+      .view({b, num_heads_, t, head_dim_});
 }
 
 at::Tensor Attention::EagerAttention(const at::Tensor& q, const at::Tensor& k,

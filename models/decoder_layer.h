@@ -115,6 +115,10 @@ class Attention : public torch::nn::Module {
   // transformers' eager order (q: [B, H, T, D]; k, v: [B, KV, T, D]).
   at::Tensor EagerAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const at::Tensor& mask) const;
+  // Gemma 2's attention on the fused path (causal or windowed, no packed mask, no dropout):
+  // each key/value head's query heads in one matmul (no expanded keys) and the soft-capped
+  // softmax in one kernel each way (kernels::SoftcapSoftmax).
+  at::Tensor SoftcapAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) const;
   // Attention of the queries at positions query_position .. + T - 1 over the keys at
   // key_position .. + S - 1 (causal, or `mask` where defined; the window, Gemma's scale and
   // soft-capping), eager.

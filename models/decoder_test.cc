@@ -739,8 +739,9 @@ std::vector<std::pair<std::string, proto::DecoderConfig>> FusedPathVariants() {
   config.mutable_rope_scaling()->mutable_long_factor()->Truncate(2);
   variants.emplace_back("phi3 partial rotary", config);
   // Gemma 2: (1 + w) norms, GeGLU, soft-capped attention and logits, alternating windows. On
-  // the fused path only the soft-capped attention stays eager: the norms, GeGLU and rotary run
-  // the kernels and the final cap runs inside the fused head + loss.
+  // the fused path the norms, GeGLU and rotary run the kernels, the attention the soft-capped
+  // softmax with grouped matmuls (eager under the packed mask) and the final cap runs inside
+  // the fused head + loss.
   config = Tiny();
   config.set_model_type("gemma2");
   config.set_qk_norm(false);

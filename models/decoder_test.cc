@@ -809,9 +809,9 @@ void ExpectFusedMatchesEager(const proto::DecoderConfig& config, bool bf16, bool
   // fused head caps Gemma 2's logits in fp32, the eager one in bf16; this machine's bf16 CPU
   // products may accumulate in bf16), and each lands 1-3% from the fp32 result. So the fused
   // path is held to the fp32 eager result, no farther than 1.5 times the eager bf16 path is
-  // (never tighter than 1%).
+  // (never tighter than 2%, the bound the two bf16 paths were once held to between them).
   const auto [truth_loss, truth_grads] = bf16 ? run(false, false) : std::make_pair(0.0, eager_grads);
-  const double tolerance = bf16 ? 1e-2 : 1e-5;
+  const double tolerance = bf16 ? 2e-2 : 1e-5;
   auto bound = [&](double eager_error, double scale) {
     return bf16 ? std::max(1.5 * eager_error, tolerance * scale) : tolerance * scale + 1e-12;
   };

@@ -91,6 +91,24 @@ bool Vectorizable(int64_t n, std::initializer_list<const void*> pointers) {
   return n % kVec<T> == 0 && Aligned16(pointers);
 }
 
+// kWidth values at p: one 16-byte vector (kVector, kWidth == kVec<T>) or one value.
+template <bool kVector, typename T, int kWidth>
+__device__ __forceinline__ void LoadRun(const T* p, float (&v)[kWidth]) {
+  if constexpr (kVector) {
+    LoadVec(p, v);
+  } else {
+    v[0] = Load(p, 0);
+  }
+}
+template <bool kVector, typename T, int kWidth>
+__device__ __forceinline__ void StoreRun(T* p, const float (&v)[kWidth]) {
+  if constexpr (kVector) {
+    StoreVec(p, v);
+  } else {
+    Store(p, 0, v[0]);
+  }
+}
+
 __device__ __forceinline__ float WarpSum(float v) {
   for (int offset = kWarp / 2; offset > 0; offset /= 2) {
     v += __shfl_xor_sync(0xffffffffu, v, offset);
@@ -674,11 +692,7 @@ __global__ void CrossEntropyRowsKernel(int64_t vocab, T* logits, const int64_t* 
   float m = -INFINITY, s = 0.f;
   for (int64_t j = threadIdx.x * kWidth; j < vocab; j += blockDim.x * kWidth) {
     float v[kWidth];
-    if constexpr (kVector) {
-      LoadVec(z + j, v);
-    } else {
-      v[0] = Load(z, j);
-    }
+    LoadRun<kVector>(z + j, v);
 #pragma unroll
     for (int k = 0; k < kWidth; ++k) v[k] = Softcapped(v[k], softcap);
     float top = v[0];
@@ -702,11 +716,7 @@ __global__ void CrossEntropyRowsKernel(int64_t vocab, T* logits, const int64_t* 
   __syncthreads();  // z[target] is read before it is overwritten
   for (int64_t j = threadIdx.x * kWidth; j < vocab; j += blockDim.x * kWidth) {
     float v[kWidth];
-    if constexpr (kVector) {
-      LoadVec(z + j, v);
-    } else {
-      v[0] = Load(z, j);
-    }
+    LoadRun<kVector>(z + j, v);
 #pragma unroll
     for (int k = 0; k < kWidth; ++k) {
       float slope = 1.f;  // dc/dz
@@ -717,11 +727,7 @@ __global__ void CrossEntropyRowsKernel(int64_t vocab, T* logits, const int64_t* 
       }
       v[k] = counted ? (__expf(v[k] - lse) - (j + k == target ? 1.f : 0.f)) * slope : 0.f;
     }
-    if constexpr (kVector) {
-      StoreVec(z + j, v);
-    } else {
-      Store(z, j, v[0]);
-    }
+    StoreRun<kVector>(z + j, v);
   }
 }
 
@@ -745,11 +751,7 @@ __global__ void SoftcapSoftmaxForwardKernel(int64_t keys, int64_t queries, const
   float m = -INFINITY, s = 0.f;
   for (int64_t j = threadIdx.x * kWidth; j < keys; j += blockDim.x * kWidth) {
     float v[kWidth];
-    if constexpr (kVector) {
-      LoadVec(z + j, v);
-    } else {
-      v[0] = Load(z, j);
-    }
+    LoadRun<kVector>(z + j, v);
     float top = -INFINITY;
 #pragma unroll
     for (int k = 0; k < kWidth; ++k) {
@@ -766,22 +768,14 @@ __global__ void SoftcapSoftmaxForwardKernel(int64_t keys, int64_t queries, const
   const float inverse = 1.f / s;
   for (int64_t j = threadIdx.x * kWidth; j < keys; j += blockDim.x * kWidth) {
     float v[kWidth];
-    if constexpr (kVector) {
-      LoadVec(z + j, v);
-    } else {
-      v[0] = Load(z, j);
-    }
+    LoadRun<kVector>(z + j, v);
 #pragma unroll
     for (int k = 0; k < kWidth; ++k) {
       v[k] = Attends(t, j + k, window)
                  ? __expf(Softcapped(v[k] * scale, softcap) - m) * inverse
                  : 0.f;
     }
-    if constexpr (kVector) {
-      StoreVec(p + j, v);
-    } else {
-      Store(p, j, v[0]);
-    }
+    StoreRun<kVector>(p + j, v);
   }
 }
 
@@ -796,28 +790,17 @@ __global__ void SoftcapSoftmaxBackwardKernel(int64_t keys, int64_t queries, cons
   float dot = 0.f;
   for (int64_t j = threadIdx.x * kWidth; j < keys; j += blockDim.x * kWidth) {
     float p[kWidth], d[kWidth];
-    if constexpr (kVector) {
-      LoadVec(probs + offset + j, p);
-      LoadVec(dprobs + offset + j, d);
-    } else {
-      p[0] = Load(probs, offset + j);
-      d[0] = Load(dprobs, offset + j);
-    }
+    LoadRun<kVector>(probs + offset + j, p);
+    LoadRun<kVector>(dprobs + offset + j, d);
 #pragma unroll
     for (int k = 0; k < kWidth; ++k) dot += p[k] * d[k];
   }
   dot = BlockSum(dot);
   for (int64_t j = threadIdx.x * kWidth; j < keys; j += blockDim.x * kWidth) {
     float z[kWidth], p[kWidth], d[kWidth];
-    if constexpr (kVector) {
-      LoadVec(scores + offset + j, z);
-      LoadVec(probs + offset + j, p);
-      LoadVec(dprobs + offset + j, d);
-    } else {
-      z[0] = Load(scores, offset + j);
-      p[0] = Load(probs, offset + j);
-      d[0] = Load(dprobs, offset + j);
-    }
+    LoadRun<kVector>(scores + offset + j, z);
+    LoadRun<kVector>(probs + offset + j, p);
+    LoadRun<kVector>(dprobs + offset + j, d);
 #pragma unroll
     for (int k = 0; k < kWidth; ++k) {
       float slope = scale;
@@ -827,11 +810,7 @@ __global__ void SoftcapSoftmaxBackwardKernel(int64_t keys, int64_t queries, cons
       }
       z[k] = Attends(t, j + k, window) ? p[k] * (d[k] - dot) * slope : 0.f;
     }
-    if constexpr (kVector) {
-      StoreVec(dscores + offset + j, z);
-    } else {
-      Store(dscores, offset + j, z[0]);
-    }
+    StoreRun<kVector>(dscores + offset + j, z);
   }
 }
 

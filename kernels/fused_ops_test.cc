@@ -303,6 +303,27 @@ TEST(FusedOpsTest, CrossEntropyRowsMarksTargetsOutsideTheVocabulary) {
 
 // ---- everywhere ----
 
+// The fused head + loss in fp32 (chunk_rows, softcap), and the eager one in double, with their
+// gradients under the upstream `scale`.
+std::vector<at::Tensor> Fp32Head(const at::Tensor& h, const at::Tensor& w,
+                                 const at::Tensor& targets, const at::Tensor& scale,
+                                 int64_t chunk, double softcap = 0.0) {
+  return ValueAndGrads(
+      [&](const auto& in) {
+        return LinearCrossEntropySum(in[0], in[1], targets, -100, at::kFloat, chunk, softcap);
+      },
+      {h, w}, scale);
+}
+std::vector<at::Tensor> DoubleReferenceHead(const at::Tensor& h, const at::Tensor& w,
+                                            const at::Tensor& targets, const at::Tensor& scale,
+                                            double softcap = 0.0) {
+  return ValueAndGrads(
+      [&](const auto& in) {
+        return LinearCrossEntropySumReference(in[0], in[1], targets, -100, at::kDouble, softcap);
+      },
+      {h.to(at::kDouble), w.to(at::kDouble)}, scale);
+}
+
 TEST(FusedOpsTest, LinearCrossEntropyMatchesReferenceFp32) {
   torch::manual_seed(5);
   const int64_t rows = 37, hidden = 16, vocab = 1001;
@@ -311,18 +332,10 @@ TEST(FusedOpsTest, LinearCrossEntropyMatchesReferenceFp32) {
   const at::Tensor h = torch::randn({rows, hidden});
   const at::Tensor w = 0.3 * torch::randn({vocab, hidden});
   const at::Tensor scale = torch::full({}, 0.25);
+  const auto reference = DoubleReferenceHead(h, w, targets, scale);
   for (const int64_t chunk : {int64_t{0}, int64_t{1}, int64_t{8}, int64_t{37}, int64_t{100}}) {
-    auto fused = ValueAndGrads(
-        [&](const auto& in) {
-          return LinearCrossEntropySum(in[0], in[1], targets, -100, at::kFloat, chunk);
-        },
-        {h, w}, scale);
-    auto reference = ValueAndGrads(
-        [&](const auto& in) {
-          return LinearCrossEntropySumReference(in[0], in[1], targets, -100, at::kDouble);
-        },
-        {h.to(at::kDouble), w.to(at::kDouble)}, scale);
-    ExpectClose(fused, reference, 1e-5, "chunk_rows " + std::to_string(chunk));
+    ExpectClose(Fp32Head(h, w, targets, scale, chunk), reference, 1e-5,
+                "chunk_rows " + std::to_string(chunk));
   }
 }
 
@@ -338,24 +351,12 @@ TEST(FusedOpsTest, LinearCrossEntropyWithASoftcapMatchesTheEagerCap) {
   const at::Tensor w = 0.5 * torch::randn({vocab, hidden});
   const at::Tensor scale = torch::full({}, 0.7);
   const double softcap = 2.0;
-  auto reference = ValueAndGrads(
-      [&](const auto& in) {
-        return LinearCrossEntropySumReference(in[0], in[1], targets, -100, at::kDouble, softcap);
-      },
-      {h.to(at::kDouble), w.to(at::kDouble)}, scale);
+  const auto reference = DoubleReferenceHead(h, w, targets, scale, softcap);
   for (const int64_t chunk : {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{23}}) {
-    auto fused = ValueAndGrads(
-        [&](const auto& in) {
-          return LinearCrossEntropySum(in[0], in[1], targets, -100, at::kFloat, chunk, softcap);
-        },
-        {h, w}, scale);
-    ExpectClose(fused, reference, 1e-5, "softcap, chunk_rows " + std::to_string(chunk));
+    ExpectClose(Fp32Head(h, w, targets, scale, chunk, softcap), reference, 1e-5,
+                "softcap, chunk_rows " + std::to_string(chunk));
   }
-  auto uncapped = ValueAndGrads(
-      [&](const auto& in) {
-        return LinearCrossEntropySumReference(in[0], in[1], targets, -100, at::kDouble);
-      },
-      {h.to(at::kDouble), w.to(at::kDouble)}, scale);
+  const auto uncapped = DoubleReferenceHead(h, w, targets, scale);
   for (size_t i = 0; i < uncapped.size(); ++i) {
     EXPECT_GT(RelativeError(uncapped[i], reference[i]), 0.05) << "output " << i;
   }

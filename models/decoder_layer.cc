@@ -250,9 +250,7 @@ at::Tensor Attention::OffsetAttention(const at::Tensor& q, const at::Tensor& k,
   const int64_t groups = num_heads_ / num_kv_heads_;
   const at::Tensor keys = groups == 1 ? k : k.repeat_interleave(groups, 1);
   const at::Tensor values = groups == 1 ? v : v.repeat_interleave(groups, 1);
-  // transformers: query_pre_attn_scalar**-0.5, or head_dim**-0.5.
-  const double scale = scale_ > 0 ? scale_ : std::pow(static_cast<double>(head_dim_), -0.5);
-  at::Tensor scores = at::matmul(q, keys.transpose(2, 3)) * scale;
+  at::Tensor scores = at::matmul(q, keys.transpose(2, 3)) * ScoreScale();
   if (softcap_ > 0) scores = at::tanh(scores / softcap_) * softcap_;
   const auto options = at::TensorOptions().dtype(at::kLong).device(q.device());
   const at::Tensor query = at::arange(query_position, query_position + q.size(2), options)
@@ -267,15 +265,19 @@ at::Tensor Attention::OffsetAttention(const at::Tensor& q, const at::Tensor& k,
   return at::matmul(probs, values);
 }
 
+double Attention::ScoreScale() const {
+  // transformers: query_pre_attn_scalar**-0.5, or head_dim**-0.5.
+  return scale_ > 0 ? scale_ : std::pow(static_cast<double>(head_dim_), -0.5);
+}
+
 at::Tensor Attention::SoftcapAttention(const at::Tensor& q, const at::Tensor& k,
                                        const at::Tensor& v) const {
   const int64_t b = q.size(0), t = q.size(2), groups = num_heads_ / num_kv_heads_;
-  const double scale = scale_ > 0 ? scale_ : std::pow(static_cast<double>(head_dim_), -0.5);
   // Query head h reads key/value head h / groups: [B, H, T, D] is [B, KV, groups * T, D].
   const at::Tensor grouped = q.reshape({b, num_kv_heads_, groups * t, head_dim_});
   const at::Tensor scores =
       at::matmul(grouped, k.transpose(2, 3)).view({b, num_heads_, t, k.size(2)});
-  const at::Tensor probs = kernels::SoftcapSoftmax(scores, scale, softcap_, window_, true);
+  const at::Tensor probs = kernels::SoftcapSoftmax(scores, ScoreScale(), softcap_, window_, true);
   return at::matmul(probs.view({b, num_kv_heads_, groups * t, k.size(2)}), v)
       .view({b, num_heads_, t, head_dim_});
 }

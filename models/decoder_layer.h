@@ -119,6 +119,8 @@ class Attention : public torch::nn::Module {
   // each key/value head's query heads in one matmul (no expanded keys) and the soft-capped
   // softmax in one kernel each way (kernels::SoftcapSoftmax).
   at::Tensor SoftcapAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) const;
+  // The scores' scale of the eager and soft-capped attention: scale_, or head_dim^-0.5.
+  double ScoreScale() const;
   // Attention of the queries at positions query_position .. + T - 1 over the keys at
   // key_position .. + S - 1 (causal, or `mask` where defined; the window, Gemma's scale and
   // soft-capping), eager.

@@ -27,8 +27,8 @@ namespace kernels {
 
 // Sum over rows whose target is not ignore_index of logsumexp(z) - z[target], z = hidden_row
 // @ weight^T, or z = SoftcapReference(hidden_row @ weight^T, softcap) when softcap > 0 (Gemma
-// 2's final_logit_softcapping; the cap is applied in fp32). chunk_rows 0 picks chunks of about
-// 2^27 logits.
+// 2's final_logit_softcapping; the cap is applied in fp32). chunk_rows 0 picks chunks of 4096
+// rows, fewer where that would hold more than 2^30 logits (a vocabulary over 262144).
 at::Tensor LinearCrossEntropySum(const at::Tensor& hidden, const at::Tensor& weight,
                                  const at::Tensor& targets, int64_t ignore_index,
                                  at::ScalarType compute_dtype, int64_t chunk_rows = 0,

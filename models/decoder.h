@@ -122,8 +122,8 @@ class DecoderLM : public TrainableModel {
   // LM head fused with the loss (every device).
   void SetFusedKernels(bool enabled) override;
   // Rows per chunk of the fused LM head + loss (LinearCrossEntropySum's chunk_rows; 0, the
-  // default: about 2^27 logits a chunk). Fewer, larger chunks read and write the fp32 head
-  // weight gradient fewer times (once per chunk) and hold more logits at once.
+  // default: 4096 rows, at most 2^30 logits a chunk). Fewer, larger chunks read and write the
+  // fp32 head weight gradient fewer times (once per chunk) and hold more logits at once.
   void set_loss_chunk_rows(int64_t rows) { loss_chunk_rows_ = rows; }
   // Row-seeded from the DecoderInit seed (whatever the mode the model was built with).
   absl::Status InitializeRows(const std::string& name, int64_t row_begin,

@@ -97,7 +97,7 @@ ABSL_FLAG(bool, cuda_graphs, false,
 ABSL_FLAG(bool, fused_kernels, true,
           "the model's fused kernels (TrainingArguments.fused_kernels; false: the eager path)");
 ABSL_FLAG(int64_t, loss_chunk_rows, 0,
-          "rows per chunk of the fused LM head + loss (0: about 2^27 logits a chunk); larger "
+          "rows per chunk of the fused LM head + loss (0: 4096 rows, at most 2^30 logits); larger "
           "chunks move the fp32 head gradient fewer times and hold more logits");
 ABSL_FLAG(int64_t, profile_steps, 0,
           "profile the last N timed steps and print device time per kernel family (CUDA; the "

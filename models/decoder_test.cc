@@ -808,12 +808,21 @@ void ExpectFusedMatchesEager(const proto::DecoderConfig& config, bool bf16, bool
   // fp32: the fused path within 1e-5 of the eager one. bf16: both paths round, differently (the
   // fused head caps Gemma 2's logits in fp32, the eager one in bf16; this machine's bf16 CPU
   // products may accumulate in bf16), and each lands 1-3% from the fp32 result. So the fused
-  // path is held to the fp32 eager result, no farther than 1.5 times the eager bf16 path is
-  // (never tighter than 2%, the bound the two bf16 paths were once held to between them).
+  // path is held to the fp32 eager result, no farther than `factor` times the eager bf16 path
+  // is (never tighter than 2%, the bound the two bf16 paths were once held to between them).
   const auto [truth_loss, truth_grads] = bf16 ? run(false, false) : std::make_pair(0.0, eager_grads);
+  // Gemma 3's two paths run different attention algorithms (eager: matmul, fp32 softmax, matmul
+  // as in transformers; fused: SDPA, flash attention on a GPU), and their bf16 errors differ by
+  // more than the norms' and products' do: on an H100 (2026-12-06) the fused path's layer-0
+  // gradients landed up to 1.7 times as far from fp32 as the eager path's (q_proj: 0.406 against
+  // 0.250). So that variant's bf16 factor is 2; everywhere else both paths share the attention,
+  // and 1.5 holds.
+  const bool attention_differs =
+      config.norm_unit_offset() && config.attn_logit_softcapping() == 0 && !packed;
+  const double factor = attention_differs ? 2.0 : 1.5;
   const double tolerance = bf16 ? 2e-2 : 1e-5;
   auto bound = [&](double eager_error, double scale) {
-    return bf16 ? std::max(1.5 * eager_error, tolerance * scale) : tolerance * scale + 1e-12;
+    return bf16 ? std::max(factor * eager_error, tolerance * scale) : tolerance * scale + 1e-12;
   };
   const double loss_reference = bf16 ? truth_loss : eager_loss;
   EXPECT_LE(std::abs(fused_loss - loss_reference),

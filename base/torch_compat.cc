@@ -34,6 +34,14 @@ void ResetPeakMemory(const at::Device&) {}
 void SynchronizeDevice(const at::Device&) {}
 #endif
 
+at::Tensor SlidingWindowMask(int64_t t, int64_t window, const at::Device& device) {
+  const at::Tensor positions = at::arange(t, at::TensorOptions().dtype(at::kLong).device(device));
+  const at::Tensor distance = positions.unsqueeze(1) - positions.unsqueeze(0);  // t - s
+  at::Tensor allowed = distance.ge(0);
+  if (window > 0) allowed = allowed.logical_and(distance.lt(window));
+  return allowed;
+}
+
 namespace {
 
 #if TORCH_VERSION_MAJOR >= 2
@@ -43,16 +51,6 @@ std::string OptimizerStateKey(const at::Tensor& param) {
   return c10::guts::to_string(param.unsafeGetTensorImpl());
 }
 #endif
-
-// [T, T] booleans, true where query t may attend to key s: s <= t and, with a window > 0,
-// s > t - window.
-at::Tensor SlidingWindowMask(int64_t t, int64_t window, const at::Device& device) {
-  const at::Tensor positions = at::arange(t, at::TensorOptions().dtype(at::kLong).device(device));
-  const at::Tensor distance = positions.unsqueeze(1) - positions.unsqueeze(0);  // t - s
-  at::Tensor allowed = distance.ge(0);
-  if (window > 0) allowed = allowed.logical_and(distance.lt(window));
-  return allowed;
-}
 
 // The sliding-window causal mask [T, T], or options.mask [B, 1, T, T] within the window.
 at::Tensor AllowedKeys(const at::Tensor& q, const AttentionOptions& options) {

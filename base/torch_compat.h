@@ -92,6 +92,10 @@ struct AttentionOptions {
   double scale = 0;
 };
 
+// [T, T] booleans, true where query t may attend to key s: s <= t and, with a window > 0,
+// s > t - window (the mask CausalAttention builds for a window; kernels' references share it).
+at::Tensor SlidingWindowMask(int64_t t, int64_t window, const at::Device& device);
+
 // Causal self-attention. q: [B, H, T, D]; k, v: [B, Hkv, T, D] with H a multiple of Hkv
 // (grouped-query attention). Returns [B, H, T, D]. Uses the fused kernel where LibTorch has
 // one (2.x), a reference implementation otherwise. A window shorter than T is a boolean mask

@@ -3,6 +3,7 @@
 #include <limits>
 #include <vector>
 
+#include "base/torch_compat.h"
 #include "kernels/launchers.h"
 
 #if CPPTRAIN_HAS_CUDA_KERNELS
@@ -32,12 +33,10 @@ at::Tensor SoftcapSoftmaxReference(const at::Tensor& scores, double scale, doubl
                                    int64_t window) {
   at::Tensor z = scores * scale;
   if (softcap > 0) z = at::tanh(z / softcap) * softcap;
-  const int64_t t = scores.size(-2), keys = scores.size(-1);
-  const auto options = at::TensorOptions().dtype(at::kLong).device(scores.device());
-  const at::Tensor query = at::arange(t, options).unsqueeze(1);
-  const at::Tensor key = at::arange(keys, options).unsqueeze(0);
-  at::Tensor allowed = key <= query;
-  if (window > 0) allowed = allowed.logical_and(key > query - window);
+  TORCH_CHECK(scores.dim() >= 2 && scores.size(-1) == scores.size(-2),
+              "SoftcapSoftmax takes square [..., T, T] scores (causal self-attention, query t "
+              "in row t), got ", scores.sizes());
+  const at::Tensor allowed = SlidingWindowMask(scores.size(-1), window, scores.device());
   z = z.masked_fill(allowed.logical_not(), -std::numeric_limits<double>::infinity());
   return at::softmax(z, -1, at::kFloat).to(scores.scalar_type());
 }
@@ -285,9 +284,9 @@ at::Tensor GeGlu(const at::Tensor& gate, const at::Tensor& up, bool fused) {
 
 at::Tensor SoftcapSoftmax(const at::Tensor& scores, double scale, double softcap, int64_t window,
                           bool fused) {
-  // Training's square scores only: the kernel puts query t at row t of each [T, T] block.
+  // Square scores only (the reference refuses others): query t is row t of each [T, T] block.
   if (!fused || !scores.is_cuda() || scores.dim() != 4 || !Supported(scores.scalar_type()) ||
-      !scores.is_contiguous() || scores.size(-1) != scores.size(-2)) {
+      !scores.is_contiguous()) {
     return SoftcapSoftmaxReference(scores, scale, softcap, window);
   }
   return SoftcapSoftmaxFunction::apply(scores, scale, softcap, window);

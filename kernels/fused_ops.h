@@ -51,11 +51,12 @@ at::Tensor QkNormRopeReference(const at::Tensor& x, const at::Tensor& weight, do
                                const at::Tensor& cos, const at::Tensor& sin,
                                at::ScalarType out_dtype);
 
-// Gemma 2's attention probabilities from scores [B, H, T, T] (q k^T, unscaled): softmax over
-// the causal keys (within `window` when window > 0) of softcap * tanh(scores * scale / softcap)
-// in fp32, in the scores' dtype. The reference is transformers' eager order (each step in the
-// scores' dtype, the softmax in fp32); the kernel (CUDA, fp32 or bf16, contiguous) computes
-// each row in fp32 and rounds once, saving the scores and probs for backward.
+// Gemma 2's attention probabilities from square scores [B, H, T, T] (q k^T, unscaled; other
+// shapes are refused): softmax over the causal keys (within `window` when window > 0) of
+// softcap * tanh(scores * scale / softcap) in fp32, in the scores' dtype. The reference is
+// transformers' eager order (each step in the scores' dtype, the softmax in fp32); the kernel
+// (CUDA, fp32 or bf16, contiguous) computes each row in fp32 and rounds once, saving the scores
+// and probs for backward.
 at::Tensor SoftcapSoftmax(const at::Tensor& scores, double scale, double softcap, int64_t window,
                           bool fused);
 at::Tensor SoftcapSoftmaxReference(const at::Tensor& scores, double scale, double softcap,

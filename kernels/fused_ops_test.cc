@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "base/torch_compat.h"
@@ -481,6 +482,20 @@ TEST(FusedOpsTest, WithoutKernelsTheFusedEntryPointsReturnTheReferences) {
                   .equal(SoftcapSoftmaxReference(scores, 0.5, 2.0, 2)));
   EXPECT_TRUE(QkNormRope(x, w, 1e-6, emb.cos(), emb.sin(), at::kFloat, true)
                   .equal(QkNormRopeReference(x, w, 1e-6, emb.cos(), emb.sin(), at::kFloat)));
+}
+
+// Rectangular scores have no defined query-to-key alignment here: refused, naming the shape.
+TEST(FusedOpsTest, SoftcapSoftmaxRefusesScoresThatAreNotSquare) {
+  const at::Tensor scores = torch::randn({1, 2, 3, 5});
+  for (const bool fused : {false, true}) {
+    try {
+      SoftcapSoftmax(scores, 0.5, 2.0, 0, fused);
+      ADD_FAILURE() << "rectangular scores were accepted";
+    } catch (const c10::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("square"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("[1, 2, 3, 5]"), std::string::npos) << e.what();
+    }
+  }
 }
 
 }  // namespace

@@ -489,18 +489,10 @@ int64_t ElementwiseBlocks(int64_t n) {
 
 // ---- QK-norm + rotary ------------------------------------------------------------------
 
-// Row `row` of x [B, T, H, D] is head h of token (b, t); its output row in [B, H, T, D].
-struct HeadRow {
-  int64_t t;
-  int64_t out_row;
-};
-
-__device__ __forceinline__ HeadRow Locate(int64_t row, int64_t seq, int64_t heads) {
-  const int64_t h = row % heads;
-  const int64_t bt = row / heads;
-  const int64_t t = bt % seq;
-  const int64_t b = bt / seq;
-  return {t, (b * heads + h) * seq + t};
+// Row `row` of x [B, T, H, D] is a head of token (b, t); the output (and its gradient) keeps
+// that row order, so only the position t is needed, for the rotary tables.
+__device__ __forceinline__ int64_t PositionOf(int64_t row, int64_t seq, int64_t heads) {
+  return (row / heads) % seq;
 }
 
 template <typename TX, typename TW, typename TO>
@@ -528,11 +520,11 @@ __global__ void QkNormRopeForwardKernel(int64_t rows, int64_t seq, int64_t heads
     for (int j = lane; j < dim; j += kWarp) y[j] = Load(xr, j);
   }
   __syncwarp();
-  const HeadRow at = Locate(row, seq, heads);
+  const int64_t t = PositionOf(row, seq, heads);
   const int half = dim / 2;
-  const float* c = cos + at.t * dim;
-  const float* s = sin + at.t * dim;
-  TO* o = out + at.out_row * dim;
+  const float* c = cos + t * dim;
+  const float* s = sin + t * dim;
+  TO* o = out + row * dim;
   for (int j = lane; j < dim; j += kWarp) {
     const float rotated = j < half ? -y[j + half] : y[j - half];
     Store(o, j, y[j] * c[j] + rotated * s[j]);
@@ -558,10 +550,10 @@ __global__ void QkNormRopeBackwardKernel(int64_t rows, int64_t seq, int64_t head
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
   for (int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp; row < rows;
        row += stride) {
-    const HeadRow at = Locate(row, seq, heads);
-    const TO* d = dout + at.out_row * dim;
-    const float* c = cos + at.t * dim;
-    const float* s = sin + at.t * dim;
+    const int64_t t = PositionOf(row, seq, heads);
+    const TO* d = dout + row * dim;
+    const float* c = cos + t * dim;
+    const float* s = sin + t * dim;
     __syncwarp();
     for (int j = lane; j < dim; j += kWarp) staged[j] = Load(d, j) * s[j];
     __syncwarp();

@@ -222,7 +222,12 @@ class QkNormRopeFunction : public torch::autograd::Function<QkNormRopeFunction> 
     const at::Tensor w = weight.numel() > 0 ? weight.contiguous() : at::Tensor();
     const at::Tensor c = cos.to(at::kFloat).contiguous(), s = sin.to(at::kFloat).contiguous();
     const int64_t b = x.size(0), t = x.size(1), h = x.size(2), d = x.size(3);
-    at::Tensor out = at::empty({b, h, t, d}, x.options().dtype(at::ScalarType(out_dtype)));
+    // [B, H, T, D] over the memory of [B, T, H, D]. SDPA's kernels write their output and the
+    // gradients of q and k in q's layout, so the output's transpose back to [B, T, H * D] for
+    // o_proj is a view, and neither the gradient arriving there nor the one arriving here is
+    // copied into another layout (two copies of [B, T, H * D] a layer before).
+    at::Tensor out = at::empty_strided({b, h, t, d}, {t * h * d, d, h * d, 1},
+                                       x.options().dtype(at::ScalarType(out_dtype)));
     at::Tensor rstd = at::empty({w.defined() ? b * t * h : 1}, x.options().dtype(at::kFloat));
     Check(LaunchQkNormRopeForward(b, t, h, d, xc.data_ptr(), TypeOf(x.scalar_type()),
                                   w.defined() ? w.data_ptr() : nullptr,
@@ -239,7 +244,8 @@ class QkNormRopeFunction : public torch::autograd::Function<QkNormRopeFunction> 
     const at::Tensor &x = saved[0], &c = saved[2], &s = saved[3], &rstd = saved[4];
     const at::Tensor w = saved[1].numel() > 0 ? saved[1] : at::Tensor();
     const c10::cuda::CUDAGuard guard(x.device());
-    const at::Tensor dout = grads[0].contiguous();
+    // In out's row order, [B, T, H, D] (a view where the gradient came back in q's layout).
+    const at::Tensor dout = grads[0].transpose(1, 2).contiguous();
     at::Tensor dx = at::empty_like(x);
     at::Tensor dw = at::empty({x.size(3)}, x.options().dtype(at::kFloat));
     const int64_t rows = x.size(0) * x.size(1) * x.size(2);

@@ -43,7 +43,9 @@ at::Tensor ResidualAdd(const at::Tensor& x, const at::Tensor& delta, bool fused)
 at::Tensor ApplyRotaryReference(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 
 // Per-head RMSNorm (skipped when `weight` is undefined) and the rotary embedding, from
-// x [B, T, H, D] to [B, H, T, D] in out_dtype: the layout scaled_dot_product_attention reads.
+// x [B, T, H, D] to [B, H, T, D] in out_dtype. The kernel's result keeps x's memory order (a
+// [B, H, T, D] tensor with [B, T, H, D] strides), as the reference's does and as q and k are
+// in transformers: scaled_dot_product_attention reads it as it is.
 at::Tensor QkNormRope(const at::Tensor& x, const at::Tensor& weight, double eps,
                       const at::Tensor& cos, const at::Tensor& sin, at::ScalarType out_dtype,
                       bool fused);

@@ -202,6 +202,8 @@ TEST(FusedOpsTest, QkNormRopeMatchesReference) {
                                              sin.to(in[0].scalar_type()), in[0].scalar_type());
         };
         auto fused = ValueAndGrads([&](const auto& in) { return run(true, in); }, inputs, g);
+        // x's memory order: SDPA then writes its output in it, and o_proj's input is a view.
+        EXPECT_TRUE(run(true, inputs).transpose(1, 2).is_contiguous());
         std::vector<at::Tensor> wide = {x.to(type == at::kFloat ? at::kDouble : at::kFloat)};
         if (norm) wide.push_back(w.to(at::kDouble));
         auto reference = ValueAndGrads([&](const auto& in) { return run(false, in); }, wide, g);

@@ -54,8 +54,8 @@ const char* LaunchGatedBackward(int64_t n, const void* gate, const void* up, con
                                 void* stream);
 
 // Qwen3's per-head RMSNorm (weight [head_dim]; skipped when weight is null) then the rotary
-// embedding, from x [B, T, H, D] (row-major) to out [B, H, T, D] (row-major), the layout
-// scaled_dot_product_attention reads. cos, sin: [T, D] fp32. rstd: [B*T*H] fp32 (written;
+// embedding, from x [B, T, H, D] (row-major) to out in the same row order (QkNormRope views it
+// as [B, H, T, D]). cos, sin: [T, D] fp32. rstd: [B*T*H] fp32 (written;
 // unused without a weight).
 const char* LaunchQkNormRopeForward(int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
                                     const void* x, ElementType x_type, const void* weight,
@@ -63,7 +63,7 @@ const char* LaunchQkNormRopeForward(int64_t batch, int64_t seq, int64_t heads, i
                                     const float* sin, void* out, ElementType out_type, float* rstd,
                                     void* stream);
 // dx [B, T, H, D] (x's type) and dweight (fp32 [head_dim], written; untouched without a
-// weight) from dout [B, H, T, D] (out's type). workspace as for LaunchRmsNormBackward, with
+// weight) from dout in out's row order, [B, T, H, D] (out's type). workspace as for LaunchRmsNormBackward, with
 // rows = batch * seq * heads and cols = head_dim (unused without a weight).
 const char* LaunchQkNormRopeBackward(int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
                                      const void* dout, ElementType dout_type, const void* x,

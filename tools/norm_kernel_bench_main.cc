@@ -236,7 +236,8 @@ Result QkNormRopeBackward(int64_t batch, int64_t seq, int64_t heads, int64_t dim
   for (int i = 0; i < std::max(1, absl::GetFlag(FLAGS_sets)); ++i) {
     QkSet s{torch::randn({batch, seq, heads, dim}, Cuda()).to(at::kBFloat16),
             (torch::rand({dim}, Cuda()) + 0.5).to(at::kBFloat16),
-            torch::randn({batch, heads, seq, dim}, Cuda()).to(at::kBFloat16),
+            // [B, H, T, D] in [B, T, H, D] memory, the order the kernel reads and writes.
+            torch::randn({batch, seq, heads, dim}, Cuda()).to(at::kBFloat16).transpose(1, 2),
             at::empty({rows}, Cuda().dtype(at::kFloat))};
     at::Tensor out = at::empty_like(s.dout);
     Check(cpptrain::kernels::LaunchQkNormRopeForward(

@@ -7,7 +7,7 @@
 # summary go to $OUT (or /tmp/gpu_out); raw JSON lines to $OUT/<date>-1x<gpu>.jsonl.
 #   NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
 #     ROWS="local:qwen3-0.6b:4:graphs" tools/gpu_baseline_check.sh
-# A row is engine:model:micro-batch[:graphs|:nofused][:config] (engine zero1-3 is ours' ZeRO
+# A row is engine:model:micro-batch[:graphs|:nofused][:config[:impl]] (engine zero1-3 is ours' ZeRO
 # stage beside PyTorch's fully_shard; config, one of TORCH_CONFIGS, is this row's one; graphs: ours replays its step as a CUDA
 # graph, and the sweep adds compile's reduce-overhead; nofused: ours without its fused kernels,
 # for rows against DeepSpeed, whose model runs eagerly). SWEEP (comma-separated TORCH_CONFIGS of
@@ -18,7 +18,9 @@
 # "--ours_arg=--profile_steps=4 --torch_arg=--profile_steps=4": both sides' kernel tables,
 # gathered into $OUT/profiles.txt); TORCH_IMPL=hf runs transformers' model on PyTorch's side (the
 # architectures bench_torch.py's own decoder lacks: Qwen2, Gemma, Mistral, Phi-3; configurations
-# compiled-model and compiled-model-graphs). Liger comes from .whl/ (carried; the device README's recipe).
+# compiled-model and compiled-model-graphs); a row's impl field (native or hf) overrides TORCH_IMPL
+# for that row, so one call can hold both kinds of row. Liger comes from .whl/ (carried; the
+# device README's recipe).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 final="${OUT:-/tmp/gpu_out}"
@@ -80,7 +82,7 @@ launch=$(find_bin launch)
 gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | awk '{print tolower($2)}')
 jsonl="$final/$(date -u +%F)-1x${gpu_name}.jsonl"
 for row in ${ROWS:-local:qwen3-0.6b:4:graphs}; do
-  IFS=: read -r engine model micro graphs row_config <<<"$row"
+  IFS=: read -r engine model micro graphs row_config row_impl <<<"$row"
   sweep="${SWEEP:-compiled-model,compiled-full,liger-compiled}"
   extra=()
   ours_engine="$engine"
@@ -110,7 +112,7 @@ for row in ${ROWS:-local:qwen3-0.6b:4:graphs}; do
     --init_dir "/tmp/cpptrain_bench_init_$model" --jsonl "$jsonl" --log_dir "$out/$name" \
     --runs "${RUNS:-3}" --steps "${STEPS:-12}" --warmup "${WARMUP:-5}" --timeout 420 \
     "${pick[@]}" --peak_tflops "$peak" --peak_source "$peak_source" "${extra[@]}" \
-    --torch_impl "${TORCH_IMPL:-native}" ${COMPARE_ARGS:-} >"$out/$name.log" 2>&1
+    --torch_impl "${row_impl:-${TORCH_IMPL:-native}}" ${COMPARE_ARGS:-} >"$out/$name.log" 2>&1
   echo "$name exit $? in $((SECONDS - start)) s:" | tee -a "$summary"
   grep -E '^   [a-z0-9-]+: |fastest|^[0-9]+ process|^\| (ours|torch) |^ours / |^largest|^bench_compare|^  .* differ' \
     "$out/$name.log" | tee -a "$summary"

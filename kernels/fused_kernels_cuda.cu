@@ -596,6 +596,126 @@ __global__ void QkNormRopeBackwardKernel(int64_t rows, int64_t seq, int64_t head
   SumRowsTo(shared, kWarpsPerBlock, dim, partials + static_cast<int64_t>(blockIdx.x) * dim);
 }
 
+// The same two kernels for head dims of kChunk * 32 (64, 96, 128, 256): lane l holds columns
+// [l * kChunk, (l + 1) * kChunk) in registers, and the rotary partner of column j (j +- dim/2)
+// sits at the same index in lane l ^ 16, so one shuffle replaces the shared-memory staging and
+// every load of a row is issued at once (the loops above wait on memory three times a row).
+template <int kChunk, typename TX, typename TW, typename TO>
+__global__ void QkNormRopeForwardChunkKernel(int64_t rows, int64_t seq, int64_t heads,
+                                             const TX* x, const TW* weight, float eps,
+                                             const float* cos, const float* sin, TO* out,
+                                             float* rstd) {
+  constexpr int kDim = kChunk * kWarp;
+  const int lane = threadIdx.x % kWarp;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
+  if (row >= rows) return;  // the whole warp: row depends on the warp only
+  const int first = lane * kChunk;
+  const int64_t table = PositionOf(row, seq, heads) * kDim + first;
+  const TX* xr = x + row * kDim + first;
+  float v[kChunk], c[kChunk], s[kChunk];
+#pragma unroll
+  for (int k = 0; k < kChunk; ++k) {
+    v[k] = Load(xr, k);
+    c[k] = cos[table + k];
+    s[k] = sin[table + k];
+  }
+  if (weight != nullptr) {
+    float squares = 0.f;
+#pragma unroll
+    for (int k = 0; k < kChunk; ++k) squares += v[k] * v[k];
+    const float r = rsqrtf(WarpSum(squares) / kDim + eps);
+    if (lane == 0) rstd[row] = r;
+#pragma unroll
+    for (int k = 0; k < kChunk; ++k) v[k] = Load(weight, first + k) * RoundTo<TX>(v[k] * r);
+  }
+  // Lanes 0-15 hold the first half: rotate_half gives them -y[j + half], the others y[j - half].
+  const float sign = lane < kWarp / 2 ? -1.f : 1.f;
+  TO* o = out + row * kDim + first;
+#pragma unroll
+  for (int k = 0; k < kChunk; ++k) {
+    const float partner = __shfl_xor_sync(0xffffffffu, v[k], kWarp / 2);
+    Store(o, k, v[k] * c[k] + sign * partner * s[k]);
+  }
+}
+
+template <int kChunk, typename TO, typename TX, typename TW>
+__global__ void QkNormRopeBackwardChunkKernel(int64_t rows, int64_t seq, int64_t heads,
+                                              const TO* dout, const TX* x, const TW* weight,
+                                              const float* cos, const float* sin,
+                                              const float* rstd, TX* dx, float* partials) {
+  extern __shared__ float shared[];  // [kWarpsPerBlock][kDim] dweight sums at the end
+  constexpr int kDim = kChunk * kWarp;
+  const int warp = threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  const int first = lane * kChunk;
+  // dy_j = dout_j cos_j + (j < half ? (dout sin)_{j+half} : -(dout sin)_{j-half})
+  const float sign = lane < kWarp / 2 ? 1.f : -1.f;
+  float w[kChunk], acc[kChunk] = {};
+  if (weight != nullptr) {
+#pragma unroll
+    for (int k = 0; k < kChunk; ++k) w[k] = Load(weight, first + k);
+  }
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp; row < rows;
+       row += stride) {
+    const int64_t table = PositionOf(row, seq, heads) * kDim + first;
+    const TO* d = dout + row * kDim + first;
+    const TX* xr = x + row * kDim + first;
+    float dy[kChunk], xv[kChunk];
+#pragma unroll
+    for (int k = 0; k < kChunk; ++k) {
+      const float g = Load(d, k);
+      const float partner = __shfl_xor_sync(0xffffffffu, g * sin[table + k], kWarp / 2);
+      dy[k] = g * cos[table + k] + sign * partner;
+      if (weight != nullptr) xv[k] = Load(xr, k);
+    }
+    TX* dxr = dx + row * kDim + first;
+    if (weight == nullptr) {
+#pragma unroll
+      for (int k = 0; k < kChunk; ++k) Store(dxr, k, dy[k]);
+      continue;
+    }
+    const float r = rstd[row];
+    float dot = 0.f;
+#pragma unroll
+    for (int k = 0; k < kChunk; ++k) {
+      const float n = xv[k] * r;
+      dot += dy[k] * w[k] * n;
+      acc[k] += dy[k] * RoundTo<TX>(n);
+    }
+    dot = WarpSum(dot) / kDim;
+#pragma unroll
+    for (int k = 0; k < kChunk; ++k) Store(dxr, k, r * (dy[k] * w[k] - xv[k] * r * dot));
+  }
+  if (weight == nullptr) return;
+#pragma unroll
+  for (int k = 0; k < kChunk; ++k) shared[warp * kDim + first + k] = acc[k];
+  __syncthreads();
+  SumRowsTo(shared, kWarpsPerBlock, kDim, partials + static_cast<int64_t>(blockIdx.x) * kDim);
+}
+
+// Calls f(std::integral_constant<int, head_dim / 32>) where a chunk kernel covers head_dim;
+// false (f not called) otherwise.
+template <typename F>
+bool WithChunk(int64_t head_dim, F&& f) {
+  switch (head_dim) {
+    case 64:
+      f(std::integral_constant<int, 2>{});
+      return true;
+    case 96:
+      f(std::integral_constant<int, 3>{});
+      return true;
+    case 128:
+      f(std::integral_constant<int, 4>{});
+      return true;
+    case 256:
+      f(std::integral_constant<int, 8>{});
+      return true;
+    default:
+      return false;
+  }
+}
+
 // ---- residual add ---------------------------------------------------------------------
 
 // out = x + delta with x, out of one type and delta of another (the fp32 residual stream plus
@@ -1048,6 +1168,13 @@ const char* LaunchQkNormRopeForward(int64_t batch, int64_t seq, int64_t heads, i
         using TX = decltype(tx);
         using TW = decltype(tw);
         using TO = decltype(to);
+        const bool chunked = WithChunk(head_dim, [&](auto chunk) {
+          QkNormRopeForwardChunkKernel<decltype(chunk)::value, TX, TW, TO>
+              <<<BlocksFor(rows), kBlock, 0, s>>>(
+                  rows, seq, heads, static_cast<const TX*>(x), static_cast<const TW*>(weight),
+                  static_cast<float>(eps), cos, sin, static_cast<TO*>(out), rstd);
+        });
+        if (chunked) return;
         QkNormRopeForwardKernel<TX, TW, TO><<<BlocksFor(rows), kBlock, smem, s>>>(
             rows, seq, heads, static_cast<int>(head_dim), static_cast<const TX*>(x),
             static_cast<const TW*>(weight), static_cast<float>(eps), cos, sin,
@@ -1079,6 +1206,19 @@ const char* LaunchQkNormRopeBackward(int64_t batch, int64_t seq, int64_t heads, 
         using TO = decltype(to);
         using TX = decltype(tx);
         using TW = decltype(tw);
+        const bool chunked = WithChunk(head_dim, [&](auto chunk) {
+          auto kernel = QkNormRopeBackwardChunkKernel<decltype(chunk)::value, TO, TX, TW>;
+          const size_t chunk_smem = kWarpsPerBlock * head_dim * sizeof(float);
+          parts = ResidentBlocks(kernel, kBlock, chunk_smem, BlocksFor(rows));
+          if (weight != nullptr && parts * head_dim > workspace_floats) {
+            parts = 0;
+            return;
+          }
+          kernel<<<parts, kBlock, chunk_smem, s>>>(
+              rows, seq, heads, static_cast<const TO*>(dout), static_cast<const TX*>(x),
+              static_cast<const TW*>(weight), cos, sin, rstd, static_cast<TX*>(dx), workspace);
+        });
+        if (chunked) return;
         auto kernel = head_dim <= 4 * kWarp ? QkNormRopeBackwardKernel<4, TO, TX, TW>
                                             : QkNormRopeBackwardKernel<16, TO, TX, TW>;
         parts = ResidentBlocks(kernel, kBlock, smem, BlocksFor(rows));

@@ -179,10 +179,11 @@ TEST(FusedOpsTest, QkNormRopeMatchesReference) {
   struct Shape {
     int64_t b, t, h, d;
   };
-  // Head dims 64, 96, 128 and 256 take the register-chunk kernels, 80 the general ones.
+  // Head dims 64, 96, 128 and 256 take the register-chunk kernels; 80 and 192 the general ones
+  // (192: the general backward's 16-columns-a-lane instance).
   for (const Shape& s : {Shape{2, 33, 3, 128}, Shape{1, 17, 5, 96}, Shape{3, 9, 2, 64},
                          Shape{1, 2048, 16, 128}, Shape{2, 37, 3, 64}, Shape{4, 2048, 8, 128},
-                         Shape{2, 33, 3, 256}, Shape{2, 19, 3, 80}}) {
+                         Shape{2, 33, 3, 256}, Shape{2, 19, 3, 80}, Shape{1, 11, 2, 192}}) {
     const at::Tensor positions = torch::arange(s.t, torch::device(kCuda).dtype(at::kFloat));
     const at::Tensor inv_freq =
         1.0 / torch::pow(10000.0, torch::arange(0, s.d, 2, torch::device(kCuda)).to(at::kFloat) /

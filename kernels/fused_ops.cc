@@ -290,9 +290,10 @@ at::Tensor GeGlu(const at::Tensor& gate, const at::Tensor& up, bool fused) {
 
 at::Tensor SoftcapSoftmax(const at::Tensor& scores, double scale, double softcap, int64_t window,
                           bool fused) {
-  // Square scores only (the reference refuses others): query t is row t of each [T, T] block.
+  // The kernel puts query t at row t of each [T, T] block: other shapes go to the reference,
+  // which refuses them.
   if (!fused || !scores.is_cuda() || scores.dim() != 4 || !Supported(scores.scalar_type()) ||
-      !scores.is_contiguous()) {
+      !scores.is_contiguous() || scores.size(-1) != scores.size(-2)) {
     return SoftcapSoftmaxReference(scores, scale, softcap, window);
   }
   return SoftcapSoftmaxFunction::apply(scores, scale, softcap, window);

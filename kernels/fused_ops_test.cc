@@ -489,16 +489,20 @@ TEST(FusedOpsTest, WithoutKernelsTheFusedEntryPointsReturnTheReferences) {
                   .equal(QkNormRopeReference(x, w, 1e-6, emb.cos(), emb.sin(), at::kFloat)));
 }
 
-// Rectangular scores have no defined query-to-key alignment here: refused, naming the shape.
+// Rectangular scores have no defined query-to-key alignment here: refused, naming the shape,
+// on the CPU and (where there is one) on the GPU, fused or not.
 TEST(FusedOpsTest, SoftcapSoftmaxRefusesScoresThatAreNotSquare) {
-  const at::Tensor scores = torch::randn({1, 2, 3, 5});
-  for (const bool fused : {false, true}) {
-    try {
-      SoftcapSoftmax(scores, 0.5, 2.0, 0, fused);
-      ADD_FAILURE() << "rectangular scores were accepted";
-    } catch (const c10::Error& e) {
-      EXPECT_NE(std::string(e.what()).find("square"), std::string::npos) << e.what();
-      EXPECT_NE(std::string(e.what()).find("[1, 2, 3, 5]"), std::string::npos) << e.what();
+  std::vector<at::Tensor> cases = {torch::randn({1, 2, 3, 5})};
+  if (torch::cuda::is_available()) cases.push_back(cases[0].to(kCuda));
+  for (const at::Tensor& scores : cases) {
+    for (const bool fused : {false, true}) {
+      try {
+        SoftcapSoftmax(scores, 0.5, 2.0, 0, fused);
+        ADD_FAILURE() << "rectangular scores were accepted on " << scores.device();
+      } catch (const c10::Error& e) {
+        EXPECT_NE(std::string(e.what()).find("square"), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find("[1, 2, 3, 5]"), std::string::npos) << e.what();
+      }
     }
   }
 }

@@ -1198,38 +1198,39 @@ const char* LaunchQkNormRopeBackward(int64_t batch, int64_t seq, int64_t heads, 
     return cudaMemsetAsync(dweight, 0, head_dim * sizeof(float), s) == cudaSuccess ? nullptr
                                                                                    : LastError();
   }
-  const size_t smem = 2 * kWarpsPerBlock * head_dim * sizeof(float);
+  // One fp32 [head_dim] row for each warp of a block.
+  const size_t warp_rows_bytes = kWarpsPerBlock * head_dim * sizeof(float);
   int64_t parts = 0;
+  // `kernel` over the rows with `smem` bytes of shared memory, as many blocks as are resident
+  // (parts), unless their partial dweight rows would not fit the workspace (parts stays 0).
+  auto launch = [&](auto kernel, size_t smem, auto... args) {
+    parts = ResidentBlocks(kernel, kBlock, smem, BlocksFor(rows));
+    if (weight != nullptr && parts * head_dim > workspace_floats) {
+      parts = 0;
+      return;
+    }
+    kernel<<<parts, kBlock, smem, s>>>(args...);
+  };
   WithType(dout_type, [&](auto to) {
     WithType(x_type, [&](auto tx) {
       WithType(weight_type, [&](auto tw) {
         using TO = decltype(to);
         using TX = decltype(tx);
         using TW = decltype(tw);
+        const auto* d = static_cast<const TO*>(dout);
+        const auto* xs = static_cast<const TX*>(x);
+        const auto* w = static_cast<const TW*>(weight);
+        auto* dxs = static_cast<TX*>(dx);
         const bool chunked = WithChunk(head_dim, [&](auto chunk) {
-          auto kernel = QkNormRopeBackwardChunkKernel<decltype(chunk)::value, TO, TX, TW>;
-          const size_t chunk_smem = kWarpsPerBlock * head_dim * sizeof(float);
-          parts = ResidentBlocks(kernel, kBlock, chunk_smem, BlocksFor(rows));
-          if (weight != nullptr && parts * head_dim > workspace_floats) {
-            parts = 0;
-            return;
-          }
-          kernel<<<parts, kBlock, chunk_smem, s>>>(
-              rows, seq, heads, static_cast<const TO*>(dout), static_cast<const TX*>(x),
-              static_cast<const TW*>(weight), cos, sin, rstd, static_cast<TX*>(dx), workspace);
+          launch(QkNormRopeBackwardChunkKernel<decltype(chunk)::value, TO, TX, TW>,
+                 warp_rows_bytes, rows, seq, heads, d, xs, w, cos, sin, rstd, dxs, workspace);
         });
         if (chunked) return;
-        auto kernel = head_dim <= 4 * kWarp ? QkNormRopeBackwardKernel<4, TO, TX, TW>
-                                            : QkNormRopeBackwardKernel<16, TO, TX, TW>;
-        parts = ResidentBlocks(kernel, kBlock, smem, BlocksFor(rows));
-        if (weight != nullptr && parts * head_dim > workspace_floats) {
-          parts = 0;
-          return;
-        }
-        kernel<<<parts, kBlock, smem, s>>>(rows, seq, heads, static_cast<int>(head_dim),
-                                           static_cast<const TO*>(dout), static_cast<const TX*>(x),
-                                           static_cast<const TW*>(weight), cos, sin, rstd,
-                                           static_cast<TX*>(dx), workspace);
+        // The general kernels stage two rows a warp (dout * sin and dy).
+        launch(head_dim <= 4 * kWarp ? QkNormRopeBackwardKernel<4, TO, TX, TW>
+                                     : QkNormRopeBackwardKernel<16, TO, TX, TW>,
+               2 * warp_rows_bytes, rows, seq, heads, static_cast<int>(head_dim), d, xs, w, cos,
+               sin, rstd, dxs, workspace);
       });
     });
   });

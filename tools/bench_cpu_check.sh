@@ -5,16 +5,17 @@
 # the check must fail when one side gets other weights, other tokens or another weight decay,
 # or when bench_torch.py injects a fault (a no-op optimizer, a gradient 1.002x, other tokens);
 # and the PyTorch configurations that run on the CPU (compiled with the loss inside, native GQA,
-# a compiled AdamW) pass. Creates a virtualenv with CPU-usable torch and safetensors from PyPI when VENV
-# (default /tmp/cpptrain_bench_venv) has none (about 5 GiB: PyPI's torch brings CUDA
-# libraries).
+# a compiled AdamW, transformers' model with activation checkpointing) pass. Creates a
+# virtualenv with CPU-usable torch, safetensors and transformers from PyPI when VENV (default
+# /tmp/cpptrain_bench_venv) has none (about 5 GiB: PyPI's torch brings CUDA libraries).
 #   tools/bench_cpu_check.sh            # about 5 minutes once torch is installed
 #   VENV=/path/to/venv JSONL=docs/benchmarks/<date>-cpu-tiny.jsonl tools/bench_cpu_check.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 venv="${VENV:-/tmp/cpptrain_bench_venv}"
-if ! "$venv/bin/python" -c 'import torch, safetensors' 2>/dev/null; then
-  python3 -m venv "$venv" && "$venv/bin/pip" install -q torch safetensors numpy || exit 2
+if ! "$venv/bin/python" -c 'import torch, safetensors, transformers' 2>/dev/null; then
+  python3 -m venv "$venv" && "$venv/bin/pip" install -q torch safetensors numpy transformers ||
+    exit 2
 fi
 # Before the virtualenv joins PATH: Bazel's actions see PATH, and another one rebuilds all.
 bazel build //tools:bench //tools:launch || exit 2
@@ -87,5 +88,9 @@ done
 expect pass sweep_local "$work/init" 1 local --runs 1 \
   --torch_sweep eager,compiled-model,compiled-full,compiled-full-adamw
 expect pass sweep_ddp_2 "$work/init" 2 ddp --runs 1 --torch_sweep eager,compiled-full
+# transformers' model with activation checkpointing on both sides (bench_torch.py refuses to run
+# when transformers' layers would not checkpoint, as they did not in eval mode before 2026-12-06).
+expect pass hf_checkpointing "$work/init" 1 local --runs 1 --torch_impl hf --torch_config eager \
+  --ours_arg=--activation_checkpointing --torch_arg=--activation_checkpointing
 ((failed)) && { echo "bench_cpu_check: FAILED"; exit 1; }
 echo "bench_cpu_check: every case as expected"

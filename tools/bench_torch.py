@@ -285,8 +285,15 @@ def build_model(a, c, device):
             # eager attention): the eager implementation computes what ours does.
             dtype_arg["attn_implementation"] = "eager"
         model = transformers.AutoModelForCausalLM.from_pretrained(a.init_dir, **dtype_arg)
+        # from_pretrained returns the model in eval mode, and transformers' layers checkpoint only
+        # in training mode: before this, --activation_checkpointing did nothing on this side.
+        model.train()
         if a.activation_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            if not (model.training and model.is_gradient_checkpointing):
+                raise SystemExit("--activation_checkpointing: transformers' model did not turn "
+                                 "gradient checkpointing on; the two sides would not do the "
+                                 "same work")
         return model.to(device), lambda m, ids: m(input_ids=ids, use_cache=False).logits
     with torch.device("meta"):
         model = Decoder(dict(c, attention=a.attention), a.activation_checkpointing, a.loss)

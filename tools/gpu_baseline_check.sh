@@ -4,7 +4,8 @@
 # dense bf16 peak (tools/matmul_peak.py, for mfu_full_measured), then for each row of ROWS runs
 # tools/bench_compare.py with --torch_sweep: every configuration of SWEEP once, then RUNS runs
 # of ours and of the fastest configuration that passed the checks, interleaved. Logs and the
-# summary go to $OUT (or /tmp/gpu_out); raw JSON lines to $OUT/<date>-1x<gpu>.jsonl.
+# summary go to $OUT (or /tmp/gpu_out); raw JSON lines to $OUT/<date>-1x<gpu>.jsonl. Exits 1
+# when a test or a row failed or a row was cut or skipped for DEADLINE.
 #   NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
 #     ROWS="local:qwen3-0.6b:4:graphs" tools/gpu_baseline_check.sh
 # A row is engine:model:micro-batch[:graphs|:nofused][:config[:impl]] (engine zero1-3 is ours' ZeRO
@@ -58,9 +59,12 @@ if ((code != 0)); then
   exit 1
 fi
 find_bin() { find "$build" -type f -name "$1" -perm -u+x | head -1; }
+failed=0  # the exit status: 1 when a test or a row failed (or was cut by DEADLINE)
 for test in $tests; do
   timeout 300 "$(find_bin "$test")" >"$out/$test.log" 2>&1
-  echo "$test exit $?: $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/$test.log" | tr '\n' ' ')" |
+  code=$?
+  ((code == 0)) || failed=1
+  echo "$test exit $code: $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/$test.log" | tr '\n' ' ')" |
     tee -a "$summary"
   grep -E "^\[  FAILED|Failure" -A3 "$out/$test.log" | head -30 >>"$summary"
 done
@@ -106,14 +110,20 @@ for row in ${ROWS:-local:qwen3-0.6b:4:graphs}; do
   row_timeout="${ROW_TIMEOUT:-1500}"
   # DEADLINE: seconds after the script's start by which every row must have ended.
   [[ -n "${DEADLINE:-}" ]] && row_timeout=$((DEADLINE - SECONDS))
-  ((row_timeout < 60)) && { echo "$row: skipped, ${row_timeout} s left" | tee -a "$summary"; continue; }
+  if ((row_timeout < 60)); then
+    echo "$row: skipped, ${row_timeout} s left" | tee -a "$summary"
+    failed=1
+    continue
+  fi
   timeout "$row_timeout" python3 tools/bench_compare.py --launch "$launch" \
     --bench "$bench" --nproc 1 --engine "$ours_engine" --model "$model" --micro_batch "$micro" \
     --init_dir "/tmp/cpptrain_bench_init_$model" --jsonl "$jsonl" --log_dir "$out/$name" \
     --runs "${RUNS:-3}" --steps "${STEPS:-12}" --warmup "${WARMUP:-5}" --timeout 420 \
     "${pick[@]}" --peak_tflops "$peak" --peak_source "$peak_source" "${extra[@]}" \
     --torch_impl "${row_impl:-${TORCH_IMPL:-native}}" ${COMPARE_ARGS:-} >"$out/$name.log" 2>&1
-  echo "$name exit $? in $((SECONDS - start)) s:" | tee -a "$summary"
+  code=$?
+  ((code == 0)) || failed=1
+  echo "$name exit $code in $((SECONDS - start)) s:" | tee -a "$summary"
   grep -E '^   [a-z0-9-]+: |fastest|^[0-9]+ process|^\| (ours|torch) |^ours / |^largest|^bench_compare|^  .* differ' \
     "$out/$name.log" | tee -a "$summary"
   for log in "$out/$name"/*.log; do
@@ -121,3 +131,4 @@ for row in ${ROWS:-local:qwen3-0.6b:4:graphs}; do
       { echo "== $name: $(basename "$log")"; grep -h "profile:" "$log"; } >>"$final/profiles.txt"
   done
 done
+exit "$failed"

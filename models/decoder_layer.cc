@@ -12,6 +12,7 @@
 
 #include "base/torch_compat.h"
 #include "models/recompute.h"
+#include "models/split_linear.h"
 
 namespace cpptrain {
 namespace {
@@ -173,10 +174,15 @@ Attention::Projected Attention::Project(const torch::Tensor& x) {
             k_proj_->forward(x).view({b, t, num_kv_heads_, head_dim_}),
             v_proj_->forward(x).view({b, t, num_kv_heads_, head_dim_}).transpose(1, 2)};
   }
-  const at::Tensor qkv = qkv_proj_->forward(x);  // [B, T, q_size + 2 * kv_size]
-  return {qkv.slice(-1, 0, q_size).view({b, t, num_heads_, head_dim_}),
-          qkv.slice(-1, q_size, q_size + kv_size).view({b, t, num_kv_heads_, head_dim_}),
-          qkv.slice(-1, q_size + kv_size).view({b, t, num_kv_heads_, head_dim_}).transpose(1, 2)};
+  std::vector<at::Tensor> qkv;  // [B, T, q_size], then two [B, T, kv_size]
+  if (fused_) {
+    // Contiguous blocks: the fused kernels read them without a copy (models/split_linear.h).
+    qkv = SplitLinear(x, qkv_proj_->weight, qkv_proj_->bias, {q_size, kv_size, kv_size});
+  } else {
+    qkv = qkv_proj_->forward(x).split_with_sizes({q_size, kv_size, kv_size}, -1);
+  }
+  return {qkv[0].view({b, t, num_heads_, head_dim_}), qkv[1].view({b, t, num_kv_heads_, head_dim_}),
+          qkv[2].view({b, t, num_kv_heads_, head_dim_}).transpose(1, 2)};
 }
 
 torch::Tensor Attention::Forward(const torch::Tensor& x, const RotaryTables& rope,
@@ -316,7 +322,10 @@ torch::Tensor SwiGluMlp::Forward(const torch::Tensor& x) {
   if (gate_up_proj_.is_empty()) {
     return down_proj_->forward(Activate(gate_proj_->forward(x), up_proj_->forward(x)));
   }
-  const std::vector<at::Tensor> gate_up = gate_up_proj_->forward(x).chunk(2, -1);
+  const int64_t inter = down_proj_->weight.size(1);
+  const std::vector<at::Tensor> gate_up =
+      fused_ ? SplitLinear(x, gate_up_proj_->weight, gate_up_proj_->bias, {inter, inter})
+             : gate_up_proj_->forward(x).chunk(2, -1);
   return down_proj_->forward(Activate(gate_up[0], gate_up[1]));
 }
 

@@ -1,0 +1,145 @@
+#include "models/split_linear.h"
+
+#include <gtest/gtest.h>
+#include <torch/cuda.h>
+#include <torch/types.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "base/torch_compat.h"
+
+namespace cpptrain {
+namespace {
+
+const std::vector<int64_t> kSizes = {12, 4, 4};  // q, k, v of 3 heads and 1 kv head of 4
+
+struct Result {
+  std::vector<at::Tensor> outputs;
+  at::Tensor dx, dw, db;
+};
+
+// Runs `project` on fresh leaves x, w (and b), back from sum(out_i * g_i) over the blocks named
+// in `used` (the others get no gradient), and returns the outputs and the leaves' gradients.
+template <typename Project>
+Result RunBlocks(Project project, torch::Device device, bool bias, std::vector<bool> used,
+           std::optional<at::ScalarType> autocast = std::nullopt) {
+  torch::manual_seed(0);
+  const auto options = torch::TensorOptions().dtype(torch::kFloat32).device(device);
+  at::Tensor x = torch::randn({2, 5, 8}, options).requires_grad_();
+  at::Tensor w = (torch::randn({20, 8}, options) * 0.3).requires_grad_();
+  at::Tensor b = bias ? torch::randn({20}, options).requires_grad_() : at::Tensor();
+  Result r;
+  {
+    std::optional<AutocastGuard> guard;
+    if (autocast) guard.emplace(device.type(), *autocast);
+    r.outputs = project(x, w, b);
+  }
+  at::Tensor loss = torch::zeros({}, options);
+  for (size_t i = 0; i < r.outputs.size(); ++i) {
+    if (!used[i]) continue;
+    torch::manual_seed(10 + static_cast<int64_t>(i));
+    loss = loss + (r.outputs[i].to(torch::kFloat32) *
+                   torch::randn(r.outputs[i].sizes(), options)).sum();
+  }
+  loss.backward();
+  r.dx = x.grad();
+  r.dw = w.grad();
+  if (bias) r.db = b.grad();
+  for (at::Tensor& out : r.outputs) out = out.detach();
+  return r;
+}
+
+std::vector<at::Tensor> Split(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+  return SplitLinear(x, w, b, kSizes);
+}
+
+// The reference: one linear, its output sliced.
+std::vector<at::Tensor> Sliced(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+  return at::linear(x, w, b).split_with_sizes(kSizes, -1);
+}
+
+void ExpectClose(const at::Tensor& got, const at::Tensor& want, double tolerance,
+                 const std::string& what) {
+  ASSERT_EQ(got.defined(), want.defined()) << what;
+  if (!got.defined()) return;
+  EXPECT_EQ(got.scalar_type(), want.scalar_type()) << what;
+  ASSERT_EQ(got.sizes(), want.sizes()) << what;
+  const double scale = want.to(torch::kFloat64).abs().max().item<double>() + 1e-12;
+  EXPECT_LE((got.to(torch::kFloat64) - want.to(torch::kFloat64)).abs().max().item<double>(),
+            tolerance * scale)
+      << what;
+}
+
+void ExpectSame(const Result& got, const Result& want, double tolerance, const std::string& what) {
+  ASSERT_EQ(got.outputs.size(), want.outputs.size());
+  for (size_t i = 0; i < got.outputs.size(); ++i) {
+    EXPECT_TRUE(got.outputs[i].is_contiguous()) << what << ": block " << i;
+    ExpectClose(got.outputs[i], want.outputs[i], tolerance, what + ": block " + std::to_string(i));
+  }
+  ExpectClose(got.dx, want.dx, tolerance, what + ": dx");
+  ExpectClose(got.dw, want.dw, tolerance, what + ": dw");
+  ExpectClose(got.db, want.db, tolerance, what + ": db");
+}
+
+std::vector<torch::Device> Devices() {
+  std::vector<torch::Device> devices = {torch::kCPU};
+  if (torch::cuda::is_available()) devices.emplace_back(torch::kCUDA, 0);
+  return devices;
+}
+
+TEST(SplitLinearTest, EqualsOneLinearSlicedWithAndWithoutBias) {
+  for (const torch::Device device : Devices()) {
+    for (const bool bias : {true, false}) {
+      const std::string what = device.str() + (bias ? " with bias" : " without bias");
+      const Result got = RunBlocks(Split, device, bias, {true, true, true});
+      ExpectSame(got, RunBlocks(Sliced, device, bias, {true, true, true}), 1e-5, what);
+      ASSERT_EQ(got.outputs[0].sizes(), (std::vector<int64_t>{2, 5, 12})) << what;
+    }
+  }
+}
+
+TEST(SplitLinearTest, ABlockWithoutGradientGivesZeroRows) {
+  for (const torch::Device device : Devices()) {
+    const Result got = RunBlocks(Split, device, true, {true, false, true});
+    ExpectSame(got, RunBlocks(Sliced, device, true, {true, false, true}), 1e-5, device.str());
+    EXPECT_EQ(got.dw.narrow(0, 12, 4).abs().max().item<double>(), 0.0) << device.str();
+    EXPECT_EQ(got.db.narrow(0, 12, 4).abs().max().item<double>(), 0.0) << device.str();
+    EXPECT_GT(got.dw.narrow(0, 16, 4).abs().max().item<double>(), 0.0) << device.str();
+  }
+}
+
+TEST(SplitLinearTest, UnderAutocastComputesInItsDtypeAndReturnsGradientsInTheLeaves) {
+  for (const torch::Device device : Devices()) {
+    const Result got = RunBlocks(Split, device, true, {true, true, true}, torch::kBFloat16);
+    EXPECT_EQ(got.outputs[0].scalar_type(), torch::kBFloat16) << device.str();
+    ExpectSame(got, RunBlocks(Sliced, device, true, {true, true, true}, torch::kBFloat16), 1e-2,
+               device.str() + " bf16 autocast");
+  }
+}
+
+TEST(SplitLinearTest, OnlyTheGradientsAskedFor) {
+  torch::manual_seed(0);
+  const at::Tensor x = torch::randn({3, 8});  // no gradient asked
+  at::Tensor w = torch::randn({20, 8}).requires_grad_();
+  const std::vector<at::Tensor> out = SplitLinear(x, w, at::Tensor(), kSizes);
+  (out[0].sum() + out[1].sum() + out[2].sum()).backward();
+  const at::Tensor want = torch::ones({3, 20}).t().mm(x);
+  EXPECT_LE((w.grad() - want).abs().max().item<double>(), 1e-5);
+}
+
+TEST(SplitLinearTest, RefusesAWeightThatDoesNotStackTheBlocks) {
+  const at::Tensor x = torch::randn({3, 8});
+  try {
+    SplitLinear(x, torch::randn({21, 8}), at::Tensor(), kSizes);
+    FAIL() << "a [21, 8] weight for blocks of 12 + 4 + 4 rows was accepted";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("does not stack blocks of"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(SplitLinear(x, torch::randn({20, 8}), torch::randn({19}), kSizes), c10::Error);
+}
+
+}  // namespace
+}  // namespace cpptrain

@@ -30,6 +30,17 @@ torch::nn::Linear MakeLinear(int64_t in, int64_t out, bool bias) {
   return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias));
 }
 
+// Projections of one input as one SplitLinear node (their biases: all of them, or none).
+std::vector<at::Tensor> ProjectTogether(const at::Tensor& x,
+                                        const std::vector<torch::nn::Linear>& layers) {
+  std::vector<at::Tensor> weights, biases;
+  for (const torch::nn::Linear& layer : layers) {
+    weights.push_back(layer->weight);
+    if (layer->bias.defined()) biases.push_back(layer->bias);
+  }
+  return SplitLinear(x, weights, biases);
+}
+
 // The dtype a fused step writes: autocast's where it is on, else what eager promotion gives.
 at::ScalarType FusedOutputType(const at::Tensor& x, const at::Tensor& weight) {
   const at::DeviceType device = x.device().type();
@@ -169,17 +180,16 @@ Attention::Projected Attention::Project(const torch::Tensor& x) {
   const int64_t t = x.size(1);
   const int64_t q_size = num_heads_ * head_dim_;
   const int64_t kv_size = num_kv_heads_ * head_dim_;
-  if (qkv_proj_.is_empty()) {
-    return {q_proj_->forward(x).view({b, t, num_heads_, head_dim_}),
-            k_proj_->forward(x).view({b, t, num_kv_heads_, head_dim_}),
-            v_proj_->forward(x).view({b, t, num_kv_heads_, head_dim_}).transpose(1, 2)};
-  }
-  std::vector<at::Tensor> qkv;  // [B, T, q_size], then two [B, T, kv_size]
-  if (fused_) {
-    // Contiguous blocks: the fused kernels read them without a copy (models/split_linear.h).
-    qkv = SplitLinear(x, qkv_proj_->weight, qkv_proj_->bias, {q_size, kv_size, kv_size});
+  // [B, T, q_size], then two [B, T, kv_size]. The fused path's blocks are contiguous and x's
+  // gradient is accumulated in the matmuls (models/split_linear.h).
+  std::vector<at::Tensor> qkv;
+  if (!qkv_proj_.is_empty()) {
+    qkv = fused_ ? SplitLinear(x, qkv_proj_->weight, qkv_proj_->bias, {q_size, kv_size, kv_size})
+                 : qkv_proj_->forward(x).split_with_sizes({q_size, kv_size, kv_size}, -1);
+  } else if (fused_) {
+    qkv = ProjectTogether(x, {q_proj_, k_proj_, v_proj_});
   } else {
-    qkv = qkv_proj_->forward(x).split_with_sizes({q_size, kv_size, kv_size}, -1);
+    qkv = {q_proj_->forward(x), k_proj_->forward(x), v_proj_->forward(x)};
   }
   return {qkv[0].view({b, t, num_heads_, head_dim_}), qkv[1].view({b, t, num_kv_heads_, head_dim_}),
           qkv[2].view({b, t, num_kv_heads_, head_dim_}).transpose(1, 2)};
@@ -319,13 +329,16 @@ SwiGluMlp::SwiGluMlp(const proto::DecoderConfig& config)
 }
 
 torch::Tensor SwiGluMlp::Forward(const torch::Tensor& x) {
-  if (gate_up_proj_.is_empty()) {
-    return down_proj_->forward(Activate(gate_proj_->forward(x), up_proj_->forward(x)));
-  }
   const int64_t inter = down_proj_->weight.size(1);
-  const std::vector<at::Tensor> gate_up =
-      fused_ ? SplitLinear(x, gate_up_proj_->weight, gate_up_proj_->bias, {inter, inter})
-             : gate_up_proj_->forward(x).chunk(2, -1);
+  std::vector<at::Tensor> gate_up;  // as Attention::Project's q, k and v
+  if (!gate_up_proj_.is_empty()) {
+    gate_up = fused_ ? SplitLinear(x, gate_up_proj_->weight, gate_up_proj_->bias, {inter, inter})
+                     : gate_up_proj_->forward(x).chunk(2, -1);
+  } else if (fused_) {
+    gate_up = ProjectTogether(x, {gate_proj_, up_proj_});
+  } else {
+    gate_up = {gate_proj_->forward(x), up_proj_->forward(x)};
+  }
   return down_proj_->forward(Activate(gate_up[0], gate_up[1]));
 }
 

@@ -20,68 +20,95 @@ at::Tensor ComputeCopy(const at::Tensor& t) {
   return AutocastEnabled(device) ? t.to(AutocastDtype(device)) : t;
 }
 
+// Block i of `tensors` (weights or biases): rows [sum(sizes[:i]), + sizes[i]) of the one stacked
+// tensor, or tensors[i] whole when each block has its own.
+at::Tensor Block(const variable_list& tensors, const std::vector<int64_t>& sizes, size_t i) {
+  if (tensors.size() == sizes.size()) return tensors[i];
+  const int64_t offset = std::accumulate(sizes.begin(), sizes.begin() + i, int64_t{0});
+  return tensors[0].narrow(0, offset, sizes[i]);
+}
+
+// Inputs: x, the weights (one stacked, or one per block), as many biases (empty placeholders
+// when has_bias is false: LibTorch 1.13's Function refuses undefined tensor inputs).
 class SplitLinearFunction : public torch::autograd::Function<SplitLinearFunction> {
  public:
-  // `bias` is an empty placeholder when has_bias is false (LibTorch 1.13's Function refuses
-  // undefined tensor inputs).
-  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
-                               const at::Tensor& bias, bool has_bias, std::vector<int64_t> sizes) {
-    const at::Tensor xc = ComputeCopy(x), wc = ComputeCopy(weight);
-    const at::Tensor bc = has_bias ? ComputeCopy(bias) : at::Tensor();
-    variable_list out;
-    int64_t offset = 0;
-    for (const int64_t size : sizes) {
-      out.push_back(at::linear(xc, wc.narrow(0, offset, size),
-                               bc.defined() ? bc.narrow(0, offset, size) : at::Tensor()));
-      offset += size;
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, at::TensorList weights,
+                               at::TensorList biases, bool has_bias, std::vector<int64_t> sizes) {
+    variable_list saved = {ComputeCopy(x)};
+    variable_list bias_copies;
+    for (size_t i = 0; i < weights.size(); ++i) {
+      saved.push_back(ComputeCopy(weights[i]));
+      if (has_bias) bias_copies.push_back(ComputeCopy(biases[i]));
     }
-    ctx->save_for_backward({xc, wc});
+    const variable_list w(saved.begin() + 1, saved.end());
+    variable_list out;
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      out.push_back(at::linear(saved[0], Block(w, sizes, i),
+                               has_bias ? Block(bias_copies, sizes, i) : at::Tensor()));
+    }
+    ctx->save_for_backward(saved);
     ctx->saved_data["sizes"] = std::move(sizes);
     ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
-    ctx->saved_data["weight_dtype"] = static_cast<int64_t>(weight.scalar_type());
-    ctx->saved_data["bias_dtype"] = static_cast<int64_t>(bias.scalar_type());
+    ctx->saved_data["weight_dtype"] = static_cast<int64_t>(weights[0].scalar_type());
+    ctx->saved_data["bias_dtype"] = static_cast<int64_t>(biases[0].scalar_type());
     ctx->saved_data["has_bias"] = has_bias;
     return out;
   }
 
   // Block i's gradient dy_i: dx = sum_i dy_i w_i (accumulated by addmm), dw_i = dy_i^T x and
-  // db_i = sum of dy_i's rows, written into their rows of dw and db. A block whose output got no
-  // gradient contributes zeros.
+  // db_i = sum of dy_i's rows, each written into its rows of a stacked weight's gradient. A
+  // block whose output got no gradient contributes zeros.
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const variable_list saved = ctx->get_saved_variables();
-    const at::Tensor &x = saved[0], &w = saved[1];
+    variable_list saved = ctx->get_saved_variables();
+    const at::Tensor x = saved[0];
+    const variable_list w(saved.begin() + 1, saved.end());
     const std::vector<int64_t> sizes = ctx->saved_data["sizes"].toIntVector();
+    const size_t n = w.size();
     const bool has_bias = ctx->saved_data["has_bias"].toBool();
-    const bool need_x = ctx->needs_input_grad(0), need_w = ctx->needs_input_grad(1);
-    const bool need_b = has_bias && ctx->needs_input_grad(2);
-    const at::Tensor x2 = x.reshape({-1, x.size(-1)});
-    at::Tensor dx;
-    at::Tensor dw = need_w ? at::empty_like(w, at::MemoryFormat::Contiguous) : at::Tensor();
-    at::Tensor db = need_b ? at::empty({w.size(0)}, w.options()) : at::Tensor();
-    int64_t offset = 0;
-    for (size_t i = 0; i < sizes.size(); offset += sizes[i], ++i) {
-      at::Tensor dw_i = need_w ? dw.narrow(0, offset, sizes[i]) : at::Tensor();
-      at::Tensor db_i = need_b ? db.narrow(0, offset, sizes[i]) : at::Tensor();
-      if (!grads[i].defined()) {
-        if (need_w) dw_i.zero_();
-        if (need_b) db_i.zero_();
-        continue;
-      }
-      const at::Tensor dy = grads[i].reshape({-1, sizes[i]}).to(x.scalar_type());
-      const at::Tensor w_i = w.narrow(0, offset, sizes[i]);
-      if (need_x) dx = dx.defined() ? dx.addmm_(dy, w_i) : at::mm(dy, w_i);
-      if (need_w) at::mm_out(dw_i, dy.t(), x2);
-      if (need_b) at::sum_out(db_i, dy, {0});
-    }
-    if (need_x && !dx.defined()) dx = at::zeros_like(x2);
     auto dtype = [&](const char* key) {
       return static_cast<at::ScalarType>(ctx->saved_data[key].toInt());
     };
-    return {need_x ? dx.view(x.sizes()).to(dtype("x_dtype")) : at::Tensor(),
-            need_w ? dw.to(dtype("weight_dtype")) : at::Tensor(),
-            need_b ? db.to(dtype("bias_dtype")) : at::Tensor(), at::Tensor(), at::Tensor()};
+    // The gradients of the weights and biases, in the inputs' order (undefined: not asked).
+    variable_list dw(n), db(n);
+    for (size_t j = 0; j < n; ++j) {
+      if (ctx->needs_input_grad(1 + j)) dw[j] = at::empty_like(w[j], at::MemoryFormat::Contiguous);
+      if (has_bias && ctx->needs_input_grad(1 + n + j)) db[j] = at::empty({w[j].size(0)}, w[j].options());
+    }
+    const at::Tensor x2 = x.reshape({-1, x.size(-1)});
+    at::Tensor dx;
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      at::Tensor dw_i = dw[n == 1 ? 0 : i].defined() ? Block(dw, sizes, i) : at::Tensor();
+      at::Tensor db_i = db[n == 1 ? 0 : i].defined() ? Block(db, sizes, i) : at::Tensor();
+      if (!grads[i].defined()) {
+        if (dw_i.defined()) dw_i.zero_();
+        if (db_i.defined()) db_i.zero_();
+        continue;
+      }
+      const at::Tensor dy = grads[i].reshape({-1, sizes[i]}).to(x.scalar_type());
+      if (ctx->needs_input_grad(0)) {
+        const at::Tensor w_i = Block(w, sizes, i);
+        dx = dx.defined() ? dx.addmm_(dy, w_i) : at::mm(dy, w_i);
+      }
+      if (dw_i.defined()) at::mm_out(dw_i, dy.t(), x2);
+      if (db_i.defined()) at::sum_out(db_i, dy, {0});
+    }
+    if (ctx->needs_input_grad(0) && !dx.defined()) dx = at::zeros_like(x2);
+    variable_list result = {dx.defined() ? dx.view(x.sizes()).to(dtype("x_dtype")) : at::Tensor()};
+    for (const at::Tensor& g : dw) result.push_back(g.defined() ? g.to(dtype("weight_dtype")) : g);
+    for (const at::Tensor& g : db) result.push_back(g.defined() ? g.to(dtype("bias_dtype")) : g);
+    result.resize(result.size() + 2);  // has_bias, sizes
+    return result;
   }
 };
+
+std::vector<at::Tensor> Apply(const at::Tensor& x, const std::vector<at::Tensor>& weights,
+                              const std::vector<at::Tensor>& biases, std::vector<int64_t> sizes) {
+  const bool has_bias = !biases.empty();
+  std::vector<at::Tensor> placeholders = biases;
+  if (!has_bias) placeholders.assign(weights.size(), at::empty({0}, weights[0].options()));
+  return SplitLinearFunction::apply(x, at::TensorList(weights), at::TensorList(placeholders),
+                                    has_bias, std::move(sizes));
+}
 
 }  // namespace
 
@@ -94,8 +121,25 @@ std::vector<at::Tensor> SplitLinear(const at::Tensor& x, const at::Tensor& weigh
   TORCH_CHECK(!bias.defined() || (bias.dim() == 1 && bias.size(0) == total), "SplitLinear: bias ",
               bias.defined() ? bias.sizes() : at::IntArrayRef(), " does not have ", total,
               " values");
-  const at::Tensor placeholder = bias.defined() ? bias : at::empty({0}, weight.options());
-  return SplitLinearFunction::apply(x, weight, placeholder, bias.defined(), std::move(sizes));
+  std::vector<at::Tensor> biases;
+  if (bias.defined()) biases.push_back(bias);
+  return Apply(x, {weight}, biases, std::move(sizes));
+}
+
+std::vector<at::Tensor> SplitLinear(const at::Tensor& x, const std::vector<at::Tensor>& weights,
+                                    const std::vector<at::Tensor>& biases) {
+  TORCH_CHECK(!weights.empty(), "SplitLinear: no weights");
+  TORCH_CHECK(biases.empty() || biases.size() == weights.size(), "SplitLinear: ", biases.size(),
+              " biases for ", weights.size(), " weights (give one per weight, or none)");
+  std::vector<int64_t> sizes;
+  for (size_t i = 0; i < weights.size(); ++i) {
+    TORCH_CHECK(weights[i].dim() == 2 && weights[i].size(1) == x.size(-1), "SplitLinear: weight ",
+                i, " ", weights[i].sizes(), " does not map x's last dimension ", x.size(-1));
+    TORCH_CHECK(biases.empty() || (biases[i].defined() && biases[i].size(0) == weights[i].size(0)),
+                "SplitLinear: bias ", i, " does not match weight ", i, " ", weights[i].sizes());
+    sizes.push_back(weights[i].size(0));
+  }
+  return Apply(x, weights, biases, std::move(sizes));
 }
 
 }  // namespace cpptrain

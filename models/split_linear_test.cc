@@ -6,6 +6,7 @@
 
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "base/torch_compat.h"
@@ -55,6 +56,24 @@ std::vector<at::Tensor> Split(const at::Tensor& x, const at::Tensor& w, const at
   return SplitLinear(x, w, b, kSizes);
 }
 
+// The same blocks as weights (and biases) of their own, as Llama's q_proj, k_proj and v_proj
+// are: views of the stacked leaves, so the leaves' gradients gather theirs.
+std::vector<at::Tensor> Separate(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+  std::vector<at::Tensor> weights, biases;
+  int64_t offset = 0;
+  for (const int64_t size : kSizes) {
+    weights.push_back(w.narrow(0, offset, size));
+    if (b.defined()) biases.push_back(b.narrow(0, offset, size));
+    offset += size;
+  }
+  return SplitLinear(x, weights, biases);
+}
+
+using Project = std::vector<at::Tensor> (*)(const at::Tensor&, const at::Tensor&,
+                                            const at::Tensor&);
+const std::vector<std::pair<std::string, Project>> kForms = {{"stacked", Split},
+                                                            {"separate", Separate}};
+
 // The reference: one linear, its output sliced.
 std::vector<at::Tensor> Sliced(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
   return at::linear(x, w, b).split_with_sizes(kSizes, -1);
@@ -91,31 +110,39 @@ std::vector<torch::Device> Devices() {
 
 TEST(SplitLinearTest, EqualsOneLinearSlicedWithAndWithoutBias) {
   for (const torch::Device device : Devices()) {
-    for (const bool bias : {true, false}) {
-      const std::string what = device.str() + (bias ? " with bias" : " without bias");
-      const Result got = RunBlocks(Split, device, bias, {true, true, true});
-      ExpectSame(got, RunBlocks(Sliced, device, bias, {true, true, true}), 1e-5, what);
-      ASSERT_EQ(got.outputs[0].sizes(), (std::vector<int64_t>{2, 5, 12})) << what;
+    for (const auto& [form, project] : kForms) {
+      for (const bool bias : {true, false}) {
+        const std::string what = device.str() + " " + form + (bias ? " with bias" : " without bias");
+        const Result got = RunBlocks(project, device, bias, {true, true, true});
+        ExpectSame(got, RunBlocks(Sliced, device, bias, {true, true, true}), 1e-5, what);
+        ASSERT_EQ(got.outputs[0].sizes(), (std::vector<int64_t>{2, 5, 12})) << what;
+      }
     }
   }
 }
 
 TEST(SplitLinearTest, ABlockWithoutGradientGivesZeroRows) {
   for (const torch::Device device : Devices()) {
-    const Result got = RunBlocks(Split, device, true, {true, false, true});
-    ExpectSame(got, RunBlocks(Sliced, device, true, {true, false, true}), 1e-5, device.str());
-    EXPECT_EQ(got.dw.narrow(0, 12, 4).abs().max().item<double>(), 0.0) << device.str();
-    EXPECT_EQ(got.db.narrow(0, 12, 4).abs().max().item<double>(), 0.0) << device.str();
-    EXPECT_GT(got.dw.narrow(0, 16, 4).abs().max().item<double>(), 0.0) << device.str();
+    for (const auto& [form, project] : kForms) {
+      const std::string what = device.str() + " " + form;
+      const Result got = RunBlocks(project, device, true, {true, false, true});
+      ExpectSame(got, RunBlocks(Sliced, device, true, {true, false, true}), 1e-5, what);
+      EXPECT_EQ(got.dw.narrow(0, 12, 4).abs().max().item<double>(), 0.0) << what;
+      EXPECT_EQ(got.db.narrow(0, 12, 4).abs().max().item<double>(), 0.0) << what;
+      EXPECT_GT(got.dw.narrow(0, 16, 4).abs().max().item<double>(), 0.0) << what;
+    }
   }
 }
 
 TEST(SplitLinearTest, UnderAutocastComputesInItsDtypeAndReturnsGradientsInTheLeaves) {
   for (const torch::Device device : Devices()) {
-    const Result got = RunBlocks(Split, device, true, {true, true, true}, torch::kBFloat16);
-    EXPECT_EQ(got.outputs[0].scalar_type(), torch::kBFloat16) << device.str();
-    ExpectSame(got, RunBlocks(Sliced, device, true, {true, true, true}, torch::kBFloat16), 1e-2,
-               device.str() + " bf16 autocast");
+    for (const auto& [form, project] : kForms) {
+      const std::string what = device.str() + " " + form + " bf16 autocast";
+      const Result got = RunBlocks(project, device, true, {true, true, true}, torch::kBFloat16);
+      EXPECT_EQ(got.outputs[0].scalar_type(), torch::kBFloat16) << what;
+      ExpectSame(got, RunBlocks(Sliced, device, true, {true, true, true}, torch::kBFloat16), 1e-2,
+                 what);
+    }
   }
 }
 
@@ -139,6 +166,10 @@ TEST(SplitLinearTest, RefusesAWeightThatDoesNotStackTheBlocks) {
         << e.what();
   }
   EXPECT_THROW(SplitLinear(x, torch::randn({20, 8}), torch::randn({19}), kSizes), c10::Error);
+  // Separate weights: each must map x's 8 features, and biases come one per weight or not at all.
+  EXPECT_THROW(SplitLinear(x, {torch::randn({4, 8}), torch::randn({4, 7})}, {}), c10::Error);
+  EXPECT_THROW(SplitLinear(x, {torch::randn({4, 8}), torch::randn({4, 8})}, {torch::randn({4})}),
+               c10::Error);
 }
 
 }  // namespace

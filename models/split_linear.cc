@@ -28,6 +28,36 @@ at::Tensor Block(const variable_list& tensors, const std::vector<int64_t>& sizes
   return tensors[0].narrow(0, offset, sizes[i]);
 }
 
+// Fills block i's rows of dw and db (those defined) from its output's gradient dy_i: dw_i =
+// dy_i^T x, db_i = the sum of dy_i's rows; a block whose output got no gradient gets zeros.
+// Returns x's gradient when need_x (else undefined): sum_i dy_i w_i, accumulated by addmm.
+at::Tensor BlockGradients(const at::Tensor& x, const variable_list& w,
+                          const std::vector<int64_t>& sizes, const variable_list& grads,
+                          bool need_x, const variable_list& dw, const variable_list& db) {
+  const at::Tensor x2 = x.reshape({-1, x.size(-1)});
+  at::Tensor dx;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    auto rows_of = [&](const variable_list& t) {  // block i's rows of dw or db, if asked for
+      return t[t.size() == sizes.size() ? i : 0].defined() ? Block(t, sizes, i) : at::Tensor();
+    };
+    at::Tensor dw_i = rows_of(dw), db_i = rows_of(db);
+    if (!grads[i].defined()) {
+      if (dw_i.defined()) dw_i.zero_();
+      if (db_i.defined()) db_i.zero_();
+      continue;
+    }
+    const at::Tensor dy = grads[i].reshape({-1, sizes[i]}).to(x.scalar_type());
+    if (need_x) {
+      const at::Tensor w_i = Block(w, sizes, i);
+      dx = dx.defined() ? dx.addmm_(dy, w_i) : at::mm(dy, w_i);
+    }
+    if (dw_i.defined()) at::mm_out(dw_i, dy.t(), x2);
+    if (db_i.defined()) at::sum_out(db_i, dy, {0});
+  }
+  if (need_x && !dx.defined()) dx = at::zeros_like(x2);
+  return dx.defined() ? dx.view(x.sizes()) : dx;
+}
+
 // Inputs: x, the weights (one stacked, or one per block), as many biases (empty placeholders
 // when has_bias is false: LibTorch 1.13's Function refuses undefined tensor inputs).
 class SplitLinearFunction : public torch::autograd::Function<SplitLinearFunction> {
@@ -55,47 +85,28 @@ class SplitLinearFunction : public torch::autograd::Function<SplitLinearFunction
     return out;
   }
 
-  // Block i's gradient dy_i: dx = sum_i dy_i w_i (accumulated by addmm), dw_i = dy_i^T x and
-  // db_i = sum of dy_i's rows, each written into its rows of a stacked weight's gradient. A
-  // block whose output got no gradient contributes zeros.
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    variable_list saved = ctx->get_saved_variables();
-    const at::Tensor x = saved[0];
+    const variable_list saved = ctx->get_saved_variables();
     const variable_list w(saved.begin() + 1, saved.end());
-    const std::vector<int64_t> sizes = ctx->saved_data["sizes"].toIntVector();
     const size_t n = w.size();
     const bool has_bias = ctx->saved_data["has_bias"].toBool();
-    auto dtype = [&](const char* key) {
-      return static_cast<at::ScalarType>(ctx->saved_data[key].toInt());
-    };
     // The gradients of the weights and biases, in the inputs' order (undefined: not asked).
     variable_list dw(n), db(n);
     for (size_t j = 0; j < n; ++j) {
-      if (ctx->needs_input_grad(1 + j)) dw[j] = at::empty_like(w[j], at::MemoryFormat::Contiguous);
-      if (has_bias && ctx->needs_input_grad(1 + n + j)) db[j] = at::empty({w[j].size(0)}, w[j].options());
-    }
-    const at::Tensor x2 = x.reshape({-1, x.size(-1)});
-    at::Tensor dx;
-    for (size_t i = 0; i < sizes.size(); ++i) {
-      at::Tensor dw_i = dw[n == 1 ? 0 : i].defined() ? Block(dw, sizes, i) : at::Tensor();
-      at::Tensor db_i = db[n == 1 ? 0 : i].defined() ? Block(db, sizes, i) : at::Tensor();
-      if (!grads[i].defined()) {
-        if (dw_i.defined()) dw_i.zero_();
-        if (db_i.defined()) db_i.zero_();
-        continue;
+      if (ctx->needs_input_grad(1 + j)) dw[j] = at::empty(w[j].sizes(), w[j].options());
+      if (has_bias && ctx->needs_input_grad(1 + n + j)) {
+        db[j] = at::empty({w[j].size(0)}, w[j].options());
       }
-      const at::Tensor dy = grads[i].reshape({-1, sizes[i]}).to(x.scalar_type());
-      if (ctx->needs_input_grad(0)) {
-        const at::Tensor w_i = Block(w, sizes, i);
-        dx = dx.defined() ? dx.addmm_(dy, w_i) : at::mm(dy, w_i);
-      }
-      if (dw_i.defined()) at::mm_out(dw_i, dy.t(), x2);
-      if (db_i.defined()) at::sum_out(db_i, dy, {0});
     }
-    if (ctx->needs_input_grad(0) && !dx.defined()) dx = at::zeros_like(x2);
-    variable_list result = {dx.defined() ? dx.view(x.sizes()).to(dtype("x_dtype")) : at::Tensor()};
-    for (const at::Tensor& g : dw) result.push_back(g.defined() ? g.to(dtype("weight_dtype")) : g);
-    for (const at::Tensor& g : db) result.push_back(g.defined() ? g.to(dtype("bias_dtype")) : g);
+    const at::Tensor dx = BlockGradients(saved[0], w, ctx->saved_data["sizes"].toIntVector(),
+                                         grads, ctx->needs_input_grad(0), dw, db);
+    auto in = [&](const at::Tensor& g, const char* dtype_key) {
+      return g.defined() ? g.to(static_cast<at::ScalarType>(ctx->saved_data[dtype_key].toInt()))
+                         : g;
+    };
+    variable_list result = {in(dx, "x_dtype")};
+    for (const at::Tensor& g : dw) result.push_back(in(g, "weight_dtype"));
+    for (const at::Tensor& g : db) result.push_back(in(g, "bias_dtype"));
     result.resize(result.size() + 2);  // has_bias, sizes
     return result;
   }

@@ -112,7 +112,8 @@ TEST(SplitLinearTest, EqualsOneLinearSlicedWithAndWithoutBias) {
   for (const torch::Device device : Devices()) {
     for (const auto& [form, project] : kForms) {
       for (const bool bias : {true, false}) {
-        const std::string what = device.str() + " " + form + (bias ? " with bias" : " without bias");
+        const std::string what =
+            device.str() + " " + form + (bias ? " with bias" : " without bias");
         const Result got = RunBlocks(project, device, bias, {true, true, true});
         ExpectSame(got, RunBlocks(Sliced, device, bias, {true, true, true}), 1e-5, what);
         ASSERT_EQ(got.outputs[0].sizes(), (std::vector<int64_t>{2, 5, 12})) << what;

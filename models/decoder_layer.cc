@@ -30,15 +30,27 @@ torch::nn::Linear MakeLinear(int64_t in, int64_t out, bool bias) {
   return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias));
 }
 
-// Projections of one input as one SplitLinear node (their biases: all of them, or none).
-std::vector<at::Tensor> ProjectTogether(const at::Tensor& x,
-                                        const std::vector<torch::nn::Linear>& layers) {
-  std::vector<at::Tensor> weights, biases;
-  for (const torch::nn::Linear& layer : layers) {
+// The projections of x (q, k and v; gate and up): blocks of `sizes` rows of `stacked`'s weight
+// where it is set (Phi-3), else one of `layers` each. The fused path computes them as one
+// SplitLinear node (contiguous blocks, x's gradient accumulated in the matmuls); the eager path
+// as transformers does, one linear each or the stacked output split.
+std::vector<at::Tensor> Projections(const at::Tensor& x, torch::nn::Linear stacked,
+                                    const std::vector<torch::nn::Linear>& layers,
+                                    std::vector<int64_t> sizes, bool fused) {
+  if (!stacked.is_empty()) {
+    return fused ? SplitLinear(x, stacked->weight, stacked->bias, std::move(sizes))
+                 : stacked->forward(x).split_with_sizes(sizes, -1);
+  }
+  std::vector<at::Tensor> out, weights, biases;
+  for (torch::nn::Linear layer : layers) {  // a handle: forward is not const
+    if (!fused) {
+      out.push_back(layer->forward(x));
+      continue;
+    }
     weights.push_back(layer->weight);
     if (layer->bias.defined()) biases.push_back(layer->bias);
   }
-  return SplitLinear(x, weights, biases);
+  return fused ? SplitLinear(x, weights, biases) : out;
 }
 
 // The dtype a fused step writes: autocast's where it is on, else what eager promotion gives.
@@ -180,17 +192,9 @@ Attention::Projected Attention::Project(const torch::Tensor& x) {
   const int64_t t = x.size(1);
   const int64_t q_size = num_heads_ * head_dim_;
   const int64_t kv_size = num_kv_heads_ * head_dim_;
-  // [B, T, q_size], then two [B, T, kv_size]. The fused path's blocks are contiguous and x's
-  // gradient is accumulated in the matmuls (models/split_linear.h).
-  std::vector<at::Tensor> qkv;
-  if (!qkv_proj_.is_empty()) {
-    qkv = fused_ ? SplitLinear(x, qkv_proj_->weight, qkv_proj_->bias, {q_size, kv_size, kv_size})
-                 : qkv_proj_->forward(x).split_with_sizes({q_size, kv_size, kv_size}, -1);
-  } else if (fused_) {
-    qkv = ProjectTogether(x, {q_proj_, k_proj_, v_proj_});
-  } else {
-    qkv = {q_proj_->forward(x), k_proj_->forward(x), v_proj_->forward(x)};
-  }
+  // [B, T, q_size], then two [B, T, kv_size].
+  const std::vector<at::Tensor> qkv =
+      Projections(x, qkv_proj_, {q_proj_, k_proj_, v_proj_}, {q_size, kv_size, kv_size}, fused_);
   return {qkv[0].view({b, t, num_heads_, head_dim_}), qkv[1].view({b, t, num_kv_heads_, head_dim_}),
           qkv[2].view({b, t, num_kv_heads_, head_dim_}).transpose(1, 2)};
 }
@@ -330,15 +334,8 @@ SwiGluMlp::SwiGluMlp(const proto::DecoderConfig& config)
 
 torch::Tensor SwiGluMlp::Forward(const torch::Tensor& x) {
   const int64_t inter = down_proj_->weight.size(1);
-  std::vector<at::Tensor> gate_up;  // as Attention::Project's q, k and v
-  if (!gate_up_proj_.is_empty()) {
-    gate_up = fused_ ? SplitLinear(x, gate_up_proj_->weight, gate_up_proj_->bias, {inter, inter})
-                     : gate_up_proj_->forward(x).chunk(2, -1);
-  } else if (fused_) {
-    gate_up = ProjectTogether(x, {gate_proj_, up_proj_});
-  } else {
-    gate_up = {gate_proj_->forward(x), up_proj_->forward(x)};
-  }
+  const std::vector<at::Tensor> gate_up =
+      Projections(x, gate_up_proj_, {gate_proj_, up_proj_}, {inter, inter}, fused_);
   return down_proj_->forward(Activate(gate_up[0], gate_up[1]));
 }
 

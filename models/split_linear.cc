@@ -58,12 +58,13 @@ at::Tensor BlockGradients(const at::Tensor& x, const variable_list& w,
   return dx.defined() ? dx.view(x.sizes()) : dx;
 }
 
-// Inputs: x, the weights (one stacked, or one per block), as many biases (empty placeholders
-// when has_bias is false: LibTorch 1.13's Function refuses undefined tensor inputs).
+// Inputs: x, the weights (one stacked, or one per block), and as many biases or none (an empty
+// list: LibTorch 1.13's Function refuses undefined tensor inputs, so "no bias" is no entry).
 class SplitLinearFunction : public torch::autograd::Function<SplitLinearFunction> {
  public:
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, at::TensorList weights,
-                               at::TensorList biases, bool has_bias, std::vector<int64_t> sizes) {
+                               at::TensorList biases, std::vector<int64_t> sizes) {
+    const bool has_bias = !biases.empty();
     variable_list saved = {ComputeCopy(x)};
     variable_list bias_copies;
     for (size_t i = 0; i < weights.size(); ++i) {
@@ -80,7 +81,7 @@ class SplitLinearFunction : public torch::autograd::Function<SplitLinearFunction
     ctx->saved_data["sizes"] = std::move(sizes);
     ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
     ctx->saved_data["weight_dtype"] = static_cast<int64_t>(weights[0].scalar_type());
-    ctx->saved_data["bias_dtype"] = static_cast<int64_t>(biases[0].scalar_type());
+    if (has_bias) ctx->saved_data["bias_dtype"] = static_cast<int64_t>(biases[0].scalar_type());
     ctx->saved_data["has_bias"] = has_bias;
     return out;
   }
@@ -106,20 +107,13 @@ class SplitLinearFunction : public torch::autograd::Function<SplitLinearFunction
     };
     variable_list result = {in(dx, "x_dtype")};
     for (const at::Tensor& g : dw) result.push_back(in(g, "weight_dtype"));
-    for (const at::Tensor& g : db) result.push_back(in(g, "bias_dtype"));
-    result.resize(result.size() + 2);  // has_bias, sizes
+    if (has_bias) {
+      for (const at::Tensor& g : db) result.push_back(in(g, "bias_dtype"));
+    }
+    result.resize(result.size() + 1);  // sizes
     return result;
   }
 };
-
-std::vector<at::Tensor> Apply(const at::Tensor& x, const std::vector<at::Tensor>& weights,
-                              const std::vector<at::Tensor>& biases, std::vector<int64_t> sizes) {
-  const bool has_bias = !biases.empty();
-  std::vector<at::Tensor> placeholders = biases;
-  if (!has_bias) placeholders.assign(weights.size(), at::empty({0}, weights[0].options()));
-  return SplitLinearFunction::apply(x, at::TensorList(weights), at::TensorList(placeholders),
-                                    has_bias, std::move(sizes));
-}
 
 }  // namespace
 
@@ -134,7 +128,8 @@ std::vector<at::Tensor> SplitLinear(const at::Tensor& x, const at::Tensor& weigh
               " values");
   std::vector<at::Tensor> biases;
   if (bias.defined()) biases.push_back(bias);
-  return Apply(x, {weight}, biases, std::move(sizes));
+  return SplitLinearFunction::apply(x, at::TensorList(weight), at::TensorList(biases),
+                                    std::move(sizes));
 }
 
 std::vector<at::Tensor> SplitLinear(const at::Tensor& x, const std::vector<at::Tensor>& weights,
@@ -150,7 +145,8 @@ std::vector<at::Tensor> SplitLinear(const at::Tensor& x, const std::vector<at::T
                 "SplitLinear: bias ", i, " does not match weight ", i, " ", weights[i].sizes());
     sizes.push_back(weights[i].size(0));
   }
-  return Apply(x, weights, biases, std::move(sizes));
+  return SplitLinearFunction::apply(x, at::TensorList(weights), at::TensorList(biases),
+                                    std::move(sizes));
 }
 
 }  // namespace cpptrain

@@ -1,5 +1,6 @@
 // CudaAdamWStep against torch::optim::AdamW (per-parameter, on fp32 gradients) on the GPU:
-// more tensors than one launch takes, odd sizes, fp32 and bf16 gradients, weight decay, a
+// more tensors than one launch takes, odd sizes, lists off the 16-byte alignment beside aligned
+// ones, fp32 and bf16 gradients, weight decay, a
 // device coefficient and learning rate, the bf16 copies; then both timed on a large tensor
 // (printed, not asserted: speed is for tools/bench). Without a GPU and a CUDA build those cases
 // print SKIPPED; the CPU case checks that such a build refuses clearly.
@@ -44,7 +45,16 @@ struct Case {
   std::vector<int64_t> sizes;
   at::ScalarType grad_type;
   bool coefficient, device_lr, copies;
+  bool misaligned = false;  // every other tensor's lists start one value into their buffers
 };
+
+// t's values in a tensor that starts one value into a buffer of its dtype when `shift`: its
+// address is then off the 16-byte vector alignment, and the kernel must step value by value.
+at::Tensor Shifted(const at::Tensor& t, bool shift) {
+  if (!shift) return t;
+  const int64_t n = t.numel();
+  return torch::empty({n + 1}, t.options()).narrow(0, 1, n).copy_(t);
+}
 
 // Three steps of both on the same values; each step's gradients are new random values.
 void RunCase(const Case& c) {
@@ -53,14 +63,18 @@ void RunCase(const Case& c) {
   torch::manual_seed(7);
   CudaAdamWLists lists;
   std::vector<torch::Tensor> reference;
-  for (int64_t n : c.sizes) {
+  for (size_t i = 0; i < c.sizes.size(); ++i) {
+    const int64_t n = c.sizes[i];
+    const bool shift = c.misaligned && i % 2 == 1;
     at::Tensor p = torch::randn({n}, f32);
-    lists.params.push_back(p.clone());
+    lists.params.push_back(Shifted(p.clone(), shift));
     reference.push_back(p.clone().requires_grad_(true));
-    lists.exp_avgs.push_back(torch::zeros({n}, f32));
-    lists.exp_avg_sqs.push_back(torch::zeros({n}, f32));
+    lists.exp_avgs.push_back(Shifted(torch::zeros({n}, f32), shift));
+    lists.exp_avg_sqs.push_back(Shifted(torch::zeros({n}, f32), shift));
     lists.steps.push_back(torch::zeros({}, f32));
-    if (c.copies) lists.bf16_copies.push_back(torch::empty({n}, f32.dtype(at::kBFloat16)));
+    if (c.copies) {
+      lists.bf16_copies.push_back(Shifted(torch::empty({n}, f32.dtype(at::kBFloat16)), shift));
+    }
   }
   const double lr = 3e-3, weight_decay = 0.1, coefficient = 0.37;
   torch::optim::AdamW torch_adamw(
@@ -79,7 +93,8 @@ void RunCase(const Case& c) {
   for (int step = 0; step < 3; ++step) {
     lists.grads.clear();
     for (size_t i = 0; i < c.sizes.size(); ++i) {
-      const at::Tensor g = torch::randn({c.sizes[i]}, f32).to(c.grad_type);
+      const at::Tensor g =
+          Shifted(torch::randn({c.sizes[i]}, f32).to(c.grad_type), c.misaligned && i % 2 == 1);
       lists.grads.push_back(g);
       reference[i].mutable_grad() = g.to(at::kFloat) * (c.coefficient ? coefficient : 1.0);
     }
@@ -111,6 +126,14 @@ TEST(CudaAdamWTest, Bf16GradientsCoefficientDeviceLrAndCopies) {
   REQUIRE_GPU();
   RunCase({OddSizes(), at::kBFloat16, true, true, true});
   RunCase({{1, 2, 3, 1024, 1025}, at::kFloat, true, false, true});
+}
+
+// Lists that start off the 16-byte alignment (views into flat buffers, as ZeRO's shards are)
+// beside aligned ones in the same launch: the kernel's value-by-value path and its vector path.
+TEST(CudaAdamWTest, MisalignedListsMatchTorchAdamW) {
+  REQUIRE_GPU();
+  RunCase({OddSizes(), at::kBFloat16, true, false, true, /*misaligned=*/true});
+  RunCase({{5, 8, 1023, 4096, 4097, 4100}, at::kFloat, false, true, true, /*misaligned=*/true});
 }
 
 TEST(CudaAdamWTest, BadListsAreRefusedByName) {

@@ -78,6 +78,15 @@ __device__ __forceinline__ void StoreVec(__nv_bfloat16* p, const float (&v)[8]) 
   *reinterpret_cast<uint4*>(p) = q;
 }
 
+// Four values at p in one store: 16 bytes of fp32 or 8 of bf16 (p aligned to that).
+__device__ __forceinline__ void StoreFour(float* p, const float (&v)[4]) { StoreVec(p, v); }
+__device__ __forceinline__ void StoreFour(__nv_bfloat16* p, const float (&v)[4]) {
+  uint2 q;
+  *reinterpret_cast<__nv_bfloat162*>(&q.x) = __floats2bfloat162_rn(v[0], v[1]);
+  *reinterpret_cast<__nv_bfloat162*>(&q.y) = __floats2bfloat162_rn(v[2], v[3]);
+  *reinterpret_cast<uint2*>(p) = q;
+}
+
 bool Aligned16(std::initializer_list<const void*> pointers) {
   for (const void* p : pointers) {
     if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
@@ -738,6 +747,25 @@ __global__ void ResidualAddKernel(int64_t n, const TX* x, const TD* delta, TX* o
   }
 }
 
+// out = x * *scale (x fp32, the scale read on the device), in fp32 and rounded once to TO; four
+// values per thread in one load and one store where kVector (x 16-byte aligned, out aligned to
+// four of its values).
+template <typename TO, bool kVector>
+__global__ void ScaledCopyKernel(int64_t n, const float* x, const float* scale, TO* out) {
+  const float c = *scale;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t quads = kVector ? n / 4 : 0;
+  for (int64_t q = first; q < quads; q += stride) {
+    float v[4];
+    LoadVec(x + 4 * q, v);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) v[k] *= c;
+    StoreFour(out + 4 * q, v);
+  }
+  for (int64_t i = 4 * quads + first; i < n; i += stride) Store(out, i, x[i] * c);
+}
+
 // ---- cross-entropy over logit rows ----------------------------------------------------
 
 constexpr int kRowBlock = 512;
@@ -970,11 +998,17 @@ int64_t RunRmsNormBackward(const RowLayout& layout, int64_t rows, int cols, cons
 // One launch covers up to kAdamWTensors tensors, their pointers passed by value. The grid walks
 // the tensors' concatenation in chunks of kAdamWChunk values; a block takes each of its chunks
 // piece by piece (a piece ends where a tensor does), so every thread of a block works on the
-// same tensor at a time and finds it by a scan that only moves forward.
+// same tensor at a time and finds it by a scan that only moves forward. Each tensor takes a
+// multiple of kAdamWVec places in the concatenation (the last few unused), so every piece starts
+// on a group of kAdamWVec values: one 16-byte load or store of each fp32 list, 8 or 16 bytes of
+// the gradient and 8 of the copy, where the tensor's pointers allow it.
 
 constexpr int kAdamWTensors = 32;
-constexpr int kAdamWPerThread = 4;
-constexpr int kAdamWChunk = kBlock * kAdamWPerThread;
+constexpr int kAdamWVec = 4;     // values per group
+constexpr int kAdamWGroups = 2;  // groups per thread in flight
+constexpr int kAdamWChunk = kBlock * kAdamWVec * kAdamWGroups;
+
+int64_t AdamWPlaces(int64_t numel) { return (numel + kAdamWVec - 1) / kAdamWVec * kAdamWVec; }
 
 struct AdamWLaunch {
   AdamWTensor tensors[kAdamWTensors];
@@ -997,35 +1031,99 @@ __device__ __forceinline__ void AdamWUpdate(float& p, float& m, float& v, float 
   p -= f.step_size * m / denom;
 }
 
-// Values [begin, end) of tensor x, kAdamWPerThread per thread in flight.
+// Four gradient values at p, in one load of 16 (fp32) or 8 (bf16) bytes.
+__device__ __forceinline__ void LoadGroup(const float* p, float (&v)[kAdamWVec]) { LoadVec(p, v); }
+__device__ __forceinline__ void LoadGroup(const __nv_bfloat16* p, float (&v)[kAdamWVec]) {
+  const uint2 q = *reinterpret_cast<const uint2*>(p);
+  const float2 low = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&q.x));
+  const float2 high = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&q.y));
+  v[0] = low.x;
+  v[1] = low.y;
+  v[2] = high.x;
+  v[3] = high.y;
+}
+
+// One group of a tensor: the state and the gradient of values [i, i + n), n <= kAdamWVec.
+struct AdamWGroup {
+  float p[kAdamWVec], m[kAdamWVec], v[kAdamWVec], g[kAdamWVec];
+};
+
+// Whether x's lists take whole groups in vector loads and stores.
+template <typename TG>
+__device__ __forceinline__ bool AdamWAligned(const AdamWTensor& x) {
+  const auto address = [](const void* p) { return reinterpret_cast<uintptr_t>(p); };
+  return (address(x.param) | address(x.exp_avg) | address(x.exp_avg_sq)) % 16 == 0 &&
+         address(x.grad) % (kAdamWVec * sizeof(TG)) == 0 && address(x.bf16_copy) % 8 == 0;
+}
+
+template <typename TG>
+__device__ __forceinline__ void AdamWLoad(const AdamWTensor& x, int64_t i, int n, bool vector,
+                                          AdamWGroup& a) {
+  const TG* grad = static_cast<const TG*>(x.grad);
+  if (vector && n == kAdamWVec) {
+    LoadVec(x.param + i, a.p);
+    LoadVec(x.exp_avg + i, a.m);
+    LoadVec(x.exp_avg_sq + i, a.v);
+    LoadGroup(grad + i, a.g);
+    return;
+  }
+#pragma unroll
+  for (int k = 0; k < kAdamWVec; ++k) {
+    if (k < n) {
+      a.p[k] = x.param[i + k];
+      a.m[k] = x.exp_avg[i + k];
+      a.v[k] = x.exp_avg_sq[i + k];
+      a.g[k] = Load(grad, i + k);
+    }
+  }
+}
+
+__device__ __forceinline__ void AdamWStore(const AdamWTensor& x, int64_t i, int n, bool vector,
+                                           const AdamWGroup& a) {
+  auto* copy = static_cast<__nv_bfloat16*>(x.bf16_copy);
+  if (vector && n == kAdamWVec) {
+    StoreVec(x.param + i, a.p);
+    StoreVec(x.exp_avg + i, a.m);
+    StoreVec(x.exp_avg_sq + i, a.v);
+    if (copy != nullptr) StoreFour(copy + i, a.p);
+    return;
+  }
+#pragma unroll
+  for (int k = 0; k < kAdamWVec; ++k) {
+    if (k < n) {
+      x.param[i + k] = a.p[k];
+      x.exp_avg[i + k] = a.m[k];
+      x.exp_avg_sq[i + k] = a.v[k];
+      if (copy != nullptr) copy[i + k] = __float2bfloat16_rn(a.p[k]);
+    }
+  }
+}
+
+// Values [begin, end) of tensor x (begin a multiple of kAdamWVec), kAdamWGroups groups per
+// thread in flight: all loads, then the updates, then all stores.
 template <typename TG>
 __device__ void AdamWPiece(const AdamWTensor& x, int64_t begin, int64_t end,
                            const AdamWScalars& s, const AdamWFactors& f) {
-  const TG* grad = static_cast<const TG*>(x.grad);
-  auto* copy = static_cast<__nv_bfloat16*>(x.bf16_copy);
-  for (int64_t base = begin + threadIdx.x; base < end; base += kAdamWChunk) {
-    float p[kAdamWPerThread], m[kAdamWPerThread], v[kAdamWPerThread], g[kAdamWPerThread];
+  const bool vector = AdamWAligned<TG>(x);
+  constexpr int64_t kStride = static_cast<int64_t>(kBlock) * kAdamWVec;
+  for (int64_t base = begin + kAdamWVec * threadIdx.x; base < end; base += kAdamWChunk) {
+    AdamWGroup a[kAdamWGroups];
+    int n[kAdamWGroups];
 #pragma unroll
-    for (int k = 0; k < kAdamWPerThread; ++k) {
-      const int64_t i = base + static_cast<int64_t>(k) * kBlock;
-      if (i < end) {
-        p[k] = x.param[i];
-        m[k] = x.exp_avg[i];
-        v[k] = x.exp_avg_sq[i];
-        g[k] = Load(grad, i);
+    for (int k = 0; k < kAdamWGroups; ++k) {
+      const int64_t i = base + k * kStride;
+      n[k] = static_cast<int>(max(min(end - i, static_cast<int64_t>(kAdamWVec)), int64_t{0}));
+      AdamWLoad<TG>(x, i, n[k], vector, a[k]);
+    }
+#pragma unroll
+    for (int k = 0; k < kAdamWGroups; ++k) {
+#pragma unroll
+      for (int j = 0; j < kAdamWVec; ++j) {
+        if (j < n[k]) AdamWUpdate(a[k].p[j], a[k].m[j], a[k].v[j], a[k].g[j], s, f);
       }
     }
 #pragma unroll
-    for (int k = 0; k < kAdamWPerThread; ++k) {
-      const int64_t i = base + static_cast<int64_t>(k) * kBlock;
-      if (i < end) {
-        AdamWUpdate(p[k], m[k], v[k], g[k], s, f);
-        x.param[i] = p[k];
-        x.exp_avg[i] = m[k];
-        x.exp_avg_sq[i] = v[k];
-        if (copy != nullptr) copy[i] = __float2bfloat16_rn(p[k]);
-      }
-    }
+    for (int k = 0; k < kAdamWGroups; ++k) AdamWStore(x, base + k * kStride, n[k], vector, a[k]);
   }
 }
 
@@ -1050,7 +1148,7 @@ __global__ void __launch_bounds__(kBlock) AdamWKernel(const AdamWLaunch launch, 
         factors_of = t;
       }
       const int64_t end = min(chunk_end, launch.start[t + 1]);
-      AdamWPiece<TG>(x, at - launch.start[t], end - launch.start[t], s, f);
+      AdamWPiece<TG>(x, at - launch.start[t], min(end - launch.start[t], x.numel), s, f);
       at = end;
     }
   }
@@ -1254,6 +1352,20 @@ const char* LaunchResidualAdd(int64_t n, const void* x, ElementType x_type, cons
   return LastError();
 }
 
+const char* LaunchScaledCopy(int64_t n, const float* x, const float* scale, void* out,
+                             ElementType out_type, void* stream) {
+  if (n == 0) return nullptr;
+  WithType(out_type, [&](auto to) {
+    using TO = decltype(to);
+    const bool vector = reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+                        reinterpret_cast<uintptr_t>(out) % (4 * sizeof(TO)) == 0;
+    auto kernel = vector ? ScaledCopyKernel<TO, true> : ScaledCopyKernel<TO, false>;
+    kernel<<<ElementwiseBlocks(vector ? n / 4 + 1 : n), kBlock, 0,
+             static_cast<cudaStream_t>(stream)>>>(n, x, scale, static_cast<TO*>(out));
+  });
+  return LastError();
+}
+
 const char* LaunchCrossEntropyRows(int64_t rows, int64_t vocab, void* logits, ElementType type,
                                    const int64_t* targets, int64_t ignore_index, float softcap,
                                    float* loss, bool write_grad, void* stream) {
@@ -1309,7 +1421,7 @@ const char* LaunchAdamW(const AdamWTensor* tensors, int64_t count, ElementType g
     launch.count = static_cast<int>(std::min<int64_t>(kAdamWTensors, count - first));
     for (int i = 0; i < launch.count; ++i) {
       launch.tensors[i] = tensors[first + i];
-      launch.start[i + 1] = launch.start[i] + tensors[first + i].numel;
+      launch.start[i + 1] = launch.start[i] + AdamWPlaces(tensors[first + i].numel);
     }
     const int64_t chunks = CeilDiv(launch.start[launch.count], kAdamWChunk);
     if (chunks == 0) continue;

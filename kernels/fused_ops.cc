@@ -342,10 +342,28 @@ at::Tensor CrossEntropyRowsInPlace(at::Tensor& logits, const at::Tensor& targets
   return loss;
 }
 
+at::Tensor ScaledCopy(const at::Tensor& x, const at::Tensor& scale, at::ScalarType out_dtype) {
+  if (!x.is_cuda() || x.scalar_type() != at::kFloat || !x.is_contiguous() ||
+      !Supported(out_dtype) || scale.numel() != 1 || scale.scalar_type() != at::kFloat ||
+      scale.device() != x.device()) {
+    return at::Tensor();
+  }
+  const c10::cuda::CUDAGuard guard(x.device());
+  at::Tensor out = at::empty(x.sizes(), x.options().dtype(out_dtype));
+  Check(LaunchScaledCopy(x.numel(), x.data_ptr<float>(), scale.data_ptr<float>(), out.data_ptr(),
+                         TypeOf(out_dtype), Stream()),
+        "scaled copy");
+  return out;
+}
+
 #else  // no CUDA kernels in this build
 
 at::Tensor CrossEntropyRowsInPlace(at::Tensor& logits, const at::Tensor& targets,
                                    int64_t ignore_index, bool write_grad, double softcap) {
+  return at::Tensor();
+}
+
+at::Tensor ScaledCopy(const at::Tensor& x, const at::Tensor& scale, at::ScalarType out_dtype) {
   return at::Tensor();
 }
 

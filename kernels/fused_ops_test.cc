@@ -297,6 +297,34 @@ TEST(FusedOpsTest, ResidualAddMatchesReference) {
   }
 }
 
+// The kernel must give mul_out's values bit for bit: the same fp32 product, rounded once. Sizes
+// with and without a tail of fewer than four, a view off the 16-byte alignment (the scalar
+// path), and a scale that is not a power of two.
+TEST(FusedOpsTest, ScaledCopyEqualsMulOut) {
+  REQUIRE_KERNELS();
+  torch::manual_seed(9);
+  const at::Tensor scale = torch::full({}, 1.0 / 3000.0, torch::device(kCuda));
+  for (const int64_t n : {int64_t{1}, int64_t{4099}, int64_t{8192 * 1024}}) {
+    const at::Tensor buffer = torch::randn({n + 1}, torch::device(kCuda)) * 100;
+    for (const at::Tensor& x : {buffer.narrow(0, 0, n), buffer.narrow(0, 1, n)}) {
+      for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+        SCOPED_TRACE(testing::Message() << "n=" << n << " offset " << x.storage_offset() << " "
+                                        << dtype);
+        const at::Tensor fused = ScaledCopy(x, scale, dtype);
+        ASSERT_TRUE(fused.defined());
+        at::Tensor reference = at::empty(x.sizes(), x.options().dtype(dtype));
+        at::mul_out(reference, x, scale);
+        EXPECT_EQ(fused.scalar_type(), dtype);
+        EXPECT_TRUE(fused.equal(reference));
+      }
+    }
+  }
+  // Where it does not apply it says so by an undefined result.
+  EXPECT_FALSE(ScaledCopy(torch::randn({4}, torch::device(kCuda)).to(at::kBFloat16), scale,
+                          at::kFloat)
+                   .defined());
+}
+
 TEST(FusedOpsTest, CrossEntropyRowsMarksTargetsOutsideTheVocabulary) {
   REQUIRE_KERNELS();
   at::Tensor logits = torch::randn({3, 10}, torch::device(kCuda));
@@ -487,6 +515,7 @@ TEST(FusedOpsTest, WithoutKernelsTheFusedEntryPointsReturnTheReferences) {
                   .equal(SoftcapSoftmaxReference(scores, 0.5, 2.0, 2)));
   EXPECT_TRUE(QkNormRope(x, w, 1e-6, emb.cos(), emb.sin(), at::kFloat, true)
                   .equal(QkNormRopeReference(x, w, 1e-6, emb.cos(), emb.sin(), at::kFloat)));
+  EXPECT_FALSE(ScaledCopy(x, torch::ones({}), at::kBFloat16).defined());  // the CPU
 }
 
 // Rectangular scores have no defined query-to-key alignment here: refused, naming the shape,

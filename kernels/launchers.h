@@ -76,6 +76,11 @@ const char* LaunchQkNormRopeBackward(int64_t batch, int64_t seq, int64_t heads, 
 const char* LaunchResidualAdd(int64_t n, const void* x, ElementType x_type, const void* delta,
                               ElementType delta_type, void* out, void* stream);
 
+// out = x * *scale over n values (x fp32, scale one fp32 value on the device), computed in fp32
+// and rounded once to out_type.
+const char* LaunchScaledCopy(int64_t n, const float* x, const float* scale, void* out,
+                             ElementType out_type, void* stream);
+
 // Per-row cross-entropy of logits [rows, vocab] against targets [rows] (int64; ignore_index
 // rows count 0), of softcap * tanh(logits / softcap) when softcap > 0: loss [rows] fp32
 // (written). With write_grad the logits are overwritten by the loss's gradient with respect to

@@ -59,6 +59,20 @@ if ((code != 0)); then
   exit 1
 fi
 find_bin() { find "$build" -type f -name "$1" -perm -u+x | head -1; }
+# Waits up to 30 s for a row's processes to leave the GPU, then kills what is still there: a row
+# cut by its timeout left a PyTorch process holding 73 GiB, and the next row ran out of memory
+# (2026-12-06).
+free_gpu() {
+  local pids
+  for _ in $(seq 30); do
+    pids=$(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null | tr -d ' ')
+    [[ -z "$pids" ]] && return 0
+    sleep 1
+  done
+  echo "processes still on the GPU 30 s after the row, killed: $(echo $pids)" | tee -a "$summary"
+  kill -9 $pids 2>/dev/null
+  sleep 2
+}
 # Counts for the closing line; the exit status is 1 when any of the last three is not 0.
 tests_run=0 tests_failed=0 rows_run=0 rows_failed=0 rows_skipped=0
 for test in $tests; do
@@ -109,20 +123,22 @@ for row in ${ROWS:-local:qwen3-0.6b:4:graphs}; do
   name="${engine}_${model}_mb${micro}${graphs:+_$graphs}"
   start=$SECONDS
   row_timeout="${ROW_TIMEOUT:-1500}"
-  # DEADLINE: seconds after the script's start by which every row must have ended.
-  [[ -n "${DEADLINE:-}" ]] && row_timeout=$((DEADLINE - SECONDS))
+  # DEADLINE: seconds after the script's start by which every row must have ended and left the
+  # GPU (45 s kept for that: timeout's 10 s from TERM to KILL, then free_gpu's 32).
+  [[ -n "${DEADLINE:-}" ]] && row_timeout=$((DEADLINE - SECONDS - 45))
   if ((row_timeout < 60)); then
     echo "$row: SKIPPED, ${row_timeout} s left before DEADLINE" | tee -a "$summary"
     ((rows_skipped += 1))
     continue
   fi
-  timeout "$row_timeout" python3 tools/bench_compare.py --launch "$launch" \
+  timeout -k 10 "$row_timeout" python3 tools/bench_compare.py --launch "$launch" \
     --bench "$bench" --nproc 1 --engine "$ours_engine" --model "$model" --micro_batch "$micro" \
     --init_dir "/tmp/cpptrain_bench_init_$model" --jsonl "$jsonl" --log_dir "$out/$name" \
     --runs "${RUNS:-3}" --steps "${STEPS:-12}" --warmup "${WARMUP:-5}" --timeout 420 \
     "${pick[@]}" --peak_tflops "$peak" --peak_source "$peak_source" "${extra[@]}" \
     --torch_impl "${row_impl:-${TORCH_IMPL:-native}}" ${COMPARE_ARGS:-} >"$out/$name.log" 2>&1
   code=$?
+  free_gpu
   ((rows_run += 1, rows_failed += code != 0))
   echo "$name exit $code in $((SECONDS - start)) s:" | tee -a "$summary"
   grep -E '^   [a-z0-9-]+: |fastest|^[0-9]+ process|^\| (ours|torch) |^ours / |^largest|^bench_compare|^  .* differ' \

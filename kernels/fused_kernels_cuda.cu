@@ -337,12 +337,13 @@ __global__ void __launch_bounds__(kNormBlock)
   }
 }
 
-// dx for the block's rows and the block's partial dweight row (partials[blockIdx.x][cols]).
+// dx for the block's rows (plus dresidual's row where it is given, added in fp32 before the one
+// rounding) and the block's partial dweight row (partials[blockIdx.x][cols]).
 // Dynamic shared memory: [blockDim.y][cols] floats.
 template <int kWidth, int kVecs, typename TDY, typename TX, typename TW>
 __global__ void __launch_bounds__(kNormBlock)
     RmsNormBackwardKernel(int64_t rows, int cols, const TDY* dy, const TX* x, const TW* weight,
-                          const float* rstd, TX* dx, float* partials) {
+                          const float* rstd, const TX* dresidual, TX* dx, float* partials) {
   __shared__ float scratch[2][kNormWarps];
   extern __shared__ float4 norm_team_dweight[];  // float4: aligned for 16-byte stores
   float w[kVecs][kWidth], acc[kVecs][kWidth] = {};
@@ -372,6 +373,14 @@ __global__ void __launch_bounds__(kNormBlock)
     for (int k = 0; k < kVecs; ++k) {
 #pragma unroll
       for (int e = 0; e < kWidth; ++e) g[k][e] = r * (g[k][e] * w[k][e] - n[k][e] * dot);
+    }
+    if (dresidual != nullptr) {
+      LoadTile<kWidth, kVecs>(dresidual + row * cols, limit, n);
+#pragma unroll
+      for (int k = 0; k < kVecs; ++k) {
+#pragma unroll
+        for (int e = 0; e < kWidth; ++e) g[k][e] += n[k][e];
+      }
     }
     StoreTile<kWidth, kVecs>(dx + row * cols, limit, g);
   }
@@ -974,8 +983,9 @@ void RunRmsNormForward(const RowLayout& layout, int64_t rows, int cols, const vo
 // holds fewer than blocks * cols floats (nothing launched).
 template <typename TDY, typename TX, typename TW>
 int64_t RunRmsNormBackward(const RowLayout& layout, int64_t rows, int cols, const void* dy,
-                           const void* x, const void* weight, const float* rstd, void* dx,
-                           float* workspace, int64_t workspace_floats, cudaStream_t stream) {
+                           const void* x, const void* weight, const float* rstd,
+                           const void* dresidual, void* dx, float* workspace,
+                           int64_t workspace_floats, cudaStream_t stream) {
   int64_t blocks = 0;
   WithLayout(layout, [&](auto width, auto vecs) {
     auto kernel = RmsNormBackwardKernel<decltype(width)::value, decltype(vecs)::value, TDY, TX, TW>;
@@ -988,7 +998,8 @@ int64_t RunRmsNormBackward(const RowLayout& layout, int64_t rows, int cols, cons
     }
     kernel<<<blocks, block, smem, stream>>>(
         rows, cols, static_cast<const TDY*>(dy), static_cast<const TX*>(x),
-        static_cast<const TW*>(weight), rstd, static_cast<TX*>(dx), workspace);
+        static_cast<const TW*>(weight), rstd, static_cast<const TX*>(dresidual),
+        static_cast<TX*>(dx), workspace);
   });
   return blocks;
 }
@@ -1182,22 +1193,23 @@ const char* LaunchRmsNormForward(int64_t rows, int64_t cols, const void* x, Elem
 
 const char* LaunchRmsNormBackward(int64_t rows, int64_t cols, const void* dy, ElementType dy_type,
                                   const void* x, ElementType x_type, const void* weight,
-                                  ElementType weight_type, const float* rstd, void* dx,
-                                  float* dweight, float* workspace, int64_t workspace_floats,
-                                  void* stream) {
+                                  ElementType weight_type, const float* rstd,
+                                  const void* dresidual, void* dx, float* dweight,
+                                  float* workspace, int64_t workspace_floats, void* stream) {
   auto s = static_cast<cudaStream_t>(stream);
   if (rows == 0 || cols == 0) {
     return cudaMemsetAsync(dweight, 0, cols * sizeof(float), s) == cudaSuccess ? nullptr
                                                                                : LastError();
   }
-  const RowLayout layout = LayoutFor(cols, cols % 8 == 0 && Aligned16({dy, x, weight, dx}));
+  const RowLayout layout =
+      LayoutFor(cols, cols % 8 == 0 && Aligned16({dy, x, weight, dresidual, dx}));
   int64_t parts = 0;
   WithType(dy_type, [&](auto tdy) {
     WithType(x_type, [&](auto tx) {
       WithType(weight_type, [&](auto tw) {
         parts = RunRmsNormBackward<decltype(tdy), decltype(tx), decltype(tw)>(
-            layout, rows, static_cast<int>(cols), dy, x, weight, rstd, dx, workspace,
-            workspace_floats, s);
+            layout, rows, static_cast<int>(cols), dy, x, weight, rstd, dresidual, dx,
+            workspace, workspace_floats, s);
       });
     });
   });

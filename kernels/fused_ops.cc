@@ -99,21 +99,56 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return RmsNormBackward(ctx, grads[0], at::Tensor());
+  }
+
+  // dx and dweight from dy, and dresidual (x's shape and dtype, or undefined) added into dx.
+  static variable_list RmsNormBackward(AutogradContext* ctx, const at::Tensor& dy_in,
+                                       const at::Tensor& dresidual) {
     const std::vector<at::Tensor> saved = ctx->get_saved_variables();
     const at::Tensor &x2 = saved[0], &w = saved[1], &rstd = saved[2];
     const c10::cuda::CUDAGuard guard(x2.device());
-    const at::Tensor dy = grads[0].contiguous();
+    const at::Tensor dy = dy_in.contiguous();
+    const at::Tensor dr = dresidual.defined() ? dresidual.contiguous() : at::Tensor();
     at::Tensor dx = at::empty_like(x2);
     at::Tensor dw = at::empty({x2.size(1)}, x2.options().dtype(at::kFloat));
     at::Tensor workspace = NormWorkspace(x2.size(0), x2.size(1), x2);
     Check(LaunchRmsNormBackward(x2.size(0), x2.size(1), dy.data_ptr(), TypeOf(dy.scalar_type()),
                                 x2.data_ptr(), TypeOf(x2.scalar_type()), w.data_ptr(),
-                                TypeOf(w.scalar_type()), rstd.data_ptr<float>(), dx.data_ptr(),
+                                TypeOf(w.scalar_type()), rstd.data_ptr<float>(),
+                                dr.defined() ? dr.data_ptr() : nullptr, dx.data_ptr(),
                                 dw.data_ptr<float>(), workspace.data_ptr<float>(),
                                 workspace.numel(), Stream()),
           "RMSNorm backward");
     return {dx.view(ctx->saved_data["shape"].toIntVector()), dw.to(w.scalar_type()), at::Tensor(),
             at::Tensor()};
+  }
+};
+
+// RMSNorm that also returns x (as a view): {y, x}. Both outputs' gradients reach this one
+// backward, which adds x's into the norm's dx inside the kernel, where autograd would otherwise
+// add the two gradients of x (the norm's and the residual add's) in a pass of its own.
+class RmsNormAndResidualFunction
+    : public torch::autograd::Function<RmsNormAndResidualFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x,
+                               const at::Tensor& weight, double eps, int64_t out_dtype) {
+    ctx->set_materialize_grads(false);  // an output nobody used sends no zero-filled gradient
+    return {RmsNormFunction::forward(ctx, x, weight, eps, out_dtype), x};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const at::Tensor& dy = grads[0];
+    const at::Tensor& dresidual = grads[1];
+    if (!dy.defined()) {  // only x itself was used: its gradient passes through
+      return {dresidual, at::Tensor(), at::Tensor(), at::Tensor()};
+    }
+    const at::ScalarType x_type = ctx->get_saved_variables()[0].scalar_type();
+    const bool fusable = dresidual.defined() && dresidual.scalar_type() == x_type;
+    variable_list out =
+        RmsNormFunction::RmsNormBackward(ctx, dy, fusable ? dresidual : at::Tensor());
+    if (dresidual.defined() && !fusable) out[0] = out[0] + dresidual;
+    return out;
   }
 };
 
@@ -268,14 +303,29 @@ class QkNormRopeFunction : public torch::autograd::Function<QkNormRopeFunction> 
 
 bool CudaKernelsBuilt() { return true; }
 
+bool RmsNormApplies(const at::Tensor& x, const at::Tensor& weight, at::ScalarType out_dtype) {
+  return x.is_cuda() && Supported(x.scalar_type()) && Supported(weight.scalar_type()) &&
+         Supported(out_dtype) && x.size(-1) <= kMaxNormCols && weight.dim() == 1 &&
+         weight.size(0) == x.size(-1) && weight.device() == x.device();
+}
+
 at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps,
                    at::ScalarType out_dtype, bool fused) {
-  if (!fused || !x.is_cuda() || !Supported(x.scalar_type()) || !Supported(weight.scalar_type()) ||
-      !Supported(out_dtype) || x.size(-1) > kMaxNormCols || weight.dim() != 1 ||
-      weight.size(0) != x.size(-1) || weight.device() != x.device()) {
-    return RmsNormReference(x, weight, eps);
-  }
+  if (!fused || !RmsNormApplies(x, weight, out_dtype)) return RmsNormReference(x, weight, eps);
   return RmsNormFunction::apply(x, weight, eps, static_cast<int64_t>(out_dtype));
+}
+
+std::pair<at::Tensor, at::Tensor> RmsNormAndResidual(const at::Tensor& x,
+                                                     const at::Tensor& weight, double eps,
+                                                     at::ScalarType out_dtype, bool fused) {
+  // Without a gradient to x there is nothing to add: the plain norm and x itself.
+  if (!fused || !RmsNormApplies(x, weight, out_dtype) || !at::GradMode::is_enabled() ||
+      !x.requires_grad()) {
+    return {RmsNorm(x, weight, eps, out_dtype, fused), x};
+  }
+  const variable_list out =
+      RmsNormAndResidualFunction::apply(x, weight, eps, static_cast<int64_t>(out_dtype));
+  return {out[0], out[1]};
 }
 
 at::Tensor SwiGlu(const at::Tensor& gate, const at::Tensor& up, bool fused) {
@@ -372,6 +422,12 @@ bool CudaKernelsBuilt() { return false; }
 at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps,
                    at::ScalarType out_dtype, bool fused) {
   return RmsNormReference(x, weight, eps);
+}
+
+std::pair<at::Tensor, at::Tensor> RmsNormAndResidual(const at::Tensor& x,
+                                                     const at::Tensor& weight, double eps,
+                                                     at::ScalarType out_dtype, bool fused) {
+  return {RmsNormReference(x, weight, eps), x};
 }
 
 at::Tensor SwiGlu(const at::Tensor& gate, const at::Tensor& up, bool fused) {

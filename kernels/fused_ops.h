@@ -14,6 +14,8 @@
 
 #include <ATen/ATen.h>
 
+#include <utility>
+
 namespace cpptrain {
 namespace kernels {
 
@@ -25,6 +27,15 @@ bool CudaKernelsBuilt();
 at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps,
                    at::ScalarType out_dtype, bool fused);
 at::Tensor RmsNormReference(const at::Tensor& x, const at::Tensor& weight, double eps);
+
+// RmsNorm(x, ...) and x again, for a pre-norm residual block that normalizes x and adds to it:
+// {y, x_again}. Use x_again for the residual add: the gradients of y and x_again then reach one
+// backward, which adds x_again's into the norm's dx in the kernel (one pass over x's size less
+// than autograd summing x's two gradients). Where the kernel does not apply, or x needs no
+// gradient: {RmsNorm(x, ...), x}.
+std::pair<at::Tensor, at::Tensor> RmsNormAndResidual(const at::Tensor& x,
+                                                     const at::Tensor& weight, double eps,
+                                                     at::ScalarType out_dtype, bool fused);
 
 // silu(gate) * up.
 at::Tensor SwiGlu(const at::Tensor& gate, const at::Tensor& up, bool fused);
@@ -76,8 +87,8 @@ at::Tensor CrossEntropyRowsInPlace(at::Tensor& logits, const at::Tensor& targets
 // x (contiguous fp32 on CUDA) times `scale` (one fp32 value on x's device, read there: no host
 // sync), computed in fp32 and rounded once to out_dtype (fp32 or bf16), into a new tensor: the
 // values of at::mul_out(out, x, scale) in one vectorized pass (mul_out into bf16 moved about
-// 1.3 TB/s on an H100, this kernel's aim is the copy rate). Undefined where the kernel does not apply (the CPU, builds
-// without the kernels, other dtypes): the caller then uses at::mul_out.
+// 1.3 TB/s on an H100). Undefined where the kernel does not apply (the CPU, builds without the
+// kernels, other dtypes): the caller then uses at::mul_out.
 at::Tensor ScaledCopy(const at::Tensor& x, const at::Tensor& scale, at::ScalarType out_dtype);
 
 }  // namespace kernels

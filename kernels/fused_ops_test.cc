@@ -107,6 +107,47 @@ TEST(FusedOpsTest, RmsNormMatchesReference) {
   }
 }
 
+// {y, x again} with both outputs' gradients: the kernel's dx adds x_again's gradient, so x's
+// gradient must equal the reference norm's plus that gradient (both paths of the kernel, fp32
+// and bf16). And with only one output used, the other's gradient is absent, not zero-filled.
+TEST(FusedOpsTest, RmsNormAndResidualAddsTheResidualGradient) {
+  REQUIRE_KERNELS();
+  torch::manual_seed(10);
+  for (const auto& [rows, cols] :
+       std::vector<std::pair<int64_t, int64_t>>{{65, 2048}, {9, 1000}, {4099, 1024}}) {
+    for (const at::ScalarType type : {at::kFloat, at::kBFloat16}) {
+      const at::Tensor x = torch::randn({rows, cols}, torch::device(kCuda)).to(type);
+      const at::Tensor w = torch::rand({cols}, torch::device(kCuda)) + 0.5;
+      const at::Tensor g = torch::randn({2, rows, cols}, torch::device(kCuda));
+      const double eps = 1e-6;
+      // Both outputs stacked in fp32, so one upstream gradient reaches each.
+      auto fused = ValueAndGrads(
+          [&](const auto& in) {
+            const auto [y, again] = RmsNormAndResidual(in[0], in[1], eps, type, true);
+            EXPECT_TRUE(again.equal(in[0]));
+            return at::stack({y.to(at::kFloat), again.to(at::kFloat)});
+          },
+          {x, w}, g);
+      auto reference = ValueAndGrads(
+          [&](const auto& in) {
+            return at::stack({RmsNormReference(in[0], in[1], eps).to(at::kFloat),
+                              in[0].to(at::kFloat)});
+          },
+          {x.to(type == at::kFloat ? at::kDouble : at::kFloat), w.to(at::kDouble)}, g);
+      ExpectClose(fused, reference, type == at::kFloat ? 1e-5 : 1e-2,
+                  "RMSNorm and residual " + std::to_string(rows) + "x" + std::to_string(cols) +
+                      " " + c10::toString(type));
+    }
+  }
+  const at::Tensor x = torch::randn({5, 64}, torch::device(kCuda)).requires_grad_(true);
+  const at::Tensor w = (torch::rand({64}, torch::device(kCuda)) + 0.5).requires_grad_(true);
+  auto [y, again] = RmsNormAndResidual(x, w, 1e-6, at::kFloat, true);
+  static_cast<void>(y);
+  (again * 3).sum().backward();  // the norm unused: x's gradient is 3, w gets none
+  EXPECT_TRUE(x.grad().equal(torch::full_like(x, 3)));
+  EXPECT_FALSE(w.grad().defined());
+}
+
 // The RMSNorm kernels' two paths at the decoder's shapes: 16-byte accesses (cols a multiple of
 // 8, aligned rows: 1024, 2048, 3072) and one value per access (1000, 1023, or rows that start
 // off a 16-byte boundary); rows not a multiple of a block's rows; x in fp32 with a bf16 output

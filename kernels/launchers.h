@@ -35,14 +35,15 @@ const char* LaunchRmsNormForward(int64_t rows, int64_t cols, const void* x, Elem
 // into dweight (no atomics). cols is head_dim for QK-norm, and rows batch * seq * heads.
 int64_t NormBackwardWorkspaceFloats(int64_t rows, int64_t cols);
 
-// dx (x's type) and dweight (fp32 [cols], written, not accumulated into) from dy (y's type).
-// workspace: NormBackwardWorkspaceFloats(rows, cols) floats (workspace_floats), used until the
-// stream reaches the end of this call's work.
+// dx (x's type) and dweight (fp32 [cols], written, not accumulated into) from dy (y's type);
+// where dresidual (x's type, [rows, cols]) is not null, dx is the norm's gradient plus it, added
+// in fp32 before the one rounding. workspace: NormBackwardWorkspaceFloats(rows, cols) floats
+// (workspace_floats), used until the stream reaches the end of this call's work.
 const char* LaunchRmsNormBackward(int64_t rows, int64_t cols, const void* dy, ElementType dy_type,
                                   const void* x, ElementType x_type, const void* weight,
-                                  ElementType weight_type, const float* rstd, void* dx,
-                                  float* dweight, float* workspace, int64_t workspace_floats,
-                                  void* stream);
+                                  ElementType weight_type, const float* rstd,
+                                  const void* dresidual, void* dx, float* dweight,
+                                  float* workspace, int64_t workspace_floats, void* stream);
 
 // out = act(gate) * up, elementwise over n values of one type, computed in fp32 and rounded
 // once; act is silu (SwiGLU), or GELU's tanh approximation with gelu_tanh (GeGLU).

@@ -94,6 +94,13 @@ torch::Tensor RmsNorm::Forward(const torch::Tensor& x) const {
   return kernels::RmsNorm(x, weight_, eps_, FusedOutputType(x, weight_), /*fused=*/true);
 }
 
+std::pair<torch::Tensor, torch::Tensor> RmsNorm::ForwardWithResidual(
+    const torch::Tensor& x) const {
+  if (unit_offset_ || !fused_) return {Forward(x), x};
+  return kernels::RmsNormAndResidual(x, weight_, eps_, FusedOutputType(x, weight_),
+                                     /*fused=*/true);
+}
+
 at::Tensor DefaultInverseFrequencies(int64_t head_dim, double theta, const c10::Device& device) {
   // Same fp32 operations as HF's _compute_default_rope_parameters.
   const at::Tensor exponents =
@@ -440,10 +447,12 @@ torch::Tensor DecoderLayer::Body(const torch::Tensor& x, const RotaryTables& rop
     const at::Tensor mlp = mlp_->Forward(pre_feedforward_layernorm_->Forward(h));
     return kernels::ResidualAdd(h, post_feedforward_layernorm_->Forward(mlp), fused);
   }
-  const at::Tensor attn = self_attn_->Forward(input_layernorm_->Forward(x), rope, mask, cache);
-  const at::Tensor h = kernels::ResidualAdd(x, ResidualDropout(attn), fused);
-  const at::Tensor mlp = mlp_->Forward(post_attention_layernorm_->Forward(h));
-  return kernels::ResidualAdd(h, ResidualDropout(mlp), fused);
+  const auto [normed, residual] = input_layernorm_->ForwardWithResidual(x);
+  const at::Tensor attn = self_attn_->Forward(normed, rope, mask, cache);
+  const at::Tensor h = kernels::ResidualAdd(residual, ResidualDropout(attn), fused);
+  const auto [normed_h, residual_h] = post_attention_layernorm_->ForwardWithResidual(h);
+  const at::Tensor mlp = mlp_->Forward(normed_h);
+  return kernels::ResidualAdd(residual_h, ResidualDropout(mlp), fused);
 }
 
 }  // namespace cpptrain

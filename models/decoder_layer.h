@@ -39,6 +39,10 @@ class RmsNorm : public torch::nn::Module {
   // Fused (kernels/fused_ops.h, on CUDA), the result is in the autocast dtype where autocast
   // is on, else in the promoted dtype.
   torch::Tensor Forward(const torch::Tensor& x) const;
+  // {Forward(x), x again} for a pre-norm residual block: the residual add takes the second, so
+  // on the fused path the norm's backward adds the residual's gradient in its kernel
+  // (kernels::RmsNormAndResidual). The same values as {Forward(x), x} everywhere.
+  std::pair<torch::Tensor, torch::Tensor> ForwardWithResidual(const torch::Tensor& x) const;
   const torch::Tensor& weight() const { return weight_; }
   double eps() const { return eps_; }
   bool unit_offset() const { return unit_offset_; }

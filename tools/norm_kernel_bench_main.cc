@@ -191,7 +191,7 @@ Result RmsNormBackward(int64_t rows, int64_t cols) {
     Check(cpptrain::kernels::LaunchRmsNormBackward(
               rows, cols, s.dy.data_ptr(), ElementType::kBfloat16, s.x.data_ptr(),
               ElementType::kBfloat16, s.w.data_ptr(), ElementType::kBfloat16,
-              s.rstd.data_ptr<float>(), dx.data_ptr(), dw.data_ptr<float>(),
+              s.rstd.data_ptr<float>(), /*dresidual=*/nullptr, dx.data_ptr(), dw.data_ptr<float>(),
               workspace.data_ptr<float>(), workspace.numel(), Stream()),
           "RMSNorm backward");
   };

@@ -474,23 +474,25 @@ absl::StatusOr<Trainer::CountedStep> Trainer::CountStep(const MicroBatches& step
   // does the CUDA-graph vote, so every rank captures, replays or runs eagerly alike.
   const int local_signal = StopSignals::Requested();
   const trainer_internal::StepVote mine = vote != nullptr ? *vote : trainer_internal::StepVote{};
+  std::vector<double> sums = {static_cast<double>(local_targets),
+                              static_cast<double>(local_tokens), static_cast<double>(local_signal),
+                              static_cast<double>(local_inputs)};
+  const auto vote_values = mine.Values();
+  sums.insert(sums.end(), vote_values.begin(), vote_values.end());  // from index 4
   CT_ASSIGN_OR_RETURN(torch::Tensor global,
-                      engine_->AllReduceSum(torch::tensor(
-                          {static_cast<double>(local_targets), static_cast<double>(local_tokens),
-                           static_cast<double>(local_signal), mine.not_ready, mine.signature,
-                           mine.signature_squared, static_cast<double>(local_inputs)},
-                          torch::kFloat64)));
-  if (global[2].item<double>() > 0) stop_signal_ = local_signal != 0 ? local_signal : SIGTERM;
+                      engine_->AllReduceSum(torch::tensor(sums, torch::kFloat64)));
+  const torch::Tensor host = global.cpu().contiguous();  // one wait for the device, not one each
+  const double* summed = host.data_ptr<double>();
+  if (summed[2] > 0) stop_signal_ = local_signal != 0 ? local_signal : SIGTERM;
   CountedStep out;
   out.normalizer = std::max<int64_t>(1, args_.average_tokens_across_devices()
-                                            ? static_cast<int64_t>(global[0].item<double>())
+                                            ? static_cast<int64_t>(summed[0])
                                             : local_targets * engine_->world_size());
-  state_.num_input_tokens_seen += static_cast<int64_t>(global[1].item<double>());
-  state_.total_flos += 6.0 * static_cast<double>(flops_parameters_) * global[6].item<double>();
-  out.graph_agreed = vote != nullptr && trainer_internal::StepGraph::Agreed(
-                                            {global[3].item<double>(), global[4].item<double>(),
-                                             global[5].item<double>()},
-                                            engine_->world_size());
+  state_.num_input_tokens_seen += static_cast<int64_t>(summed[1]);
+  state_.total_flos += 6.0 * static_cast<double>(flops_parameters_) * summed[3];
+  out.graph_agreed = vote != nullptr &&
+                     trainer_internal::StepGraph::Agreed(
+                         trainer_internal::StepVote::FromValues(summed + 4), engine_->world_size());
   return out;
 }
 

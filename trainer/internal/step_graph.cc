@@ -47,21 +47,49 @@ std::string StepSignature(const std::vector<Batch>& batches, const std::string& 
 StepGraph::StepGraph(c10::Device device, int64_t warmup)
     : device_(device), warmup_(warmup), graph_(device) {}
 
+std::array<double, StepVote::kValues> StepVote::Values() const {
+  std::array<double, kValues> out{};
+  out[0] = not_ready;
+  for (int i = 0; i < kPieces; ++i) {
+    out[1 + i] = signature[i];
+    out[1 + kPieces + i] = signature_squared[i];
+  }
+  return out;
+}
+
+StepVote StepVote::FromValues(const double* values) {
+  StepVote vote;
+  vote.not_ready = values[0];
+  for (int i = 0; i < kPieces; ++i) {
+    vote.signature[i] = values[1 + i];
+    vote.signature_squared[i] = values[1 + kPieces + i];
+  }
+  return vote;
+}
+
 StepGraph::Vote StepGraph::Propose(const std::vector<Batch>& batches,
                                    const std::string& vote_key, const Functions& f) {
   Vote vote;
-  const double hash =
-      static_cast<double>(std::hash<std::string>{}(StepSignature(batches, vote_key)) & 0xffff);
-  vote.signature = hash;
-  vote.signature_squared = hash * hash;  // exact: sums stay below 2^53 up to 2^10 ranks
+  const uint64_t hash = std::hash<std::string>{}(StepSignature(batches, vote_key));
+  for (int i = 0; i < Vote::kPieces; ++i) {
+    const double piece = static_cast<double>((hash >> (16 * i)) & 0xffff);
+    vote.signature[i] = piece;
+    vote.signature_squared[i] = piece * piece;  // exact: sums stay below 2^53 up to 2^10 ranks
+  }
   vote.not_ready = Ready(f) ? 0 : 1;
   return vote;
 }
 
 bool StepGraph::Agreed(const Vote& sum, int world) {
-  // Equal hashes exactly when world * sum(h^2) == sum(h)^2 (Cauchy-Schwarz).
-  return sum.not_ready == 0 &&
-         static_cast<double>(world) * sum.signature_squared == sum.signature * sum.signature;
+  // Every rank's piece is equal exactly when world * sum(h^2) == sum(h)^2 (Cauchy-Schwarz).
+  if (sum.not_ready != 0) return false;
+  for (int i = 0; i < Vote::kPieces; ++i) {
+    if (static_cast<double>(world) * sum.signature_squared[i] !=
+        sum.signature[i] * sum.signature[i]) {
+      return false;
+    }
+  }
+  return true;
 }
 
 bool StepGraph::Ready(const Functions& f) {

@@ -27,6 +27,7 @@
 #ifndef CPPTRAIN_TRAINER_INTERNAL_STEP_GRAPH_H_
 #define CPPTRAIN_TRAINER_INTERNAL_STEP_GRAPH_H_
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -43,11 +44,23 @@
 namespace cpptrain {
 namespace trainer_internal {
 
-// A rank's say in the next step, as numbers to sum over the ranks (StepGraph::Propose).
+// A rank's say in the next step, as numbers to sum over the ranks (StepGraph::Propose). The
+// signature's 64-bit hash goes in as three 16-bit pieces, each with its square: sums of 16-bit
+// values and their squares stay exact in a double up to 2^10 ranks, and ranks whose signatures
+// differ pass as equal only if 48 bits of their hashes collide (one piece alone: 16 bits, a
+// 1 in 65,536 chance that one rank replays while another runs eagerly).
 struct StepVote {
+  static constexpr int kPieces = 3;
+  static constexpr int kValues = 1 + 2 * kPieces;
+
   double not_ready = 0;  // 1 when this rank cannot capture or replay the step
-  double signature = 0;  // a 16-bit hash of the step's signature, and its square
-  double signature_squared = 0;
+  std::array<double, kPieces> signature{};          // the hash's pieces
+  std::array<double, kPieces> signature_squared{};  // and their squares
+
+  // not_ready, the pieces, then their squares: the numbers to sum over the ranks.
+  std::array<double, kValues> Values() const;
+  // The vote whose Values() are values[0, kValues).
+  static StepVote FromValues(const double* values);
 };
 
 class StepGraph {

@@ -2,6 +2,7 @@
 // capture and replay of real device work on a CUDA device.
 #include "trainer/internal/step_graph.h"
 
+#include <array>
 #include <string>
 #include <vector>
 
@@ -76,8 +77,10 @@ absl::StatusOr<StepGraph::Outputs> Step(StepGraph& graph, const std::vector<Batc
 }
 
 StepGraph::Vote Sum(const StepGraph::Vote& a, const StepGraph::Vote& b) {
-  return {a.not_ready + b.not_ready, a.signature + b.signature,
-          a.signature_squared + b.signature_squared};
+  const auto x = a.Values(), y = b.Values();
+  std::array<double, StepGraph::Vote::kValues> sum{};
+  for (size_t i = 0; i < sum.size(); ++i) sum[i] = x[i] + y[i];
+  return StepGraph::Vote::FromValues(sum.data());
 }
 
 // On the CPU nothing can be captured: after the warm-up the capture fails, what it left is
@@ -198,10 +201,30 @@ TEST(StepGraphTest, RanksWithOtherShapesRunEagerly) {
   }
   EXPECT_EQ(r0.prepared, 0) << "no two agreed steps in a row: nothing tried";
   EXPECT_EQ(r1.prepared, 0);
-  // Rank 1 alone: its steps 0, 2 and 4 were the same shape as rank 0's.
-  EXPECT_FALSE(StepGraph::Agreed({0, 1.0 + 2.0, 1.0 + 4.0}, 2));
-  EXPECT_TRUE(StepGraph::Agreed({0, 3.0 + 3.0, 9.0 + 9.0}, 2));
-  EXPECT_FALSE(StepGraph::Agreed({1, 3.0 + 3.0, 9.0 + 9.0}, 2)) << "a rank not ready";
+}
+
+// Votes built by hand: each of the hash's three pieces must agree, so two ranks whose hashes
+// share the low 16 bits (all that the vote once compared) still disagree.
+TEST(StepGraphTest, EveryPieceOfTheSignatureMustAgree) {
+  auto vote = [](double not_ready, std::array<double, StepGraph::Vote::kPieces> pieces) {
+    StepGraph::Vote v;
+    v.not_ready = not_ready;
+    for (int i = 0; i < StepGraph::Vote::kPieces; ++i) {
+      v.signature[i] = pieces[i];
+      v.signature_squared[i] = pieces[i] * pieces[i];
+    }
+    return v;
+  };
+  EXPECT_TRUE(StepGraph::Agreed(Sum(vote(0, {3, 7, 9}), vote(0, {3, 7, 9})), 2));
+  EXPECT_FALSE(StepGraph::Agreed(Sum(vote(0, {3, 7, 9}), vote(0, {3, 8, 9})), 2));
+  EXPECT_FALSE(StepGraph::Agreed(Sum(vote(0, {3, 7, 9}), vote(0, {3, 7, 65535})), 2));
+  EXPECT_FALSE(StepGraph::Agreed(Sum(vote(0, {1, 7, 9}), vote(0, {2, 7, 9})), 2));
+  EXPECT_FALSE(StepGraph::Agreed(Sum(vote(1, {3, 7, 9}), vote(0, {3, 7, 9})), 2))
+      << "a rank not ready";
+  // Values() and FromValues() carry a vote through the Trainer's all-reduce unchanged.
+  const StepGraph::Vote v = vote(1, {4, 5, 6});
+  const StepGraph::Vote back = StepGraph::Vote::FromValues(v.Values().data());
+  EXPECT_EQ(back.Values(), v.Values());
 }
 
 // On a GPU: the third step of one shape is captured, later ones replay it with their own

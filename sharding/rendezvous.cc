@@ -624,12 +624,51 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateStagedCudaCommunicator(
 
 }  // namespace
 
+absl::Status AgreeOnCommunicatorKind(c10d::Store& store, int rank, int size,
+                                     const std::string& kind, std::chrono::milliseconds timeout) {
+  if (size <= 1) return absl::OkStatus();
+  const auto key = [](int r) { return absl::StrCat("communicator_kind/", r); };
+  std::vector<std::string> keys;
+  for (int r = 0; r < size; ++r) keys.push_back(key(r));
+  std::vector<std::string> kinds;
+  try {
+    store.set(key(rank), std::vector<uint8_t>(kind.begin(), kind.end()));
+    store.wait(keys, timeout);
+    for (int r = 0; r < size; ++r) {
+      const std::vector<uint8_t> value = store.get(key(r));
+      kinds.emplace_back(value.begin(), value.end());
+    }
+  } catch (const c10::Error& e) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "rank ", rank, " of ", size, " (", kind, "): not every rank said which communicator it "
+        "creates within ", timeout.count(), " ms: ", e.what_without_backtrace()));
+  }
+  if (std::all_of(kinds.begin(), kinds.end(), [&](const std::string& k) { return k == kind; })) {
+    return absl::OkStatus();
+  }
+  std::string each;
+  for (int r = 0; r < size; ++r) {
+    absl::StrAppend(&each, r == 0 ? "" : "; ", "rank ", r, ": ", kinds[r]);
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "the ranks would create different communicators (", each, "), which never meet: every "
+      "rank must see its GPU (torch::cuda::is_available(), CUDA_VISIBLE_DEVICES) or every rank "
+      "must train on the CPU (use_cpu), and CPPTRAIN_SHARED_GPU and CPPTRAIN_CPU_COMM must be "
+      "the same on every rank"));
+}
+
 absl::StatusOr<std::unique_ptr<Communicator>> CreateCommunicatorForDevice(
     c10::intrusive_ptr<c10d::Store> store, int rank, int size, c10::DeviceType device_type,
     std::chrono::milliseconds timeout) {
   switch (device_type) {
-    case c10::DeviceType::CPU:
+    case c10::DeviceType::CPU: {
+      const char* choice = std::getenv("CPPTRAIN_CPU_COMM");
+      CT_RETURN_IF_ERROR(AgreeOnCommunicatorKind(
+          *store, rank, size,
+          absl::StrCat("cpu, CPPTRAIN_CPU_COMM=", choice == nullptr ? "(unset)" : choice),
+          timeout));
       return CreateCpuCommunicator(std::move(store), rank, size, timeout);
+    }
     case c10::DeviceType::CUDA:
       // ---- CUDA builds only (CPPTRAIN_HAS_CUDA; NCCL where CPPTRAIN_HAS_NCCL) -------------
 #ifdef CPPTRAIN_HAS_CUDA
@@ -639,6 +678,10 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateCommunicatorForDevice(
       CT_ASSIGN_OR_RETURN(const LocalDevice local,
                           LocalDeviceFromEnvironment(static_cast<int>(c10::cuda::device_count())));
       c10::cuda::set_device(static_cast<c10::DeviceIndex>(local.cuda_index));
+      CT_RETURN_IF_ERROR(AgreeOnCommunicatorKind(
+          *store, rank, size,
+          local.shared_gpu ? "cuda, staged through the CPU (CPPTRAIN_SHARED_GPU=1)" : "cuda, NCCL",
+          timeout));
       if (local.shared_gpu) {
         return CreateStagedCudaCommunicator(std::move(store), rank, size, local.cuda_index,
                                             timeout);

@@ -88,6 +88,15 @@ absl::StatusOr<std::vector<int>> ParseSlurmTasksPerNode(absl::string_view value)
 absl::StatusOr<c10::intrusive_ptr<c10d::Store>> ConnectStore(const DistributedEnv& env,
                                                              std::chrono::milliseconds timeout);
 
+// Every rank of a group says which communicator it is about to create (`kind`, such as
+// "cuda, NCCL") through `store`, then reads the others': an error on every rank, naming each
+// rank's kind, when they differ. CreateCommunicatorForDevice calls it first, so ranks that
+// chose differently (one sees no GPU and falls back to the CPU, or CPPTRAIN_SHARED_GPU or
+// CPPTRAIN_CPU_COMM differs between them) fail at once instead of waiting in different
+// rendezvous until the timeout. Nothing to agree with for one rank.
+absl::Status AgreeOnCommunicatorKind(c10d::Store& store, int rank, int size,
+                                     const std::string& kind, std::chrono::milliseconds timeout);
+
 // CPU: Gloo, or the StoreCommunicator (slow, through `store`) in builds without Gloo or when
 // the environment sets CPPTRAIN_CPU_COMM=store (=gloo insists on Gloo; another value is an
 // error). CUDA: NCCL in builds with CPPTRAIN_HAS_NCCL (an error otherwise), on the GPU

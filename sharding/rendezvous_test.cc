@@ -614,6 +614,36 @@ void ExpectCpuBackend(const std::string& backend) {
   EXPECT_TRUE(s.ok()) << s;
 }
 
+// Ranks that would create different communicators all fail at once, each naming every rank's
+// kind; ranks that agree go on. Three ranks as threads over one store.
+TEST(AgreeOnCommunicatorKindTest, DifferingRanksAllFailNamingEachKind) {
+  const auto kind = [](int rank, bool odd_one_out) {
+    return std::string(odd_one_out && rank == 2 ? "cpu, CPPTRAIN_CPU_COMM=(unset)" : "cuda, NCCL");
+  };
+  for (const bool odd_one_out : {false, true}) {
+    std::vector<absl::Status> results(3);
+    absl::Status s = multi_rank::RunRanksAsThreads(3, [&](int rank, StorePtr store) {
+      results[rank] = AgreeOnCommunicatorKind(*store, rank, 3, kind(rank, odd_one_out),
+                                              std::chrono::seconds(30));
+      return absl::OkStatus();
+    });
+    ASSERT_TRUE(s.ok()) << s;
+    for (int rank = 0; rank < 3; ++rank) {
+      SCOPED_TRACE(testing::Message() << "rank " << rank << (odd_one_out ? " (differing)" : ""));
+      if (!odd_one_out) {
+        EXPECT_TRUE(results[rank].ok()) << results[rank];
+        continue;
+      }
+      EXPECT_EQ(results[rank].code(), absl::StatusCode::kFailedPrecondition) << results[rank];
+      const std::string message(results[rank].message());
+      EXPECT_NE(message.find("rank 0: cuda, NCCL"), std::string::npos) << message;
+      EXPECT_NE(message.find("rank 2: cpu, CPPTRAIN_CPU_COMM=(unset)"), std::string::npos)
+          << message;
+      EXPECT_NE(message.find("use_cpu"), std::string::npos) << message;
+    }
+  }
+}
+
 TEST(CreateCommunicatorForDeviceTest, CpuIsGlooWhereTheBuildHasItElseTheStore) {
   ScopedCpuComm unset(nullptr);
 #ifdef CPPTRAIN_HAS_GLOO

@@ -1,9 +1,9 @@
 // CudaAdamWStep against torch::optim::AdamW (per-parameter, on fp32 gradients) on the GPU:
 // more tensors than one launch takes, odd sizes, lists off the 16-byte alignment beside aligned
-// ones, fp32 and bf16 gradients, weight decay, a
-// device coefficient and learning rate, the bf16 copies; then both timed on a large tensor
-// (printed, not asserted: speed is for tools/bench). Without a GPU and a CUDA build those cases
-// print SKIPPED; the CPU case checks that such a build refuses clearly.
+// ones, fp32 and bf16 gradients, weight decay, a device coefficient and learning rate, the bf16
+// copies; then both timed on a large tensor (printed, not asserted: speed is for tools/bench).
+// Without a GPU and a CUDA build those cases print SKIPPED; the CPU case checks that such a
+// build refuses clearly.
 #include "kernels/cuda_adamw.h"
 
 #include <gtest/gtest.h>

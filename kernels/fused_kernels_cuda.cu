@@ -1042,9 +1042,9 @@ __device__ __forceinline__ void AdamWUpdate(float& p, float& m, float& v, float 
   p -= f.step_size * m / denom;
 }
 
-// Four gradient values at p, in one load of 16 (fp32) or 8 (bf16) bytes.
-__device__ __forceinline__ void LoadGroup(const float* p, float (&v)[kAdamWVec]) { LoadVec(p, v); }
-__device__ __forceinline__ void LoadGroup(const __nv_bfloat16* p, float (&v)[kAdamWVec]) {
+// Four values at p in one load of 16 (fp32) or 8 (bf16) bytes: StoreFour's counterpart.
+__device__ __forceinline__ void LoadFour(const float* p, float (&v)[4]) { LoadVec(p, v); }
+__device__ __forceinline__ void LoadFour(const __nv_bfloat16* p, float (&v)[4]) {
   const uint2 q = *reinterpret_cast<const uint2*>(p);
   const float2 low = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&q.x));
   const float2 high = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&q.y));
@@ -1075,7 +1075,7 @@ __device__ __forceinline__ void AdamWLoad(const AdamWTensor& x, int64_t i, int n
     LoadVec(x.param + i, a.p);
     LoadVec(x.exp_avg + i, a.m);
     LoadVec(x.exp_avg_sq + i, a.v);
-    LoadGroup(grad + i, a.g);
+    LoadFour(grad + i, a.g);
     return;
   }
 #pragma unroll

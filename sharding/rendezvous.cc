@@ -622,6 +622,12 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateStagedCudaCommunicator(
 }
 #endif
 
+// What CreateCpuCommunicator will pick, as AgreeOnCommunicatorKind compares it.
+std::string CpuCommunicatorKind() {
+  const char* choice = std::getenv("CPPTRAIN_CPU_COMM");
+  return absl::StrCat("cpu, CPPTRAIN_CPU_COMM=", choice == nullptr ? "(unset)" : choice);
+}
+
 }  // namespace
 
 absl::Status AgreeOnCommunicatorKind(c10d::Store& store, int rank, int size,
@@ -661,14 +667,10 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateCommunicatorForDevice(
     c10::intrusive_ptr<c10d::Store> store, int rank, int size, c10::DeviceType device_type,
     std::chrono::milliseconds timeout) {
   switch (device_type) {
-    case c10::DeviceType::CPU: {
-      const char* choice = std::getenv("CPPTRAIN_CPU_COMM");
-      CT_RETURN_IF_ERROR(AgreeOnCommunicatorKind(
-          *store, rank, size,
-          absl::StrCat("cpu, CPPTRAIN_CPU_COMM=", choice == nullptr ? "(unset)" : choice),
-          timeout));
+    case c10::DeviceType::CPU:
+      CT_RETURN_IF_ERROR(AgreeOnCommunicatorKind(*store, rank, size, CpuCommunicatorKind(),
+                                                 timeout));
       return CreateCpuCommunicator(std::move(store), rank, size, timeout);
-    }
     case c10::DeviceType::CUDA:
       // ---- CUDA builds only (CPPTRAIN_HAS_CUDA; NCCL where CPPTRAIN_HAS_NCCL) -------------
 #ifdef CPPTRAIN_HAS_CUDA
@@ -678,9 +680,12 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateCommunicatorForDevice(
       CT_ASSIGN_OR_RETURN(const LocalDevice local,
                           LocalDeviceFromEnvironment(static_cast<int>(c10::cuda::device_count())));
       c10::cuda::set_device(static_cast<c10::DeviceIndex>(local.cuda_index));
+      // Staged collectives run on the CPU communicator, so its kind is part of theirs.
       CT_RETURN_IF_ERROR(AgreeOnCommunicatorKind(
           *store, rank, size,
-          local.shared_gpu ? "cuda, staged through the CPU (CPPTRAIN_SHARED_GPU=1)" : "cuda, NCCL",
+          local.shared_gpu ? absl::StrCat("cuda staged (CPPTRAIN_SHARED_GPU=1) through ",
+                                          CpuCommunicatorKind())
+                           : std::string("cuda, NCCL"),
           timeout));
       if (local.shared_gpu) {
         return CreateStagedCudaCommunicator(std::move(store), rank, size, local.cuda_index,

@@ -477,8 +477,9 @@ absl::StatusOr<Trainer::CountedStep> Trainer::CountStep(const MicroBatches& step
   std::vector<double> sums = {static_cast<double>(local_targets),
                               static_cast<double>(local_tokens), static_cast<double>(local_signal),
                               static_cast<double>(local_inputs)};
+  const size_t vote_at = sums.size();
   const auto vote_values = mine.Values();
-  sums.insert(sums.end(), vote_values.begin(), vote_values.end());  // from index 4
+  sums.insert(sums.end(), vote_values.begin(), vote_values.end());
   CT_ASSIGN_OR_RETURN(torch::Tensor global,
                       engine_->AllReduceSum(torch::tensor(sums, torch::kFloat64)));
   const torch::Tensor host = global.cpu().contiguous();  // one wait for the device, not one each
@@ -490,9 +491,10 @@ absl::StatusOr<Trainer::CountedStep> Trainer::CountStep(const MicroBatches& step
                                             : local_targets * engine_->world_size());
   state_.num_input_tokens_seen += static_cast<int64_t>(summed[1]);
   state_.total_flos += 6.0 * static_cast<double>(flops_parameters_) * summed[3];
-  out.graph_agreed = vote != nullptr &&
-                     trainer_internal::StepGraph::Agreed(
-                         trainer_internal::StepVote::FromValues(summed + 4), engine_->world_size());
+  out.graph_agreed =
+      vote != nullptr && trainer_internal::StepGraph::Agreed(
+                             trainer_internal::StepVote::FromValues(summed + vote_at),
+                             engine_->world_size());
   return out;
 }
 

@@ -28,6 +28,7 @@
 #include "checkpoint/model_match.h"
 #include "checkpoint/optimizer_state.h"
 #include "checkpoint/safetensors.h"
+#include "sharding/agreed_buffer.h"
 #include "sharding/all_ranks_ok.h"
 #include "sharding/flat_shard.h"
 #include "sharding/fully_shard.h"
@@ -472,27 +473,70 @@ ShardInfo RowsOfPiece(const ShardInfo& piece) {
 
 // `local` as the rows it is written as: as it is, or for an FSDP1 piece (every rank of the
 // mesh calls it for the same tensors) its rows rebuilt from the pieces: each rank puts its
-// piece into a zeroed full tensor, the shard group sums them, the rank keeps its rows. One
-// full tensor is alive at a time.
+// piece into a zeroed full tensor in `staging` (FullRowsBytes), the shard group sums them, the
+// rank keeps a copy of its rows. When this rank's own copies fail it still takes part in the
+// sum and returns the failure in `*failed`; an error returned is the collective's.
 absl::StatusOr<at::Tensor> RowsToWrite(FlatShardedModel* flat, const ShardInfo* piece,
-                                       const ShardInfo& rows, const at::Tensor& local) {
+                                       const ShardInfo& rows, const at::Tensor& local,
+                                       const at::Tensor& staging, absl::Status* failed) {
   if (piece == nullptr) return local.detach().reshape(StoredShape(local.sizes().vec()));
   int64_t numel = 1;
   for (int64_t d : piece->global_shape) numel *= d;
-  at::Tensor full;
-  CT_RETURN_IF_ERROR(CatchTorch([&] {
-    full = at::zeros({numel}, local.options().device(flat->device()));
-    full.narrow(0, piece->element_begin, piece->local_numel)
-        .copy_(local.detach().reshape({-1}).to(flat->device()));
-  }));
+  at::Tensor full = StagingView(staging, {numel}, local.scalar_type());
+  *failed = CatchTorch([&] {
+    full.zero_();
+    full.narrow(0, piece->element_begin, piece->local_numel).copy_(local.detach().reshape({-1}));
+  });
   CT_ASSIGN_OR_RETURN(std::unique_ptr<Work> work,
                       flat->mesh().shard->AllReduce(full, ReduceOp::kSum));
   CT_RETURN_IF_ERROR(work->Synchronize());
-  return CatchTorch([&] {
-    return full.view(StoredShape(piece->global_shape))
-        .narrow(0, rows.row_begin, rows.local_rows)
-        .to(at::kCPU);
+  at::Tensor out;
+  if (!failed->ok()) return out;
+  *failed = CatchTorch([&] {  // a copy even on the CPU: the next tensor reuses `staging`
+    out = full.view(StoredShape(piece->global_shape))
+              .narrow(0, rows.row_begin, rows.local_rows)
+              .to(at::kCPU, full.scalar_type(), /*non_blocking=*/false, /*copy=*/true);
   });
+  return out;
+}
+
+// The bytes RowsToWrite needs for the largest FSDP1 parameter or optimizer state it rebuilds.
+int64_t FullRowsBytes(FlatShardedModel& flat,
+                      const torch::OrderedDict<std::string, at::Tensor>& params,
+                      torch::optim::Optimizer* optimizer) {
+  int64_t most = 1;
+  for (const auto& item : params) {
+    const at::Tensor& p = item.value();
+    const ShardInfo* piece = flat.FindPiece(p);
+    if (piece == nullptr) continue;
+    int64_t numel = 1;
+    for (int64_t d : piece->global_shape) numel *= d;
+    int64_t element = p.element_size();
+    if (optimizer != nullptr) {
+      for (const auto& [name, value] : ExportOptimizerState(*optimizer, p)) {
+        if (value.sizes() == p.sizes()) element = std::max<int64_t>(element, value.element_size());
+      }
+    }
+    most = std::max(most, numel * element);
+  }
+  return most;
+}
+
+// Device memory for a save's collectives, allocated once before them and agreed on by every
+// rank (sharding/agreed_buffer.h): FSDP's full-model gathers, FSDP1's rebuilt rows. Undefined
+// when the save gathers nothing.
+absl::StatusOr<at::Tensor> SaveStaging(HostGroup& ranks, ShardingCore* sharded,
+                                       FlatShardedModel* flat,
+                                       const torch::OrderedDict<std::string, at::Tensor>& params,
+                                       torch::optim::Optimizer* optimizer,
+                                       const SaveModelStateOptions& options) {
+  if (sharded == nullptr) return at::Tensor();
+  int64_t bytes = options.full_model ? sharded->GatherFullBytes() : 1;
+  if (flat != nullptr) {
+    bytes = std::max(bytes, FullRowsBytes(*flat, params,
+                                          options.include_optimizer ? optimizer : nullptr));
+  }
+  return AllocateOnEveryRank(ranks, bytes, sharded->device(), "the checkpoint's gathers");
 }
 
 // The plan for `dir`, with its problems resolved (strict: an error; else warnings when `warn`).
@@ -540,11 +584,14 @@ absl::Status SaveModelState(const std::string& dir, TrainableModel& model,
   WrittenChecksums written;
   const auto params = model.named_parameters(/*recurse=*/true);
 
-  // This rank's first failed write. After one the rank writes nothing more, but it keeps
-  // issuing every collective the others issue (the gathers, FSDP1's all-reduces) and all agree
-  // on the outcome before the checksums: one full disk must not leave the other ranks waiting
-  // in a collective until ddp_timeout.
+  // This rank's first failure: a write, or a copy around a gather. After one the rank writes
+  // nothing more, but it keeps issuing every collective the others issue (the gathers, FSDP1's
+  // all-reduces) and all agree on the outcome before the checksums: one full disk must not
+  // leave the other ranks waiting in a collective until ddp_timeout. The device memory those
+  // collectives use is allocated before them, once, and agreed on, for the same reason.
   absl::Status io;
+  CT_ASSIGN_OR_RETURN(const at::Tensor staging,
+                      SaveStaging(ranks, sharded, flat, params, optimizer, options));
   std::unique_ptr<SafetensorsWriter> full_writer;
   if (options.full_model && rank == 0) {
     auto created = CreateFullWriter(full_path, params, per_param, flat);
@@ -565,7 +612,9 @@ absl::Status SaveModelState(const std::string& dir, TrainableModel& model,
                     Layout{nullptr, split.shape}, kSafetensorsFileName);
       at::Tensor whole = p.detach();
       if (info != nullptr) {
-        CT_ASSIGN_OR_RETURN(whole, sharded->GatherFull(p));  // every rank takes part
+        absl::Status gathered;
+        CT_ASSIGN_OR_RETURN(whole, sharded->GatherFull(p, staging, &gathered));  // every rank
+        if (io.ok()) io = gathered;
       }
       if (full_writer && io.ok()) {
         io = fail_writes ? InjectedWriteFailure(full_path) : full_writer->Append(name, whole);
@@ -573,8 +622,11 @@ absl::Status SaveModelState(const std::string& dir, TrainableModel& model,
     } else {
       AddToManifest(manifest, kModelPrefix + name, kModelPrefix + name, dtype, global, split,
                     whole_file);
-      CT_ASSIGN_OR_RETURN(at::Tensor rows, RowsToWrite(flat, piece, rows_of_piece, p));
-      if (writes && (info ? info->local_rows > 0 : true)) {
+      absl::Status rebuilt;
+      CT_ASSIGN_OR_RETURN(at::Tensor rows,
+                          RowsToWrite(flat, piece, rows_of_piece, p, staging, &rebuilt));
+      if (io.ok()) io = rebuilt;
+      if (io.ok() && writes && (info ? info->local_rows > 0 : true)) {
         mine.emplace_back(kModelPrefix + name, rows);
       }
     }
@@ -590,9 +642,12 @@ absl::Status SaveModelState(const std::string& dir, TrainableModel& model,
           split_like_param ? writes && info->local_rows > 0 : (sharded ? rank == 0 : writes);
       at::Tensor rows = value.detach().reshape(StoredShape(value.sizes().vec()));
       if (split_like_param) {
-        CT_ASSIGN_OR_RETURN(rows, RowsToWrite(flat, piece, rows_of_piece, value));
+        absl::Status rebuilt;
+        CT_ASSIGN_OR_RETURN(rows,
+                            RowsToWrite(flat, piece, rows_of_piece, value, staging, &rebuilt));
+        if (io.ok()) io = rebuilt;
       }
-      if (write_it) mine.emplace_back(key, rows);
+      if (io.ok() && write_it) mine.emplace_back(key, rows);
     }
   }
   if (full_writer && io.ok()) io = FinishFullWriter(*full_writer, params, written);

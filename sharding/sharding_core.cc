@@ -16,6 +16,7 @@
 #include "base/status.h"
 #include "base/torch_status.h"
 #include "module/deferred.h"
+#include "sharding/agreed_buffer.h"
 #include "sharding/wrap_classes.h"
 
 namespace cpptrain {
@@ -638,27 +639,84 @@ absl::Status ShardingCore::BeginBackward() {
   return CatchTorch([&] { PreBackward(root); });
 }
 
+namespace {
+
+// What one rank adds to a gather of `p`: its padded chunk, or for kFlat the group's segment.
+const at::Tensor& GatheredShard(const ShardGroup& g, const ShardGroup::Param& p) {
+  return g.layout == ShardGroup::Layout::kFlat ? g.flat_shard : p.shard;
+}
+
+// The bytes GatherFull(param, staging, local) uses: the gathered chunks and room for this
+// rank's own when it has to be brought to the device.
+int64_t GatherBytes(const ShardGroup& g, const ShardGroup::Param& p, int world) {
+  const at::Tensor& shard = GatheredShard(g, p);
+  return (world + 1) * shard.numel() * static_cast<int64_t>(shard.element_size());
+}
+
+}  // namespace
+
 absl::StatusOr<at::Tensor> ShardingCore::GatherFull(const at::Tensor& param) {
-  const std::pair<Group*, size_t>* where = Locate(param);
+  const std::pair<ShardGroup*, size_t>* where = Locate(param);
   if (where == nullptr) {
     return absl::NotFoundError("GatherFull: the tensor is not a sharded parameter");
   }
-  const Group& g = *where->first;
-  const Group::Param& p = g.params[where->second];
-  if (g.state == Group::State::kUnsharded) {
-    return p.param.detach().to(at::kCPU, p.info.dtype, /*non_blocking=*/false, /*copy=*/true);
+  const int64_t bytes =
+      GatherBytes(*where->first, where->first->params[where->second], mesh_.shard->size());
+  CT_ASSIGN_OR_RETURN(at::Tensor staging, CatchTorch([&] {
+                        return at::empty({bytes}, at::TensorOptions(at::kByte).device(device()));
+                      }));
+  absl::Status local;
+  CT_ASSIGN_OR_RETURN(at::Tensor full, GatherFull(param, staging, &local));
+  CT_RETURN_IF_ERROR(local);
+  return full;
+}
+
+int64_t ShardingCore::GatherFullBytes() const {
+  int64_t most = 1;
+  for (const auto& g : groups_) {
+    for (const ShardGroup::Param& p : g->params) {
+      most = std::max(most, GatherBytes(*g, p, mesh_.shard->size()));
+    }
+  }
+  return most;
+}
+
+absl::StatusOr<at::Tensor> ShardingCore::GatherFull(const at::Tensor& param,
+                                                    const at::Tensor& staging,
+                                                    absl::Status* local) {
+  const std::pair<ShardGroup*, size_t>* where = Locate(param);
+  if (where == nullptr) {
+    return absl::NotFoundError("GatherFull: the tensor is not a sharded parameter");
+  }
+  const ShardGroup& g = *where->first;
+  const ShardGroup::Param& p = g.params[where->second];
+  at::Tensor out;
+  if (g.state == ShardGroup::State::kUnsharded) {  // every rank alike: no collective
+    *local = CatchTorch([&] {
+      out = p.param.detach().to(at::kCPU, p.info.dtype, /*non_blocking=*/false, /*copy=*/true);
+    });
+    return out;
   }
   const int world = mesh_.shard->size();
-  const bool flat = g.layout == Group::Layout::kFlat;
-  at::Tensor out;
-  CT_RETURN_IF_ERROR(CatchTorch([&]() -> absl::Status {
-    at::Tensor input = (flat ? g.flat_shard : p.shard).to(device());
-    out = at::empty({world * input.numel()}, input.options());
-    CT_ASSIGN_OR_RETURN(std::unique_ptr<Work> work, mesh_.shard->AllGather(input, out));
-    CT_RETURN_IF_ERROR(work->Synchronize());
-    out = out.narrow(0, flat ? p.offset : 0, p.numel).view(p.info.global_shape).to(at::kCPU);
-    return absl::OkStatus();
-  }));
+  at::Tensor input = GatheredShard(g, p);
+  const int64_t chunk = input.numel();
+  // [world * chunk] gathered, then this rank's chunk when it has to be brought to the device.
+  at::Tensor both = StagingView(staging, {(world + 1) * chunk}, input.scalar_type());
+  at::Tensor gathered = both.narrow(0, 0, world * chunk);
+  *local = CatchTorch([&] {
+    if (input.device() == device()) return;
+    input = both.narrow(0, world * chunk, chunk).copy_(input);
+  });
+  CT_ASSIGN_OR_RETURN(std::unique_ptr<Work> work, mesh_.shard->AllGather(input, gathered));
+  CT_RETURN_IF_ERROR(work->Synchronize());
+  if (!local->ok()) return out;
+  // A copy even on the CPU: the next parameter's gather overwrites `staging`.
+  *local = CatchTorch([&] {
+    const bool flat = g.layout == ShardGroup::Layout::kFlat;
+    out = gathered.narrow(0, flat ? p.offset : 0, p.numel)
+              .view(p.info.global_shape)
+              .to(at::kCPU, input.scalar_type(), /*non_blocking=*/false, /*copy=*/true);
+  });
   return out;
 }
 

@@ -155,8 +155,18 @@ class ShardingCore : public ShardingAttachment {
   absl::Status BeginBackward();
 
   // The full value of a sharded parameter, gathered from every shard (all ranks must call it
-  // for the same parameters in the same order), on the CPU. For state dicts and tests.
+  // for the same parameters in the same order), on the CPU. For tests and tools: it allocates
+  // its device buffer on each call, so one rank out of memory leaves the others in the gather.
   absl::StatusOr<at::Tensor> GatherFull(const at::Tensor& param);
+  // The same through `staging`, a uint8 buffer on device() of GatherFullBytes() or more
+  // (AllocateOnEveryRank, sharding/agreed_buffer.h), reused for every parameter: it allocates
+  // nothing on the device. When this rank's own copies fail it still takes part in the
+  // all-gather, then returns the failure in `*local` (the result is then undefined); an error
+  // returned is the collective's. For state dicts.
+  absl::StatusOr<at::Tensor> GatherFull(const at::Tensor& param, const at::Tensor& staging,
+                                        absl::Status* local);
+  // The most bytes GatherFull(param, staging, local) uses for any parameter.
+  int64_t GatherFullBytes() const;
 
   // Largest number of groups unsharded at once since the last ResetPeakUnsharded, and the
   // largest parameter storage this rank held at once: its shards, the gathered full groups

@@ -22,6 +22,8 @@
 #include "engines/zero/zero_gradients.h"
 #include "engines/zero/zero_optimizer.h"
 #include "kernels/cpu_adamw.h"
+#include "sharding/agreed_buffer.h"
+#include "sharding/all_ranks_ok.h"
 
 namespace cpptrain {
 namespace {
@@ -433,26 +435,39 @@ absl::Status ZeroEngine::ExposeMasterWeights() {
         "ExposeMasterWeights called twice: call RestoreWorkingWeights after each one");
   }
   // In host memory, whatever the device: a save or load must not need 4 bytes a parameter of
-  // free device memory. Each bucket is gathered through a device buffer of its own size. The
+  // free device memory. The buckets are gathered through one device buffer the size of the
+  // largest. Both are allocated before the first gather and agreed on, and a failed copy still
+  // takes part in every gather, so one rank out of memory never leaves the others in one. The
   // parameters change only once everything is gathered, so an error leaves them as they were.
   at::Tensor full;
-  CT_RETURN_IF_ERROR(CatchTorch([&] {
-    RefreshMasters();  // when someone wrote the working copies since the last step
-    full = torch::empty({layout_->total_numel}, torch::TensorOptions().dtype(at::kFloat));
-  }));
+  CT_RETURN_IF_ERROR(AllRanksOk(*this, CatchTorch([&] {
+                                  RefreshMasters();  // when the working copies were written
+                                  full = torch::empty({layout_->total_numel},
+                                                      torch::TensorOptions().dtype(at::kFloat));
+                                })));
+  int64_t most = 1;
+  for (const ZeroLayout::Bucket& bucket : layout_->buckets) {
+    most = std::max(most, bucket.numel + bucket.shard_numel);
+  }
+  CT_ASSIGN_OR_RETURN(const at::Tensor staging,
+                      AllocateOnEveryRank(*this, most * 4, device_, "gathering the fp32 masters"));
   torch::NoGradGuard no_grad;
-  for (size_t b = 0; b < layout_->buckets.size(); ++b) {
-    const ZeroLayout::Bucket& bucket = layout_->buckets[b];
-    at::Tensor mine, gathered;
-    CT_RETURN_IF_ERROR(CatchTorch([&] {
-      mine = master_.narrow(0, bucket.local_offset, bucket.shard_numel).to(device_);
-      gathered = torch::empty({bucket.numel}, mine.options());
-    }));
+  absl::Status copied;  // this rank's first failed copy
+  for (const ZeroLayout::Bucket& bucket : layout_->buckets) {
+    at::Tensor both = StagingView(staging, {bucket.numel + bucket.shard_numel}, at::kFloat);
+    at::Tensor gathered = both.narrow(0, 0, bucket.numel);
+    at::Tensor mine = both.narrow(0, bucket.numel, bucket.shard_numel);
+    if (copied.ok()) {
+      copied = CatchTorch(
+          [&] { mine.copy_(master_.narrow(0, bucket.local_offset, bucket.shard_numel)); });
+    }
     CT_ASSIGN_OR_RETURN(std::unique_ptr<Work> work, comm_->AllGather(mine, gathered));
     CT_RETURN_IF_ERROR(work->Wait());
-    CT_RETURN_IF_ERROR(
-        CatchTorch([&] { full.narrow(0, bucket.begin, bucket.numel).copy_(gathered); }));
+    if (copied.ok()) {
+      copied = CatchTorch([&] { full.narrow(0, bucket.begin, bucket.numel).copy_(gathered); });
+    }
   }
+  CT_RETURN_IF_ERROR(AllRanksOk(*this, copied));
   CT_RETURN_IF_ERROR(CatchTorch([&] { PointParametersInto(full, /*copy=*/false); }));
   exposed_ = std::move(full);
   return absl::OkStatus();

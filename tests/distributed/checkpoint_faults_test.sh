@@ -4,10 +4,14 @@
 # ddp_timeout at its default of 1800 s, each naming the failing rank and the cause
 # (docs/RELIABILITY.md, "One rank's write or read fails"). Faults are injected by
 # CPPTRAIN_TEST_FAIL_WRITE_ON_RANK and CPPTRAIN_TEST_FAIL_READ_ON_RANK (checkpoint/checkpoint.cc).
-# Each case with 2 and 3 processes, training the tiny decoder with checkpoints every 2 steps:
+# Each case with 2 and 3 processes (alloc: 2, FSDP1 also 3), training the tiny decoder with
+# checkpoints every 2 steps:
 #   sharded  FSDP2, sharded checkpoint: rank 1's shard file fails (disk full) at step 2
 #   full     FSDP2 with FULL_STATE_DICT: rank 0's model.safetensors fails (disk full) at step 2,
 #            between the gathers of the parameters
+#   alloc    rank 1 (ZeRO: 0) cannot allocate the device buffer of the save's gathers
+#            (CPPTRAIN_TEST_FAIL_ALLOC_ON_RANK, sharding/agreed_buffer.h): FSDP2 full, FSDP1
+#            sharded, ZeRO-2 bf16's fp32 masters
 #   read     resuming FSDP2 from a checkpoint that verifies: rank 1's read of the rows it loads
 #            fails (EIO)
 #   split    resume_from_checkpoint: latest where output_dir is a disk of each rank's own (a
@@ -81,6 +85,25 @@ for n in 2 3; do
     fail "sharded$n: the failed save left $(ls -A "$tmp/sharded$n" | tr '\n' ' ')"
   run_case "full$n" "$n" 0 CPPTRAIN_TEST_FAIL_WRITE_ON_RANK=0 \
     "model.safetensors': the disk is full" --engine=fsdp_full
+done
+
+# One rank out of memory for the device buffer a save's collectives use: it is allocated once,
+# before the first of them, and every rank agrees on it (sharding/agreed_buffer.h). Before,
+# the rank returned while the others waited in the next gather or all-reduce (on NCCL until
+# ddp_timeout). FSDP2's full-model gathers, FSDP1's rebuilt rows, ZeRO's fp32 masters.
+oom="cannot allocate .* out of memory (CPPTRAIN_TEST_FAIL_ALLOC_ON_RANK injected it)"
+run_case alloc_full2 2 1 CPPTRAIN_TEST_FAIL_ALLOC_ON_RANK=1 "for the checkpoint's gathers" \
+  --engine=fsdp_full
+for n in 2 3; do
+  run_case "alloc_fsdp1_$n" "$n" 1 CPPTRAIN_TEST_FAIL_ALLOC_ON_RANK=1 \
+    "for the checkpoint's gathers" --engine=fsdp1
+done
+run_case alloc_zero2 2 0 CPPTRAIN_TEST_FAIL_ALLOC_ON_RANK=0 "for gathering the fp32 masters" \
+  --engine=zero2 --bf16
+for name in alloc_full2 alloc_fsdp1_2 alloc_fsdp1_3 alloc_zero2; do
+  grep -q "$oom" "$tmp/$name.log" || fail "$name: no rank's error says it ran out of memory"
+  [[ ! -e "$tmp/$name/checkpoint-2" && ! -e "$tmp/$name/.tmp-checkpoint-2" ]] ||
+    fail "$name: the failed save left $(ls -A "$tmp/$name" | tr '\n' ' ')"
 done
 
 # A checkpoint to resume from: FSDP2 on 2 processes, 2 steps.

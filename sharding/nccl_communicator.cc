@@ -59,9 +59,23 @@ absl::StatusOr<ncclDataType_t> NcclType(const at::Tensor& t) {
       return ncclInt8;
     default:
       return absl::InvalidArgumentError(absl::StrCat(
-          "NCCL collectives take float32/64, float16, bfloat16, int8/32/64 or uint8 tensors, not ",
-          c10::toString(t.scalar_type())));
+          "NCCL reductions take float32/64, float16, bfloat16, int8/32/64 or uint8 tensors, not ",
+          c10::toString(t.scalar_type()),
+          " (all-gather, broadcast and scatter move any dtype); convert it before reducing"));
   }
+}
+
+// How a collective that only moves data (all-gather, broadcast, scatter) sends `t`: as its
+// NCCL type, or as its bytes for the dtypes NCCL has none for (bool, int16, float8, complex),
+// as Gloo moves every dtype. Nothing is computed on the values, so the bytes are exact.
+struct Moved {
+  ncclDataType_t type = ncclUint8;
+  size_t count = 0;
+};
+Moved MovedAs(const at::Tensor& t) {
+  const absl::StatusOr<ncclDataType_t> type = NcclType(t);
+  if (type.ok()) return {*type, static_cast<size_t>(t.numel())};
+  return {ncclUint8, static_cast<size_t>(t.numel()) * t.element_size()};
 }
 
 absl::StatusOr<ncclRedOp_t> NcclOp(ReduceOp op, const at::Tensor& t) {
@@ -512,12 +526,11 @@ absl::StatusOr<std::unique_ptr<Work>> NcclCommunicator::AllGatherCoalesced(
           c10::toString(outputs[i].scalar_type()), " elements; it needs world size (", size_,
           ") x input (", inputs[i].numel(), " ", c10::toString(inputs[i].scalar_type()), ")"));
     }
-    CT_ASSIGN_OR_RETURN(ncclDataType_t type, NcclType(inputs[i]));
+    const Moved moved = MovedAs(inputs[i]);
     const void* send = inputs[i].data_ptr();
     void* recv = outputs[i].data_ptr();
-    const size_t count = inputs[i].numel();
     issues.push_back([=](ncclComm_t comm, cudaStream_t stream) {
-      return ncclAllGather(send, recv, count, type, comm, stream);
+      return ncclAllGather(send, recv, moved.count, moved.type, comm, stream);
     });
     keep.push_back(inputs[i]);
     keep.push_back(outputs[i]);
@@ -571,12 +584,11 @@ absl::StatusOr<std::unique_ptr<Work>> NcclCommunicator::Broadcast(at::Tensor& te
     return absl::InvalidArgumentError(
         absl::StrCat("broadcast root ", root, " is outside [0, ", size_, ")"));
   }
-  CT_ASSIGN_OR_RETURN(ncclDataType_t type, NcclType(tensor));
+  const Moved moved = MovedAs(tensor);
   void* data = tensor.data_ptr();
-  const size_t count = tensor.numel();
   return Launch(state_, kReduce, "broadcast", timeout_, {tensor},
                 {[=](ncclComm_t comm, cudaStream_t stream) {
-                  return ncclBroadcast(data, data, count, type, root, comm, stream);
+                  return ncclBroadcast(data, data, moved.count, moved.type, root, comm, stream);
                 }});
 }
 
@@ -599,11 +611,12 @@ absl::StatusOr<std::unique_ptr<Work>> NcclCommunicator::Scatter(const at::Tensor
     }
     keep.push_back(input);
   }
-  CT_ASSIGN_OR_RETURN(ncclDataType_t type, NcclType(output));
+  const Moved moved = MovedAs(output);
+  const ncclDataType_t type = moved.type;
   const char* send = is_root ? static_cast<const char*>(input.data_ptr()) : nullptr;
   void* recv = output.data_ptr();
-  const size_t count = output.numel();
-  const size_t bytes = count * output.element_size();
+  const size_t count = moved.count;
+  const size_t bytes = static_cast<size_t>(output.numel()) * output.element_size();
   const int size = size_;
   return Launch(state_, kReduce, absl::StrCat("scatter (root ", root, ")"), timeout_,
                 std::move(keep), {[=](ncclComm_t comm, cudaStream_t stream) -> ncclResult_t {

@@ -24,6 +24,12 @@ first run:
   - param_checksum (the sum of squares of the trained parameters, fp64) within
     --checksum_tolerance (relative);
   - the same tokens_fingerprint (same token ids) and the same device type on every run.
+--records FILE (repeatable) runs nothing: it applies the same checks and table to raw lines
+already written, for a row whose runs a call's time limit split over calls on one machine. The
+lines must agree on the shape, the flags of each side, the commit (a "-dirty" commit does not
+tell two uncommitted trees apart: say which tree ran) and the GPU model (not the machine: say
+which lease ran them); sweep lines are left out, the first ours line is the reference, and the
+runs are numbered in the order read. Lines that are not one row are exit 2.
 A run that fails or prints no JSON line is exit 2. tools/bench_fault_test.sh (CI) checks that a
 no-op optimizer, a gradient scaled by 1.002 and other tokens on one side each exit 1, with
 --baseline ours --baseline_arg=--inject_fault=... (the baseline is tools/bench again).
@@ -52,6 +58,7 @@ import datetime
 import json
 import math
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -112,10 +119,14 @@ def torch_config(a, name):
 
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--launch", required=True, help="our launcher (bazel-bin or CMake tools/launch)")
-    p.add_argument("--bench", required=True, help="our tools/bench binary")
+    p.add_argument("--records", action="append", default=[],
+                   help="raw lines to check and tabulate; runs nothing (see above)")
+    p.add_argument("--launch", help="our launcher (bazel-bin or CMake tools/launch); required "
+                   "unless --records")
+    p.add_argument("--bench", help="our tools/bench binary; required unless --records")
     p.add_argument("--torchrun", default="torchrun", help="torchrun of the Python with torch")
-    p.add_argument("--init_dir", required=True, help="shared model and token ids (written once)")
+    p.add_argument("--init_dir",
+                   help="shared model and token ids (written once); required unless --records")
     p.add_argument("--jsonl", default="", help="file every raw JSON line is appended to")
     p.add_argument("--runs", type=int, default=3,
                    help="runs per side, interleaved (0 with --torch_sweep: the sweep alone)")
@@ -175,6 +186,9 @@ def parse_args():
     p.add_argument("--timeout", type=int, default=600, help="seconds per run")
     p.add_argument("--log_dir", default="", help="where each run's output goes")
     a = p.parse_args()
+    missing = [f"--{k}" for k in ("launch", "bench", "init_dir") if not getattr(a, k)]
+    if missing and not a.records:
+        p.error(f"{', '.join(missing)} required (or --records, to check lines already written)")
     if a.engine != "zero" and (a.zero_stage != 1 or a.offload_optimizer != "none" or
                                a.offload_param != "none"):
         p.error(f"--zero_stage, --offload_optimizer and --offload_param are for --engine zero, "
@@ -361,10 +375,13 @@ def spread(values, fmt):
 
 
 def table(records, a):
+    counts = {side: sum(r["side"] == side for r in records) for side in ("ours", side_label(a))}
+    runs = (f"{a.runs} runs" if len(set(counts.values())) == 1 else
+            " and ".join(f"{n} runs of {side}" for side, n in counts.items()))
     print()
     print(f"{a.nproc} process(es), {a.model}, seq {a.seq_len}, micro-batch {a.micro_batch}, "
           f"accum {a.grad_accum}, {a.warmup}+{a.steps} steps, bf16 {a.bf16}, tokens {a.tokens}; "
-          f"median [min, max] of {a.runs} runs")
+          f"median [min, max] of {runs}")
     print("| side | engine | tokens/s per GPU | MFU causal/989 | MFU full/measured | peak GiB | "
           "host peak GiB | first_loss | last_loss |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -445,8 +462,85 @@ def sweep(a, common):
     return best["config"]
 
 
+def records_error(what):
+    print(f"bench_compare: --records {what}", file=sys.stderr)
+    sys.exit(2)
+
+
+def read_lines(paths):
+    """The run lines of `paths` (sweep and check lines left out); exit 2 when one cannot be
+    read."""
+    lines = []
+    for path in paths:
+        try:
+            with open(path) as f:
+                for number, line in enumerate(f, 1):
+                    if not line.strip():
+                        continue
+                    r = json.loads(line)
+                    if "side" in r and not r.get("sweep"):
+                        lines.append(r)
+        except (OSError, ValueError) as e:
+            records_error(f"cannot read {path}: {e}")
+    return lines
+
+
+def read_records(a):
+    """The run lines of --records, renumbered per side in the order read; `a` takes the row's
+    shape from them. Exit 2 when the lines are not one row of one tree and machine kind."""
+    records, runs = [], {}
+    for r in read_lines(a.records):
+        runs[r["side"]] = runs.get(r["side"], 0) + 1
+        records.append(dict(r, run=runs[r["side"]]))
+    records.sort(key=lambda r: r["side"] != "ours")  # stable: ours' first read leads
+    if "ours" not in runs or len(runs) != 2:
+        records_error(f"needs runs of ours and one other side, found {runs}")
+    shape = ("model", "seq_len", "micro_batch", "grad_accum", "steps", "warmup", "bf16",
+             "tokens", "learning_rate", "weight_decay", "gpus", "commit", "host_gpus",
+             "activation_checkpointing")
+    for key in shape:  # numbers compare as numbers: one side writes 0, the other 0.0
+        values = {str(float(v)) if isinstance(v, (int, float)) and not isinstance(v, bool)
+                  else str(v) for v in (r.get(key) for r in records)}
+        if len(values) > 1:
+            records_error(f"mixes runs of different {key}: {sorted(values)}")
+    if len({r["device"].split(":")[0] for r in records}) > 1:
+        records_error("mixes runs on different devices")
+    for side in runs:  # each side's runs ran one command line
+        commands_run = {r.get("command") for r in records if r["side"] == side}
+        if len(commands_run) > 1:
+            records_error(f"holds {side} runs of different commands: "
+                          f"{sorted(map(str, commands_run))}")
+    ref = records[0]
+    # tools/bench's engine label: the flag, or zero<stage>[_offload] (optimizer offload).
+    engine = re.fullmatch(r"zero([123])(_offload)?|(local|ddp|fsdp1|fsdp2)", ref["engine"])
+    if engine is None:
+        records_error(f"ours' engine {ref['engine']!r} is not one this script runs")
+    a.engine = engine.group(3) or "zero"
+    if engine.group(1):
+        a.zero_stage = int(engine.group(1))
+        a.offload_optimizer = "cpu" if engine.group(2) else "none"
+    a.model, a.seq_len, a.micro_batch = ref["model"], ref["seq_len"], ref["micro_batch"]
+    a.grad_accum, a.steps, a.warmup = ref["grad_accum"], ref["steps"], ref["warmup"]
+    a.bf16, a.tokens, a.nproc = ref["bf16"], ref["tokens"], ref.get("gpus", 1)
+    a.init_dir = ref.get("init_dir")
+    a.runs = max(runs.values())
+    a.baseline = "ours" if "baseline" in runs else "torch"
+    if side_label(a) not in runs:
+        records_error(f"the other side is neither torch nor baseline: {sorted(runs)}")
+    return records
+
+
 def main():
     a = parse_args()
+    if a.records:
+        records = read_records(a)
+        config = next((r["config"] for r in records if r["side"] != "ours" and r.get("config")),
+                      None)
+        date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        common = {"date": date, "records": a.records, "commit": records[0].get("commit"),
+                  "host_gpus": records[0].get("host_gpus"),
+                  "compares": sorted({r.get("compare") for r in records if r.get("compare")})}
+        return report(a, records, common, config)
     date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     # "compare" is on every line of this comparison, its runs and its check alike.
     common = {"date": date, "commit": git_commit(), "host_gpus": host_gpus(),
@@ -463,6 +557,12 @@ def main():
         for side, label in (("ours", "ours"), ("baseline", side_label(a))):
             records.append(run_side(a, f"{label}_{engine_tag(a)}_{a.nproc}_run{run}", cmds[side],
                                     common, label, run, **(extra if side != "ours" else {})))
+    report(a, records, common, config)
+
+
+def report(a, records, common, config):
+    """Checks `records`, appends the check's line to --jsonl, prints the table and the outcome
+    (exit 1 when a check failed)."""
     failures = check(records, a)
     append_jsonl(a.jsonl, dict(common, bench_compare=engine_tag(a), model=a.model, nproc=a.nproc,
                                seq_len=a.seq_len, micro_batch=a.micro_batch, runs=a.runs,

@@ -523,14 +523,14 @@ int64_t FullRowsBytes(FlatShardedModel& flat,
 }
 
 // Device memory for a save's collectives, allocated once before them and agreed on by every
-// rank (sharding/agreed_buffer.h): FSDP's full-model gathers, FSDP1's rebuilt rows. Undefined
-// when the save gathers nothing.
+// rank (sharding/agreed_buffer.h): FSDP's full-model gathers, FSDP1's rebuilt rows. Undefined,
+// with no agreement, when the save gathers nothing (every rank decides alike).
 absl::StatusOr<at::Tensor> SaveStaging(HostGroup& ranks, ShardingCore* sharded,
                                        FlatShardedModel* flat,
                                        const torch::OrderedDict<std::string, at::Tensor>& params,
                                        torch::optim::Optimizer* optimizer,
                                        const SaveModelStateOptions& options) {
-  if (sharded == nullptr) return at::Tensor();
+  if (sharded == nullptr || (!options.full_model && flat == nullptr)) return at::Tensor();
   int64_t bytes = options.full_model ? sharded->GatherFullBytes() : 1;
   if (flat != nullptr) {
     bytes = std::max(bytes, FullRowsBytes(*flat, params,

@@ -660,8 +660,11 @@ absl::StatusOr<at::Tensor> ShardingCore::GatherFull(const at::Tensor& param) {
   if (where == nullptr) {
     return absl::NotFoundError("GatherFull: the tensor is not a sharded parameter");
   }
-  const int64_t bytes =
-      GatherBytes(*where->first, where->first->params[where->second], mesh_.shard->size());
+  const ShardGroup& g = *where->first;
+  // An unsharded group is copied from its full parameters: no gather, so a byte will do.
+  const int64_t bytes = g.state == ShardGroup::State::kUnsharded
+                            ? 1
+                            : GatherBytes(g, g.params[where->second], mesh_.shard->size());
   CT_ASSIGN_OR_RETURN(at::Tensor staging, CatchTorch([&] {
                         return at::empty({bytes}, at::TensorOptions(at::kByte).device(device()));
                       }));
@@ -698,15 +701,17 @@ absl::StatusOr<at::Tensor> ShardingCore::GatherFull(const at::Tensor& param,
     return out;
   }
   const int world = mesh_.shard->size();
-  at::Tensor input = GatheredShard(g, p);
-  const int64_t chunk = input.numel();
-  // [world * chunk] gathered, then this rank's chunk when it has to be brought to the device.
-  at::Tensor both = StagingView(staging, {(world + 1) * chunk}, input.scalar_type());
+  const at::Tensor& shard = GatheredShard(g, p);
+  const int64_t chunk = shard.numel();
+  // [world * chunk] gathered, then this rank's chunk when it has to be brought to the device:
+  // the all-gather reads that slot even when the copy into it failed.
+  at::Tensor both = StagingView(staging, {(world + 1) * chunk}, shard.scalar_type());
   at::Tensor gathered = both.narrow(0, 0, world * chunk);
-  *local = CatchTorch([&] {
-    if (input.device() == device()) return;
-    input = both.narrow(0, world * chunk, chunk).copy_(input);
-  });
+  at::Tensor input = shard;
+  if (shard.device() != device()) {
+    input = both.narrow(0, world * chunk, chunk);
+    *local = CatchTorch([&] { input.copy_(shard); });
+  }
   CT_ASSIGN_OR_RETURN(std::unique_ptr<Work> work, mesh_.shard->AllGather(input, gathered));
   CT_RETURN_IF_ERROR(work->Synchronize());
   if (!local->ok()) return out;

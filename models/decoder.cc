@@ -5,6 +5,7 @@
 #include <torch/nn/init.h>
 
 #include <cmath>
+#include <optional>
 
 #include "base/torch_compat.h"
 #include "kernels/linear_cross_entropy.h"
@@ -21,9 +22,11 @@ DecoderLM::DecoderLM(const proto::DecoderConfig& config, DecoderInit init)
                   config.num_key_value_heads() > 0 &&
                   config.num_attention_heads() % config.num_key_value_heads() == 0,
               "DecoderLM: invalid DecoderConfig; build it through BuildDecoder, which says why");
+  std::optional<SkipDefaultInit> undrawn;  // deferred: each block is freed once built
+  if (init_.mode == DecoderInit::Mode::kDeferred) undrawn.emplace();
   model_ = register_module("model", std::make_shared<torch::nn::Module>("DecoderModel"));
   embed_tokens_ = model_->register_module(
-      "embed_tokens", torch::nn::Embedding(config.vocab_size(), config.hidden_size()));
+      "embed_tokens", MakeEmbedding(config.vocab_size(), config.hidden_size()));
   Settle(*embed_tokens_);
   layer_list_ = model_->register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < config.num_hidden_layers(); ++i) {
@@ -38,8 +41,7 @@ DecoderLM::DecoderLM(const proto::DecoderConfig& config, DecoderInit init)
   if (!config.tie_word_embeddings()) {
     lm_head_ = register_module(
         "lm_head",
-        torch::nn::Linear(
-            torch::nn::LinearOptions(config.hidden_size(), config.vocab_size()).bias(false)));
+        MakeLinear(config.hidden_size(), config.vocab_size(), /*bias=*/false));
     Settle(*lm_head_);
   }
   for (const auto& item : named_parameters()) non_embedding_parameters_ += item.value().numel();

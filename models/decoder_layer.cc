@@ -26,9 +26,6 @@ int64_t LayerWindow(const proto::DecoderConfig& config, int64_t layer_index) {
   return layer_index >= config.first_sliding_layer() ? config.sliding_window() : 0;
 }
 
-torch::nn::Linear MakeLinear(int64_t in, int64_t out, bool bias) {
-  return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias));
-}
 
 // The projections of x (q, k and v; gate and up): blocks of `sizes` rows of `stacked`'s weight
 // where it is set (Phi-3), else one of `layers` each. The fused path computes them as one
@@ -60,6 +57,32 @@ at::ScalarType FusedOutputType(const at::Tensor& x, const at::Tensor& weight) {
 }
 
 }  // namespace
+
+namespace {
+thread_local bool skip_default_init = false;
+}  // namespace
+
+SkipDefaultInit::SkipDefaultInit() : was_(skip_default_init) { skip_default_init = true; }
+SkipDefaultInit::~SkipDefaultInit() { skip_default_init = was_; }
+
+torch::nn::Linear MakeLinear(int64_t in, int64_t out, bool bias) {
+  if (!skip_default_init) return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias));
+  // Built with no rows (its initializers fill nothing, so nothing is drawn), then given its
+  // real shape's memory.
+  torch::nn::Linear linear(torch::nn::LinearOptions(1, 0).bias(bias));
+  linear->options.in_features(in).out_features(out);
+  linear->weight.set_data(torch::empty({out, in}));
+  if (bias) linear->bias.set_data(torch::empty({out}));
+  return linear;
+}
+
+torch::nn::Embedding MakeEmbedding(int64_t count, int64_t dim) {
+  if (!skip_default_init) return torch::nn::Embedding(count, dim);
+  torch::nn::Embedding embedding(0, 1);
+  embedding->options.num_embeddings(count).embedding_dim(dim);
+  embedding->weight.set_data(torch::empty({count, dim}));
+  return embedding;
+}
 
 int64_t ResolvedHeadDim(const proto::DecoderConfig& config) {
   if (config.has_head_dim()) return config.head_dim();

@@ -13,6 +13,7 @@
 #include <utility>
 
 #include <torch/nn/module.h>
+#include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/linear.h>
 
 #include "base/torch_compat.h"
@@ -183,6 +184,29 @@ class SwiGluMlp : public torch::nn::Module {
   torch::nn::Linear down_proj_{nullptr};
   torch::nn::Linear gate_up_proj_{nullptr};  // fused_projections: gate_proj, up_proj null
 };
+
+// While one is alive on this thread, MakeLinear and MakeEmbedding skip LibTorch's default
+// initializers (kaiming-uniform, normal): the parameters get memory of the right shape and
+// nothing is drawn. For a deferred build (DecoderInit::Mode::kDeferred), whose parameters are
+// freed as each block is built and filled later by a loader or a sharding engine, those draws
+// were about 40% of loading a Hugging Face directory. Other builds overwrite every parameter in
+// DecoderLM::InitializeWeights, but after drawing, so they keep the draws (the seeded initial
+// weights stay what they were).
+class SkipDefaultInit {
+ public:
+  SkipDefaultInit();
+  ~SkipDefaultInit();
+  SkipDefaultInit(const SkipDefaultInit&) = delete;
+  SkipDefaultInit& operator=(const SkipDefaultInit&) = delete;
+
+ private:
+  bool was_ = false;
+};
+
+// torch::nn::Linear and torch::nn::Embedding of the given sizes, initialized by LibTorch's
+// defaults unless a SkipDefaultInit is alive (then their values are whatever memory held).
+torch::nn::Linear MakeLinear(int64_t in, int64_t out, bool bias);
+torch::nn::Embedding MakeEmbedding(int64_t count, int64_t dim);
 
 // Pre-norm residual block, unit class "DecoderLayer":
 //   h = x + self_attn(input_layernorm(x)); out = h + mlp(post_attention_layernorm(h)),

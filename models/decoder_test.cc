@@ -379,6 +379,31 @@ TEST(DecoderTest, DeferredParametersHoldNoMemoryAndAreFoundByName) {
   EXPECT_EQ(FirstDeferredParameter(*reference), "");
 }
 
+// A deferred build skips LibTorch's default initializers (models/decoder_layer.h,
+// SkipDefaultInit): it draws nothing from the global generator, and its shapes are the full
+// ones. Other builds still draw them first, so seeded weights stay as they were.
+TEST(DecoderTest, ADeferredBuildDrawsNothingFromTheGenerator) {
+  proto::DecoderConfig config = Tiny();
+  config.set_tie_word_embeddings(false);
+  config.set_attention_bias(true);
+  torch::manual_seed(5);
+  const double fresh = torch::rand({1}).item<double>();
+  torch::manual_seed(5);
+  auto deferred = BuildDecoder(config, {DecoderInit::Mode::kDeferred, 11}).value();
+  EXPECT_EQ(torch::rand({1}).item<double>(), fresh);
+  torch::manual_seed(5);
+  auto random = BuildDecoder(config).value();
+  EXPECT_NE(torch::rand({1}).item<double>(), fresh);
+  auto shapes = random->named_parameters();
+  for (const auto& item : deferred->named_parameters()) {
+    EXPECT_EQ(item.value().sizes(), shapes[item.key()].sizes()) << item.key();
+  }
+  EXPECT_EQ(deferred->named_parameters().size(), shapes.size());
+  // The guard is scoped to the deferred build: a Linear made now is initialized.
+  torch::nn::Linear after = MakeLinear(4, 3, /*bias=*/true);
+  EXPECT_GT(after->weight.abs().sum().item<double>(), 0.0);
+}
+
 TEST(DecoderTest, LogitsShape) {
   auto model = Build(Tiny());
   Batch batch;

@@ -1,5 +1,6 @@
 #include "checkpoint/checkpoint.h"
 
+#include <c10/util/accumulate.h>
 #include <torch/optim/optimizer.h>
 #include <torch/ordered_dict.h>
 #include <torch/types.h>
@@ -19,6 +20,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/fault_injection.h"
 #include "base/logging.h"
 #include "base/status.h"
 #include "base/torch_status.h"
@@ -56,13 +58,6 @@ constexpr char kLoadStrictEscape[] = "set load_strict: false (LoadModelStateOpti
 //       checkpoint was verified, as a disk failing in between would make them.
 constexpr char kFailWriteOnRank[] = "CPPTRAIN_TEST_FAIL_WRITE_ON_RANK";
 constexpr char kFailReadOnRank[] = "CPPTRAIN_TEST_FAIL_READ_ON_RANK";
-
-// True when the fault-injection `variable` names `rank`.
-bool FaultInjected(const char* variable, int rank) {
-  const char* value = std::getenv(variable);
-  int injected = -1;
-  return value != nullptr && absl::SimpleAtoi(value, &injected) && injected == rank;
-}
 
 // This process's rank as the launcher numbers it (RANK), for LoadModelState, which has no group.
 int LaunchedRank() {
@@ -474,25 +469,28 @@ ShardInfo RowsOfPiece(const ShardInfo& piece) {
 // `local` as the rows it is written as: as it is, or for an FSDP1 piece (every rank of the
 // mesh calls it for the same tensors) its rows rebuilt from the pieces: each rank puts its
 // piece into a zeroed full tensor in `staging` (FullRowsBytes), the shard group sums them, the
-// rank keeps a copy of its rows. When this rank's own copies fail it still takes part in the
-// sum and returns the failure in `*failed`; an error returned is the collective's.
+// rank keeps a copy of its rows. A failure of this rank's own copies does not skip the sum: it
+// goes into `*first_failure` unless one is there already, and while one is there the rows
+// come back undefined. An error returned is the collective's.
 absl::StatusOr<at::Tensor> RowsToWrite(FlatShardedModel* flat, const ShardInfo* piece,
                                        const ShardInfo& rows, const at::Tensor& local,
-                                       const at::Tensor& staging, absl::Status* failed) {
+                                       const at::Tensor& staging, absl::Status* first_failure) {
   if (piece == nullptr) return local.detach().reshape(StoredShape(local.sizes().vec()));
-  int64_t numel = 1;
-  for (int64_t d : piece->global_shape) numel *= d;
-  at::Tensor full = StagingView(staging, {numel}, local.scalar_type());
-  *failed = CatchTorch([&] {
-    full.zero_();
-    full.narrow(0, piece->element_begin, piece->local_numel).copy_(local.detach().reshape({-1}));
-  });
+  at::Tensor full = StagingView(staging, {c10::multiply_integers(piece->global_shape)},
+                                local.scalar_type());
+  if (first_failure->ok()) {
+    *first_failure = CatchTorch([&] {
+      full.zero_();
+      full.narrow(0, piece->element_begin, piece->local_numel)
+          .copy_(local.detach().reshape({-1}));
+    });
+  }
   CT_ASSIGN_OR_RETURN(std::unique_ptr<Work> work,
                       flat->mesh().shard->AllReduce(full, ReduceOp::kSum));
   CT_RETURN_IF_ERROR(work->Synchronize());
   at::Tensor out;
-  if (!failed->ok()) return out;
-  *failed = CatchTorch([&] {  // a copy even on the CPU: the next tensor reuses `staging`
+  if (!first_failure->ok()) return out;
+  *first_failure = CatchTorch([&] {  // a copy even on the CPU: the next tensor reuses `staging`
     out = full.view(StoredShape(piece->global_shape))
               .narrow(0, rows.row_begin, rows.local_rows)
               .to(at::kCPU, full.scalar_type(), /*non_blocking=*/false, /*copy=*/true);
@@ -509,8 +507,7 @@ int64_t FullRowsBytes(FlatShardedModel& flat,
     const at::Tensor& p = item.value();
     const ShardInfo* piece = flat.FindPiece(p);
     if (piece == nullptr) continue;
-    int64_t numel = 1;
-    for (int64_t d : piece->global_shape) numel *= d;
+    const int64_t numel = c10::multiply_integers(piece->global_shape);
     int64_t element = p.element_size();
     if (optimizer != nullptr) {
       for (const auto& [name, value] : ExportOptimizerState(*optimizer, p)) {
@@ -572,7 +569,7 @@ absl::Status SaveModelState(const std::string& dir, TrainableModel& model,
   const std::string my_file = ShardFileName(shard, shards);
   const std::string whole_file = ShardFileName(0, shards);
   const std::string full_path = dir + "/" + kSafetensorsFileName;
-  const bool fail_writes = FaultInjected(kFailWriteOnRank, rank);
+  const bool fail_writes = FaultInjectedOnRank(kFailWriteOnRank, rank);
 
   proto::CheckpointManifest manifest;
   manifest.set_engine(options.engine_name);
@@ -612,9 +609,7 @@ absl::Status SaveModelState(const std::string& dir, TrainableModel& model,
                     Layout{nullptr, split.shape}, kSafetensorsFileName);
       at::Tensor whole = p.detach();
       if (info != nullptr) {
-        absl::Status gathered;
-        CT_ASSIGN_OR_RETURN(whole, sharded->GatherFull(p, staging, &gathered));  // every rank
-        if (io.ok()) io = gathered;
+        CT_ASSIGN_OR_RETURN(whole, sharded->GatherFull(p, staging, &io));  // every rank
       }
       if (full_writer && io.ok()) {
         io = fail_writes ? InjectedWriteFailure(full_path) : full_writer->Append(name, whole);
@@ -622,10 +617,8 @@ absl::Status SaveModelState(const std::string& dir, TrainableModel& model,
     } else {
       AddToManifest(manifest, kModelPrefix + name, kModelPrefix + name, dtype, global, split,
                     whole_file);
-      absl::Status rebuilt;
       CT_ASSIGN_OR_RETURN(at::Tensor rows,
-                          RowsToWrite(flat, piece, rows_of_piece, p, staging, &rebuilt));
-      if (io.ok()) io = rebuilt;
+                          RowsToWrite(flat, piece, rows_of_piece, p, staging, &io));
       if (io.ok() && writes && (info ? info->local_rows > 0 : true)) {
         mine.emplace_back(kModelPrefix + name, rows);
       }
@@ -642,10 +635,7 @@ absl::Status SaveModelState(const std::string& dir, TrainableModel& model,
           split_like_param ? writes && info->local_rows > 0 : (sharded ? rank == 0 : writes);
       at::Tensor rows = value.detach().reshape(StoredShape(value.sizes().vec()));
       if (split_like_param) {
-        absl::Status rebuilt;
-        CT_ASSIGN_OR_RETURN(rows,
-                            RowsToWrite(flat, piece, rows_of_piece, value, staging, &rebuilt));
-        if (io.ok()) io = rebuilt;
+        CT_ASSIGN_OR_RETURN(rows, RowsToWrite(flat, piece, rows_of_piece, value, staging, &io));
       }
       if (io.ok() && write_it) mine.emplace_back(key, rows);
     }
@@ -680,7 +670,7 @@ absl::Status LoadModelState(const std::string& dir, TrainableModel& model,
   CheckpointFiles files(dir);
   if (!options.verified) CT_RETURN_IF_ERROR(VerifyPlan(files, manifest, plan));
   return CopyPlan(files, plan, optimizer, options.strict,
-                  FaultInjected(kFailReadOnRank, LaunchedRank()));
+                  FaultInjectedOnRank(kFailReadOnRank, LaunchedRank()));
 }
 
 }  // namespace cpptrain

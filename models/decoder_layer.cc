@@ -17,6 +17,8 @@
 namespace cpptrain {
 namespace {
 
+thread_local bool skip_default_init = false;  // a SkipDefaultInit is alive
+
 // The window of layer `layer_index`: from layer_types when set, else from first_sliding_layer.
 int64_t LayerWindow(const proto::DecoderConfig& config, int64_t layer_index) {
   if (!config.has_sliding_window()) return 0;
@@ -25,7 +27,6 @@ int64_t LayerWindow(const proto::DecoderConfig& config, int64_t layer_index) {
   }
   return layer_index >= config.first_sliding_layer() ? config.sliding_window() : 0;
 }
-
 
 // The projections of x (q, k and v; gate and up): blocks of `sizes` rows of `stacked`'s weight
 // where it is set (Phi-3), else one of `layers` each. The fused path computes them as one
@@ -56,10 +57,6 @@ at::ScalarType FusedOutputType(const at::Tensor& x, const at::Tensor& weight) {
   return AutocastEnabled(device) ? AutocastDtype(device) : at::result_type(x, weight);
 }
 
-}  // namespace
-
-namespace {
-thread_local bool skip_default_init = false;
 }  // namespace
 
 SkipDefaultInit::SkipDefaultInit() : was_(skip_default_init) { skip_default_init = true; }

@@ -2,30 +2,24 @@
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
+#include <c10/util/accumulate.h>
 
 #include <algorithm>
-#include <cstdlib>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "base/fault_injection.h"
 #include "base/torch_status.h"
 #include "sharding/all_ranks_ok.h"
 
 namespace cpptrain {
 namespace {
 
-bool AllocationFailureInjected(int rank) {
-  const char* value = std::getenv(kFailAllocOnRank);
-  int injected = -1;
-  return value != nullptr && absl::SimpleAtoi(value, &injected) && injected == rank;
-}
-
 // This rank's allocation, or why it failed (ResourceExhausted when memory ran out).
 absl::StatusOr<at::Tensor> Allocate(int rank, int64_t bytes, const c10::Device& device,
                                     const std::string& purpose) {
   const std::string what = absl::StrCat("cannot allocate ", bytes, " bytes on ", device.str(),
                                         " for ", purpose, ": ");
-  if (AllocationFailureInjected(rank)) {
+  if (FaultInjectedOnRank(kFailAllocOnRank, rank)) {
     return absl::ResourceExhaustedError(
         absl::StrCat(what, "out of memory (", kFailAllocOnRank, " injected it)"));
   }
@@ -50,9 +44,8 @@ absl::StatusOr<at::Tensor> AllocateOnEveryRank(HostGroup& ranks, int64_t bytes,
 }
 
 at::Tensor StagingView(const at::Tensor& staging, at::IntArrayRef shape, at::ScalarType dtype) {
-  int64_t numel = 1;
-  for (int64_t d : shape) numel *= d;
-  const int64_t bytes = numel * static_cast<int64_t>(c10::elementSize(dtype));
+  const int64_t bytes =
+      c10::multiply_integers(shape) * static_cast<int64_t>(c10::elementSize(dtype));
   TORCH_CHECK(staging.scalar_type() == at::kByte && staging.dim() == 1 &&
                   staging.numel() >= bytes,
               "StagingView: ", bytes, " bytes asked of a staging buffer of ", staging.numel());

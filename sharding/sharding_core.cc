@@ -646,7 +646,7 @@ const at::Tensor& GatheredShard(const ShardGroup& g, const ShardGroup::Param& p)
   return g.layout == ShardGroup::Layout::kFlat ? g.flat_shard : p.shard;
 }
 
-// The bytes GatherFull(param, staging, local) uses: the gathered chunks and room for this
+// The bytes GatherFull(param, staging, first_failure) uses: the gathered chunks and room for this
 // rank's own when it has to be brought to the device.
 int64_t GatherBytes(const ShardGroup& g, const ShardGroup::Param& p, int world) {
   const at::Tensor& shard = GatheredShard(g, p);
@@ -686,7 +686,7 @@ int64_t ShardingCore::GatherFullBytes() const {
 
 absl::StatusOr<at::Tensor> ShardingCore::GatherFull(const at::Tensor& param,
                                                     const at::Tensor& staging,
-                                                    absl::Status* local) {
+                                                    absl::Status* first_failure) {
   const std::pair<ShardGroup*, size_t>* where = Locate(param);
   if (where == nullptr) {
     return absl::NotFoundError("GatherFull: the tensor is not a sharded parameter");
@@ -695,9 +695,11 @@ absl::StatusOr<at::Tensor> ShardingCore::GatherFull(const at::Tensor& param,
   const ShardGroup::Param& p = g.params[where->second];
   at::Tensor out;
   if (g.state == ShardGroup::State::kUnsharded) {  // every rank alike: no collective
-    *local = CatchTorch([&] {
-      out = p.param.detach().to(at::kCPU, p.info.dtype, /*non_blocking=*/false, /*copy=*/true);
-    });
+    if (first_failure->ok()) {
+      *first_failure = CatchTorch([&] {
+        out = p.param.detach().to(at::kCPU, p.info.dtype, /*non_blocking=*/false, /*copy=*/true);
+      });
+    }
     return out;
   }
   const int world = mesh_.shard->size();
@@ -710,13 +712,13 @@ absl::StatusOr<at::Tensor> ShardingCore::GatherFull(const at::Tensor& param,
   at::Tensor input = shard;
   if (shard.device() != device()) {
     input = both.narrow(0, world * chunk, chunk);
-    *local = CatchTorch([&] { input.copy_(shard); });
+    if (first_failure->ok()) *first_failure = CatchTorch([&] { input.copy_(shard); });
   }
   CT_ASSIGN_OR_RETURN(std::unique_ptr<Work> work, mesh_.shard->AllGather(input, gathered));
   CT_RETURN_IF_ERROR(work->Synchronize());
-  if (!local->ok()) return out;
+  if (!first_failure->ok()) return out;
   // A copy even on the CPU: the next parameter's gather overwrites `staging`.
-  *local = CatchTorch([&] {
+  *first_failure = CatchTorch([&] {
     const bool flat = g.layout == ShardGroup::Layout::kFlat;
     out = gathered.narrow(0, flat ? p.offset : 0, p.numel)
               .view(p.info.global_shape)

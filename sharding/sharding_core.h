@@ -160,12 +160,12 @@ class ShardingCore : public ShardingAttachment {
   absl::StatusOr<at::Tensor> GatherFull(const at::Tensor& param);
   // The same through `staging`, a uint8 buffer on device() of GatherFullBytes() or more
   // (AllocateOnEveryRank, sharding/agreed_buffer.h), reused for every parameter: it allocates
-  // nothing on the device. When this rank's own copies fail it still takes part in the
-  // all-gather, then returns the failure in `*local` (the result is then undefined); an error
-  // returned is the collective's. For state dicts.
+  // nothing on the device. A failure of this rank's own copies does not skip the all-gather:
+  // it goes into `*first_failure` unless one is there already, and while one is there the
+  // result is undefined. An error returned is the collective's. For state dicts.
   absl::StatusOr<at::Tensor> GatherFull(const at::Tensor& param, const at::Tensor& staging,
-                                        absl::Status* local);
-  // The most bytes GatherFull(param, staging, local) uses for any parameter.
+                                        absl::Status* first_failure);
+  // The most bytes GatherFull(param, staging, first_failure) uses for any parameter.
   int64_t GatherFullBytes() const;
 
   // Largest number of groups unsharded at once since the last ResetPeakUnsharded, and the

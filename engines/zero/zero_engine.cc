@@ -450,7 +450,8 @@ absl::Status ZeroEngine::ExposeMasterWeights() {
     most = std::max(most, bucket.numel + bucket.shard_numel);
   }
   CT_ASSIGN_OR_RETURN(const at::Tensor staging,
-                      AllocateOnEveryRank(*this, most * 4, device_, "gathering the fp32 masters"));
+                      AllocateOnEveryRank(*this, most * static_cast<int64_t>(sizeof(float)),
+                                          device_, "gathering the fp32 masters"));
   torch::NoGradGuard no_grad;
   absl::Status copied;  // this rank's first failed copy
   for (const ZeroLayout::Bucket& bucket : layout_->buckets) {

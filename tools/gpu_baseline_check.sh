@@ -115,6 +115,9 @@ for row in ${ROWS:-local:qwen3-0.6b:4:graphs}; do
   if [[ "$graphs" == graphs ]]; then
     extra+=(--ours_arg=--cuda_graphs)
     [[ -z "${SWEEP:-}" ]] && sweep="$sweep,compiled-full-graphs"
+    # PyTorch's DDP wrapper on one GPU ran faster than no wrapper (2026-12-06): a local row
+    # meets it too.
+    [[ -z "${SWEEP:-}" && "$engine" == local ]] && sweep="$sweep,compiled-full-graphs-ddp"
   fi
   # nofused: ours on its eager reference path, so a row shows the engine apart from the kernels.
   [[ "$graphs" == nofused ]] && extra+=(--ours_arg=--fused_kernels=false)

@@ -116,6 +116,21 @@ std::map<std::string, at::Tensor> ExportOptimizerState(torch::optim::Optimizer& 
   return ExportTorchOptimizerState(optimizer, param);
 }
 
+std::vector<std::string> OptimizerStateNames(torch::optim::Optimizer& optimizer,
+                                             const at::Tensor& param) {
+  if (auto* w = dynamic_cast<StepsStandIns*>(&optimizer)) {
+    const StepsStandIns::StandIn in = w->StandInFor(param);
+    if (in.optimizer == nullptr) return {};
+    return OptimizerStateNames(*in.optimizer, in.tensor);
+  }
+  if (auto* c = dynamic_cast<CheckpointableOptimizer*>(&optimizer)) return c->StateNames(param);
+  std::vector<std::string> names;
+  for (const auto& [name, value] : ExportTorchOptimizerState(optimizer, param)) {
+    names.push_back(name);
+  }
+  return names;
+}
+
 absl::Status ImportOptimizerState(torch::optim::Optimizer& optimizer, const at::Tensor& param,
                                   const std::map<std::string, at::Tensor>& state) {
   if (auto* w = dynamic_cast<StepsStandIns*>(&optimizer)) {

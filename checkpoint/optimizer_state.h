@@ -12,6 +12,7 @@
 
 #include <map>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "module/checkpointable_optimizer.h"
@@ -25,6 +26,11 @@ namespace cpptrain {
 // Empty when the optimizer holds no state for `param` yet (before its first step).
 std::map<std::string, at::Tensor> ExportOptimizerState(torch::optim::Optimizer& optimizer,
                                                        const at::Tensor& param);
+
+// The names ExportOptimizerState gives, asked of this rank alone (never collective): safe
+// where the ranks may not be in step, as inside one rank's own read loop.
+std::vector<std::string> OptimizerStateNames(torch::optim::Optimizer& optimizer,
+                                             const at::Tensor& param);
 
 // Copies `state` (any device and dtype) into the optimizer's state for `param`. Errors: an
 // optimizer type without checkpoint support, a missing or misshapen tensor.

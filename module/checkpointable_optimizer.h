@@ -20,6 +20,7 @@
 
 #include <map>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 
@@ -37,6 +38,14 @@ class CheckpointableOptimizer {
   virtual std::map<std::string, at::Tensor> ExportState(const at::Tensor& param) = 0;
   virtual absl::Status ImportState(const at::Tensor& param,
                                    const std::map<std::string, at::Tensor>& state) = 0;
+  // The names ExportState(param) gives, from this rank alone: an optimizer whose ExportState is
+  // collective (ZeRO's gathers every state tensor) overrides it, so that a caller may ask on
+  // one rank, e.g. inside its own read loop.
+  virtual std::vector<std::string> StateNames(const at::Tensor& param) {
+    std::vector<std::string> names;
+    for (const auto& [name, value] : ExportState(param)) names.push_back(name);
+    return names;
+  }
 };
 
 class StepsStandIns {

@@ -61,6 +61,12 @@ std::map<std::string, at::Tensor> ZeroOptimizer::ExportState(const at::Tensor& p
   return out;
 }
 
+std::vector<std::string> ZeroOptimizer::StateNames(const at::Tensor& param) {
+  const Piece* p = Find(param);
+  if (p == nullptr || checkpointable_ == nullptr) return {};
+  return checkpointable_->StateNames(p->piece);
+}
+
 absl::Status ZeroOptimizer::ImportState(const at::Tensor& param,
                                         const std::map<std::string, at::Tensor>& state) {
   const Piece* p = Find(param);

@@ -45,6 +45,8 @@ class ZeroOptimizer : public WrappingOptimizer, public CheckpointableOptimizer {
 
   // Full-shaped state of a model parameter (collective); empty before the first step.
   std::map<std::string, at::Tensor> ExportState(const at::Tensor& param) override;
+  // ExportState's names, from this rank's piece (not collective).
+  std::vector<std::string> StateNames(const at::Tensor& param) override;
   // Takes this rank's range of full-shaped state (not collective).
   absl::Status ImportState(const at::Tensor& param,
                            const std::map<std::string, at::Tensor>& state) override;

@@ -12,8 +12,8 @@
 #   alloc    rank 1 (ZeRO: 0) cannot allocate the device buffer of the save's gathers
 #            (CPPTRAIN_TEST_FAIL_ALLOC_ON_RANK, sharding/agreed_buffer.h): FSDP2 full, FSDP1
 #            sharded, ZeRO-2 bf16's fp32 masters
-#   read     resuming FSDP2 from a checkpoint that verifies: rank 1's read of the rows it loads
-#            fails (EIO)
+#   read     resuming FSDP2 (and ZeRO-2, 2 processes) from a checkpoint that verifies: rank 1's
+#            read of the rows it loads fails (EIO)
 #   split    resume_from_checkpoint: latest where output_dir is a disk of each rank's own (a
 #            mount namespace per rank; needs root and unshare, else SKIPPED): only rank 0's
 #            holds checkpoint-2, so the ranks would try different checkpoints
@@ -114,6 +114,16 @@ for n in 2 3; do
   run_case "read$n" "$n" 1 CPPTRAIN_TEST_FAIL_READ_ON_RANK=1 \
     "Input/output error" --engine=fsdp --resume="$tmp/base/checkpoint-2" --max_steps=4
 done
+
+# The same on ZeRO-2 (2 processes), whose optimizer holds each rank's piece of every state: the
+# check of a parameter's state names after its import used to gather the state (one all-reduce a
+# tensor) inside each rank's own read loop, so a rank whose read failed left for the agreement
+# while the others were still reducing (Gloo paired the two; NCCL would wait until ddp_timeout).
+timeout 120 "$launch" --nproc_per_node=2 --master_port=0 "$program" --use_cpu --engine=zero2 \
+  --max_steps=2 --output_dir="$tmp/base_zero2" >"$tmp/base_zero2.log" 2>&1 ||
+  fail "the ZeRO-2 run writing checkpoint-2 failed: $(tail -5 "$tmp/base_zero2.log")"
+run_case read_zero2_2 2 1 CPPTRAIN_TEST_FAIL_READ_ON_RANK=1 "Input/output error" --engine=zero2 \
+  --resume="$tmp/base_zero2/checkpoint-2" --max_steps=4
 
 # latest where one rank's file is gone (rng_state_1.safetensors): rank 1 alone refuses the
 # checkpoint; it says why in its own log, and rank 0's warning and every rank's error name it.

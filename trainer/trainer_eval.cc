@@ -84,7 +84,10 @@ struct Trainer::EvalResult {
   double loss_sum = 0;
   int64_t num_targets = 0;
   int64_t num_samples = 0;
-  int64_t num_steps = 0;
+  // The ranks' means (the same on every rank, so that a decision read from a metric such as
+  // metric_for_best_model: eval_runtime agrees): batches that were not join batches, and
+  // seconds from the first batch to the end of the loop.
+  double num_steps = 0;
   double runtime = 0;
   torch::Tensor predictions;
   torch::Tensor labels;
@@ -191,16 +194,19 @@ absl::StatusOr<Trainer::EvalResult> Trainer::RunEvaluation(std::shared_ptr<const
   };
   CT_RETURN_IF_ERROR(CatchTorch(run));
   CT_RETURN_IF_ERROR(loader->status());
+  totals.push_back(result.num_steps);
+  totals.push_back(MonotonicSeconds() - start);
   CT_ASSIGN_OR_RETURN(torch::Tensor global,
                       engine_->AllReduceSum(torch::tensor(totals, torch::kFloat64)));
   result.loss_sum = global[0].item<double>();
   result.num_targets = static_cast<int64_t>(global[1].item<double>());
   result.num_samples = static_cast<int64_t>(global[2].item<double>());
+  result.num_steps = global[3].item<double>() / world;
+  result.runtime = global[4].item<double>() / world;
   if (keep_outputs) {
     result.predictions = PadAndConcat(logits, -100.0);
     result.labels = PadAndConcat(labels, -100.0);
   }
-  result.runtime = MonotonicSeconds() - start;
   return result;
 }
 

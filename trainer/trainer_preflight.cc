@@ -96,6 +96,16 @@ std::vector<std::string> RanksDiffering(const torch::Tensor& all, int64_t first)
   return ranks;
 }
 
+// "rank 0: 48 / 16, rank 1: 40 / 16": each rank's train and eval sample counts (columns 8-9).
+std::string SampleCounts(const torch::Tensor& all) {
+  std::vector<std::string> ranks;
+  for (int64_t r = 0; r < all.size(0); ++r) {
+    ranks.push_back(absl::StrCat("rank ", r, ": ", all[r][8].item<int64_t>(), " / ",
+                                 all[r][9].item<int64_t>()));
+  }
+  return absl::StrJoin(ranks, ", ");
+}
+
 }  // namespace
 
 namespace trainer_internal {
@@ -181,6 +191,11 @@ absl::Status Trainer::Preflight() {
   AppendHash(Fnv1a(LaunchRunId()), mine);
   mine.push_back(LaunchNode());
   mine.push_back(local.ok() ? 0.0 : 1.0);
+  // Columns 8-9: the samples this rank sees. Every rank counts the steps from the global
+  // dataset's size without communicating, so a stale copy of a data file on one node would
+  // have its ranks leave the loop, save or evaluate at other steps than the rest.
+  mine.push_back(static_cast<double>(train_dataset_ ? train_dataset_->size() : -1));
+  mine.push_back(static_cast<double>(eval_dataset_ ? eval_dataset_->size() : -1));
   CT_ASSIGN_OR_RETURN(torch::Tensor all,
                       engine_->AllGather(torch::tensor(mine, torch::kFloat64)));
   all = all.view({-1, static_cast<int64_t>(mine.size())});
@@ -214,6 +229,12 @@ absl::Status Trainer::Preflight() {
         "rank(s) ", absl::StrJoin(differ, ", "), " were started with another model or data "
         "configuration than rank 0 (data files, seq_len, seed, sample counts, the model): start "
         "every rank with the same config file and --set flags"));
+  }
+  if (const std::vector<std::string> differ = RanksDiffering(all, 8); !differ.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank(s) ", absl::StrJoin(differ, ", "), " see other datasets than rank 0 (samples, "
+        "train / eval, -1 for none: ", SampleCounts(all), "): every rank must read the same "
+        "data; where each node has its own copy of the data files, make the copies identical"));
   }
   return absl::OkStatus();
 }

@@ -1,6 +1,7 @@
 // Trainer::Preflight over two ranks (threads, the store communicator): ranks started with
-// different training arguments, or another model or data configuration, all fail before the
-// first step, naming the odd rank. (Ranks of another launcher's job: two_jobs_test.sh.)
+// different training arguments, another model or data configuration, or another number of
+// samples, all fail before the first step, naming the odd rank. And what the ranks' evaluation
+// reports is the same on each. (Ranks of another launcher's job: two_jobs_test.sh.)
 #include <functional>
 #include <string>
 
@@ -23,7 +24,7 @@ using ::testing::HasSubstr;
 // must name rank 1 with `expected`, and no step may run.
 void ExpectRankOneRefused(
     const std::function<void(int, proto::TrainingArguments&, std::string&)>& vary,
-    const std::string& expected) {
+    const std::string& expected, int64_t rank_one_samples = 8) {
   std::vector<absl::Status> results(2);
   std::vector<int64_t> steps(2, -1);
   const absl::Status s = multi_rank::RunRanksAsThreads(2, [&](int rank, auto store) {
@@ -36,8 +37,10 @@ void ExpectRankOneRefused(
         2, testing::TestTempDir(absl::StrCat("preflight_rank", rank)));
     std::string job = "model tiny data seq_len: 8";
     vary(rank, args, job);
-    testing::SgdTrainer trainer(args, testing::TinyDecoder(1), testing::VariableLengthTokens(8, 1),
-                                nullptr, std::move(*engine));
+    const int64_t samples = rank == 1 ? rank_one_samples : 8;
+    testing::SgdTrainer trainer(args, testing::TinyDecoder(1),
+                                testing::VariableLengthTokens(samples, 1), nullptr,
+                                std::move(*engine));
     trainer.set_job_identity(job);
     results[rank] = trainer.Train().status();
     steps[rank] = trainer.state().global_step;
@@ -64,6 +67,44 @@ TEST(TrainerPreflightTest, RanksWithAnotherDataConfigurationFailBeforeTheFirstSt
         if (rank == 1) job = "model tiny data seq_len: 16";  // another job's data
       },
       "rank(s) 1 were started with another model or data configuration than rank 0");
+}
+
+// A stale copy of a data file on one node: same configuration text, fewer samples. Each rank
+// would count other steps per epoch and leave the loop at another step than the rest.
+TEST(TrainerPreflightTest, RanksWithAnotherDatasetSizeFailBeforeTheFirstStep) {
+  ExpectRankOneRefused([](int, proto::TrainingArguments&, std::string&) {},
+                       "rank(s) 1 see other datasets than rank 0 (samples, train / eval, -1 for "
+                       "none: rank 0: 8 / -1, rank 1: 6 / -1)",
+                       /*rank_one_samples=*/6);
+}
+
+// eval_runtime and the rates read from it are the ranks' means, the same number on every rank:
+// each rank's own clock made them differ, so a decision read from one (metric_for_best_model:
+// eval_runtime with save_strategy BEST, early stopping) split the ranks.
+TEST(TrainerEvalAgreementTest, TimingMetricsAreTheSameOnEveryRank) {
+  std::vector<Metrics> metrics(2);
+  const absl::Status s = multi_rank::RunRanksAsThreads(2, [&](int rank, auto store) {
+    auto comm = StoreCommunicator::Create(store, rank, 2, std::chrono::seconds(30));
+    if (!comm.ok()) return comm.status();
+    auto engine = DdpEngine::Create(proto::DdpConfig(), MixedPrecision::kNone,
+                                    c10::Device(c10::kCPU), std::move(*comm));
+    if (!engine.ok()) return engine.status();
+    proto::TrainingArguments args = testing::EquivalenceArgs(
+        2, testing::TestTempDir(absl::StrCat("eval_agreement_rank", rank)));
+    testing::SgdTrainer trainer(args, testing::TinyDecoder(1), testing::VariableLengthTokens(8, 1),
+                                testing::VariableLengthTokens(6, 2), std::move(*engine));
+    absl::StatusOr<Metrics> m = trainer.Evaluate();
+    if (!m.ok()) return m.status();
+    metrics[rank] = *m;
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(s.ok()) << s;
+  for (const char* key : {"eval_runtime", "eval_samples_per_second", "eval_steps_per_second",
+                          "eval_loss"}) {
+    ASSERT_EQ(metrics[0].count(key), 1u) << key;
+    EXPECT_EQ(metrics[0].at(key), metrics[1].at(key)) << key;
+  }
+  EXPECT_GT(metrics[0].at("eval_runtime"), 0);
 }
 
 }  // namespace

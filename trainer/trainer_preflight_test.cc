@@ -20,6 +20,15 @@ namespace {
 
 using ::testing::HasSubstr;
 
+// Rank `rank` of two: DDP on the CPU over the store communicator.
+absl::StatusOr<std::unique_ptr<DdpEngine>> CpuDdpEngine(int rank,
+                                                       c10::intrusive_ptr<c10d::Store> store) {
+  auto comm = StoreCommunicator::Create(store, rank, 2, std::chrono::seconds(30));
+  if (!comm.ok()) return comm.status();
+  return DdpEngine::Create(proto::DdpConfig(), MixedPrecision::kNone, c10::Device(c10::kCPU),
+                           std::move(*comm));
+}
+
 // Trains two ranks whose arguments and job identity `vary` sets per rank; every rank's status
 // must name rank 1 with `expected`, and no step may run.
 void ExpectRankOneRefused(
@@ -28,10 +37,7 @@ void ExpectRankOneRefused(
   std::vector<absl::Status> results(2);
   std::vector<int64_t> steps(2, -1);
   const absl::Status s = multi_rank::RunRanksAsThreads(2, [&](int rank, auto store) {
-    auto comm = StoreCommunicator::Create(store, rank, 2, std::chrono::seconds(30));
-    if (!comm.ok()) return comm.status();
-    auto engine = DdpEngine::Create(proto::DdpConfig(), MixedPrecision::kNone,
-                                    c10::Device(c10::kCPU), std::move(*comm));
+    auto engine = CpuDdpEngine(rank, store);
     if (!engine.ok()) return engine.status();
     proto::TrainingArguments args = testing::EquivalenceArgs(
         2, testing::TestTempDir(absl::StrCat("preflight_rank", rank)));
@@ -84,10 +90,7 @@ TEST(TrainerPreflightTest, RanksWithAnotherDatasetSizeFailBeforeTheFirstStep) {
 TEST(TrainerEvalAgreementTest, TimingMetricsAreTheSameOnEveryRank) {
   std::vector<Metrics> metrics(2);
   const absl::Status s = multi_rank::RunRanksAsThreads(2, [&](int rank, auto store) {
-    auto comm = StoreCommunicator::Create(store, rank, 2, std::chrono::seconds(30));
-    if (!comm.ok()) return comm.status();
-    auto engine = DdpEngine::Create(proto::DdpConfig(), MixedPrecision::kNone,
-                                    c10::Device(c10::kCPU), std::move(*comm));
+    auto engine = CpuDdpEngine(rank, store);
     if (!engine.ok()) return engine.status();
     proto::TrainingArguments args = testing::EquivalenceArgs(
         2, testing::TestTempDir(absl::StrCat("eval_agreement_rank", rank)));

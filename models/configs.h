@@ -1,5 +1,5 @@
 // Named decoder shapes ("qwen3-0.6b", "llama3-8b", "qwen2.5-0.5b", "qwen2.5-1.5b",
-// "mistral-7b", "phi3-mini", "gemma2-2b", "gemma3-1b", "tiny", "demo"),
+// "mistral-7b", "mistral-7b-8layers", "phi3-mini", "gemma2-2b", "gemma3-1b", "tiny", "demo"),
 // their validation, the builder, and the parameter / FLOP counts benchmarks report.
 //
 //   CT_ASSIGN_OR_RETURN(proto::DecoderConfig config, ResolveModelSpec(job.model()));

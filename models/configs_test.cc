@@ -155,6 +155,11 @@ TEST(ConfigsTest, ReferenceModelParameterCounts) {
   EXPECT_EQ(ResolvedModelType(mistral), "mistral");
   EXPECT_EQ(mistral.sliding_window(), 4096);
   EXPECT_EQ(DecoderParameterCount(mistral), 7241732096);  // Mistral-7B-v0.1's 7.24B
+  // Its first 8 layers: 8 of the 32 layers' 218112000 each, the embeddings, head and norm.
+  const proto::DecoderConfig mistral8 = NamedDecoderConfig("mistral-7b-8layers").value();
+  EXPECT_EQ(ResolvedModelType(mistral8), "mistral");
+  EXPECT_EQ(mistral8.sliding_window(), 4096);
+  EXPECT_EQ(DecoderParameterCount(mistral8), 7241732096 - int64_t{24} * 218112000);
   // Fused projections count as the separate ones.
   const proto::DecoderConfig phi3 = NamedDecoderConfig("phi3-mini").value();
   EXPECT_EQ(ResolvedModelType(phi3), "phi3");

@@ -542,6 +542,36 @@ absl::StatusOr<at::Tensor> SaveStaging(HostGroup& ranks, ShardingCore* sharded,
   return AllocateOnEveryRank(ranks, bytes, sharded->device(), "the checkpoint's gathers");
 }
 
+// Lends an optimizer whose ExportState is collective (ZeRO's) the device scratch its gathers
+// need, allocated once on every rank and agreed on (CheckpointableOptimizer::ExportScratch),
+// and takes it back when the lease goes; nothing for other optimizers.
+class ExportScratchLease {
+ public:
+  static absl::StatusOr<ExportScratchLease> Lend(HostGroup& ranks,
+                                                 torch::optim::Optimizer* optimizer) {
+    ExportScratchLease lease;
+    auto* to = dynamic_cast<CheckpointableOptimizer*>(optimizer);
+    if (to == nullptr) return lease;
+    const CheckpointableOptimizer::ExportScratch need = to->ExportScratchNeeded();
+    if (!need.collective) return lease;
+    CT_ASSIGN_OR_RETURN(const at::Tensor scratch,
+                        AllocateOnEveryRank(ranks, need.bytes, need.device,
+                                            "gathering the optimizer state"));
+    to->UseExportScratch(scratch);
+    lease.to_ = to;
+    return lease;
+  }
+  ExportScratchLease(ExportScratchLease&& other) noexcept : to_(other.to_) { other.to_ = nullptr; }
+  ExportScratchLease& operator=(ExportScratchLease&&) = delete;
+  ~ExportScratchLease() {
+    if (to_ != nullptr) to_->UseExportScratch(at::Tensor());
+  }
+
+ private:
+  ExportScratchLease() = default;
+  CheckpointableOptimizer* to_ = nullptr;
+};
+
 // The plan for `dir`, with its problems resolved (strict: an error; else warnings when `warn`).
 absl::StatusOr<LoadPlan> ResolvedPlan(const std::string& dir,
                                       const proto::CheckpointManifest& manifest,
@@ -595,6 +625,9 @@ absl::Status SaveModelState(const std::string& dir, TrainableModel& model,
   absl::Status io;
   CT_ASSIGN_OR_RETURN(const at::Tensor staging,
                       SaveStaging(ranks, sharded, flat, params, optimizer, options));
+  CT_ASSIGN_OR_RETURN(const ExportScratchLease lease,
+                      ExportScratchLease::Lend(ranks, options.include_optimizer ? optimizer
+                                                                                : nullptr));
   std::unique_ptr<SafetensorsWriter> full_writer;
   if (options.full_model && rank == 0) {
     auto created = CreateFullWriter(full_path, params, per_param, flat);

@@ -46,6 +46,18 @@ class CheckpointableOptimizer {
     for (const auto& [name, value] : ExportState(param)) names.push_back(name);
     return names;
   }
+  // An optimizer whose ExportState is collective (`collective`, the same on every rank)
+  // gathers through device memory: `bytes` of it on `device`. A save allocates them on every
+  // rank before its first export, agreed on (sharding/agreed_buffer.h), and lends them with
+  // UseExportScratch until it ends (an undefined tensor takes them back), so that no rank runs
+  // out of device memory between two gathers while the others wait in one.
+  struct ExportScratch {
+    bool collective = false;
+    int64_t bytes = 0;
+    c10::Device device = c10::kCPU;
+  };
+  virtual ExportScratch ExportScratchNeeded() { return {}; }
+  virtual void UseExportScratch(const at::Tensor& scratch) {}
 };
 
 class StepsStandIns {

@@ -4,10 +4,12 @@
 #include <torch/types.h>
 #include <torch/utils.h>
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "base/logging.h"
+#include "sharding/agreed_buffer.h"
 
 namespace cpptrain {
 namespace {
@@ -50,7 +52,9 @@ std::map<std::string, at::Tensor> ZeroOptimizer::ExportState(const at::Tensor& p
       out[name] = value;
       continue;
     }
-    at::Tensor full = torch::zeros({param.numel()}, value.options().device(device_));
+    at::Tensor full = scratch_.defined()
+                          ? StagingView(scratch_, {param.numel()}, value.scalar_type()).zero_()
+                          : torch::zeros({param.numel()}, value.options().device(device_));
     full.narrow(0, p->begin, value.numel()).copy_(value);
     auto work = comm_->AllReduce(full, ReduceOp::kSum);
     TORCH_CHECK(work.ok(), "ZeRO: gathering optimizer state: ", work.status().ToString());
@@ -87,6 +91,19 @@ absl::Status ZeroOptimizer::ImportState(const at::Tensor& param,
         "CheckpointableOptimizer (the Trainer's AdamW does): use it, or save_only_model");
   }
   return checkpointable_->ImportState(p->piece, mine);
+}
+
+CheckpointableOptimizer::ExportScratch ZeroOptimizer::ExportScratchNeeded() {
+  ExportScratch need{/*collective=*/true, /*bytes=*/0, device_};
+  if (checkpointable_ == nullptr) return need;
+  for (const Piece& p : pieces_) {
+    for (const auto& [name, value] : checkpointable_->ExportState(p.piece)) {
+      if (ShapedLikePiece(value, p.piece)) {
+        need.bytes = std::max(need.bytes, p.param.numel() * int64_t{value.element_size()});
+      }
+    }
+  }
+  return need;
 }
 
 int64_t ZeroOptimizer::StateBytes() {

@@ -5,8 +5,8 @@
 // parameter at the parameter's full shape, so a ZeRO checkpoint is the one a local or DDP run
 // writes (rank 0 writes it whole) and any engine at any world size reads it.
 //
-// Export and import are collective over `comm`: each rank's piece goes into a zeroed full
-// tensor and one all-reduce sums them. Every rank must call them for the same parameters in
+// Export is collective over `comm`: each rank's piece goes into a zeroed full tensor and one
+// all-reduce sums them (import is not). Every rank must call them for the same parameters in
 // the same order (the checkpointer does: it walks the model's parameters on every rank). The
 // inner optimizer's own state must be reachable as a CheckpointableOptimizer (the Trainer's
 // AdamW is); for others the checkpoint holds no optimizer state (a warning says so).
@@ -47,6 +47,11 @@ class ZeroOptimizer : public WrappingOptimizer, public CheckpointableOptimizer {
   std::map<std::string, at::Tensor> ExportState(const at::Tensor& param) override;
   // ExportState's names, from this rank's piece (not collective).
   std::vector<std::string> StateNames(const at::Tensor& param) override;
+  // Collective, the largest full-shaped state tensor's bytes on the engine's device:
+  // ExportState gathers through a view of the lent scratch (a save lends it, agreed on every
+  // rank) and allocates a tensor of its own only when none is lent.
+  ExportScratch ExportScratchNeeded() override;
+  void UseExportScratch(const at::Tensor& scratch) override { scratch_ = scratch; }
   // Takes this rank's range of full-shaped state (not collective).
   absl::Status ImportState(const at::Tensor& param,
                            const std::map<std::string, at::Tensor>& state) override;
@@ -63,6 +68,7 @@ class ZeroOptimizer : public WrappingOptimizer, public CheckpointableOptimizer {
   CheckpointableOptimizer* checkpointable_ = nullptr;  // inner_, when it is one
   Communicator* comm_;
   c10::Device device_;
+  at::Tensor scratch_;  // lent by UseExportScratch; undefined when none is
 };
 
 }  // namespace cpptrain

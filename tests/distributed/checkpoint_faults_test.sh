@@ -11,7 +11,7 @@
 #            between the gathers of the parameters
 #   alloc    rank 1 (ZeRO: 0) cannot allocate the device buffer of the save's gathers
 #            (CPPTRAIN_TEST_FAIL_ALLOC_ON_RANK, sharding/agreed_buffer.h): FSDP2 full, FSDP1
-#            sharded, ZeRO-2 bf16's fp32 masters
+#            sharded, ZeRO-2 bf16's fp32 masters, ZeRO-2's optimizer state
 #   read     resuming FSDP2 (and ZeRO-2, 2 processes) from a checkpoint that verifies: rank 1's
 #            read of the rows it loads fails (EIO)
 #   split    resume_from_checkpoint: latest where output_dir is a disk of each rank's own (a
@@ -100,7 +100,11 @@ for n in 2 3; do
 done
 run_case alloc_zero2 2 0 CPPTRAIN_TEST_FAIL_ALLOC_ON_RANK=0 "for gathering the fp32 masters" \
   --engine=zero2 --bf16
-for name in alloc_full2 alloc_fsdp1_2 alloc_fsdp1_3 alloc_zero2; do
+# ZeRO's optimizer state, gathered one tensor at a time through one agreed buffer: before, each
+# gather allocated its own full-size tensor between the all-reduces, unchecked by the others.
+run_case alloc_zero2_state 2 1 CPPTRAIN_TEST_FAIL_ALLOC_ON_RANK=1 \
+  "for gathering the optimizer state" --engine=zero2
+for name in alloc_full2 alloc_fsdp1_2 alloc_fsdp1_3 alloc_zero2 alloc_zero2_state; do
   grep -q "$oom" "$tmp/$name.log" || fail "$name: no rank's error says it ran out of memory"
   [[ ! -e "$tmp/$name/checkpoint-2" && ! -e "$tmp/$name/.tmp-checkpoint-2" ]] ||
     fail "$name: the failed save left $(ls -A "$tmp/$name" | tr '\n' ' ')"

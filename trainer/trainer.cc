@@ -123,15 +123,20 @@ absl::Status Trainer::EnsureEngine() {
   }
   CT_RETURN_IF_ERROR(ValidateForWorld(args_, engine_->world_size()));
   state_.is_world_process_zero = engine_->rank() == 0;
+  if (output_dir_made_) return absl::OkStatus();
+  absl::Status made = absl::OkStatus();
   if (state_.is_world_process_zero) {
     std::error_code error;
     std::filesystem::create_directories(args_.output_dir(), error);
     if (error) {
-      return absl::InvalidArgumentError(absl::StrCat("output_dir \"", args_.output_dir(),
+      made = absl::InvalidArgumentError(absl::StrCat("output_dir \"", args_.output_dir(),
                                                      "\" cannot be created: ", error.message(),
                                                      "; choose a writable directory"));
     }
   }
+  // Rank 0 returning alone would leave the others in the preflight's gather.
+  CT_RETURN_IF_ERROR(AllRanksOk(made));
+  output_dir_made_ = true;
   return absl::OkStatus();
 }
 

@@ -173,6 +173,8 @@ class Trainer {
  private:
   struct EvalResult;
 
+  // Collective: builds the engine when there is none, and the first time rank 0 creates
+  // output_dir, every rank learning whether it could.
   absl::Status EnsureEngine();
   // overwrite_output_dir: removes an earlier run's checkpoints and metrics.jsonl (rank 0), or
   // warns that they are there.
@@ -322,6 +324,7 @@ class Trainer {
   std::string job_identity_;
   std::string best_model_checkpoint_;  // "" until a checkpoint holds the best metric
   bool training_ = false;  // inside Train, whose log points check the callbacks' writes
+  bool output_dir_made_ = false;  // EnsureEngine's agreed creation of output_dir succeeded
   int stop_signal_ = 0;                // agreed by all ranks in the step's all-reduce
   int stopped_by_signal_ = 0;
   int64_t last_saved_step_ = -1;

@@ -1,7 +1,8 @@
 // Trainer::Preflight over two ranks (threads, the store communicator): ranks started with
 // different training arguments, another model or data configuration, or another number of
-// samples, all fail before the first step, naming the odd rank. And what the ranks' evaluation
-// reports is the same on each. (Ranks of another launcher's job: two_jobs_test.sh.)
+// samples, all fail before the first step, naming the odd rank; so does an output_dir that
+// rank 0 cannot create. And what the ranks' evaluation reports is the same on each. (Ranks of another launcher's job: two_jobs_test.sh.)
+#include <fstream>
 #include <functional>
 #include <string>
 
@@ -18,6 +19,7 @@
 namespace cpptrain {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 // Rank `rank` of two: DDP on the CPU over the store communicator.
@@ -82,6 +84,29 @@ TEST(TrainerPreflightTest, RanksWithAnotherDatasetSizeFailBeforeTheFirstStep) {
                        "rank(s) 1 see other datasets than rank 0 (samples, train / eval, -1 for "
                        "none: rank 0: 8 / -1, rank 1: 6 / -1)",
                        /*rank_one_samples=*/6);
+}
+
+// Rank 0 alone creates output_dir; when it cannot, every rank returns its error. It used to
+// return before the preflight while rank 1 waited in the preflight's gather (here until the
+// store's 30 s timeout; on NCCL until ddp_timeout).
+TEST(TrainerPreflightTest, AnOutputDirRankZeroCannotCreateFailsEveryRank) {
+  const std::string file = testing::TestTempDir("output_dir_blocker");
+  { std::ofstream(file) << "a file, so no directory can be made under it"; }
+  std::vector<absl::Status> results(2);
+  const absl::Status s = multi_rank::RunRanksAsThreads(2, [&](int rank, auto store) {
+    auto engine = CpuDdpEngine(rank, store);
+    if (!engine.ok()) return engine.status();
+    proto::TrainingArguments args = testing::EquivalenceArgs(
+        2, rank == 0 ? file + "/out" : testing::TestTempDir("output_dir_rank1"));
+    testing::SgdTrainer trainer(args, testing::TinyDecoder(1), testing::VariableLengthTokens(8, 1),
+                                nullptr, std::move(*engine));
+    results[rank] = trainer.Train().status();
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_THAT(std::string(results[0].message()), HasSubstr("/out\" cannot be created"));
+  EXPECT_THAT(std::string(results[1].message()),
+              AllOf(HasSubstr("rank 0 failed"), HasSubstr("/out\" cannot be created")));
 }
 
 // eval_runtime and the rates read from it are the ranks' means, the same number on every rank:

@@ -60,7 +60,8 @@ std::map<std::string, at::Tensor> ZeroOptimizer::ExportState(const at::Tensor& p
     TORCH_CHECK(work.ok(), "ZeRO: gathering optimizer state: ", work.status().ToString());
     const absl::Status done = (*work)->Synchronize();
     TORCH_CHECK(done.ok(), "ZeRO: gathering optimizer state: ", done.ToString());
-    out[name] = full.view(param.sizes()).cpu();
+    // A copy even on the CPU: the next state reuses the scratch.
+    out[name] = full.view(param.sizes()).to(at::kCPU, full.scalar_type(), false, /*copy=*/true);
   }
   return out;
 }

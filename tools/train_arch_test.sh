@@ -12,10 +12,10 @@
 #  3. `ckpt to-full` of it writes a directory that transformers' from_pretrained loads as it is,
 #     with the final eval_loss within 1e-5 (tools/hf_eval_loss.py; needs torch and transformers
 #     in $CPPTRAIN_VENV, else SKIPPED);
-#  4. for the directories in TWO_PROCESS (new architectures), the same job on 2 processes
-#     (tools/launch, Gloo) with 2 samples per rank gives the single process's loss at each of
-#     the 5 steps within 1e-5: Phi-3 under ZeRO-3, Gemma 2 under FSDP2 (each layer a unit, by
-#     transformers' class name), Gemma 3 under DDP.
+#  4. for the directories in TWO_PROCESS (one per new architecture: Qwen2, Mistral, Phi-3,
+#     Gemma 2, Gemma 3), the same job on 2 processes (tools/launch, Gloo) with 2 samples per
+#     rank gives the single process's loss at each of the 5 steps within 1e-5, under each of
+#     DDP, FSDP2 (each layer a unit, by transformers' class name) and ZeRO-3.
 set -euo pipefail
 train="$1"
 ckpt="$2"
@@ -24,10 +24,23 @@ golden_dir="$4"  # tools/testdata/hf_arch_eval
 checker="$5"     # tools/hf_eval_loss.py
 generate="$6"
 launch="$7"
+# The "loss" values of a run's metrics.jsonl, space-separated.
+losses_of() {
+  grep '"loss":' "$1/metrics.jsonl" | sed -E 's/.*"loss":([^,}]*).*/\1/' | tr '\n' ' '
+}
+# Whether two such lists both hold 5 losses, each pair within 1e-5.
+same_losses() {
+  awk -v a="$1" -v b="$2" 'BEGIN { n = split(a, x, " "); m = split(b, y, " ");
+      if (n != 5 || m != 5) exit 1;
+      for (i = 1; i <= n; i++) { d = x[i] - y[i]; if (d < 0) d = -d; if (d >= 1e-5) exit 1 } }'
+}
+# The directory of each new architecture, with its decoder layer's class name in transformers.
 declare -A TWO_PROCESS=(
-  [hf_phi3_tiny]='zero { stage: 3 }'
-  [hf_gemma2_tiny]='fsdp { version: 2 transformer_layer_cls_to_wrap: "Gemma2DecoderLayer" }'
-  [hf_gemma3_tiny]='ddp { }'
+  [hf_qwen2_tiny]=Qwen2DecoderLayer
+  [hf_mistral_tiny]=MistralDecoderLayer
+  [hf_phi3_tiny]=Phi3DecoderLayer
+  [hf_gemma2_tiny]=Gemma2DecoderLayer
+  [hf_gemma3_tiny]=Gemma3DecoderLayer
 )
 prompt=$(sed -nE 's/.*"prompt": "([0-9 ]+)".*/\1/p' "$golden_dir/expected.json")
 eval_file="$golden_dir/eval.bin"
@@ -80,22 +93,23 @@ JOB
     { echo "FAIL: $name: eval_loss at step 0 differs from transformers' by 1e-6 relative or more"; exit 1; }
   [[ -d "$out/checkpoint-5" ]] || { echo "FAIL: $name: no checkpoint-5"; exit 1; }
   if [[ -n "${TWO_PROCESS[$name]:-}" ]]; then
-    engine="${TWO_PROCESS[$name]}"
-    two="${TEST_TMPDIR}/$name-2proc"
-    sed -e "s|output_dir: \"$out\"|output_dir: \"$two\"|" \
-        -e 's|per_device_train_batch_size: 4|per_device_train_batch_size: 2|' \
-        -e "s|local { device: \"cpu\" }|use_cpu: true $engine|" \
-        -e 's|save_strategy: STEPS|save_strategy: NO|' "$job" >"$job.2proc"
-    timeout 300 "$launch" --nproc_per_node=2 --master_port=0 "$train" --config="$job.2proc" \
-      >/dev/null 2>"${TEST_TMPDIR}/$name-2proc.log" ||
-      { cat "${TEST_TMPDIR}/$name-2proc.log"; echo "FAIL: $name: the 2-process run ($engine) failed"; exit 1; }
-    one=$(grep '"loss":' "$out/metrics.jsonl" | sed -E 's/.*"loss":([^,}]*).*/\1/' | tr '\n' ' ')
-    zero=$(grep '"loss":' "$two/metrics.jsonl" | sed -E 's/.*"loss":([^,}]*).*/\1/' | tr '\n' ' ')
-    echo "$name: losses 1 process $one, 2 processes ($engine) $zero"
-    awk -v a="$one" -v b="$zero" 'BEGIN { n = split(a, x, " "); m = split(b, y, " ");
-        if (n != 5 || m != 5) exit 1;
-        for (i = 1; i <= n; i++) { d = x[i] - y[i]; if (d < 0) d = -d; if (d >= 1e-5) exit 1 } }' ||
-      { echo "FAIL: $name: 2-process losses ($engine) differ from 1 process's by 1e-5 or more"; exit 1; }
+    one=$(losses_of "$out")
+    for engine in 'ddp { }' \
+        "fsdp { version: 2 transformer_layer_cls_to_wrap: \"${TWO_PROCESS[$name]}\" }" \
+        'zero { stage: 3 }'; do
+      two="${TEST_TMPDIR}/$name-2proc-${engine%% *}"
+      sed -e "s|output_dir: \"$out\"|output_dir: \"$two\"|" \
+          -e 's|per_device_train_batch_size: 4|per_device_train_batch_size: 2|' \
+          -e "s|local { device: \"cpu\" }|use_cpu: true $engine|" \
+          -e 's|save_strategy: STEPS|save_strategy: NO|' "$job" >"$two.textproto"
+      timeout 300 "$launch" --nproc_per_node=2 --master_port=0 "$train" \
+        --config="$two.textproto" >/dev/null 2>"$two.log" ||
+        { cat "$two.log"; echo "FAIL: $name: the 2-process run ($engine) failed"; exit 1; }
+      echo "$name: losses 1 process $one, 2 processes ($engine) $(losses_of "$two")"
+      same_losses "$one" "$(losses_of "$two")" ||
+        { echo "FAIL: $name: 2-process losses ($engine) differ from 1 process's by 1e-5 or more"
+          exit 1; }
+    done
   fi
 
   full="${TEST_TMPDIR}/$name-full"

@@ -79,6 +79,11 @@ TORCH_CONFIGS = {
     # strongest here (its loss is computed outside: the compiled-full configurations need the
     # native model).
     "compiled-model-graphs": {"args": ["--compile", "--compile_mode=reduce-overhead"]},
+    # The same under DistributedDataParallel on one GPU, the whole wrapped model compiled: for
+    # transformers' model, what compiled-full-graphs-ddp is for the native one.
+    "compiled-model-graphs-ddp": {"engine": "ddp",
+                                  "args": ["--compile", "--compile_scope=model",
+                                           "--compile_mode=reduce-overhead"]},
     # Model and loss compiled together (fullgraph where it traces whole), SDPA's native GQA.
     "compiled-full": {"args": FULL},
     "compiled-full-autotune": {"args": FULL + ["--compile_mode=max-autotune-no-cudagraphs"]},

@@ -88,6 +88,10 @@ done
 expect pass sweep_local "$work/init" 1 local --runs 1 \
   --torch_sweep eager,compiled-model,compiled-full,compiled-full-adamw
 expect pass sweep_ddp_2 "$work/init" 2 ddp --runs 1 --torch_sweep eager,compiled-full
+# transformers' model compiled whole, unwrapped and under DDP's wrapper (graphs need CUDA: on
+# the CPU reduce-overhead compiles without them).
+expect pass sweep_hf "$work/init" 1 local --runs 1 --torch_impl hf \
+  --torch_sweep compiled-model-graphs,compiled-model-graphs-ddp
 # transformers' model with activation checkpointing on both sides (bench_torch.py refuses to run
 # when transformers' layers would not checkpoint, as they did not in eval mode before 2026-12-06).
 expect pass hf_checkpointing "$work/init" 1 local --runs 1 --torch_impl hf --torch_config eager \

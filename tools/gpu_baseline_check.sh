@@ -19,9 +19,9 @@
 # "--ours_arg=--profile_steps=4 --torch_arg=--profile_steps=4": both sides' kernel tables,
 # gathered into $OUT/profiles.txt); TORCH_IMPL=hf runs transformers' model on PyTorch's side (the
 # architectures bench_torch.py's own decoder lacks: Qwen2, Gemma, Mistral, Phi-3; configurations
-# compiled-model and compiled-model-graphs); a row's impl field (native or hf) overrides TORCH_IMPL
-# for that row, so one call can hold both kinds of row. Liger comes from .whl/ (carried; the
-# device README's recipe).
+# compiled-model, compiled-model-graphs and compiled-model-graphs-ddp); a row's impl field
+# (native or hf) overrides TORCH_IMPL for that row, so one call can hold both kinds of row.
+# Liger comes from .whl/ (carried; the device README's recipe).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 final="${OUT:-/tmp/gpu_out}"

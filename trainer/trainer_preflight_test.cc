@@ -1,7 +1,9 @@
 // Trainer::Preflight over two ranks (threads, the store communicator): ranks started with
 // different training arguments, another model or data configuration, or another number of
 // samples, all fail before the first step, naming the odd rank; so does an output_dir that
-// rank 0 cannot create. And what the ranks' evaluation reports is the same on each. (Ranks of another launcher's job: two_jobs_test.sh.)
+// rank 0 cannot create. And what the ranks' evaluation reports is the same on each. (Ranks of
+// another launcher's job: two_jobs_test.sh.)
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <string>
@@ -91,7 +93,10 @@ TEST(TrainerPreflightTest, RanksWithAnotherDatasetSizeFailBeforeTheFirstStep) {
 // store's 30 s timeout; on NCCL until ddp_timeout).
 TEST(TrainerPreflightTest, AnOutputDirRankZeroCannotCreateFailsEveryRank) {
   const std::string file = testing::TestTempDir("output_dir_blocker");
+  std::error_code ignored;
+  std::filesystem::remove(file, ignored);  // a file left by an earlier run
   { std::ofstream(file) << "a file, so no directory can be made under it"; }
+  ASSERT_TRUE(std::filesystem::is_regular_file(file)) << file;
   std::vector<absl::Status> results(2);
   const absl::Status s = multi_rank::RunRanksAsThreads(2, [&](int rank, auto store) {
     auto engine = CpuDdpEngine(rank, store);

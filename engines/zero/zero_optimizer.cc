@@ -95,8 +95,8 @@ absl::Status ZeroOptimizer::ImportState(const at::Tensor& param,
 }
 
 CheckpointableOptimizer::ExportScratch ZeroOptimizer::ExportScratchNeeded() {
+  if (checkpointable_ == nullptr) return {};  // ExportState gathers nothing
   ExportScratch need{/*collective=*/true, /*bytes=*/0, device_};
-  if (checkpointable_ == nullptr) return need;
   for (const Piece& p : pieces_) {
     for (const auto& [name, value] : checkpointable_->ExportState(p.piece)) {
       if (ShapedLikePiece(value, p.piece)) {

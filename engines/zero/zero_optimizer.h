@@ -1,9 +1,10 @@
 // The optimizer ZeRO stages 1 and 2 hand to the Trainer and the checkpointer. The real
 // optimizer (built by the Trainer's factory) steps 1-d pieces: each rank's owned range of
 // each parameter (engines/zero/zero_layout.h). This wrapper keeps the Trainer's view: its
-// parameter groups mirror the inner optimizer's (engines/wrapping_optimizer.h), and as a CheckpointableOptimizer it exports and imports state per *model*
-// parameter at the parameter's full shape, so a ZeRO checkpoint is the one a local or DDP run
-// writes (rank 0 writes it whole) and any engine at any world size reads it.
+// parameter groups mirror the inner optimizer's (engines/wrapping_optimizer.h), and as a
+// CheckpointableOptimizer it exports and imports state per *model* parameter at the
+// parameter's full shape, so a ZeRO checkpoint is the one a local or DDP run writes (rank 0
+// writes it whole) and any engine at any world size reads it.
 //
 // Export is collective over `comm`: each rank's piece goes into a zeroed full tensor and one
 // all-reduce sums them (import is not). Every rank must call them for the same parameters in
@@ -47,9 +48,11 @@ class ZeroOptimizer : public WrappingOptimizer, public CheckpointableOptimizer {
   std::map<std::string, at::Tensor> ExportState(const at::Tensor& param) override;
   // ExportState's names, from this rank's piece (not collective).
   std::vector<std::string> StateNames(const at::Tensor& param) override;
-  // Collective, the largest full-shaped state tensor's bytes on the engine's device:
-  // ExportState gathers through a view of the lent scratch (a save lends it, agreed on every
-  // rank) and allocates a tensor of its own only when none is lent.
+  // Not itself collective: `collective` is true on every rank (false on every rank when the
+  // inner optimizer keeps no checkpointable state), `bytes` those of the largest full-shaped
+  // state tensor, on the engine's device. ExportState gathers through views of the lent
+  // scratch (a save lends it, agreed on every rank) and allocates its own tensor only when
+  // none is lent.
   ExportScratch ExportScratchNeeded() override;
   void UseExportScratch(const at::Tensor& scratch) override { scratch_ = scratch; }
   // Takes this rank's range of full-shaped state (not collective).

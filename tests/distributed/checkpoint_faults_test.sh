@@ -9,7 +9,7 @@
 #   sharded  FSDP2, sharded checkpoint: rank 1's shard file fails (disk full) at step 2
 #   full     FSDP2 with FULL_STATE_DICT: rank 0's model.safetensors fails (disk full) at step 2,
 #            between the gathers of the parameters
-#   alloc    rank 1 (ZeRO: 0) cannot allocate the device buffer of the save's gathers
+#   alloc    rank 1 (ZeRO's masters: 0) cannot allocate the device buffer of the save's gathers
 #            (CPPTRAIN_TEST_FAIL_ALLOC_ON_RANK, sharding/agreed_buffer.h): FSDP2 full, FSDP1
 #            sharded, ZeRO-2 bf16's fp32 masters, ZeRO-2's optimizer state
 #   read     resuming FSDP2 (and ZeRO-2, 2 processes) from a checkpoint that verifies: rank 1's

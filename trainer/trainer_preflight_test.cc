@@ -33,13 +33,18 @@ absl::StatusOr<std::unique_ptr<DdpEngine>> CpuDdpEngine(int rank,
                            std::move(*comm));
 }
 
-// Trains two ranks whose arguments and job identity `vary` sets per rank; every rank's status
-// must name rank 1 with `expected`, and no step may run.
-void ExpectRankOneRefused(
-    const std::function<void(int, proto::TrainingArguments&, std::string&)>& vary,
-    const std::string& expected, int64_t rank_one_samples = 8) {
-  std::vector<absl::Status> results(2);
-  std::vector<int64_t> steps(2, -1);
+using VaryRank = std::function<void(int, proto::TrainingArguments&, std::string&)>;
+
+// What each of two ranks' Train returned, and the steps it ran.
+struct TwoRanks {
+  std::vector<absl::Status> results = std::vector<absl::Status>(2);
+  std::vector<int64_t> steps = std::vector<int64_t>(2, -1);
+};
+
+// Trains two ranks whose arguments and job identity `vary` sets per rank, rank 1 on
+// `rank_one_samples` samples (rank 0 on 8).
+TwoRanks TrainTwoRanks(const VaryRank& vary, int64_t rank_one_samples = 8) {
+  TwoRanks out;
   const absl::Status s = multi_rank::RunRanksAsThreads(2, [&](int rank, auto store) {
     auto engine = CpuDdpEngine(rank, store);
     if (!engine.ok()) return engine.status();
@@ -52,14 +57,22 @@ void ExpectRankOneRefused(
                                 testing::VariableLengthTokens(samples, 1), nullptr,
                                 std::move(*engine));
     trainer.set_job_identity(job);
-    results[rank] = trainer.Train().status();
-    steps[rank] = trainer.state().global_step;
+    out.results[rank] = trainer.Train().status();
+    out.steps[rank] = trainer.state().global_step;
     return absl::OkStatus();
   });
-  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_TRUE(s.ok()) << s;
+  return out;
+}
+
+// Every rank's status must name rank 1 with `expected`, and no step may run.
+void ExpectRankOneRefused(const VaryRank& vary, const std::string& expected,
+                          int64_t rank_one_samples = 8) {
+  const TwoRanks ran = TrainTwoRanks(vary, rank_one_samples);
   for (int rank = 0; rank < 2; ++rank) {
-    EXPECT_THAT(std::string(results[rank].message()), HasSubstr(expected)) << "rank " << rank;
-    EXPECT_EQ(steps[rank], 0) << "rank " << rank;
+    EXPECT_THAT(std::string(ran.results[rank].message()), HasSubstr(expected))
+        << "rank " << rank;
+    EXPECT_EQ(ran.steps[rank], 0) << "rank " << rank;
   }
 }
 
@@ -97,20 +110,11 @@ TEST(TrainerPreflightTest, AnOutputDirRankZeroCannotCreateFailsEveryRank) {
   std::filesystem::remove(file, ignored);  // a file left by an earlier run
   { std::ofstream(file) << "a file, so no directory can be made under it"; }
   ASSERT_TRUE(std::filesystem::is_regular_file(file)) << file;
-  std::vector<absl::Status> results(2);
-  const absl::Status s = multi_rank::RunRanksAsThreads(2, [&](int rank, auto store) {
-    auto engine = CpuDdpEngine(rank, store);
-    if (!engine.ok()) return engine.status();
-    proto::TrainingArguments args = testing::EquivalenceArgs(
-        2, rank == 0 ? file + "/out" : testing::TestTempDir("output_dir_rank1"));
-    testing::SgdTrainer trainer(args, testing::TinyDecoder(1), testing::VariableLengthTokens(8, 1),
-                                nullptr, std::move(*engine));
-    results[rank] = trainer.Train().status();
-    return absl::OkStatus();
+  const TwoRanks ran = TrainTwoRanks([&](int rank, proto::TrainingArguments& args, std::string&) {
+    if (rank == 0) args.set_output_dir(file + "/out");
   });
-  ASSERT_TRUE(s.ok()) << s;
-  EXPECT_THAT(std::string(results[0].message()), HasSubstr("/out\" cannot be created"));
-  EXPECT_THAT(std::string(results[1].message()),
+  EXPECT_THAT(std::string(ran.results[0].message()), HasSubstr("/out\" cannot be created"));
+  EXPECT_THAT(std::string(ran.results[1].message()),
               AllOf(HasSubstr("rank 0 failed"), HasSubstr("/out\" cannot be created")));
 }
 

@@ -614,11 +614,93 @@ __global__ void QkNormRopeBackwardKernel(int64_t rows, int64_t seq, int64_t head
   SumRowsTo(shared, kWarpsPerBlock, dim, partials + static_cast<int64_t>(blockIdx.x) * dim);
 }
 
+// The raw bits of one T: what a chunk is loaded into before it is widened to fp32.
+template <typename T>
+struct BitsOf {
+  using type = T;
+};
+template <>
+struct BitsOf<__nv_bfloat16> {
+  using type = unsigned short;
+};
+__device__ __forceinline__ float Widen(float v) { return v; }
+__device__ __forceinline__ float Widen(unsigned short v) {
+  return __bfloat162float(__ushort_as_bfloat16(v));
+}
+__device__ __forceinline__ void Narrow(float v, float& out) { out = v; }
+__device__ __forceinline__ void Narrow(float v, unsigned short& out) {
+  out = __bfloat16_as_ushort(__float2bfloat16(v));
+}
+
+// The widest word that divides a chunk of kBytes: 16, 8 or 4 bytes, 0 for none (6 or 12 bytes:
+// head dim 96).
+template <int kBytes>
+constexpr int kWordBytes = kBytes % 16 == 0 ? 16 : kBytes == 8 ? 8 : kBytes == 4 ? 4 : 0;
+template <int kBytes>
+struct WordOf;
+template <>
+struct WordOf<4> {
+  using type = unsigned int;
+};
+template <>
+struct WordOf<8> {
+  using type = uint2;
+};
+template <>
+struct WordOf<16> {
+  using type = uint4;
+};
+
+// kChunk consecutive values at p, widened to fp32: whole words when kVector (p aligned to the
+// word, checked at launch), one value at a time otherwise.
+template <bool kVector, int kChunk, typename T>
+__device__ __forceinline__ void LoadChunk(const T* p, float (&v)[kChunk]) {
+  constexpr int kWord = kWordBytes<kChunk * sizeof(T)>;
+  if constexpr (kVector && kWord > 0) {
+    using W = typename WordOf<kWord>::type;
+    union {
+      W words[kChunk * sizeof(T) / kWord];
+      typename BitsOf<T>::type values[kChunk];
+    } u;
+#pragma unroll
+    for (int k = 0; k < kChunk * static_cast<int>(sizeof(T)) / kWord; ++k) {
+      u.words[k] = reinterpret_cast<const W*>(p)[k];
+    }
+#pragma unroll
+    for (int k = 0; k < kChunk; ++k) v[k] = Widen(u.values[k]);
+  } else {
+#pragma unroll
+    for (int k = 0; k < kChunk; ++k) v[k] = Load(p, k);
+  }
+}
+template <bool kVector, int kChunk, typename T>
+__device__ __forceinline__ void StoreChunk(T* p, const float (&v)[kChunk]) {
+  constexpr int kWord = kWordBytes<kChunk * sizeof(T)>;
+  if constexpr (kVector && kWord > 0) {
+    using W = typename WordOf<kWord>::type;
+    union {
+      W words[kChunk * sizeof(T) / kWord];
+      typename BitsOf<T>::type values[kChunk];
+    } u;
+#pragma unroll
+    for (int k = 0; k < kChunk; ++k) Narrow(v[k], u.values[k]);
+#pragma unroll
+    for (int k = 0; k < kChunk * static_cast<int>(sizeof(T)) / kWord; ++k) {
+      reinterpret_cast<W*>(p)[k] = u.words[k];
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < kChunk; ++k) Store(p, k, v[k]);
+  }
+}
+
 // The same two kernels for head dims of kChunk * 32 (64, 96, 128, 256): lane l holds columns
 // [l * kChunk, (l + 1) * kChunk) in registers, and the rotary partner of column j (j +- dim/2)
 // sits at the same index in lane l ^ 16, so one shuffle replaces the shared-memory staging and
 // every load of a row is issued at once (the loops above wait on memory three times a row).
-template <int kChunk, typename TX, typename TW, typename TO>
+// With kVector a lane's chunk of a row and of the rotary tables moves in whole words (8 bytes
+// of bf16 and 16 of fp32 a lane at head dim 128: one load instruction each, not four).
+template <bool kVector, int kChunk, typename TX, typename TW, typename TO>
 __global__ void QkNormRopeForwardChunkKernel(int64_t rows, int64_t seq, int64_t heads,
                                              const TX* x, const TW* weight, float eps,
                                              const float* cos, const float* sin, TO* out,
@@ -629,14 +711,10 @@ __global__ void QkNormRopeForwardChunkKernel(int64_t rows, int64_t seq, int64_t 
   if (row >= rows) return;  // the whole warp: row depends on the warp only
   const int first = lane * kChunk;
   const int64_t table = PositionOf(row, seq, heads) * kDim + first;
-  const TX* xr = x + row * kDim + first;
   float v[kChunk], c[kChunk], s[kChunk];
-#pragma unroll
-  for (int k = 0; k < kChunk; ++k) {
-    v[k] = Load(xr, k);
-    c[k] = cos[table + k];
-    s[k] = sin[table + k];
-  }
+  LoadChunk<kVector>(x + row * kDim + first, v);
+  LoadChunk<kVector>(cos + table, c);
+  LoadChunk<kVector>(sin + table, s);
   if (weight != nullptr) {
     float squares = 0.f;
 #pragma unroll
@@ -648,15 +726,21 @@ __global__ void QkNormRopeForwardChunkKernel(int64_t rows, int64_t seq, int64_t 
   }
   // Lanes 0-15 hold the first half: rotate_half gives them -y[j + half], the others y[j - half].
   const float sign = lane < kWarp / 2 ? -1.f : 1.f;
-  TO* o = out + row * kDim + first;
+  float o[kChunk];
 #pragma unroll
   for (int k = 0; k < kChunk; ++k) {
     const float partner = __shfl_xor_sync(0xffffffffu, v[k], kWarp / 2);
-    Store(o, k, v[k] * c[k] + sign * partner * s[k]);
+    o[k] = v[k] * c[k] + sign * partner * s[k];
   }
+  StoreChunk<kVector>(out + row * kDim + first, o);
 }
 
-template <int kChunk, typename TO, typename TX, typename TW>
+// A warp takes kRowsAtOnce rows per step of its grid-stride loop and issues all their loads
+// before it computes: one row's 512 bytes (bf16 dout and x at head dim 128) in flight per warp
+// left the memory system idle between rows.
+constexpr int kRowsAtOnce = 2;
+
+template <bool kVector, int kChunk, typename TO, typename TX, typename TW>
 __global__ void QkNormRopeBackwardChunkKernel(int64_t rows, int64_t seq, int64_t heads,
                                               const TO* dout, const TX* x, const TW* weight,
                                               const float* cos, const float* sin,
@@ -674,36 +758,51 @@ __global__ void QkNormRopeBackwardChunkKernel(int64_t rows, int64_t seq, int64_t
     for (int k = 0; k < kChunk; ++k) w[k] = Load(weight, first + k);
   }
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
-  for (int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp; row < rows;
-       row += stride) {
-    const int64_t table = PositionOf(row, seq, heads) * kDim + first;
-    const TO* d = dout + row * kDim + first;
-    const TX* xr = x + row * kDim + first;
-    float dy[kChunk], xv[kChunk];
+  for (int64_t base = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp; base < rows;
+       base += kRowsAtOnce * stride) {
+    float g[kRowsAtOnce][kChunk], xv[kRowsAtOnce][kChunk], c[kRowsAtOnce][kChunk],
+        s[kRowsAtOnce][kChunk], r[kRowsAtOnce];
 #pragma unroll
-    for (int k = 0; k < kChunk; ++k) {
-      const float g = Load(d, k);
-      const float partner = __shfl_xor_sync(0xffffffffu, g * sin[table + k], kWarp / 2);
-      dy[k] = g * cos[table + k] + sign * partner;
-      if (weight != nullptr) xv[k] = Load(xr, k);
+    for (int i = 0; i < kRowsAtOnce; ++i) {
+      const int64_t row = base + i * stride;
+      if (row >= rows) continue;
+      const int64_t table = PositionOf(row, seq, heads) * kDim + first;
+      LoadChunk<kVector>(dout + row * kDim + first, g[i]);
+      LoadChunk<kVector>(cos + table, c[i]);
+      LoadChunk<kVector>(sin + table, s[i]);
+      if (weight != nullptr) {
+        LoadChunk<kVector>(x + row * kDim + first, xv[i]);
+        r[i] = rstd[row];
+      }
     }
-    TX* dxr = dx + row * kDim + first;
-    if (weight == nullptr) {
 #pragma unroll
-      for (int k = 0; k < kChunk; ++k) Store(dxr, k, dy[k]);
-      continue;
+    for (int i = 0; i < kRowsAtOnce; ++i) {
+      const int64_t row = base + i * stride;
+      if (row >= rows) break;  // the whole warp: row depends on the warp only
+      float dy[kChunk];
+#pragma unroll
+      for (int k = 0; k < kChunk; ++k) {
+        const float partner = __shfl_xor_sync(0xffffffffu, g[i][k] * s[i][k], kWarp / 2);
+        dy[k] = g[i][k] * c[i][k] + sign * partner;
+      }
+      TX* dxr = dx + row * kDim + first;
+      if (weight == nullptr) {
+        StoreChunk<kVector>(dxr, dy);
+        continue;
+      }
+      float dot = 0.f;
+#pragma unroll
+      for (int k = 0; k < kChunk; ++k) {
+        const float n = xv[i][k] * r[i];
+        dot += dy[k] * w[k] * n;
+        acc[k] += dy[k] * RoundTo<TX>(n);
+      }
+      dot = WarpSum(dot) / kDim;
+      float out[kChunk];
+#pragma unroll
+      for (int k = 0; k < kChunk; ++k) out[k] = r[i] * (dy[k] * w[k] - xv[i][k] * r[i] * dot);
+      StoreChunk<kVector>(dxr, out);
     }
-    const float r = rstd[row];
-    float dot = 0.f;
-#pragma unroll
-    for (int k = 0; k < kChunk; ++k) {
-      const float n = xv[k] * r;
-      dot += dy[k] * w[k] * n;
-      acc[k] += dy[k] * RoundTo<TX>(n);
-    }
-    dot = WarpSum(dot) / kDim;
-#pragma unroll
-    for (int k = 0; k < kChunk; ++k) Store(dxr, k, r * (dy[k] * w[k] - xv[k] * r * dot));
   }
   if (weight == nullptr) return;
 #pragma unroll
@@ -1279,10 +1378,17 @@ const char* LaunchQkNormRopeForward(int64_t batch, int64_t seq, int64_t heads, i
         using TW = decltype(tw);
         using TO = decltype(to);
         const bool chunked = WithChunk(head_dim, [&](auto chunk) {
-          QkNormRopeForwardChunkKernel<decltype(chunk)::value, TX, TW, TO>
-              <<<BlocksFor(rows), kBlock, 0, s>>>(
-                  rows, seq, heads, static_cast<const TX*>(x), static_cast<const TW*>(weight),
-                  static_cast<float>(eps), cos, sin, static_cast<TO*>(out), rstd);
+          auto run = [&](auto kernel) {
+            kernel<<<BlocksFor(rows), kBlock, 0, s>>>(
+                rows, seq, heads, static_cast<const TX*>(x), static_cast<const TW*>(weight),
+                static_cast<float>(eps), cos, sin, static_cast<TO*>(out), rstd);
+          };
+          constexpr int kChunk = decltype(chunk)::value;
+          if (Aligned16({x, cos, sin, out})) {
+            run(QkNormRopeForwardChunkKernel<true, kChunk, TX, TW, TO>);
+          } else {
+            run(QkNormRopeForwardChunkKernel<false, kChunk, TX, TW, TO>);
+          }
         });
         if (chunked) return;
         QkNormRopeForwardKernel<TX, TW, TO><<<BlocksFor(rows), kBlock, smem, s>>>(
@@ -1332,8 +1438,14 @@ const char* LaunchQkNormRopeBackward(int64_t batch, int64_t seq, int64_t heads, 
         const auto* w = static_cast<const TW*>(weight);
         auto* dxs = static_cast<TX*>(dx);
         const bool chunked = WithChunk(head_dim, [&](auto chunk) {
-          launch(QkNormRopeBackwardChunkKernel<decltype(chunk)::value, TO, TX, TW>,
-                 warp_rows_bytes, rows, seq, heads, d, xs, w, cos, sin, rstd, dxs, workspace);
+          constexpr int kChunk = decltype(chunk)::value;
+          if (Aligned16({dout, x, cos, sin, dx})) {
+            launch(QkNormRopeBackwardChunkKernel<true, kChunk, TO, TX, TW>, warp_rows_bytes,
+                   rows, seq, heads, d, xs, w, cos, sin, rstd, dxs, workspace);
+          } else {
+            launch(QkNormRopeBackwardChunkKernel<false, kChunk, TO, TX, TW>, warp_rows_bytes,
+                   rows, seq, heads, d, xs, w, cos, sin, rstd, dxs, workspace);
+          }
         });
         if (chunked) return;
         // The general kernels stage two rows a warp (dout * sin and dy).

@@ -219,12 +219,14 @@ TEST(FusedOpsTest, QkNormRopeMatchesReference) {
   torch::manual_seed(3);
   struct Shape {
     int64_t b, t, h, d;
+    bool unaligned = false;  // x one element past its memory's start: no whole-word loads
   };
   // Head dims 64, 96, 128 and 256 take the register-chunk kernels; 80 and 192 the general ones
   // (192: the general backward's 16-columns-a-lane instance).
   for (const Shape& s : {Shape{2, 33, 3, 128}, Shape{1, 17, 5, 96}, Shape{3, 9, 2, 64},
                          Shape{1, 2048, 16, 128}, Shape{2, 37, 3, 64}, Shape{4, 2048, 8, 128},
-                         Shape{2, 33, 3, 256}, Shape{2, 19, 3, 80}, Shape{1, 11, 2, 192}}) {
+                         Shape{2, 33, 3, 256}, Shape{2, 19, 3, 80}, Shape{1, 11, 2, 192},
+                         Shape{2, 33, 3, 128, true}, Shape{1, 7, 2, 64, true}}) {
     const at::Tensor positions = torch::arange(s.t, torch::device(kCuda).dtype(at::kFloat));
     const at::Tensor inv_freq =
         1.0 / torch::pow(10000.0, torch::arange(0, s.d, 2, torch::device(kCuda)).to(at::kFloat) /
@@ -241,7 +243,12 @@ TEST(FusedOpsTest, QkNormRopeMatchesReference) {
         if (norm) inputs.push_back(w);
         auto run = [&](bool fused, const std::vector<at::Tensor>& in) {
           const at::Tensor weight = norm ? in[1] : at::Tensor();
-          return fused ? QkNormRope(in[0], weight, 1e-6, cos, sin, type, true)
+          at::Tensor input = in[0];
+          if (fused && s.unaligned) {  // the same values one element past their memory's start
+            input = at::cat({input.new_zeros({1}), input.flatten()}).narrow(0, 1, x.numel());
+            input = input.view(x.sizes());
+          }
+          return fused ? QkNormRope(input, weight, 1e-6, cos, sin, type, true)
                        : QkNormRopeReference(in[0], weight, 1e-6, cos.to(in[0].scalar_type()),
                                              sin.to(in[0].scalar_type()), in[0].scalar_type());
         };

@@ -8,8 +8,9 @@ Prints one JSON line per case: {"case", "ms" (median of --iters), "min", "max", 
 Cases: attention forward + backward with q, k and v as [B, H, T, D] views of [B, T, H, D]
 memory (ours' rotary kernel writes q and k so), against [B, H, T, D] memory; the q/k/v and
 gate/up projections as one matmul per block (ours), the input gradient accumulated by addmm
-(ours) or summed after, and one matmul over the stacked weights; the LM head as ours' 4096-row chunks with an fp32 weight
-gradient accumulated in the matmul, against one bf16 matmul over all rows (PyTorch's).
+(ours) or summed after, and one matmul over the stacked weights; the LM head as ours' 4096-row
+chunks with an fp32 weight gradient accumulated in the matmul, against one bf16 matmul over all
+rows (PyTorch's).
 --tiny shrinks every dimension so the script can be checked on the CPU.
 """
 import argparse

@@ -476,13 +476,18 @@ __device__ __forceinline__ void GatedGrad(float g, float u, float d, float& dg, 
   }
 }
 
+// dgate and dup of value i (row i / cols, column i % cols) go to row * pitch + column of their
+// outputs: pitch == cols writes them as gate and up are laid out; pitch == 2 * cols with dup =
+// dgate + cols writes them side by side in one [rows, 2 * cols] buffer, so the projection's
+// input gradient is one matmul over the stacked weights (models/split_linear.cc).
 template <typename T, bool kVector, bool kGelu>
-__global__ void GatedBackwardKernel(int64_t n, const T* gate, const T* up, const T* dout, T* dgate,
-                                    T* dup) {
+__global__ void GatedBackwardKernel(int64_t n, int64_t cols, int64_t pitch, const T* gate,
+                                    const T* up, const T* dout, T* dgate, T* dup) {
   constexpr int kWidth = kVector ? kVec<T> : 1;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x * kWidth;
   for (int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kWidth; i < n;
        i += stride) {
+    const int64_t o = pitch == cols ? i : (i / cols) * pitch + i % cols;
     if constexpr (kVector) {
       float g[kVec<T>], u[kVec<T>], d[kVec<T>], dg[kVec<T>], du[kVec<T>];
       LoadVec(gate + i, g);
@@ -490,13 +495,13 @@ __global__ void GatedBackwardKernel(int64_t n, const T* gate, const T* up, const
       LoadVec(dout + i, d);
 #pragma unroll
       for (int k = 0; k < kVec<T>; ++k) GatedGrad<kGelu>(g[k], u[k], d[k], dg[k], du[k]);
-      StoreVec(dgate + i, dg);
-      StoreVec(dup + i, du);
+      StoreVec(dgate + o, dg);
+      StoreVec(dup + o, du);
     } else {
       float dg, du;
       GatedGrad<kGelu>(Load(gate, i), Load(up, i), Load(dout, i), dg, du);
-      Store(dgate, i, dg);
-      Store(dup, i, du);
+      Store(dgate, o, dg);
+      Store(dup, o, du);
     }
   }
 }
@@ -1327,9 +1332,12 @@ auto GatedForward(int64_t n, bool gelu_tanh, std::initializer_list<const void*> 
   return vector ? GatedForwardKernel<T, true, false> : GatedForwardKernel<T, false, false>;
 }
 
+// The vector kernels also need every row to start on a vector (cols and pitch multiples of it).
 template <typename T>
-auto GatedBackward(int64_t n, bool gelu_tanh, std::initializer_list<const void*> pointers) {
-  const bool vector = Vectorizable<T>(n, pointers);
+auto GatedBackward(int64_t n, int64_t cols, int64_t pitch, bool gelu_tanh,
+                   std::initializer_list<const void*> pointers) {
+  const bool vector =
+      Vectorizable<T>(n, pointers) && cols % kVec<T> == 0 && pitch % kVec<T> == 0;
   if (gelu_tanh) {
     return vector ? GatedBackwardKernel<T, true, true> : GatedBackwardKernel<T, false, true>;
   }
@@ -1348,16 +1356,16 @@ const char* LaunchGatedForward(int64_t n, const void* gate, const void* up, void
   return LastError();
 }
 
-const char* LaunchGatedBackward(int64_t n, const void* gate, const void* up, const void* dout,
-                                void* dgate, void* dup, ElementType type, bool gelu_tanh,
-                                void* stream) {
+const char* LaunchGatedBackward(int64_t n, int64_t cols, int64_t pitch, const void* gate,
+                                const void* up, const void* dout, void* dgate, void* dup,
+                                ElementType type, bool gelu_tanh, void* stream) {
   if (n == 0) return nullptr;
   WithType(type, [&](auto t) {
     using T = decltype(t);
-    auto kernel = GatedBackward<T>(n, gelu_tanh, {gate, up, dout, dgate, dup});
+    auto kernel = GatedBackward<T>(n, cols, pitch, gelu_tanh, {gate, up, dout, dgate, dup});
     kernel<<<ElementwiseBlocks(n), kBlock, 0, static_cast<cudaStream_t>(stream)>>>(
-        n, static_cast<const T*>(gate), static_cast<const T*>(up), static_cast<const T*>(dout),
-        static_cast<T*>(dgate), static_cast<T*>(dup));
+        n, cols, pitch, static_cast<const T*>(gate), static_cast<const T*>(up),
+        static_cast<const T*>(dout), static_cast<T*>(dgate), static_cast<T*>(dup));
   });
   return LastError();
 }

@@ -1,5 +1,6 @@
 #include "models/split_linear.h"
 
+#include <atomic>
 #include <numeric>
 #include <utility>
 
@@ -28,14 +29,77 @@ at::Tensor Block(const variable_list& tensors, const std::vector<int64_t>& sizes
   return tensors[0].narrow(0, offset, sizes[i]);
 }
 
+std::atomic<int64_t> stacked_input_gradients{0};
+
+// Whether `t` is laid out as the columns [first, first + t.size(-1)) of a contiguous
+// [..., pitch] tensor would be.
+bool ColumnsOfPitch(const at::Tensor& t, int64_t pitch) {
+  int64_t expected = 1;
+  for (int64_t d = t.dim() - 1; d >= 0; --d) {
+    if (t.size(d) > 1 && t.stride(d) != expected) return false;
+    expected *= d == t.dim() - 1 ? pitch : t.size(d);
+  }
+  return true;
+}
+
+// The blocks' output gradients as one [rows, sum(sizes)] matrix when they lie side by side in
+// one buffer of `dtype` (block i + 1's columns right after block i's, every row at the pitch of
+// the whole: the fused SwiGLU backward writes dgate and dup so), else undefined.
+at::Tensor SideBySide(const variable_list& grads, const std::vector<int64_t>& sizes,
+                      at::ScalarType dtype) {
+  const int64_t total = std::accumulate(sizes.begin(), sizes.end(), int64_t{0});
+  const at::Tensor& first = grads[0];
+  if (sizes.size() < 2 || !first.defined() || first.dim() < 1 || first.numel() == 0) return {};
+  for (size_t i = 0; i < grads.size(); ++i) {
+    const at::Tensor& g = grads[i];
+    if (!g.defined() || g.scalar_type() != dtype || !g.is_alias_of(first) ||
+        g.dim() != first.dim() || g.size(-1) != sizes[i] ||
+        g.sizes().slice(0, g.dim() - 1) != first.sizes().slice(0, first.dim() - 1) ||
+        !ColumnsOfPitch(g, total) ||
+        (i > 0 && g.storage_offset() != grads[i - 1].storage_offset() + sizes[i - 1])) {
+      return {};
+    }
+  }
+  return first.as_strided({first.numel() / sizes[0], total}, {total, 1}, first.storage_offset());
+}
+
+// The blocks' weights as one [sum(sizes), in] matrix: the stacked weight itself, or per-block
+// weights that are consecutive rows of one buffer (as the engines' bf16 working copies of
+// gate_proj and up_proj are); else undefined.
+at::Tensor StackedWeight(const variable_list& w) {
+  if (w.size() == 1) return w[0];
+  int64_t rows = 0;
+  for (size_t i = 0; i < w.size(); ++i) {
+    if (!w[i].is_contiguous() || !w[i].is_alias_of(w[0]) || w[i].size(1) != w[0].size(1) ||
+        (i > 0 && w[i].storage_offset() != w[i - 1].storage_offset() + w[i - 1].numel())) {
+      return {};
+    }
+    rows += w[i].size(0);
+  }
+  return w[0].as_strided({rows, w[0].size(1)}, {w[0].size(1), 1}, w[0].storage_offset());
+}
+
+// x's gradient as one matmul of the side-by-side output gradients with the stacked weight, or
+// undefined where either is not laid out so (then each block adds its own matmul).
+at::Tensor StackedInputGradient(const at::Tensor& x, const variable_list& w,
+                                const std::vector<int64_t>& sizes, const variable_list& grads) {
+  const at::Tensor dy = SideBySide(grads, sizes, x.scalar_type());
+  const at::Tensor weight = dy.defined() ? StackedWeight(w) : at::Tensor();
+  if (!weight.defined() || weight.scalar_type() != dy.scalar_type()) return {};
+  stacked_input_gradients.fetch_add(1, std::memory_order_relaxed);
+  return at::mm(dy, weight);
+}
+
 // Fills block i's rows of dw and db (those defined) from its output's gradient dy_i: dw_i =
 // dy_i^T x, db_i = the sum of dy_i's rows; a block whose output got no gradient gets zeros.
-// Returns x's gradient when need_x (else undefined): sum_i dy_i w_i, accumulated by addmm.
+// Returns x's gradient when need_x (else undefined): sum_i dy_i w_i, one matmul where the
+// gradients lie side by side (StackedInputGradient), else accumulated block by block (addmm).
 at::Tensor BlockGradients(const at::Tensor& x, const variable_list& w,
                           const std::vector<int64_t>& sizes, const variable_list& grads,
                           bool need_x, const variable_list& dw, const variable_list& db) {
   const at::Tensor x2 = x.reshape({-1, x.size(-1)});
-  at::Tensor dx;
+  at::Tensor dx = need_x ? StackedInputGradient(x, w, sizes, grads) : at::Tensor();
+  const bool stacked = dx.defined();
   for (size_t i = 0; i < sizes.size(); ++i) {
     auto rows_of = [&](const variable_list& t) {  // block i's rows of dw or db, if asked for
       return t[t.size() == sizes.size() ? i : 0].defined() ? Block(t, sizes, i) : at::Tensor();
@@ -47,7 +111,7 @@ at::Tensor BlockGradients(const at::Tensor& x, const variable_list& w,
       continue;
     }
     const at::Tensor dy = grads[i].reshape({-1, sizes[i]}).to(x.scalar_type());
-    if (need_x) {
+    if (need_x && !stacked) {
       const at::Tensor w_i = Block(w, sizes, i);
       dx = dx.defined() ? dx.addmm_(dy, w_i) : at::mm(dy, w_i);
     }
@@ -147,6 +211,10 @@ std::vector<at::Tensor> SplitLinear(const at::Tensor& x, const std::vector<at::T
   }
   return SplitLinearFunction::apply(x, at::TensorList(weights), at::TensorList(biases),
                                     std::move(sizes));
+}
+
+int64_t SplitLinearStackedInputGradients() {
+  return stacked_input_gradients.load(std::memory_order_relaxed);
 }
 
 }  // namespace cpptrain

@@ -15,7 +15,10 @@
 // block has its own matmul, and the backward accumulates x's gradient in the matmuls (addmm)
 // and writes a stacked weight's gradient block by block into one tensor: no zeros or adds.
 // Under autocast the inputs are cast as at::linear's would be, and the weights' gradients come
-// back in the weights' dtype.
+// back in the weights' dtype. Where the outputs' gradients arrive side by side in one buffer
+// (the fused SwiGLU backward writes dgate and dup so) and the weights are consecutive rows of one
+// buffer (a stacked weight, or the engines' bf16 working copies), x's gradient is one matmul
+// over all blocks: on an H100 0.161 ms in place of 0.190 at Qwen3-0.6B's gate/up, micro-batch 4.
 #ifndef CPPTRAIN_MODELS_SPLIT_LINEAR_H_
 #define CPPTRAIN_MODELS_SPLIT_LINEAR_H_
 
@@ -32,6 +35,9 @@ std::vector<at::Tensor> SplitLinear(const at::Tensor& x, const at::Tensor& weigh
 // x [..., in]; weights[i] [out_i, in]; biases: one [out_i] per weight, or none.
 std::vector<at::Tensor> SplitLinear(const at::Tensor& x, const std::vector<at::Tensor>& weights,
                                     const std::vector<at::Tensor>& biases);
+
+// How many backward passes in this process computed x's gradient as that one matmul (tests).
+int64_t SplitLinearStackedInputGradients();
 
 }  // namespace cpptrain
 

@@ -147,6 +147,53 @@ TEST(SplitLinearTest, UnderAutocastComputesInItsDtypeAndReturnsGradientsInTheLea
   }
 }
 
+// The blocks joined again by cat: cat's backward hands each block its columns of one gradient
+// buffer, side by side, as the fused SwiGLU backward returns dgate and dup.
+template <typename Inner>
+auto Joined(Inner inner) {
+  return [inner](const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+    return std::vector<at::Tensor>{at::cat(inner(x, w, b), -1)};
+  };
+}
+
+// Copies of the blocks' weights: no longer rows of one buffer.
+std::vector<at::Tensor> Apart(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+  std::vector<at::Tensor> weights;
+  int64_t offset = 0;
+  for (const int64_t size : kSizes) {
+    weights.push_back(w.narrow(0, offset, size).clone());
+    offset += size;
+  }
+  return SplitLinear(x, weights, {});
+}
+
+TEST(SplitLinearTest, GradientsSideBySideTakeOneMatmulOverTheStackedWeight) {
+  for (const torch::Device device : Devices()) {
+    for (const auto& [form, project] : kForms) {
+      for (const bool bias : {true, false}) {
+        const std::string what = device.str() + " " + form + (bias ? " with bias" : "");
+        const int64_t before = SplitLinearStackedInputGradients();
+        const Result got = RunBlocks(Joined(project), device, bias, {true});
+        EXPECT_EQ(SplitLinearStackedInputGradients(), before + 1) << what;
+        ExpectSame(got, RunBlocks(Joined(Sliced), device, bias, {true}), 1e-5, what);
+      }
+    }
+  }
+}
+
+TEST(SplitLinearTest, WeightsApartOrGradientsApartKeepAMatmulPerBlock) {
+  for (const torch::Device device : Devices()) {
+    const int64_t before = SplitLinearStackedInputGradients();
+    const Result apart = RunBlocks(Joined(Apart), device, false, {true});
+    ExpectSame(apart, RunBlocks(Joined(Sliced), device, false, {true}), 1e-5,
+               device.str() + " weights apart");
+    const Result own = RunBlocks(Separate, device, false, {true, true, true});
+    ExpectSame(own, RunBlocks(Sliced, device, false, {true, true, true}), 1e-5,
+               device.str() + " gradients apart");
+    EXPECT_EQ(SplitLinearStackedInputGradients(), before) << device.str();
+  }
+}
+
 TEST(SplitLinearTest, OnlyTheGradientsAskedFor) {
   torch::manual_seed(0);
   const at::Tensor x = torch::randn({3, 8});  // no gradient asked

@@ -191,11 +191,15 @@ TEST(FusedOpsTest, SwiGluAndGeGluMatchReference) {
   REQUIRE_KERNELS();
   torch::manual_seed(2);
   for (const bool gelu : {false, true}) {
-    for (const int64_t n : {int64_t{1}, int64_t{1001}, int64_t{257 * 3072}}) {
+    // Rows of several values: the backward writes dgate and dup side by side, one row of each
+    // per row of 2 * cols (1001 columns: the one-value path; 3072: the vector path).
+    for (const std::vector<int64_t>& shape :
+         {std::vector<int64_t>{1}, {1001}, {257 * 3072}, {3, 1001}, {4, 3072}, {2, 5, 3072}}) {
+      const std::string n = c10::str(at::IntArrayRef(shape));
       for (const at::ScalarType type : {at::kFloat, at::kBFloat16}) {
-        const at::Tensor gate = (3 * torch::randn({n}, torch::device(kCuda))).to(type);
-        const at::Tensor up = torch::randn({n}, torch::device(kCuda)).to(type);
-        const at::Tensor g = torch::randn({n}, torch::device(kCuda));
+        const at::Tensor gate = (3 * torch::randn(shape, torch::device(kCuda))).to(type);
+        const at::Tensor up = torch::randn(shape, torch::device(kCuda)).to(type);
+        const at::Tensor g = torch::randn(shape, torch::device(kCuda));
         auto fused = ValueAndGrads(
             [&](const auto& in) {
               return gelu ? GeGlu(in[0], in[1], true) : SwiGlu(in[0], in[1], true);
@@ -207,7 +211,7 @@ TEST(FusedOpsTest, SwiGluAndGeGluMatchReference) {
             },
             {gate.to(at::kDouble), up.to(at::kDouble)}, g);
         ExpectClose(fused, reference, type == at::kFloat ? 1e-5 : 1e-2,
-                    std::string(gelu ? "GeGLU" : "SwiGLU") + " n=" + std::to_string(n) + " " +
+                    std::string(gelu ? "GeGLU" : "SwiGLU") + " " + n + " " +
                         c10::toString(type));
       }
     }

@@ -260,8 +260,11 @@ class Decoder(nn.Module):
             torch._dynamo.mark_static_address(table)
 
     def forward(self, ids):
-        t = ids.shape[1]
+        c, t = self.c, ids.shape[1]
         tables = getattr(self, "cached_tables", None)
+        if tables is not None and tables[0].device != ids.device:
+            # DeepSpeed moves parameters and buffers to the GPU, not plain attributes: once.
+            tables = self.cached_tables = tuple(table.to(ids.device) for table in tables)
         if tables is not None and tables[0].size(0) >= t:
             cos, sin = tables[0][:t], tables[1][:t]
         else:

@@ -57,7 +57,7 @@ def attention_cases(b, t, heads, kv, d, dtype, device, iters):
     flop = 4 * b * t * t * heads * d / 2 * 3.5  # causal: forward 1, backward 2.5
     def make(h, layout):
         x = torch.randn(b, t, h, d, device=device, dtype=dtype)
-        return (x.transpose(1, 2).contiguous() if layout == "bhtd" else x.transpose(1, 2))
+        return x.transpose(1, 2).contiguous() if layout in ("bhtd", "all") else x.transpose(1, 2)
     for name, qk_layout in (("q,k [B,H,T,D], v a [B,T,H,D] view", "bhtd"),
                             ("q,k,v [B,T,H,D] views (ours)", "bthd"),
                             ("q,k,v [B,H,T,D]", "all")):

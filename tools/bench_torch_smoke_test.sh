@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# tools/bench_torch.py's native model runs on the CPU tiny model, one process, no compile: with
+# its defaults (the logits out of the model, the loss outside it), with the loss inside and
+# native GQA, and with the rotary tables computed in every forward instead of once. Each run
+# prints its JSON line; the tables' two ways give the same losses. The GPU rows run this script
+# with compile and CUDA graphs on top, so an error in its plain paths would cost a GPU call.
+set -euo pipefail
+script="$(realpath "$1")"
+source "$(dirname "${BASH_SOURCE[0]}")/pypi_python.sh"
+pypi_python torch bench_torch_smoke_test "${CPPTRAIN_VENV:-$TEST_TMPDIR/venv}"
+run() {  # name, more flags...
+  local name=$1
+  shift
+  "$python" "$script" --engine=local --device=cpu --impl=native --model=tiny --seq_len=32 \
+    --micro_batch=2 --steps=3 --warmup=1 --bf16=false "$@" >"$TEST_TMPDIR/$name.out" \
+    2>"$TEST_TMPDIR/$name.err" || {
+    tail -n 20 "$TEST_TMPDIR/$name.err"
+    echo "FAIL: $name"
+    exit 1
+  }
+  grep '^{"model"' "$TEST_TMPDIR/$name.out" | tail -1
+}
+field() {  # json line, key
+  "$python" -c 'import json, sys; print(json.loads(sys.argv[1])[sys.argv[2]])' "$1" "$2"
+}
+defaults=$(run defaults)
+inside=$(run inside --loss=inside --attention=gqa)
+step=$(run step --rotary_tables=step)
+for line in "$defaults" "$inside" "$step"; do
+  [[ -n "$line" ]] || { echo "FAIL: a run printed no JSON line"; exit 1; }
+done
+echo "first losses: defaults $(field "$defaults" first_loss), loss inside" \
+  "$(field "$inside" first_loss), tables every step $(field "$step" first_loss)"
+for key in rotary_tables first_loss last_loss; do
+  echo "$key: cached $(field "$defaults" "$key"), every step $(field "$step" "$key")"
+done
+[[ "$(field "$defaults" rotary_tables)" == cached && "$(field "$step" rotary_tables)" == step ]] ||
+  { echo "FAIL: the lines do not record the tables' way"; exit 1; }
+for key in first_loss last_loss; do
+  [[ "$(field "$defaults" "$key")" == "$(field "$step" "$key")" ]] ||
+    { echo "FAIL: $key differs between cached tables and tables every step"; exit 1; }
+done
+echo "PASS: bench_torch_smoke_test"

@@ -656,20 +656,28 @@ struct WordOf<16> {
   using type = uint4;
 };
 
+// A chunk of kChunk values of T as whole words (Chunk::kWords of Chunk::Word) or as raw bits;
+// only for chunks a word divides (kWordBytes > 0).
+template <int kChunk, typename T>
+struct ChunkWords {
+  using Word = typename WordOf<kWordBytes<kChunk * sizeof(T)>>::type;
+  static constexpr int kWords = kChunk * static_cast<int>(sizeof(T)) / sizeof(Word);
+  union Bits {
+    Word words[kWords];
+    typename BitsOf<T>::type values[kChunk];
+  };
+};
+
 // kChunk consecutive values at p, widened to fp32: whole words when kVector (p aligned to the
 // word, checked at launch), one value at a time otherwise.
 template <bool kVector, int kChunk, typename T>
 __device__ __forceinline__ void LoadChunk(const T* p, float (&v)[kChunk]) {
-  constexpr int kWord = kWordBytes<kChunk * sizeof(T)>;
-  if constexpr (kVector && kWord > 0) {
-    using W = typename WordOf<kWord>::type;
-    union {
-      W words[kChunk * sizeof(T) / kWord];
-      typename BitsOf<T>::type values[kChunk];
-    } u;
+  if constexpr (kVector && kWordBytes<kChunk * sizeof(T)> > 0) {
+    using C = ChunkWords<kChunk, T>;
+    typename C::Bits u;
 #pragma unroll
-    for (int k = 0; k < kChunk * static_cast<int>(sizeof(T)) / kWord; ++k) {
-      u.words[k] = reinterpret_cast<const W*>(p)[k];
+    for (int k = 0; k < C::kWords; ++k) {
+      u.words[k] = reinterpret_cast<const typename C::Word*>(p)[k];
     }
 #pragma unroll
     for (int k = 0; k < kChunk; ++k) v[k] = Widen(u.values[k]);
@@ -680,19 +688,13 @@ __device__ __forceinline__ void LoadChunk(const T* p, float (&v)[kChunk]) {
 }
 template <bool kVector, int kChunk, typename T>
 __device__ __forceinline__ void StoreChunk(T* p, const float (&v)[kChunk]) {
-  constexpr int kWord = kWordBytes<kChunk * sizeof(T)>;
-  if constexpr (kVector && kWord > 0) {
-    using W = typename WordOf<kWord>::type;
-    union {
-      W words[kChunk * sizeof(T) / kWord];
-      typename BitsOf<T>::type values[kChunk];
-    } u;
+  if constexpr (kVector && kWordBytes<kChunk * sizeof(T)> > 0) {
+    using C = ChunkWords<kChunk, T>;
+    typename C::Bits u;
 #pragma unroll
     for (int k = 0; k < kChunk; ++k) Narrow(v[k], u.values[k]);
 #pragma unroll
-    for (int k = 0; k < kChunk * static_cast<int>(sizeof(T)) / kWord; ++k) {
-      reinterpret_cast<W*>(p)[k] = u.words[k];
-    }
+    for (int k = 0; k < C::kWords; ++k) reinterpret_cast<typename C::Word*>(p)[k] = u.words[k];
   } else {
 #pragma unroll
     for (int k = 0; k < kChunk; ++k) Store(p, k, v[k]);

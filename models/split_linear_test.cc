@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "base/torch_compat.h"
+#include "kernels/fused_ops.h"
 
 namespace cpptrain {
 namespace {
@@ -192,6 +193,43 @@ TEST(SplitLinearTest, WeightsApartOrGradientsApartKeepAMatmulPerBlock) {
                device.str() + " gradients apart");
     EXPECT_EQ(SplitLinearStackedInputGradients(), before) << device.str();
   }
+}
+
+// The decoder's MLP as the fused path runs it under the local engine's bf16 working copies:
+// gate_proj and up_proj consecutive rows of one bf16 buffer, SplitLinear, then the fused SwiGLU,
+// whose backward writes dgate and dup side by side. x's gradient must take the one-matmul path
+// and equal the eager MLP's.
+TEST(SplitLinearTest, FusedSwiGluBackwardTakesTheStackedPathOnTheGpu) {
+  if (!kernels::CudaKernelsBuilt() || !torch::cuda::is_available()) {
+    GTEST_SKIP() << "the fused SwiGLU needs a CUDA build (CMake with nvcc) and a GPU; this "
+                 << "machine has " << (kernels::CudaKernelsBuilt() ? "no GPU" : "neither");
+  }
+  torch::manual_seed(5);
+  const auto bf16 = torch::TensorOptions().dtype(torch::kBFloat16).device(torch::kCUDA, 0);
+  const int64_t hidden = 64, inter = 96;
+  const at::Tensor weights = torch::randn({2 * inter, hidden}, bf16) * 0.2;
+  const at::Tensor x = torch::randn({2, 7, hidden}, bf16);
+  const at::Tensor g = torch::randn({2, 7, inter}, bf16);
+  auto run = [&](bool fused) {
+    at::Tensor xl = x.clone().requires_grad_();
+    at::Tensor both = weights.clone().requires_grad_();  // gate rows, then up rows
+    const at::Tensor gate_w = both.narrow(0, 0, inter), up_w = both.narrow(0, inter, inter);
+    at::Tensor out;
+    if (fused) {
+      const std::vector<at::Tensor> gate_up = SplitLinear(xl, {gate_w, up_w}, {});
+      out = kernels::SwiGlu(gate_up[0], gate_up[1], /*fused=*/true);
+    } else {
+      out = kernels::SwiGluReference(at::linear(xl, gate_w), at::linear(xl, up_w));
+    }
+    (out.to(torch::kFloat32) * g.to(torch::kFloat32)).sum().backward();
+    return std::make_pair(xl.grad(), both.grad());
+  };
+  const int64_t before = SplitLinearStackedInputGradients();
+  const auto [dx, dw] = run(true);
+  EXPECT_EQ(SplitLinearStackedInputGradients(), before + 1);
+  const auto [want_dx, want_dw] = run(false);
+  ExpectClose(dx, want_dx, 2e-2, "dx");
+  ExpectClose(dw, want_dw, 2e-2, "dw");
 }
 
 TEST(SplitLinearTest, OnlyTheGradientsAskedFor) {

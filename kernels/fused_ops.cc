@@ -177,15 +177,12 @@ class GatedFunction : public torch::autograd::Function<GatedFunction> {
     // dgate and dup side by side in one buffer, [..., 2 * cols]: the gate/up projection's
     // backward then computes its input's gradient as one matmul (models/split_linear.cc).
     const int64_t cols = g.dim() > 0 ? g.size(-1) : 1;
-    std::vector<int64_t> both_sizes = g.sizes().vec();
-    if (!both_sizes.empty()) both_sizes.back() *= 2;
-    const at::Tensor both = at::empty(both_sizes, g.options());
-    at::Tensor dgate = g.dim() > 0 ? both.narrow(-1, 0, cols) : both;
-    at::Tensor dup = g.dim() > 0 ? both.narrow(-1, cols, cols) : at::empty_like(u);
-    const int64_t pitch = g.dim() > 0 ? 2 * cols : 1;
-    Check(LaunchGatedBackward(g.numel(), cols, pitch, g.data_ptr(), u.data_ptr(), dout.data_ptr(),
-                              dgate.data_ptr(), dup.data_ptr(), TypeOf(g.scalar_type()), gelu_tanh,
-                              Stream()),
+    const at::Tensor both = at::empty({cols > 0 ? g.numel() / cols : 0, 2 * cols}, g.options());
+    at::Tensor dgate = both.narrow(1, 0, cols).view(g.sizes());
+    at::Tensor dup = both.narrow(1, cols, cols).view(u.sizes());
+    Check(LaunchGatedBackward(g.numel(), cols, 2 * cols, g.data_ptr(), u.data_ptr(),
+                              dout.data_ptr(), dgate.data_ptr(), dup.data_ptr(),
+                              TypeOf(g.scalar_type()), gelu_tanh, Stream()),
           gelu_tanh ? "GeGLU backward" : "SwiGLU backward");
     return {dgate, dup, at::Tensor()};
   }

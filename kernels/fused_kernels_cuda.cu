@@ -518,6 +518,15 @@ __device__ __forceinline__ int64_t PositionOf(int64_t row, int64_t seq, int64_t 
   return (row / heads) % seq;
 }
 
+// Where row `row`'s dx starts when consecutive tokens' rows of dx lie `pitch` values apart
+// (heads * dim for a contiguous [B, T, H, D] dx; more where dx is a block of columns of a wider
+// buffer, as the gradients of q, k and v side by side are).
+template <typename T>
+__device__ __forceinline__ T* DxRow(T* dx, int64_t row, int64_t heads, int64_t dim,
+                                    int64_t pitch) {
+  return dx + (row / heads) * pitch + (row % heads) * dim;
+}
+
 template <typename TX, typename TW, typename TO>
 __global__ void QkNormRopeForwardKernel(int64_t rows, int64_t seq, int64_t heads, int dim,
                                         const TX* x, const TW* weight, float eps, const float* cos,
@@ -561,7 +570,7 @@ template <int kPerLane, typename TO, typename TX, typename TW>
 __global__ void QkNormRopeBackwardKernel(int64_t rows, int64_t seq, int64_t heads, int dim,
                                          const TO* dout, const TX* x, const TW* weight,
                                          const float* cos, const float* sin, const float* rstd,
-                                         TX* dx, float* partials) {
+                                         TX* dx, int64_t dx_pitch, float* partials) {
   // Per warp [dim] dout * sin and [dim] dy; at the end, per warp [dim] dweight sums.
   extern __shared__ float shared[];
   const int warp = threadIdx.x / kWarp;
@@ -585,7 +594,7 @@ __global__ void QkNormRopeBackwardKernel(int64_t rows, int64_t seq, int64_t head
       dy[j] = Load(d, j) * c[j] + (j < half ? staged[j + half] : -staged[j - half]);
     }
     const TX* xr = x + row * dim;
-    TX* dxr = dx + row * dim;
+    TX* dxr = DxRow(dx, row, heads, dim, dx_pitch);
     if (weight == nullptr) {
       for (int j = lane; j < dim; j += kWarp) Store(dxr, j, dy[j]);
       continue;
@@ -751,7 +760,8 @@ template <bool kVector, int kChunk, typename TO, typename TX, typename TW>
 __global__ void QkNormRopeBackwardChunkKernel(int64_t rows, int64_t seq, int64_t heads,
                                               const TO* dout, const TX* x, const TW* weight,
                                               const float* cos, const float* sin,
-                                              const float* rstd, TX* dx, float* partials) {
+                                              const float* rstd, TX* dx, int64_t dx_pitch,
+                                              float* partials) {
   extern __shared__ float shared[];  // [kWarpsPerBlock][kDim] dweight sums at the end
   constexpr int kDim = kChunk * kWarp;
   const int warp = threadIdx.x / kWarp;
@@ -792,7 +802,7 @@ __global__ void QkNormRopeBackwardChunkKernel(int64_t rows, int64_t seq, int64_t
         const float partner = __shfl_xor_sync(0xffffffffu, g[i][k] * s[i][k], kWarp / 2);
         dy[k] = g[i][k] * c[i][k] + sign * partner;
       }
-      TX* dxr = dx + row * kDim + first;
+      TX* dxr = DxRow(dx, row, heads, kDim, dx_pitch) + first;
       if (weight == nullptr) {
         StoreChunk<kVector>(dxr, dy);
         continue;
@@ -1415,8 +1425,9 @@ const char* LaunchQkNormRopeBackward(int64_t batch, int64_t seq, int64_t heads, 
                                      const void* dout, ElementType dout_type, const void* x,
                                      ElementType x_type, const void* weight,
                                      ElementType weight_type, const float* cos, const float* sin,
-                                     const float* rstd, void* dx, float* dweight, float* workspace,
-                                     int64_t workspace_floats, void* stream) {
+                                     const float* rstd, void* dx, int64_t dx_pitch,
+                                     float* dweight, float* workspace, int64_t workspace_floats,
+                                     void* stream) {
   auto s = static_cast<cudaStream_t>(stream);
   const int64_t rows = batch * seq * heads;
   if (rows == 0 || head_dim == 0) {
@@ -1449,12 +1460,14 @@ const char* LaunchQkNormRopeBackward(int64_t batch, int64_t seq, int64_t heads, 
         auto* dxs = static_cast<TX*>(dx);
         const bool chunked = WithChunk(head_dim, [&](auto chunk) {
           constexpr int kChunk = decltype(chunk)::value;
-          if (Aligned16({dout, x, cos, sin, dx})) {
+          // Every row of dx starts on a 16-byte boundary when its first does and the pitch
+          // keeps it so.
+          if (Aligned16({dout, x, cos, sin, dx}) && dx_pitch * sizeof(TX) % 16 == 0) {
             launch(QkNormRopeBackwardChunkKernel<true, kChunk, TO, TX, TW>, warp_rows_bytes,
-                   rows, seq, heads, d, xs, w, cos, sin, rstd, dxs, workspace);
+                   rows, seq, heads, d, xs, w, cos, sin, rstd, dxs, dx_pitch, workspace);
           } else {
             launch(QkNormRopeBackwardChunkKernel<false, kChunk, TO, TX, TW>, warp_rows_bytes,
-                   rows, seq, heads, d, xs, w, cos, sin, rstd, dxs, workspace);
+                   rows, seq, heads, d, xs, w, cos, sin, rstd, dxs, dx_pitch, workspace);
           }
         });
         if (chunked) return;
@@ -1462,7 +1475,7 @@ const char* LaunchQkNormRopeBackward(int64_t batch, int64_t seq, int64_t heads, 
         launch(head_dim <= 4 * kWarp ? QkNormRopeBackwardKernel<4, TO, TX, TW>
                                      : QkNormRopeBackwardKernel<16, TO, TX, TW>,
                2 * warp_rows_bytes, rows, seq, heads, static_cast<int>(head_dim), d, xs, w, cos,
-               sin, rstd, dxs, workspace);
+               sin, rstd, dxs, dx_pitch, workspace);
       });
     });
   });

@@ -251,6 +251,67 @@ class ResidualAddFunction : public torch::autograd::Function<ResidualAddFunction
   }
 };
 
+// What the QK-norm + rotary backward reads: x [B, T, H, D] contiguous, the norm's weight (empty:
+// rotary only), the fp32 tables and the forward's rstd. Saved as five tensors in this order.
+struct QkNormRopeSaved {
+  at::Tensor x, weight, cos, sin, rstd;
+
+  static QkNormRopeSaved From(const std::vector<at::Tensor>& saved, size_t first) {
+    return {saved[first], saved[first + 1], saved[first + 2], saved[first + 3], saved[first + 4]};
+  }
+  std::vector<at::Tensor> List() const { return {x, weight, cos, sin, rstd}; }
+};
+
+// The kernel's output, a [B, H, T, D] tensor over the memory of [B, T, H, D] in out_dtype: SDPA's
+// kernels write their output and the gradients of q and k in q's layout, so the output's
+// transpose back to [B, T, H * D] for o_proj is a view, and neither the gradient arriving there
+// nor the one arriving here is copied into another layout.
+at::Tensor QkNormRopeForward(const at::Tensor& x, const at::Tensor& weight, double eps,
+                             const at::Tensor& cos, const at::Tensor& sin, int64_t out_dtype,
+                             QkNormRopeSaved& saved) {
+  const at::Tensor xc = x.contiguous();
+  const at::Tensor w = weight.numel() > 0 ? weight.contiguous() : at::Tensor();
+  const at::Tensor c = cos.to(at::kFloat).contiguous(), s = sin.to(at::kFloat).contiguous();
+  const int64_t b = x.size(0), t = x.size(1), h = x.size(2), d = x.size(3);
+  at::Tensor out = at::empty_strided({b, h, t, d}, {t * h * d, d, h * d, 1},
+                                     x.options().dtype(at::ScalarType(out_dtype)));
+  at::Tensor rstd = at::empty({w.defined() ? b * t * h : 1}, x.options().dtype(at::kFloat));
+  Check(LaunchQkNormRopeForward(b, t, h, d, xc.data_ptr(), TypeOf(x.scalar_type()),
+                                w.defined() ? w.data_ptr() : nullptr,
+                                w.defined() ? TypeOf(w.scalar_type()) : ElementType::kFloat32,
+                                eps, c.data_ptr<float>(), s.data_ptr<float>(), out.data_ptr(),
+                                TypeOf(out.scalar_type()), rstd.data_ptr<float>(), Stream()),
+        "QK-norm + rotary forward");
+  saved = {xc, w.defined() ? w : weight, c, s, rstd};
+  return out;
+}
+
+// x's gradient into dx (a [B, T, H, D] view whose tokens' rows may lie further apart than H * D
+// values, its last two dimensions contiguous) from the output's gradient; returns the weight's
+// gradient in its dtype (undefined without a weight).
+at::Tensor QkNormRopeBackwardInto(const QkNormRopeSaved& saved, const at::Tensor& grad,
+                                  at::Tensor& dx) {
+  const at::Tensor& x = saved.x;
+  const at::Tensor w = saved.weight.numel() > 0 ? saved.weight : at::Tensor();
+  TORCH_CHECK(dx.stride(3) == 1 && dx.stride(2) == x.size(3) && dx.stride(0) == x.size(1) *
+              dx.stride(1), "QK-norm + rotary backward: dx's layout ", dx.strides());
+  // In out's row order, [B, T, H, D] (a view where the gradient came back in q's layout).
+  const at::Tensor dout = grad.transpose(1, 2).contiguous();
+  at::Tensor dw = at::empty({x.size(3)}, x.options().dtype(at::kFloat));
+  const int64_t rows = x.size(0) * x.size(1) * x.size(2);
+  at::Tensor workspace = NormWorkspace(w.defined() ? rows : 0, x.size(3), x);
+  Check(LaunchQkNormRopeBackward(x.size(0), x.size(1), x.size(2), x.size(3), dout.data_ptr(),
+                                 TypeOf(dout.scalar_type()), x.data_ptr(),
+                                 TypeOf(x.scalar_type()), w.defined() ? w.data_ptr() : nullptr,
+                                 w.defined() ? TypeOf(w.scalar_type()) : ElementType::kFloat32,
+                                 saved.cos.data_ptr<float>(), saved.sin.data_ptr<float>(),
+                                 saved.rstd.data_ptr<float>(), dx.data_ptr(), dx.stride(1),
+                                 dw.data_ptr<float>(), workspace.data_ptr<float>(),
+                                 workspace.numel(), Stream()),
+        "QK-norm + rotary backward");
+  return w.defined() ? dw.to(w.scalar_type()) : at::Tensor();
+}
+
 class QkNormRopeFunction : public torch::autograd::Function<QkNormRopeFunction> {
  public:
   // An empty weight means no norm (rotary only).
@@ -258,49 +319,61 @@ class QkNormRopeFunction : public torch::autograd::Function<QkNormRopeFunction> 
                             double eps, const at::Tensor& cos, const at::Tensor& sin,
                             int64_t out_dtype) {
     const c10::cuda::CUDAGuard guard(x.device());
-    const at::Tensor xc = x.contiguous();
-    const at::Tensor w = weight.numel() > 0 ? weight.contiguous() : at::Tensor();
-    const at::Tensor c = cos.to(at::kFloat).contiguous(), s = sin.to(at::kFloat).contiguous();
-    const int64_t b = x.size(0), t = x.size(1), h = x.size(2), d = x.size(3);
-    // [B, H, T, D] over the memory of [B, T, H, D]. SDPA's kernels write their output and the
-    // gradients of q and k in q's layout, so the output's transpose back to [B, T, H * D] for
-    // o_proj is a view, and neither the gradient arriving there nor the one arriving here is
-    // copied into another layout (two copies of [B, T, H * D] a layer before).
-    at::Tensor out = at::empty_strided({b, h, t, d}, {t * h * d, d, h * d, 1},
-                                       x.options().dtype(at::ScalarType(out_dtype)));
-    at::Tensor rstd = at::empty({w.defined() ? b * t * h : 1}, x.options().dtype(at::kFloat));
-    Check(LaunchQkNormRopeForward(b, t, h, d, xc.data_ptr(), TypeOf(x.scalar_type()),
-                                  w.defined() ? w.data_ptr() : nullptr,
-                                  w.defined() ? TypeOf(w.scalar_type()) : ElementType::kFloat32,
-                                  eps, c.data_ptr<float>(), s.data_ptr<float>(), out.data_ptr(),
-                                  TypeOf(out.scalar_type()), rstd.data_ptr<float>(), Stream()),
-          "QK-norm + rotary forward");
-    ctx->save_for_backward({xc, w.defined() ? w : weight, c, s, rstd});
+    QkNormRopeSaved saved;
+    at::Tensor out = QkNormRopeForward(x, weight, eps, cos, sin, out_dtype, saved);
+    ctx->save_for_backward(saved.List());
     return out;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const QkNormRopeSaved saved = QkNormRopeSaved::From(ctx->get_saved_variables(), 0);
+    const c10::cuda::CUDAGuard guard(saved.x.device());
+    at::Tensor dx = at::empty_like(saved.x);
+    const at::Tensor dw = QkNormRopeBackwardInto(saved, grads[0], dx);
+    return {dx, dw, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+// QK-norm + rotary of q and of k, and v passed through, so that one backward sees the three
+// gradients and lays them side by side: columns [0, Hq D), [Hq D, (Hq + Hkv) D) and the rest of
+// one [B, T, (Hq + 2 Hkv) D] buffer, as SplitLinear's one-matmul input gradient wants them.
+class QkvNormRopeFunction : public torch::autograd::Function<QkvNormRopeFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
+                               const at::Tensor& v, const at::Tensor& q_weight,
+                               const at::Tensor& k_weight, double eps, const at::Tensor& cos,
+                               const at::Tensor& sin, int64_t out_dtype) {
+    const c10::cuda::CUDAGuard guard(q.device());
+    QkNormRopeSaved q_saved, k_saved;
+    at::Tensor q_out = QkNormRopeForward(q, q_weight, eps, cos, sin, out_dtype, q_saved);
+    at::Tensor k_out = QkNormRopeForward(k, k_weight, eps, cos, sin, out_dtype, k_saved);
+    std::vector<at::Tensor> saved = q_saved.List();
+    for (const at::Tensor& t : k_saved.List()) saved.push_back(t);
+    ctx->save_for_backward(saved);
+    return {q_out, k_out, v};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const std::vector<at::Tensor> saved = ctx->get_saved_variables();
-    const at::Tensor &x = saved[0], &c = saved[2], &s = saved[3], &rstd = saved[4];
-    const at::Tensor w = saved[1].numel() > 0 ? saved[1] : at::Tensor();
-    const c10::cuda::CUDAGuard guard(x.device());
-    // In out's row order, [B, T, H, D] (a view where the gradient came back in q's layout).
-    const at::Tensor dout = grads[0].transpose(1, 2).contiguous();
-    at::Tensor dx = at::empty_like(x);
-    at::Tensor dw = at::empty({x.size(3)}, x.options().dtype(at::kFloat));
-    const int64_t rows = x.size(0) * x.size(1) * x.size(2);
-    at::Tensor workspace = NormWorkspace(w.defined() ? rows : 0, x.size(3), x);
-    Check(LaunchQkNormRopeBackward(x.size(0), x.size(1), x.size(2), x.size(3), dout.data_ptr(),
-                                   TypeOf(dout.scalar_type()), x.data_ptr(),
-                                   TypeOf(x.scalar_type()), w.defined() ? w.data_ptr() : nullptr,
-                                   w.defined() ? TypeOf(w.scalar_type()) : ElementType::kFloat32,
-                                   c.data_ptr<float>(), s.data_ptr<float>(), rstd.data_ptr<float>(),
-                                   dx.data_ptr(), dw.data_ptr<float>(), workspace.data_ptr<float>(),
-                                   workspace.numel(), Stream()),
-          "QK-norm + rotary backward");
-    return {dx,           w.defined() ? dw.to(w.scalar_type()) : at::Tensor(),
-            at::Tensor(), at::Tensor(),
-            at::Tensor(), at::Tensor()};
+    const QkNormRopeSaved q = QkNormRopeSaved::From(saved, 0), k = QkNormRopeSaved::From(saved, 5);
+    const c10::cuda::CUDAGuard guard(q.x.device());
+    const int64_t b = q.x.size(0), t = q.x.size(1), d = q.x.size(3);
+    const int64_t q_cols = q.x.size(2) * d, kv_cols = k.x.size(2) * d;
+    at::Tensor both = at::empty({b, t, q_cols + 2 * kv_cols}, q.x.options());
+    auto block = [&](int64_t first, int64_t cols) {
+      return both.narrow(2, first, cols).view({b, t, cols / d, d});
+    };
+    at::Tensor dq = block(0, q_cols), dk = block(q_cols, kv_cols);
+    const at::Tensor dv = block(q_cols + kv_cols, kv_cols).transpose(1, 2);  // v's shape
+    const at::Tensor dq_weight = QkNormRopeBackwardInto(q, grads[0], dq);
+    const at::Tensor dk_weight = QkNormRopeBackwardInto(k, grads[1], dk);
+    if (grads[2].defined()) {
+      dv.copy_(grads[2]);
+    } else {
+      dv.zero_();
+    }
+    return {dq,           dk,           dv,           dq_weight,   dk_weight,
+            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -363,20 +436,52 @@ at::Tensor ResidualAdd(const at::Tensor& x, const at::Tensor& delta, bool fused)
   return ResidualAddFunction::apply(x, delta);
 }
 
-at::Tensor QkNormRope(const at::Tensor& x, const at::Tensor& weight, double eps,
-                      const at::Tensor& cos, const at::Tensor& sin, at::ScalarType out_dtype,
-                      bool fused) {
+// Whether the QK-norm + rotary kernels take x [B, T, H, D] with this weight and these tables.
+bool QkNormRopeApplies(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& cos,
+                       at::ScalarType out_dtype) {
   const bool weight_ok =
       !weight.defined() || (Supported(weight.scalar_type()) && weight.dim() == 1 &&
                             weight.size(0) == x.size(-1) && weight.device() == x.device());
-  if (!fused || !x.is_cuda() || x.dim() != 4 || !Supported(x.scalar_type()) ||
-      !Supported(out_dtype) || !weight_ok || x.size(3) > kMaxHeadDim || x.size(3) % 2 != 0 ||
-      cos.size(0) != x.size(1) || cos.size(1) != x.size(3) || cos.device() != x.device()) {
+  return x.is_cuda() && x.dim() == 4 && Supported(x.scalar_type()) && Supported(out_dtype) &&
+         weight_ok && x.size(3) <= kMaxHeadDim && x.size(3) % 2 == 0 &&
+         cos.size(0) == x.size(1) && cos.size(1) == x.size(3) && cos.device() == x.device();
+}
+
+// Autograd functions take defined tensors: no norm is an empty weight.
+at::Tensor WeightOrEmpty(const at::Tensor& weight, const at::Tensor& x) {
+  return weight.defined() ? weight : at::empty({0}, x.options().dtype(at::kFloat));
+}
+
+at::Tensor QkNormRope(const at::Tensor& x, const at::Tensor& weight, double eps,
+                      const at::Tensor& cos, const at::Tensor& sin, at::ScalarType out_dtype,
+                      bool fused) {
+  if (!fused || !QkNormRopeApplies(x, weight, cos, out_dtype)) {
     return QkNormRopeReference(x, weight, eps, cos, sin, out_dtype);
   }
-  // Autograd functions take defined tensors: no norm is an empty weight.
-  const at::Tensor w = weight.defined() ? weight : at::empty({0}, x.options().dtype(at::kFloat));
-  return QkNormRopeFunction::apply(x, w, eps, cos, sin, static_cast<int64_t>(out_dtype));
+  return QkNormRopeFunction::apply(x, WeightOrEmpty(weight, x), eps, cos, sin,
+                                   static_cast<int64_t>(out_dtype));
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> QkvNormRope(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& q_weight,
+    const at::Tensor& k_weight, double eps, const at::Tensor& cos, const at::Tensor& sin,
+    at::ScalarType out_dtype, bool fused) {
+  const bool together =
+      fused && QkNormRopeApplies(q, q_weight, cos, out_dtype) &&
+      QkNormRopeApplies(k, k_weight, cos, out_dtype) && at::GradMode::is_enabled() &&
+      (q.requires_grad() || k.requires_grad() || v.requires_grad()) && v.dim() == 4 &&
+      k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type() &&
+      v.device() == q.device() && k.size(0) == q.size(0) && k.size(1) == q.size(1) &&
+      k.size(3) == q.size(3) && v.sizes() == at::IntArrayRef({k.size(0), k.size(2), k.size(1),
+                                                               k.size(3)});
+  if (!together) {
+    return {QkNormRope(q, q_weight, eps, cos, sin, out_dtype, fused),
+            QkNormRope(k, k_weight, eps, cos, sin, out_dtype, fused), v};
+  }
+  const variable_list out = QkvNormRopeFunction::apply(
+      q, k, v, WeightOrEmpty(q_weight, q), WeightOrEmpty(k_weight, k), eps, cos, sin,
+      static_cast<int64_t>(out_dtype));
+  return {out[0], out[1], out[2]};
 }
 
 at::Tensor CrossEntropyRowsInPlace(at::Tensor& logits, const at::Tensor& targets,
@@ -456,6 +561,14 @@ at::Tensor QkNormRope(const at::Tensor& x, const at::Tensor& weight, double eps,
                       const at::Tensor& cos, const at::Tensor& sin, at::ScalarType out_dtype,
                       bool fused) {
   return QkNormRopeReference(x, weight, eps, cos, sin, out_dtype);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> QkvNormRope(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& q_weight,
+    const at::Tensor& k_weight, double eps, const at::Tensor& cos, const at::Tensor& sin,
+    at::ScalarType out_dtype, bool fused) {
+  return {QkNormRopeReference(q, q_weight, eps, cos, sin, out_dtype),
+          QkNormRopeReference(k, k_weight, eps, cos, sin, out_dtype), v};
 }
 
 #endif

@@ -14,6 +14,7 @@
 
 #include <ATen/ATen.h>
 
+#include <tuple>
 #include <utility>
 
 namespace cpptrain {
@@ -63,6 +64,16 @@ at::Tensor QkNormRope(const at::Tensor& x, const at::Tensor& weight, double eps,
 at::Tensor QkNormRopeReference(const at::Tensor& x, const at::Tensor& weight, double eps,
                                const at::Tensor& cos, const at::Tensor& sin,
                                at::ScalarType out_dtype);
+
+// {QkNormRope(q, q_weight, ...), QkNormRope(k, k_weight, ...), v} for q [B, T, Hq, D], k
+// [B, T, Hkv, D] and v [B, Hkv, T, D] of one dtype. Where the kernels take q and k and a gradient
+// is wanted, one backward writes the gradients of q, k and v side by side in one
+// [B, T, (Hq + 2 Hkv) D] buffer (v's copied there), so a SplitLinear that projected q, k and v
+// computes its input's gradient as one matmul. Elsewhere: the two QkNormRope calls and v as it is.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> QkvNormRope(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& q_weight,
+    const at::Tensor& k_weight, double eps, const at::Tensor& cos, const at::Tensor& sin,
+    at::ScalarType out_dtype, bool fused);
 
 // Gemma 2's attention probabilities from square scores [B, H, T, T] (q k^T, unscaled; other
 // shapes are refused): softmax over the causal keys (within `window` when window > 0) of

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "base/torch_compat.h"
@@ -265,6 +266,66 @@ TEST(FusedOpsTest, QkNormRopeMatchesReference) {
         ExpectClose(fused, reference, type == at::kFloat ? 1e-5 : 1e-2,
                     "QK-norm + rotary d=" + std::to_string(s.d) + (norm ? " norm " : " no norm ") +
                         c10::toString(type));
+      }
+    }
+  }
+}
+
+// QkvNormRope against two QkNormRope calls and v passed through: the same bits forward and
+// backward (its backward writes q's and k's gradients into one buffer at that buffer's pitch and
+// copies v's beside them), on the register-chunk kernels (head dims 64, 128) and the general ones
+// (80), with and without the norm, GQA included.
+TEST(FusedOpsTest, QkvNormRopeEqualsTwoQkNormRopes) {
+  REQUIRE_KERNELS();
+  torch::manual_seed(4);
+  struct Shape {
+    int64_t b, t, hq, hkv, d;
+  };
+  for (const Shape& s : {Shape{2, 33, 4, 2, 128}, Shape{1, 17, 3, 1, 64}, Shape{2, 19, 2, 2, 80}}) {
+    const auto f32 = torch::device(kCuda).dtype(at::kFloat);
+    const at::Tensor inv_freq =
+        1.0 / torch::pow(10000.0, torch::arange(0, s.d, 2, f32) / static_cast<double>(s.d));
+    const at::Tensor freqs = torch::outer(torch::arange(s.t, f32), inv_freq);
+    const at::Tensor cos = torch::cat({freqs, freqs}, -1).cos();
+    const at::Tensor sin = torch::cat({freqs, freqs}, -1).sin();
+    const std::vector<at::Tensor> grads = {torch::randn({s.b, s.hq, s.t, s.d}, f32),
+                                           torch::randn({s.b, s.hkv, s.t, s.d}, f32),
+                                           torch::randn({s.b, s.hkv, s.t, s.d}, f32)};
+    for (const bool norm : {true, false}) {
+      for (const at::ScalarType type : {at::kFloat, at::kBFloat16}) {
+        const std::vector<at::Tensor> inputs = {
+            torch::randn({s.b, s.t, s.hq, s.d}, f32).to(type),
+            torch::randn({s.b, s.t, s.hkv, s.d}, f32).to(type),
+            torch::randn({s.b, s.hkv, s.t, s.d}, f32).to(type), torch::rand({s.d}, f32) + 0.5,
+            torch::rand({s.d}, f32) + 0.5};
+        // The three outputs, then the gradients of q, k, v and (with the norm) both weights.
+        auto run = [&](bool together) {
+          std::vector<at::Tensor> in = Leaves(inputs);
+          const at::Tensor wq = norm ? in[3] : at::Tensor(), wk = norm ? in[4] : at::Tensor();
+          std::vector<at::Tensor> out(3);
+          if (together) {
+            std::tie(out[0], out[1], out[2]) =
+                QkvNormRope(in[0], in[1], in[2], wq, wk, 1e-6, cos, sin, type, true);
+          } else {
+            out = {QkNormRope(in[0], wq, 1e-6, cos, sin, type, true),
+                   QkNormRope(in[1], wk, 1e-6, cos, sin, type, true), in[2]};
+          }
+          at::Tensor loss = torch::zeros({}, f32);
+          for (size_t i = 0; i < 3; ++i) loss = loss + (out[i].to(at::kFloat) * grads[i]).sum();
+          loss.backward();
+          std::vector<at::Tensor> result;
+          for (const at::Tensor& o : out) result.push_back(o.detach());
+          for (size_t i = 0; i < (norm ? 5u : 3u); ++i) result.push_back(in[i].grad());
+          return result;
+        };
+        const std::vector<at::Tensor> together = run(true), apart = run(false);
+        const std::string what = "d=" + std::to_string(s.d) + (norm ? " norm " : " no norm ") +
+                                 c10::toString(type);
+        ASSERT_EQ(together.size(), apart.size()) << what;
+        for (size_t i = 0; i < apart.size(); ++i) {
+          ASSERT_TRUE(together[i].defined() && apart[i].defined()) << what << ": " << i;
+          EXPECT_TRUE(together[i].equal(apart[i])) << what << ": output or gradient " << i;
+        }
       }
     }
   }

@@ -66,14 +66,17 @@ const char* LaunchQkNormRopeForward(int64_t batch, int64_t seq, int64_t heads, i
                                     const float* sin, void* out, ElementType out_type, float* rstd,
                                     void* stream);
 // dx [B, T, H, D] (x's type) and dweight (fp32 [head_dim], written; untouched without a
-// weight) from dout in out's row order, [B, T, H, D] (out's type). workspace as for LaunchRmsNormBackward, with
-// rows = batch * seq * heads and cols = head_dim (unused without a weight).
+// weight) from dout in out's row order, [B, T, H, D] (out's type). Consecutive tokens' rows of dx
+// lie dx_pitch values apart (heads * head_dim when dx is contiguous; more when dx is a block of
+// columns of a wider buffer). workspace as for LaunchRmsNormBackward, with rows = batch * seq *
+// heads and cols = head_dim (unused without a weight).
 const char* LaunchQkNormRopeBackward(int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
                                      const void* dout, ElementType dout_type, const void* x,
                                      ElementType x_type, const void* weight,
                                      ElementType weight_type, const float* cos, const float* sin,
-                                     const float* rstd, void* dx, float* dweight, float* workspace,
-                                     int64_t workspace_floats, void* stream);
+                                     const float* rstd, void* dx, int64_t dx_pitch,
+                                     float* dweight, float* workspace, int64_t workspace_floats,
+                                     void* stream);
 
 // out = x + delta elementwise over n values (out has x's type).
 const char* LaunchResidualAdd(int64_t n, const void* x, ElementType x_type, const void* delta,

@@ -8,6 +8,7 @@
 #include <limits>
 #include <memory>
 #include <mutex>
+#include <tuple>
 #include <vector>
 
 #include "base/torch_compat.h"
@@ -234,13 +235,14 @@ torch::Tensor Attention::Forward(const torch::Tensor& x, const RotaryTables& rop
   // A packed batch's rotary tables are per token; the fused kernel takes [T, D] ones.
   const bool fused_rope = fused_ && !eager_rope_ && !mask.defined();
   if (fused_rope) {
-    // Norm, rotary, the [B, H, T, D] layout and the attention dtype in one kernel each.
+    // Norm, rotary, the [B, H, T, D] layout and the attention dtype in one kernel each for q
+    // and k; their backward lays the gradients of q, k and v side by side for Project's
+    // SplitLinear (one matmul for x's gradient).
     const at::Tensor no_weight;
     const double eps = q_norm_ ? q_norm_->eps() : 0.0;
-    q = kernels::QkNormRope(q, q_norm_ ? q_norm_->weight() : no_weight, eps, rope.cos, rope.sin,
-                            v.scalar_type(), /*fused=*/true);
-    k = kernels::QkNormRope(k, k_norm_ ? k_norm_->weight() : no_weight, eps, rope.cos, rope.sin,
-                            v.scalar_type(), /*fused=*/true);
+    std::tie(q, k, v) = kernels::QkvNormRope(q, k, v, q_norm_ ? q_norm_->weight() : no_weight,
+                                             k_norm_ ? k_norm_->weight() : no_weight, eps,
+                                             rope.cos, rope.sin, v.scalar_type(), /*fused=*/true);
   } else {
     if (q_norm_ != nullptr) {
       q = q_norm_->Forward(q);

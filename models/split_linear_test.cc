@@ -6,6 +6,7 @@
 
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -223,6 +224,61 @@ TEST(SplitLinearTest, FusedSwiGluBackwardTakesTheStackedPathOnTheGpu) {
     }
     (out.to(torch::kFloat32) * g.to(torch::kFloat32)).sum().backward();
     return std::make_pair(xl.grad(), both.grad());
+  };
+  const int64_t before = SplitLinearStackedInputGradients();
+  const auto [dx, dw] = run(true);
+  EXPECT_EQ(SplitLinearStackedInputGradients(), before + 1);
+  const auto [want_dx, want_dw] = run(false);
+  ExpectClose(dx, want_dx, 2e-2, "dx");
+  ExpectClose(dw, want_dw, 2e-2, "dw");
+}
+
+// The attention block as the fused path runs it under the local engine's bf16 working copies:
+// q_proj, k_proj and v_proj consecutive rows of one bf16 buffer, SplitLinear, then QkvNormRope,
+// whose backward writes the gradients of q, k and v side by side. x's gradient must take the
+// one-matmul path and equal the eager projections' through the references.
+TEST(SplitLinearTest, FusedQkvNormRopeBackwardTakesTheStackedPathOnTheGpu) {
+  if (!kernels::CudaKernelsBuilt() || !torch::cuda::is_available()) {
+    GTEST_SKIP() << "the fused QK-norm + rotary needs a CUDA build (CMake with nvcc) and a GPU; "
+                 << "this machine has " << (kernels::CudaKernelsBuilt() ? "no GPU" : "neither");
+  }
+  torch::manual_seed(6);
+  const auto bf16 = torch::TensorOptions().dtype(torch::kBFloat16).device(torch::kCUDA, 0);
+  const auto f32 = bf16.dtype(torch::kFloat32);
+  const int64_t b = 2, t = 9, hidden = 96, hq = 4, hkv = 2, d = 64;
+  const at::Tensor weights = torch::randn({(hq + 2 * hkv) * d, hidden}, bf16) * 0.1;  // q, k, v
+  const at::Tensor norm_weight = torch::rand({d}, f32) + 0.5;
+  const at::Tensor x = torch::randn({b, t, hidden}, bf16);
+  const at::Tensor angles = torch::rand({t, d}, f32) * 6;
+  const at::Tensor cos = angles.cos(), sin = angles.sin();
+  const std::vector<at::Tensor> g = {torch::randn({b, hq, t, d}, f32),
+                                     torch::randn({b, hkv, t, d}, f32),
+                                     torch::randn({b, hkv, t, d}, f32)};
+  auto run = [&](bool fused) {
+    at::Tensor xl = x.clone().requires_grad_();
+    at::Tensor all = weights.clone().requires_grad_();
+    const std::vector<at::Tensor> w = {all.narrow(0, 0, hq * d), all.narrow(0, hq * d, hkv * d),
+                                       all.narrow(0, (hq + hkv) * d, hkv * d)};
+    std::vector<at::Tensor> proj(3);
+    if (fused) {
+      proj = SplitLinear(xl, w, {});
+    } else {
+      for (size_t i = 0; i < 3; ++i) proj[i] = at::linear(xl, w[i]);
+    }
+    const at::Tensor q = proj[0].view({b, t, hq, d}), k = proj[1].view({b, t, hkv, d});
+    const at::Tensor v = proj[2].view({b, t, hkv, d}).transpose(1, 2);
+    std::vector<at::Tensor> out(3);
+    if (fused) {
+      std::tie(out[0], out[1], out[2]) = kernels::QkvNormRope(
+          q, k, v, norm_weight, norm_weight, 1e-6, cos, sin, torch::kBFloat16, true);
+    } else {
+      out = {kernels::QkNormRopeReference(q, norm_weight, 1e-6, cos, sin, torch::kBFloat16),
+             kernels::QkNormRopeReference(k, norm_weight, 1e-6, cos, sin, torch::kBFloat16), v};
+    }
+    at::Tensor loss = torch::zeros({}, f32);
+    for (size_t i = 0; i < 3; ++i) loss = loss + (out[i].to(torch::kFloat32) * g[i]).sum();
+    loss.backward();
+    return std::make_pair(xl.grad(), all.grad());
   };
   const int64_t before = SplitLinearStackedInputGradients();
   const auto [dx, dw] = run(true);

@@ -255,7 +255,8 @@ Result QkNormRopeBackward(int64_t batch, int64_t seq, int64_t heads, int64_t dim
     Check(cpptrain::kernels::LaunchQkNormRopeBackward(
               batch, seq, heads, dim, s.dout.data_ptr(), ElementType::kBfloat16, s.x.data_ptr(),
               ElementType::kBfloat16, s.w.data_ptr(), ElementType::kBfloat16, cos.data_ptr<float>(),
-              sin.data_ptr<float>(), s.rstd.data_ptr<float>(), dx.data_ptr(), dw.data_ptr<float>(),
+              sin.data_ptr<float>(), s.rstd.data_ptr<float>(), dx.data_ptr(), heads * dim,
+              dw.data_ptr<float>(),
               workspace.data_ptr<float>(), workspace.numel(), Stream()),
           "QK-norm + rotary backward");
   };

@@ -4,6 +4,7 @@
 #include <torch/cuda.h>
 #include <torch/types.h>
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -196,6 +197,18 @@ TEST(SplitLinearTest, WeightsApartOrGradientsApartKeepAMatmulPerBlock) {
   }
 }
 
+// `run(fused)` gives x's and the weights' gradients. Fused, x's must take the one-matmul path
+// (the counter goes up by one); both must equal the eager run's within bf16's rounding.
+void ExpectStackedPathAndEagerGradients(
+    const std::function<std::pair<at::Tensor, at::Tensor>(bool fused)>& run) {
+  const int64_t before = SplitLinearStackedInputGradients();
+  const auto [dx, dw] = run(true);
+  EXPECT_EQ(SplitLinearStackedInputGradients(), before + 1);
+  const auto [want_dx, want_dw] = run(false);
+  ExpectClose(dx, want_dx, 2e-2, "dx");
+  ExpectClose(dw, want_dw, 2e-2, "dw");
+}
+
 // The decoder's MLP as the fused path runs it under the local engine's bf16 working copies:
 // gate_proj and up_proj consecutive rows of one bf16 buffer, SplitLinear, then the fused SwiGLU,
 // whose backward writes dgate and dup side by side. x's gradient must take the one-matmul path
@@ -225,12 +238,7 @@ TEST(SplitLinearTest, FusedSwiGluBackwardTakesTheStackedPathOnTheGpu) {
     (out.to(torch::kFloat32) * g.to(torch::kFloat32)).sum().backward();
     return std::make_pair(xl.grad(), both.grad());
   };
-  const int64_t before = SplitLinearStackedInputGradients();
-  const auto [dx, dw] = run(true);
-  EXPECT_EQ(SplitLinearStackedInputGradients(), before + 1);
-  const auto [want_dx, want_dw] = run(false);
-  ExpectClose(dx, want_dx, 2e-2, "dx");
-  ExpectClose(dw, want_dw, 2e-2, "dw");
+  ExpectStackedPathAndEagerGradients(run);
 }
 
 // The attention block as the fused path runs it under the local engine's bf16 working copies:
@@ -280,12 +288,7 @@ TEST(SplitLinearTest, FusedQkvNormRopeBackwardTakesTheStackedPathOnTheGpu) {
     loss.backward();
     return std::make_pair(xl.grad(), all.grad());
   };
-  const int64_t before = SplitLinearStackedInputGradients();
-  const auto [dx, dw] = run(true);
-  EXPECT_EQ(SplitLinearStackedInputGradients(), before + 1);
-  const auto [want_dx, want_dw] = run(false);
-  ExpectClose(dx, want_dx, 2e-2, "dx");
-  ExpectClose(dw, want_dw, 2e-2, "dw");
+  ExpectStackedPathAndEagerGradients(run);
 }
 
 TEST(SplitLinearTest, OnlyTheGradientsAskedFor) {

@@ -286,15 +286,13 @@ at::Tensor QkNormRopeForward(const at::Tensor& x, const at::Tensor& weight, doub
   return out;
 }
 
-// x's gradient into dx (a [B, T, H, D] view whose tokens' rows may lie further apart than H * D
-// values, its last two dimensions contiguous) from the output's gradient; returns the weight's
-// gradient in its dtype (undefined without a weight).
-at::Tensor QkNormRopeBackwardInto(const QkNormRopeSaved& saved, const at::Tensor& grad,
-                                  at::Tensor& dx) {
+// x's gradient, [B, T, H, D] in x's dtype, written at dx with consecutive tokens' rows
+// dx_pitch values apart (H * D: contiguous; more: a block of columns of a wider buffer), from
+// the output's gradient; returns the weight's gradient in its dtype (undefined without one).
+at::Tensor QkNormRopeBackwardInto(const QkNormRopeSaved& saved, const at::Tensor& grad, void* dx,
+                                  int64_t dx_pitch) {
   const at::Tensor& x = saved.x;
   const at::Tensor w = saved.weight.numel() > 0 ? saved.weight : at::Tensor();
-  TORCH_CHECK(dx.stride(3) == 1 && dx.stride(2) == x.size(3) && dx.stride(0) == x.size(1) *
-              dx.stride(1), "QK-norm + rotary backward: dx's layout ", dx.strides());
   // In out's row order, [B, T, H, D] (a view where the gradient came back in q's layout).
   const at::Tensor dout = grad.transpose(1, 2).contiguous();
   at::Tensor dw = at::empty({x.size(3)}, x.options().dtype(at::kFloat));
@@ -305,7 +303,7 @@ at::Tensor QkNormRopeBackwardInto(const QkNormRopeSaved& saved, const at::Tensor
                                  TypeOf(x.scalar_type()), w.defined() ? w.data_ptr() : nullptr,
                                  w.defined() ? TypeOf(w.scalar_type()) : ElementType::kFloat32,
                                  saved.cos.data_ptr<float>(), saved.sin.data_ptr<float>(),
-                                 saved.rstd.data_ptr<float>(), dx.data_ptr(), dx.stride(1),
+                                 saved.rstd.data_ptr<float>(), dx, dx_pitch,
                                  dw.data_ptr<float>(), workspace.data_ptr<float>(),
                                  workspace.numel(), Stream()),
         "QK-norm + rotary backward");
@@ -328,8 +326,9 @@ class QkNormRopeFunction : public torch::autograd::Function<QkNormRopeFunction> 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const QkNormRopeSaved saved = QkNormRopeSaved::From(ctx->get_saved_variables(), 0);
     const c10::cuda::CUDAGuard guard(saved.x.device());
-    at::Tensor dx = at::empty_like(saved.x);
-    const at::Tensor dw = QkNormRopeBackwardInto(saved, grads[0], dx);
+    at::Tensor dx = at::empty(saved.x.sizes(), saved.x.options());
+    const at::Tensor dw =
+        QkNormRopeBackwardInto(saved, grads[0], dx.data_ptr(), saved.x.size(2) * saved.x.size(3));
     return {dx, dw, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
@@ -359,19 +358,16 @@ class QkvNormRopeFunction : public torch::autograd::Function<QkvNormRopeFunction
     const c10::cuda::CUDAGuard guard(q.x.device());
     const int64_t b = q.x.size(0), t = q.x.size(1), d = q.x.size(3);
     const int64_t q_cols = q.x.size(2) * d, kv_cols = k.x.size(2) * d;
-    at::Tensor both = at::empty({b, t, q_cols + 2 * kv_cols}, q.x.options());
-    auto block = [&](int64_t first, int64_t cols) {
-      return both.narrow(2, first, cols).view({b, t, cols / d, d});
+    const int64_t pitch = q_cols + 2 * kv_cols;
+    at::Tensor both = at::empty({b, t, pitch}, q.x.options());
+    auto block = [&](int64_t first, int64_t cols) {  // columns [first, first + cols), [B, T, H, D]
+      return both.as_strided({b, t, cols / d, d}, {t * pitch, pitch, d, 1}, first);
     };
-    at::Tensor dq = block(0, q_cols), dk = block(q_cols, kv_cols);
+    const at::Tensor dq = block(0, q_cols), dk = block(q_cols, kv_cols);
     const at::Tensor dv = block(q_cols + kv_cols, kv_cols).transpose(1, 2);  // v's shape
-    const at::Tensor dq_weight = QkNormRopeBackwardInto(q, grads[0], dq);
-    const at::Tensor dk_weight = QkNormRopeBackwardInto(k, grads[1], dk);
-    if (grads[2].defined()) {
-      dv.copy_(grads[2]);
-    } else {
-      dv.zero_();
-    }
+    const at::Tensor dq_weight = QkNormRopeBackwardInto(q, grads[0], dq.data_ptr(), pitch);
+    const at::Tensor dk_weight = QkNormRopeBackwardInto(k, grads[1], dk.data_ptr(), pitch);
+    dv.copy_(grads[2]);  // defined: autograd hands unused outputs' gradients in as zeros
     return {dq,           dk,           dv,           dq_weight,   dk_weight,
             at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
@@ -469,7 +465,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> QkvNormRope(
   const bool together =
       fused && QkNormRopeApplies(q, q_weight, cos, out_dtype) &&
       QkNormRopeApplies(k, k_weight, cos, out_dtype) && at::GradMode::is_enabled() &&
-      (q.requires_grad() || k.requires_grad() || v.requires_grad()) && v.dim() == 4 &&
+      q.requires_grad() && k.requires_grad() && v.requires_grad() && v.dim() == 4 &&
       k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type() &&
       v.device() == q.device() && k.size(0) == q.size(0) && k.size(1) == q.size(1) &&
       k.size(3) == q.size(3) && v.sizes() == at::IntArrayRef({k.size(0), k.size(2), k.size(1),

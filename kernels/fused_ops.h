@@ -66,8 +66,8 @@ at::Tensor QkNormRopeReference(const at::Tensor& x, const at::Tensor& weight, do
                                at::ScalarType out_dtype);
 
 // {QkNormRope(q, q_weight, ...), QkNormRope(k, k_weight, ...), v} for q [B, T, Hq, D], k
-// [B, T, Hkv, D] and v [B, Hkv, T, D] of one dtype. Where the kernels take q and k and a gradient
-// is wanted, one backward writes the gradients of q, k and v side by side in one
+// [B, T, Hkv, D] and v [B, Hkv, T, D] of one dtype. Where the kernels take q and k and all three
+// want a gradient, one backward writes the gradients of q, k and v side by side in one
 // [B, T, (Hq + 2 Hkv) D] buffer (v's copied there), so a SplitLinear that projected q, k and v
 // computes its input's gradient as one matmul. Elsewhere: the two QkNormRope calls and v as it is.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> QkvNormRope(

@@ -274,14 +274,17 @@ TEST(FusedOpsTest, QkNormRopeMatchesReference) {
 // QkvNormRope against two QkNormRope calls and v passed through: the same bits forward and
 // backward (its backward writes q's and k's gradients into one buffer at that buffer's pitch and
 // copies v's beside them), on the register-chunk kernels (head dims 64, 128) and the general ones
-// (80), with and without the norm, GQA included.
+// (80), the chunk kernels' one-value path (96: no word divides a lane's 3 values), one token
+// (T = 1, whose dimension's stride LibTorch may leave arbitrary), with and without the norm,
+// GQA included.
 TEST(FusedOpsTest, QkvNormRopeEqualsTwoQkNormRopes) {
   REQUIRE_KERNELS();
   torch::manual_seed(4);
   struct Shape {
     int64_t b, t, hq, hkv, d;
   };
-  for (const Shape& s : {Shape{2, 33, 4, 2, 128}, Shape{1, 17, 3, 1, 64}, Shape{2, 19, 2, 2, 80}}) {
+  for (const Shape& s : {Shape{2, 33, 4, 2, 128}, Shape{1, 17, 3, 1, 64}, Shape{2, 19, 2, 2, 80},
+                         Shape{2, 7, 2, 1, 96}, Shape{3, 1, 4, 2, 128}}) {
     const auto f32 = torch::device(kCuda).dtype(at::kFloat);
     const at::Tensor inv_freq =
         1.0 / torch::pow(10000.0, torch::arange(0, s.d, 2, f32) / static_cast<double>(s.d));

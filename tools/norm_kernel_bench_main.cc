@@ -4,12 +4,12 @@
 //   build/tools/norm_kernel_bench --iters=50        (CMake build on a GPU host)
 //
 // Cases: RMSNorm forward and backward at rows 8192 x cols 1024, 2048, 3072 (Llama-3.2-1B is
-// 2048), QK-norm + rotary backward at Qwen3's shape (batch 4, seq 2048, 16 query heads and 8
-// key/value heads of 128). For each: the median of --iters launches timed with CUDA events
-// (after --warmup), rotating --sets input sets so that they do not stay in the L2; the eager
-// reference's autograd backward (or forward) timed alike; GB/s = the bytes each input is read
-// and each output written once, over the median; and the error of every output against the
-// reference evaluated in float64 on the same inputs: max |a - b| / max |b| and
+// 2048), QK-norm + rotary backward and forward at Qwen3's shape (batch 4, seq 2048, 16 query
+// heads and 8 key/value heads of 128). For each: the median of --iters launches timed with
+// CUDA events (after --warmup), rotating --sets input sets so that they do not stay in the L2;
+// the eager reference's autograd backward (or forward) timed alike; GB/s = the bytes each input
+// is read and each output written once, over the median; and the error of every output against
+// the reference evaluated in float64 on the same inputs: max |a - b| / max |b| and
 // ||a - b|| / ||b||, after the outputs were poisoned with NaN (an unwritten element shows).
 // Exits 1 when an error exceeds 1e-2 (bf16). Prints a table and one JSON line per case; in a
 // build without the CUDA kernels or on a machine without a GPU it prints SKIPPED and exits 0.
@@ -224,29 +224,83 @@ struct QkSet {
   at::Tensor x, w, dout, rstd;
 };
 
-Result QkNormRopeBackward(int64_t batch, int64_t seq, int64_t heads, int64_t dim) {
+struct RotaryTables {
+  at::Tensor cos, sin;  // [seq, dim] fp32, Qwen3's theta of 1e6
+};
+
+RotaryTables MakeTables(int64_t seq, int64_t dim) {
   const at::Tensor inv_freq =
       1.0 /
       torch::pow(1e6, torch::arange(0, dim, 2, Cuda()).to(at::kFloat) / static_cast<double>(dim));
   const at::Tensor freqs = torch::outer(torch::arange(seq, Cuda()).to(at::kFloat), inv_freq);
   const at::Tensor emb = torch::cat({freqs, freqs}, -1);
-  const at::Tensor cos = emb.cos().contiguous(), sin = emb.sin().contiguous();
-  const int64_t rows = batch * seq * heads;
+  return {emb.cos().contiguous(), emb.sin().contiguous()};
+}
+
+// --sets input sets, each with the rstd its forward wrote (for the backward).
+std::vector<QkSet> MakeQkSets(int64_t batch, int64_t seq, int64_t heads, int64_t dim,
+                              const RotaryTables& tables) {
   std::vector<QkSet> sets;
   for (int i = 0; i < std::max(1, absl::GetFlag(FLAGS_sets)); ++i) {
     QkSet s{torch::randn({batch, seq, heads, dim}, Cuda()).to(at::kBFloat16),
             (torch::rand({dim}, Cuda()) + 0.5).to(at::kBFloat16),
             // [B, H, T, D] in [B, T, H, D] memory, the order the kernel reads and writes.
             torch::randn({batch, seq, heads, dim}, Cuda()).to(at::kBFloat16).transpose(1, 2),
-            at::empty({rows}, Cuda().dtype(at::kFloat))};
+            at::empty({batch * seq * heads}, Cuda().dtype(at::kFloat))};
     at::Tensor out = at::empty_like(s.dout);
     Check(cpptrain::kernels::LaunchQkNormRopeForward(
               batch, seq, heads, dim, s.x.data_ptr(), ElementType::kBfloat16, s.w.data_ptr(),
-              ElementType::kBfloat16, kEps, cos.data_ptr<float>(), sin.data_ptr<float>(),
-              out.data_ptr(), ElementType::kBfloat16, s.rstd.data_ptr<float>(), Stream()),
+              ElementType::kBfloat16, kEps, tables.cos.data_ptr<float>(),
+              tables.sin.data_ptr<float>(), out.data_ptr(), ElementType::kBfloat16,
+              s.rstd.data_ptr<float>(), Stream()),
           "QK-norm + rotary forward");
     sets.push_back(s);
   }
+  return sets;
+}
+
+std::string QkShape(int64_t batch, int64_t seq, int64_t heads, int64_t dim) {
+  return std::to_string(batch) + "x" + std::to_string(seq) + "x" + std::to_string(heads) + "x" +
+         std::to_string(dim);
+}
+
+Result QkNormRopeForward(int64_t batch, int64_t seq, int64_t heads, int64_t dim) {
+  const RotaryTables tables = MakeTables(seq, dim);
+  const at::Tensor &cos = tables.cos, &sin = tables.sin;
+  const std::vector<QkSet> sets = MakeQkSets(batch, seq, heads, dim, tables);
+  at::Tensor out = at::empty_like(sets[0].dout), rstd = at::empty_like(sets[0].rstd);
+  auto kernel = [&](int i) {
+    const QkSet& s = sets[i % sets.size()];
+    Check(cpptrain::kernels::LaunchQkNormRopeForward(
+              batch, seq, heads, dim, s.x.data_ptr(), ElementType::kBfloat16, s.w.data_ptr(),
+              ElementType::kBfloat16, kEps, cos.data_ptr<float>(), sin.data_ptr<float>(),
+              out.data_ptr(), ElementType::kBfloat16, rstd.data_ptr<float>(), Stream()),
+          "QK-norm + rotary forward");
+  };
+  Result r{"qknorm_rope_fwd " + QkShape(batch, seq, heads, dim)};
+  out.fill_(NAN);
+  kernel(0);
+  Worst(r, out,
+        cpptrain::kernels::QkNormRopeReference(sets[0].x.to(at::kDouble),
+                                               sets[0].w.to(at::kDouble), kEps,
+                                               cos.to(at::kDouble), sin.to(at::kDouble),
+                                               at::kDouble));
+  r.kernel_ms = MedianMs(kernel);
+  r.eager_ms = MedianMs([&](int i) {
+    const QkSet& s = sets[i % sets.size()];
+    cpptrain::kernels::QkNormRopeReference(s.x, s.w, kEps, cos, sin, at::kBFloat16);
+  });
+  const int64_t rows = batch * seq * heads;
+  // x, out; cos and sin; rstd; weight
+  r.bytes = 2.0 * 2 * rows * dim + 2.0 * 4 * seq * dim + 4.0 * rows + 2.0 * dim;
+  return r;
+}
+
+Result QkNormRopeBackward(int64_t batch, int64_t seq, int64_t heads, int64_t dim) {
+  const RotaryTables tables = MakeTables(seq, dim);
+  const at::Tensor &cos = tables.cos, &sin = tables.sin;
+  const int64_t rows = batch * seq * heads;
+  const std::vector<QkSet> sets = MakeQkSets(batch, seq, heads, dim, tables);
   at::Tensor dx = at::empty_like(sets[0].x), dw = at::empty({dim}, Cuda().dtype(at::kFloat));
   at::Tensor workspace = at::empty({cpptrain::kernels::NormBackwardWorkspaceFloats(rows, dim)},
                                    Cuda().dtype(at::kFloat));
@@ -256,12 +310,10 @@ Result QkNormRopeBackward(int64_t batch, int64_t seq, int64_t heads, int64_t dim
               batch, seq, heads, dim, s.dout.data_ptr(), ElementType::kBfloat16, s.x.data_ptr(),
               ElementType::kBfloat16, s.w.data_ptr(), ElementType::kBfloat16, cos.data_ptr<float>(),
               sin.data_ptr<float>(), s.rstd.data_ptr<float>(), dx.data_ptr(), heads * dim,
-              dw.data_ptr<float>(),
-              workspace.data_ptr<float>(), workspace.numel(), Stream()),
+              dw.data_ptr<float>(), workspace.data_ptr<float>(), workspace.numel(), Stream()),
           "QK-norm + rotary backward");
   };
-  Result r{"qknorm_rope_bwd " + std::to_string(batch) + "x" + std::to_string(seq) + "x" +
-           std::to_string(heads) + "x" + std::to_string(dim)};
+  Result r{"qknorm_rope_bwd " + QkShape(batch, seq, heads, dim)};
   dx.fill_(NAN);
   dw.fill_(NAN);
   kernel(0);
@@ -300,6 +352,8 @@ int Run() {
   }
   results.push_back(QkNormRopeBackward(4, 2048, 16, 128));  // Qwen3's queries
   results.push_back(QkNormRopeBackward(4, 2048, 8, 128));   // and keys
+  results.push_back(QkNormRopeForward(4, 2048, 16, 128));
+  results.push_back(QkNormRopeForward(4, 2048, 8, 128));
   int failed = 0;
   for (const Result& r : results) {
     ReportJson(r);

@@ -430,24 +430,21 @@ __device__ __forceinline__ float Silu(float g) { return g / (1.f + __expf(-g)); 
 constexpr float kSqrt2OverPi = 0.7978845608028654f;
 constexpr float kGeluCubic = 0.044715f;
 
-// GELU's tanh approximation, 0.5 g (1 + tanh z) with z = sqrt(2 / pi) (g + 0.044715 g^3), as
-// g * sigmoid(2 z): the same function without the cancellation in 1 + tanh z where z << 0 (in
-// fp32 that form is off by 4.5e-4 relative at g = -4, 30% at -5 and gives 0 at -6; this one
-// stays within 4e-6). Returns sigmoid(2 z) and sets
-// sigmoid(-2 z), each from its own exponential (no 1 - s cancellation either; an exponential
-// that overflows gives 0 or 1, never a NaN).
-__device__ __forceinline__ float GeluSigmoid(float g, float& complement) {
-  const float z2 = 2.f * kSqrt2OverPi * (g + kGeluCubic * g * g * g);
-  complement = 1.f / (1.f + expf(z2));
-  return 1.f / (1.f + expf(-z2));
+// GELU's tanh approximation, 0.5 g (1 + tanh z) with z = sqrt(2 / pi) (g + 0.044715 g^3), is
+// computed as g * sigmoid(2 z): the same function without the cancellation in 1 + tanh z where
+// z << 0 (in fp32 that form is off by 4.5e-4 relative at g = -4, 30% at -5 and gives 0 at -6;
+// this one stays within 4e-6). Each sigmoid comes from its own exponential (the backward's
+// 1 - s too, so no cancellation there either); an exponential that overflows gives 0 or 1,
+// never a NaN.
+__device__ __forceinline__ float GeluTwoZ(float g) {
+  return 2.f * kSqrt2OverPi * (g + kGeluCubic * g * g * g);
 }
 
 // The gate's activation: silu, or GELU's tanh approximation (kGelu, Gemma's gelu_pytorch_tanh).
 template <bool kGelu>
 __device__ __forceinline__ float Activation(float g) {
   if constexpr (kGelu) {
-    float complement;
-    return g * GeluSigmoid(g, complement);
+    return g * (1.f / (1.f + expf(-GeluTwoZ(g))));  // g * s, as the backward has it
   } else {
     return Silu(g);
   }
@@ -478,8 +475,8 @@ template <bool kGelu>
 __device__ __forceinline__ void GatedGrad(float g, float u, float d, float& dg, float& du) {
   if constexpr (kGelu) {
     // With s = sigmoid(2 z): 0.5 (1 + tanh z) = s and 1 - tanh^2 z = 4 s (1 - s).
-    float complement;
-    const float s = GeluSigmoid(g, complement);
+    const float two_z = GeluTwoZ(g);
+    const float s = 1.f / (1.f + expf(-two_z)), complement = 1.f / (1.f + expf(two_z));
     du = d * g * s;
     const float dz = kSqrt2OverPi * (1.f + 3.f * kGeluCubic * g * g);
     dg = d * u * (s + 2.f * g * s * complement * dz);

@@ -15,6 +15,7 @@
 #include <functional>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "base/torch_compat.h"
@@ -80,6 +81,17 @@ bool KernelsRunHere() { return CudaKernelsBuilt() && torch::cuda::is_available()
   }
 
 const c10::Device kCuda(c10::kCUDA, 0);
+
+// The rotary tables cos and sin for positions [0, t) and head dim d (theta 10000), [t, d] fp32
+// on the GPU.
+std::pair<at::Tensor, at::Tensor> RotaryTables(int64_t t, int64_t d) {
+  const auto f32 = torch::device(kCuda).dtype(at::kFloat);
+  const at::Tensor inv_freq =
+      1.0 / torch::pow(10000.0, torch::arange(0, d, 2, f32) / static_cast<double>(d));
+  const at::Tensor freqs = torch::outer(torch::arange(t, f32), inv_freq);
+  const at::Tensor emb = torch::cat({freqs, freqs}, -1);
+  return {emb.cos(), emb.sin()};
+}
 
 // ---- the CUDA kernels (GPU hosts) ----
 
@@ -232,13 +244,8 @@ TEST(FusedOpsTest, QkNormRopeMatchesReference) {
                          Shape{1, 2048, 16, 128}, Shape{2, 37, 3, 64}, Shape{4, 2048, 8, 128},
                          Shape{2, 33, 3, 256}, Shape{2, 19, 3, 80}, Shape{1, 11, 2, 192},
                          Shape{2, 33, 3, 128, true}, Shape{1, 7, 2, 64, true}}) {
-    const at::Tensor positions = torch::arange(s.t, torch::device(kCuda).dtype(at::kFloat));
-    const at::Tensor inv_freq =
-        1.0 / torch::pow(10000.0, torch::arange(0, s.d, 2, torch::device(kCuda)).to(at::kFloat) /
-                                      static_cast<double>(s.d));
-    const at::Tensor freqs = torch::outer(positions, inv_freq);
-    const at::Tensor emb = torch::cat({freqs, freqs}, -1);
-    const at::Tensor cos = emb.cos(), sin = emb.sin();
+    const std::pair<at::Tensor, at::Tensor> tables = RotaryTables(s.t, s.d);
+    const at::Tensor &cos = tables.first, &sin = tables.second;
     for (const bool norm : {true, false}) {
       for (const at::ScalarType type : {at::kFloat, at::kBFloat16}) {
         const at::Tensor x = torch::randn({s.b, s.t, s.h, s.d}, torch::device(kCuda)).to(type);
@@ -286,11 +293,8 @@ TEST(FusedOpsTest, QkvNormRopeEqualsTwoQkNormRopes) {
   for (const Shape& s : {Shape{2, 33, 4, 2, 128}, Shape{1, 17, 3, 1, 64}, Shape{2, 19, 2, 2, 80},
                          Shape{2, 7, 2, 1, 96}, Shape{3, 1, 4, 2, 128}}) {
     const auto f32 = torch::device(kCuda).dtype(at::kFloat);
-    const at::Tensor inv_freq =
-        1.0 / torch::pow(10000.0, torch::arange(0, s.d, 2, f32) / static_cast<double>(s.d));
-    const at::Tensor freqs = torch::outer(torch::arange(s.t, f32), inv_freq);
-    const at::Tensor cos = torch::cat({freqs, freqs}, -1).cos();
-    const at::Tensor sin = torch::cat({freqs, freqs}, -1).sin();
+    const std::pair<at::Tensor, at::Tensor> tables = RotaryTables(s.t, s.d);
+    const at::Tensor &cos = tables.first, &sin = tables.second;
     const std::vector<at::Tensor> grads = {torch::randn({s.b, s.hq, s.t, s.d}, f32),
                                            torch::randn({s.b, s.hkv, s.t, s.d}, f32),
                                            torch::randn({s.b, s.hkv, s.t, s.d}, f32)};
@@ -631,6 +635,13 @@ TEST(FusedOpsTest, WithoutKernelsTheFusedEntryPointsReturnTheReferences) {
                   .equal(SoftcapSoftmaxReference(scores, 0.5, 2.0, 2)));
   EXPECT_TRUE(QkNormRope(x, w, 1e-6, emb.cos(), emb.sin(), at::kFloat, true)
                   .equal(QkNormRopeReference(x, w, 1e-6, emb.cos(), emb.sin(), at::kFloat)));
+  const at::Tensor v = x.transpose(1, 2);
+  const auto qkv = QkvNormRope(x, x * 2, v, w, w, 1e-6, emb.cos(), emb.sin(), at::kFloat, true);
+  EXPECT_TRUE(std::get<0>(qkv).equal(
+      QkNormRopeReference(x, w, 1e-6, emb.cos(), emb.sin(), at::kFloat)));
+  EXPECT_TRUE(std::get<1>(qkv).equal(
+      QkNormRopeReference(x * 2, w, 1e-6, emb.cos(), emb.sin(), at::kFloat)));
+  EXPECT_TRUE(std::get<2>(qkv).is_same(v));
   EXPECT_FALSE(ScaledCopy(x, torch::ones({}), at::kBFloat16).defined());  // the CPU
 }
 

@@ -197,6 +197,13 @@ TEST(SplitLinearTest, WeightsApartOrGradientsApartKeepAMatmulPerBlock) {
   }
 }
 
+// Why the fused `kernel` cannot run here (the reason a GPU case prints with SKIPPED), or nothing.
+std::optional<std::string> WhyNoFusedKernels(const std::string& kernel) {
+  if (kernels::CudaKernelsBuilt() && torch::cuda::is_available()) return std::nullopt;
+  return "the fused " + kernel + " needs a CUDA build (CMake with nvcc) and a GPU; this machine " +
+         "has " + (kernels::CudaKernelsBuilt() ? "no GPU" : "neither");
+}
+
 // `run(fused)` gives x's and the weights' gradients. Fused, x's must take the one-matmul path
 // (the counter goes up by one); both must equal the eager run's within bf16's rounding.
 void ExpectStackedPathAndEagerGradients(
@@ -214,10 +221,7 @@ void ExpectStackedPathAndEagerGradients(
 // whose backward writes dgate and dup side by side. x's gradient must take the one-matmul path
 // and equal the eager MLP's.
 TEST(SplitLinearTest, FusedSwiGluBackwardTakesTheStackedPathOnTheGpu) {
-  if (!kernels::CudaKernelsBuilt() || !torch::cuda::is_available()) {
-    GTEST_SKIP() << "the fused SwiGLU needs a CUDA build (CMake with nvcc) and a GPU; this "
-                 << "machine has " << (kernels::CudaKernelsBuilt() ? "no GPU" : "neither");
-  }
+  if (const std::optional<std::string> why = WhyNoFusedKernels("SwiGLU")) GTEST_SKIP() << *why;
   torch::manual_seed(5);
   const auto bf16 = torch::TensorOptions().dtype(torch::kBFloat16).device(torch::kCUDA, 0);
   const int64_t hidden = 64, inter = 96;
@@ -246,9 +250,8 @@ TEST(SplitLinearTest, FusedSwiGluBackwardTakesTheStackedPathOnTheGpu) {
 // whose backward writes the gradients of q, k and v side by side. x's gradient must take the
 // one-matmul path and equal the eager projections' through the references.
 TEST(SplitLinearTest, FusedQkvNormRopeBackwardTakesTheStackedPathOnTheGpu) {
-  if (!kernels::CudaKernelsBuilt() || !torch::cuda::is_available()) {
-    GTEST_SKIP() << "the fused QK-norm + rotary needs a CUDA build (CMake with nvcc) and a GPU; "
-                 << "this machine has " << (kernels::CudaKernelsBuilt() ? "no GPU" : "neither");
+  if (const std::optional<std::string> why = WhyNoFusedKernels("QK-norm + rotary")) {
+    GTEST_SKIP() << *why;
   }
   torch::manual_seed(6);
   const auto bf16 = torch::TensorOptions().dtype(torch::kBFloat16).device(torch::kCUDA, 0);

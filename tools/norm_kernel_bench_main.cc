@@ -237,6 +237,17 @@ RotaryTables MakeTables(int64_t seq, int64_t dim) {
   return {emb.cos().contiguous(), emb.sin().contiguous()};
 }
 
+// The kernel's forward of s.x into out ([B, H, T, D] over [B, T, H, D] memory) and rstd.
+void LaunchQkForward(int64_t batch, int64_t seq, int64_t heads, int64_t dim, const QkSet& s,
+                     const RotaryTables& tables, at::Tensor& out, at::Tensor& rstd) {
+  Check(cpptrain::kernels::LaunchQkNormRopeForward(
+            batch, seq, heads, dim, s.x.data_ptr(), ElementType::kBfloat16, s.w.data_ptr(),
+            ElementType::kBfloat16, kEps, tables.cos.data_ptr<float>(),
+            tables.sin.data_ptr<float>(), out.data_ptr(), ElementType::kBfloat16,
+            rstd.data_ptr<float>(), Stream()),
+        "QK-norm + rotary forward");
+}
+
 // --sets input sets, each with the rstd its forward wrote (for the backward).
 std::vector<QkSet> MakeQkSets(int64_t batch, int64_t seq, int64_t heads, int64_t dim,
                               const RotaryTables& tables) {
@@ -248,12 +259,7 @@ std::vector<QkSet> MakeQkSets(int64_t batch, int64_t seq, int64_t heads, int64_t
             torch::randn({batch, seq, heads, dim}, Cuda()).to(at::kBFloat16).transpose(1, 2),
             at::empty({batch * seq * heads}, Cuda().dtype(at::kFloat))};
     at::Tensor out = at::empty_like(s.dout);
-    Check(cpptrain::kernels::LaunchQkNormRopeForward(
-              batch, seq, heads, dim, s.x.data_ptr(), ElementType::kBfloat16, s.w.data_ptr(),
-              ElementType::kBfloat16, kEps, tables.cos.data_ptr<float>(),
-              tables.sin.data_ptr<float>(), out.data_ptr(), ElementType::kBfloat16,
-              s.rstd.data_ptr<float>(), Stream()),
-          "QK-norm + rotary forward");
+    LaunchQkForward(batch, seq, heads, dim, s, tables, out, s.rstd);
     sets.push_back(s);
   }
   return sets;
@@ -270,12 +276,7 @@ Result QkNormRopeForward(int64_t batch, int64_t seq, int64_t heads, int64_t dim)
   const std::vector<QkSet> sets = MakeQkSets(batch, seq, heads, dim, tables);
   at::Tensor out = at::empty_like(sets[0].dout), rstd = at::empty_like(sets[0].rstd);
   auto kernel = [&](int i) {
-    const QkSet& s = sets[i % sets.size()];
-    Check(cpptrain::kernels::LaunchQkNormRopeForward(
-              batch, seq, heads, dim, s.x.data_ptr(), ElementType::kBfloat16, s.w.data_ptr(),
-              ElementType::kBfloat16, kEps, cos.data_ptr<float>(), sin.data_ptr<float>(),
-              out.data_ptr(), ElementType::kBfloat16, rstd.data_ptr<float>(), Stream()),
-          "QK-norm + rotary forward");
+    LaunchQkForward(batch, seq, heads, dim, sets[i % sets.size()], tables, out, rstd);
   };
   Result r{"qknorm_rope_fwd " + QkShape(batch, seq, heads, dim)};
   out.fill_(NAN);

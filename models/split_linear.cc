@@ -44,7 +44,8 @@ bool ColumnsOfPitch(const at::Tensor& t, int64_t pitch) {
 
 // The blocks' output gradients as one [rows, sum(sizes)] matrix when they lie side by side in
 // one buffer of `dtype` (block i + 1's columns right after block i's, every row at the pitch of
-// the whole: the fused SwiGLU backward writes dgate and dup so), else undefined.
+// the whole: the fused SwiGLU backward writes dgate and dup so, QkvNormRope's dq, dk and dv),
+// else undefined.
 at::Tensor SideBySide(const variable_list& grads, const std::vector<int64_t>& sizes,
                       at::ScalarType dtype) {
   const int64_t total = std::accumulate(sizes.begin(), sizes.end(), int64_t{0});
@@ -64,8 +65,8 @@ at::Tensor SideBySide(const variable_list& grads, const std::vector<int64_t>& si
 }
 
 // The blocks' weights as one [sum(sizes), in] matrix: the stacked weight itself, or per-block
-// weights that are consecutive rows of one buffer (as the engines' bf16 working copies of
-// gate_proj and up_proj are); else undefined.
+// weights that are consecutive rows of one buffer (as the local engine's bf16 working copies of
+// q/k/v and gate/up are); else undefined.
 at::Tensor StackedWeight(const variable_list& w) {
   if (w.size() == 1) return w[0];
   int64_t rows = 0;

@@ -721,50 +721,92 @@ __device__ __forceinline__ void StoreChunk(T* p, const float (&v)[kChunk]) {
   }
 }
 
+// Row i's chunk of the rotary tables into c[i] and s[i]: copied from row i - 1's where the two
+// rows are heads of one token (the same position), loaded otherwise. A warp's consecutive rows
+// share a token unless they cross into the next one, so most rows load no table at all.
+template <bool kVector, int kRows, int kChunk>
+__device__ __forceinline__ void RowTables(const int64_t (&position)[kRows], int i,
+                                          const float* cos, const float* sin, int first,
+                                          float (&c)[kRows][kChunk], float (&s)[kRows][kChunk]) {
+  if (i > 0 && position[i] == position[i - 1]) {
+#pragma unroll
+    for (int k = 0; k < kChunk; ++k) {
+      c[i][k] = c[i - 1][k];
+      s[i][k] = s[i - 1][k];
+    }
+    return;
+  }
+  const int64_t table = position[i] * (kChunk * kWarp) + first;
+  LoadChunk<kVector>(cos + table, c[i]);
+  LoadChunk<kVector>(sin + table, s[i]);
+}
+
 // The same two kernels for head dims of kChunk * 32 (64, 96, 128, 256): lane l holds columns
 // [l * kChunk, (l + 1) * kChunk) in registers, and the rotary partner of column j (j +- dim/2)
 // sits at the same index in lane l ^ 16, so one shuffle replaces the shared-memory staging and
 // every load of a row is issued at once (the loops above wait on memory three times a row).
 // With kVector a lane's chunk of a row and of the rotary tables moves in whole words (8 bytes
 // of bf16 and 16 of fp32 a lane at head dim 128: one load instruction each, not four).
+// Each warp takes consecutive rows and issues all their loads before it computes: one row's
+// 256 bytes of x (bf16, head dim 128) in flight per warp left the memory system idle between
+// rows, and consecutive rows are heads of one token, whose tables are loaded once (RowTables).
+template <int kChunk>
+constexpr int kForwardRows = kChunk <= 4 ? 4 : 2;  // 2 at head dim 256: registers
+
 template <bool kVector, int kChunk, typename TX, typename TW, typename TO>
 __global__ void QkNormRopeForwardChunkKernel(int64_t rows, int64_t seq, int64_t heads,
                                              const TX* x, const TW* weight, float eps,
                                              const float* cos, const float* sin, TO* out,
                                              float* rstd) {
   constexpr int kDim = kChunk * kWarp;
+  constexpr int kRows = kForwardRows<kChunk>;
   const int lane = threadIdx.x % kWarp;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
-  if (row >= rows) return;  // the whole warp: row depends on the warp only
+  const int64_t base =
+      (static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp) * kRows;
+  if (base >= rows) return;  // the whole warp: base depends on the warp only
   const int first = lane * kChunk;
-  const int64_t table = PositionOf(row, seq, heads) * kDim + first;
-  float v[kChunk], c[kChunk], s[kChunk];
-  LoadChunk<kVector>(x + row * kDim + first, v);
-  LoadChunk<kVector>(cos + table, c);
-  LoadChunk<kVector>(sin + table, s);
+  float v[kRows][kChunk], c[kRows][kChunk], s[kRows][kChunk];
+  int64_t position[kRows];
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) {
+    const int64_t row = base + i;
+    if (row >= rows) break;
+    position[i] = PositionOf(row, seq, heads);
+    LoadChunk<kVector>(x + row * kDim + first, v[i]);
+    RowTables<kVector>(position, i, cos, sin, first, c, s);
+  }
+  float w[kChunk];
   if (weight != nullptr) {
-    float squares = 0.f;
 #pragma unroll
-    for (int k = 0; k < kChunk; ++k) squares += v[k] * v[k];
-    const float r = rsqrtf(WarpSum(squares) / kDim + eps);
-    if (lane == 0) rstd[row] = r;
-#pragma unroll
-    for (int k = 0; k < kChunk; ++k) v[k] = Load(weight, first + k) * RoundTo<TX>(v[k] * r);
+    for (int k = 0; k < kChunk; ++k) w[k] = Load(weight, first + k);
   }
   // Lanes 0-15 hold the first half: rotate_half gives them -y[j + half], the others y[j - half].
   const float sign = lane < kWarp / 2 ? -1.f : 1.f;
-  float o[kChunk];
 #pragma unroll
-  for (int k = 0; k < kChunk; ++k) {
-    const float partner = __shfl_xor_sync(0xffffffffu, v[k], kWarp / 2);
-    o[k] = v[k] * c[k] + sign * partner * s[k];
+  for (int i = 0; i < kRows; ++i) {
+    const int64_t row = base + i;
+    if (row >= rows) break;
+    if (weight != nullptr) {
+      float squares = 0.f;
+#pragma unroll
+      for (int k = 0; k < kChunk; ++k) squares += v[i][k] * v[i][k];
+      const float r = rsqrtf(WarpSum(squares) / kDim + eps);
+      if (lane == 0) rstd[row] = r;
+#pragma unroll
+      for (int k = 0; k < kChunk; ++k) v[i][k] = w[k] * RoundTo<TX>(v[i][k] * r);
+    }
+    float o[kChunk];
+#pragma unroll
+    for (int k = 0; k < kChunk; ++k) {
+      const float partner = __shfl_xor_sync(0xffffffffu, v[i][k], kWarp / 2);
+      o[k] = v[i][k] * c[i][k] + sign * partner * s[i][k];
+    }
+    StoreChunk<kVector>(out + row * kDim + first, o);
   }
-  StoreChunk<kVector>(out + row * kDim + first, o);
 }
 
-// A warp takes kRowsAtOnce rows per step of its grid-stride loop and issues all their loads
-// before it computes: one row's 512 bytes (bf16 dout and x at head dim 128) in flight per warp
-// left the memory system idle between rows.
+// The backward's rows per warp and step of its grid-stride loop: consecutive, all loaded before
+// any is computed, as in the forward.
 constexpr int kRowsAtOnce = 2;
 
 template <bool kVector, int kChunk, typename TO, typename TX, typename TW>
@@ -785,19 +827,19 @@ __global__ void QkNormRopeBackwardChunkKernel(int64_t rows, int64_t seq, int64_t
 #pragma unroll
     for (int k = 0; k < kChunk; ++k) w[k] = Load(weight, first + k);
   }
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
-  for (int64_t base = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp; base < rows;
-       base += kRowsAtOnce * stride) {
+  const int64_t step = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock * kRowsAtOnce;
+  for (int64_t base = (static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp) * kRowsAtOnce;
+       base < rows; base += step) {
     float g[kRowsAtOnce][kChunk], xv[kRowsAtOnce][kChunk], c[kRowsAtOnce][kChunk],
         s[kRowsAtOnce][kChunk], r[kRowsAtOnce];
+    int64_t position[kRowsAtOnce];
 #pragma unroll
     for (int i = 0; i < kRowsAtOnce; ++i) {
-      const int64_t row = base + i * stride;
-      if (row >= rows) continue;
-      const int64_t table = PositionOf(row, seq, heads) * kDim + first;
+      const int64_t row = base + i;
+      if (row >= rows) break;
+      position[i] = PositionOf(row, seq, heads);
       LoadChunk<kVector>(dout + row * kDim + first, g[i]);
-      LoadChunk<kVector>(cos + table, c[i]);
-      LoadChunk<kVector>(sin + table, s[i]);
+      RowTables<kVector>(position, i, cos, sin, first, c, s);
       if (weight != nullptr) {
         LoadChunk<kVector>(x + row * kDim + first, xv[i]);
         r[i] = rstd[row];
@@ -805,7 +847,7 @@ __global__ void QkNormRopeBackwardChunkKernel(int64_t rows, int64_t seq, int64_t
     }
 #pragma unroll
     for (int i = 0; i < kRowsAtOnce; ++i) {
-      const int64_t row = base + i * stride;
+      const int64_t row = base + i;
       if (row >= rows) break;  // the whole warp: row depends on the warp only
       float dy[kChunk];
 #pragma unroll
@@ -1409,12 +1451,13 @@ const char* LaunchQkNormRopeForward(int64_t batch, int64_t seq, int64_t heads, i
         using TW = decltype(tw);
         using TO = decltype(to);
         const bool chunked = WithChunk(head_dim, [&](auto chunk) {
+          constexpr int kChunk = decltype(chunk)::value;
+          const int64_t warps = (rows + kForwardRows<kChunk> - 1) / kForwardRows<kChunk>;
           auto run = [&](auto kernel) {
-            kernel<<<BlocksFor(rows), kBlock, 0, s>>>(
+            kernel<<<BlocksFor(warps), kBlock, 0, s>>>(
                 rows, seq, heads, static_cast<const TX*>(x), static_cast<const TW*>(weight),
                 static_cast<float>(eps), cos, sin, static_cast<TO*>(out), rstd);
           };
-          constexpr int kChunk = decltype(chunk)::value;
           if (Aligned16({x, cos, sin, out})) {
             run(QkNormRopeForwardChunkKernel<true, kChunk, TX, TW, TO>);
           } else {

@@ -4,7 +4,10 @@
 #include <torch/utils.h>
 
 #include <algorithm>
+#include <string>
+#include <unordered_map>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 
@@ -28,7 +31,51 @@ absl::Status CheckOrder(const std::vector<int>& order, size_t n) {
   return absl::OkStatus();
 }
 
+// For each of `names`, the index of its set in the returned sets, or -1: the sets of `adjacent`
+// as indices, each name in at most one set, sets of fewer than two left out.
+std::vector<std::vector<int>> AdjacentSets(const std::vector<std::string>& names,
+                                           const std::vector<std::vector<std::string>>& adjacent,
+                                           std::vector<int>& set_of) {
+  std::unordered_map<std::string, int> index;
+  for (size_t i = 0; i < names.size(); ++i) index.emplace(names[i], static_cast<int>(i));
+  set_of.assign(names.size(), -1);
+  std::vector<std::vector<int>> sets;
+  for (const std::vector<std::string>& set : adjacent) {
+    const int id = static_cast<int>(sets.size());
+    std::vector<int> members;
+    for (const std::string& name : set) {
+      auto it = index.find(name);
+      if (it == index.end() || set_of[it->second] >= 0) continue;
+      set_of[it->second] = id;
+      members.push_back(it->second);
+    }
+    if (members.size() >= 2) {
+      sets.push_back(std::move(members));
+    } else {
+      for (int i : members) set_of[i] = -1;
+    }
+  }
+  return sets;
+}
+
 }  // namespace
+
+std::vector<std::vector<int>> FlatOrderUnits(const std::vector<std::string>& names,
+                                             const std::vector<std::vector<std::string>>& adjacent,
+                                             bool reversed) {
+  std::vector<int> set_of;
+  const std::vector<std::vector<int>> sets = AdjacentSets(names, adjacent, set_of);
+  const int n = static_cast<int>(names.size());
+  std::vector<char> placed(n, 0);
+  std::vector<std::vector<int>> units;
+  for (int k = 0; k < n; ++k) {
+    const int i = reversed ? n - 1 - k : k;
+    if (placed[i]) continue;
+    units.push_back(set_of[i] < 0 ? std::vector<int>{i} : sets[set_of[i]]);
+    for (int j : units.back()) placed[j] = 1;
+  }
+  return units;
+}
 
 absl::StatusOr<std::unique_ptr<WorkingParameters>> WorkingParameters::Create(
     Named params, std::vector<int> order, bool flat_gradients) {

@@ -128,6 +128,15 @@ class WorkingParameters {
   HookOwner<WorkingParameters> hooks_{this};  // last: cleared first
 };
 
+// The flat buffers' order as units, each to be laid out consecutively: parameter i of `names`
+// alone, or a set of `adjacent` (TrainableModel::AdjacentParameterGroups) in its own order, met
+// where the walk first reaches one of its members. The walk goes from the first name, or from
+// the last (`reversed`: DDP's buckets, roughly the order backward produces gradients). Every
+// index appears once; names not in `names`, and a set left with fewer than two, change nothing.
+std::vector<std::vector<int>> FlatOrderUnits(const std::vector<std::string>& names,
+                                             const std::vector<std::vector<std::string>>& adjacent,
+                                             bool reversed);
+
 }  // namespace cpptrain
 
 #endif  // CPPTRAIN_ENGINES_WORKING_PARAMETERS_H_

@@ -9,6 +9,9 @@
 #include <torch/types.h>
 #include <torch/utils.h>
 
+#include <string>
+#include <vector>
+
 namespace cpptrain {
 namespace {
 
@@ -287,6 +290,22 @@ TEST(WorkingParametersTest, RefusesANonFp32ParameterAndABadOrder) {
   auto bad = WorkingParameters::Create(TwoParameters(), {0, 0});
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("order"), std::string::npos) << bad.status();
+}
+
+// Parameters a..f; {c, b} and {e, f} want to be side by side in that order; "x" is no parameter
+// and {d} alone keeps nothing together.
+TEST(WorkingParametersTest, FlatOrderUnitsKeepEachAdjacentSetTogetherInItsOrder) {
+  const std::vector<std::string> names = {"a", "b", "c", "d", "e", "f"};
+  const std::vector<std::vector<std::string>> sets = {{"c", "b", "x"}, {"d"}, {"e", "f"}};
+  using Units = std::vector<std::vector<int>>;
+  EXPECT_EQ(FlatOrderUnits(names, sets, /*reversed=*/false), (Units{{0}, {2, 1}, {3}, {4, 5}}));
+  // Backward's order: a set sits where the walk from the end first meets it.
+  EXPECT_EQ(FlatOrderUnits(names, sets, /*reversed=*/true), (Units{{4, 5}, {3}, {2, 1}, {0}}));
+  EXPECT_EQ(FlatOrderUnits(names, {}, /*reversed=*/true),
+            (Units{{5}, {4}, {3}, {2}, {1}, {0}}));
+  // A name already in a set is not taken by a later one ({b, a} keeps only a: no set).
+  EXPECT_EQ(FlatOrderUnits(names, {{"c", "b"}, {"b", "a"}}, /*reversed=*/false),
+            (Units{{0}, {2, 1}, {3}, {4}, {5}}));
 }
 
 }  // namespace

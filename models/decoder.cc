@@ -6,7 +6,10 @@
 
 #include <cmath>
 #include <optional>
+#include <string>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "base/torch_compat.h"
 #include "kernels/linear_cross_entropy.h"
 #include "models/rope_scaling.h"
@@ -290,6 +293,18 @@ std::string DecoderLM::ConfigJson() const {
   // A DecoderConfig has no Any fields, the only thing that fails to print.
   if (!google::protobuf::util::MessageToJsonString(config_, &json, options).ok()) return "";
   return json;
+}
+
+std::vector<std::vector<std::string>> DecoderLM::AdjacentParameterGroups() const {
+  std::vector<std::vector<std::string>> groups;
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const std::string layer = absl::StrCat("model.layers.", i, ".");
+    auto weight = [&](const char* module) { return absl::StrCat(layer, module, ".weight"); };
+    groups.push_back({weight("self_attn.q_proj"), weight("self_attn.k_proj"),
+                      weight("self_attn.v_proj")});
+    groups.push_back({weight("mlp.gate_proj"), weight("mlp.up_proj")});
+  }
+  return groups;
 }
 
 std::vector<std::string> DecoderLM::UnitClassAliases(const std::string& unit_class) const {

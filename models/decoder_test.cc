@@ -33,6 +33,14 @@ std::shared_ptr<DecoderLM> Build(const proto::DecoderConfig& config, uint64_t se
   return BuildDecoder(config).value();
 }
 
+proto::DecoderConfig TinyPhi3() {
+  proto::DecoderConfig config = Tiny();
+  config.set_qk_norm(false);
+  config.set_model_type("phi3");
+  config.set_fused_projections(true);
+  return config;
+}
+
 std::vector<std::pair<std::string, std::vector<int64_t>>> NamesAndShapes(DecoderLM& model) {
   std::vector<std::pair<std::string, std::vector<int64_t>>> out;
   for (const auto& item : model.named_parameters()) {
@@ -115,6 +123,34 @@ TEST(DecoderTest, ParameterNamesAndShapesMatchHuggingFace) {
   }
 }
 
+// Each layer's q/k/v weights and gate/up weights, named as the model names them, in the
+// forward's order; a model with stacked projections (Phi-3) has none of those names, so none.
+TEST(DecoderTest, AdjacentParameterGroupsAreEachLayersQkvAndGateUpWeights) {
+  proto::DecoderConfig qwen2 = Tiny();
+  qwen2.set_qk_norm(false);
+  qwen2.set_qkv_bias(true);  // biases between the weights in registration order
+  for (const auto& config : {Tiny(), qwen2}) {
+    auto model = Build(config);
+    const auto params = model->named_parameters();
+    const std::vector<std::vector<std::string>> groups = model->AdjacentParameterGroups();
+    ASSERT_EQ(groups.size(), 2 * model->layers().size());
+    for (size_t i = 0; i < groups.size(); ++i) {
+      ASSERT_EQ(groups[i].size(), i % 2 == 0 ? 3u : 2u);
+      for (const std::string& name : groups[i]) EXPECT_TRUE(params.contains(name)) << name;
+    }
+    EXPECT_EQ(groups[2], (std::vector<std::string>{"model.layers.1.self_attn.q_proj.weight",
+                                                    "model.layers.1.self_attn.k_proj.weight",
+                                                    "model.layers.1.self_attn.v_proj.weight"}));
+    EXPECT_EQ(groups[3], (std::vector<std::string>{"model.layers.1.mlp.gate_proj.weight",
+                                                    "model.layers.1.mlp.up_proj.weight"}));
+  }
+  auto phi3 = Build(TinyPhi3());
+  const auto params = phi3->named_parameters();
+  for (const auto& group : phi3->AdjacentParameterGroups()) {
+    for (const std::string& name : group) EXPECT_FALSE(params.contains(name)) << name;
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Sliding window and attention dropout (CausalAttention, base/torch_compat.h)
 
@@ -194,14 +230,6 @@ TEST(DecoderTest, AttentionDropoutOnlyInTrainingMode) {
   // The fused switch (eager on the CPU) drops too.
   dropout->SetFusedKernels(true);
   EXPECT_GT((dropout->Logits(ids) - reference).abs().max().item<double>(), 1e-3);
-}
-
-proto::DecoderConfig TinyPhi3() {
-  proto::DecoderConfig config = Tiny();
-  config.set_qk_norm(false);
-  config.set_model_type("phi3");
-  config.set_fused_projections(true);
-  return config;
 }
 
 // Phi-3's resid_pdrop: the attention and MLP outputs dropped before the residual adds in

@@ -57,6 +57,14 @@ class TrainableModel : public Unit {
     return {};
   }
 
+  // Sets of parameters (named as named_parameters() names them) that one backward node reads
+  // together, each in the order it wants them consecutive in memory: the engines that lay the
+  // parameters out in one flat buffer (local and DDP with bf16 working copies) keep each set
+  // side by side in that order, so that SplitLinear can compute its input's gradient as one
+  // matmul over them (DecoderLM: q/k/v and gate/up projections). A layout hint only: names
+  // that are not trainable parameters are left out of their set.
+  virtual std::vector<std::vector<std::string>> AdjacentParameterGroups() const { return {}; }
+
   // Parameters outside embedding tables, as Hugging Face's num_parameters(exclude_embeddings=
   // True) counts them for total_flos (6 x this x input tokens); -1: the Trainer counts the
   // registered parameters outside torch::nn::Embedding modules (right unless an engine sharded

@@ -133,22 +133,28 @@ struct DdpEngine::Reducer {
 
 namespace {
 
-// Parameters in reverse registration order (roughly the order backward produces gradients),
-// grouped into buckets of up to `cap_bytes` and of one dtype.
+// The parameters in `units` (FlatOrderUnits, reversed: roughly the order backward produces
+// gradients), grouped into buckets of up to `cap_bytes` and of one dtype. A unit (the model's
+// adjacent set, which one backward node fills together) stays in one bucket: it starts a new one
+// where it would overflow the cap, and a bucket it alone exceeds holds it alone.
 std::vector<std::vector<int>> GroupIntoBuckets(const std::vector<at::Tensor>& params,
+                                               const std::vector<std::vector<int>>& units,
                                                int64_t cap_bytes) {
   std::vector<std::vector<int>> groups;
   int64_t bytes = 0;
-  for (int i = static_cast<int>(params.size()) - 1; i >= 0; --i) {
-    const at::Tensor& p = params[i];
-    const int64_t size = p.numel() * p.element_size();
-    const bool new_bucket = groups.empty() || bytes + size > cap_bytes ||
-                            params[groups.back()[0]].scalar_type() != p.scalar_type();
-    if (new_bucket && !(groups.size() == 1 && groups[0].empty())) {
-      groups.emplace_back();
-      bytes = 0;
+  auto dtype_of = [&](int i) { return params[i].scalar_type(); };
+  for (const std::vector<int>& unit : units) {
+    int64_t size = 0;
+    for (int i : unit) size += params[i].numel() * params[i].element_size();
+    for (size_t k = 0; k < unit.size(); ++k) {
+      const int i = unit[k];
+      const bool over = k == 0 && !groups.empty() && bytes + size > cap_bytes;
+      if (groups.empty() || over || dtype_of(groups.back()[0]) != dtype_of(i)) {
+        groups.emplace_back();
+        bytes = 0;
+      }
+      groups.back().push_back(i);
     }
-    groups.back().push_back(i);
     bytes += size;
   }
   return groups;
@@ -253,7 +259,8 @@ absl::Status DdpEngine::PrepareForTraining(std::shared_ptr<TrainableModel> model
   }
   const int64_t cap_bytes = static_cast<int64_t>(config_.bucket_cap_mb() * 1024 * 1024);
   reducer->bucket_of.assign(reducer->params.size(), -1);
-  const std::vector<std::vector<int>> groups = GroupIntoBuckets(reducer->params, cap_bytes);
+  const std::vector<std::vector<int>> groups =
+      GroupIntoBuckets(reducer->params, FlatUnits(/*reversed=*/true), cap_bytes);
   if (WantsWorkingCopies()) {
     std::vector<int> order;
     for (const std::vector<int>& group : groups) {

@@ -3,6 +3,8 @@
 #include "engines/ddp/ddp_engine.h"
 
 #include <atomic>
+#include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -69,15 +71,28 @@ class CountingCommunicator : public Communicator {
   std::unique_ptr<Communicator> inner_;
 };
 
-std::shared_ptr<Mlp> SmallMlp(int rank) {
+proto::MlpConfig SmallConfig() {
   proto::MlpConfig config;
   config.set_input_size(6);
   config.set_hidden_size(8);  // blocks.0: 8x6 + 8; blocks.1: 8x8 + 8; head: 3x8 + 3
   config.set_num_layers(2);
   config.set_num_classes(3);
-  torch::manual_seed(100 + rank);  // different on purpose: preparation broadcasts rank 0's
-  return *Mlp::Create(config);
+  return config;
 }
+
+std::shared_ptr<Mlp> SmallMlp(int rank) {
+  torch::manual_seed(100 + rank);  // different on purpose: preparation broadcasts rank 0's
+  return *Mlp::Create(SmallConfig());
+}
+
+// The small MLP whose two hidden weights want to be side by side, as DecoderLM's q/k/v do.
+class PairedMlp : public Mlp {
+ public:
+  PairedMlp() : Mlp(SmallConfig()) {}
+  std::vector<std::vector<std::string>> AdjacentParameterGroups() const override {
+    return {{"layers.0.linear.weight", "layers.1.linear.weight"}};
+  }
+};
 
 OptimizerFactory Sgd() {
   return [](const NamedParameters& params)
@@ -141,6 +156,61 @@ TEST(DdpEngineTest, BucketsFollowReverseRegistrationOrderUpToTheCap) {
     EXPECT_GT(s->engine->BucketParameterNames().size(), 2u);
     return absl::OkStatus();
   }).ok());
+}
+
+// Whether `names` of `model` are consecutive pieces of one buffer, in that order.
+bool SideBySide(torch::nn::Module& model, const std::vector<std::string>& names) {
+  const auto params = model.named_parameters();
+  for (size_t i = 1; i < names.size(); ++i) {
+    const at::Tensor& before = params[names[i - 1]];
+    const at::Tensor& p = params[names[i]];
+    if (!p.is_alias_of(before) || p.storage_offset() != before.storage_offset() + before.numel()) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// The model's adjacent set is one unit of the reversed order, placed where the walk from the
+// head first meets it (layers.1's weight) and kept in its own order, in one bucket even past the
+// cap; with bf16 working copies the two weights are consecutive in one buffer, under DDP and the
+// local engine alike, and a step reduces through the buckets as before.
+TEST(DdpEngineTest, AnAdjacentSetStaysTogetherInItsOrderInBucketsAndWorkingCopies) {
+  const std::vector<std::string> pair = {"layers.0.linear.weight", "layers.1.linear.weight"};
+  ASSERT_TRUE(RunRanksAsThreads(2, [&](int rank, c10::intrusive_ptr<c10d::Store> store) {
+    auto comm = GlooCommunicator::Create(store, rank, 2, std::chrono::seconds(30));
+    if (!comm.ok()) return comm.status();
+    proto::DdpConfig config;
+    config.set_bucket_cap_mb(200.0 / (1024 * 1024));  // the pair, 448 bytes, exceeds it
+    auto engine = DdpEngine::Create(config, MixedPrecision::kBf16, c10::Device(c10::kCPU),
+                                    std::move(*comm));
+    if (!engine.ok()) return engine.status();
+    auto model = std::make_shared<PairedMlp>();
+    CT_RETURN_IF_ERROR((*engine)->PrepareForTraining(model, Sgd()));
+    const std::vector<std::vector<std::string>> want = {
+        {"head.bias", "head.weight", "layers.1.linear.bias"},
+        {"layers.0.linear.weight", "layers.1.linear.weight"},
+        {"layers.0.linear.bias"}};
+    EXPECT_EQ((*engine)->BucketParameterNames(), want);
+    EXPECT_EQ(model->named_parameters()[pair[0]].scalar_type(), torch::kBFloat16);
+    EXPECT_TRUE(SideBySide(*model, pair)) << "DDP's working copies";
+    const Batch batch = RankBatch(rank);
+    torch::Tensor loss;
+    {
+      auto scope = (*engine)->EnterForward();
+      loss = model->LossSum(model->Forward(batch), batch);
+    }
+    CT_RETURN_IF_ERROR((*engine)->Backward(loss));
+    return (*engine)->OptimizerStep().status();
+  }).ok());
+  proto::LocalEngineConfig cpu;
+  cpu.set_device("cpu");
+  auto local = LocalEngine::Create(cpu, MixedPrecision::kBf16);
+  ASSERT_TRUE(local.ok()) << local.status();
+  auto model = std::make_shared<PairedMlp>();
+  ASSERT_TRUE((*local)->PrepareForTraining(model, Sgd()).ok());
+  EXPECT_TRUE(SideBySide(*model, pair)) << "the local engine's working copies";
+  EXPECT_FALSE(SideBySide(*model, {pair[1], pair[0]}));
 }
 
 TEST(DdpEngineTest, GradientsAreSummedAndNothingIsSentWithoutSync) {

@@ -99,7 +99,11 @@ absl::Status LocalEngine::PrepareForTraining(std::shared_ptr<TrainableModel> mod
   CT_RETURN_IF_ERROR(PrepareForInference(std::move(model)));
   if (optimizer_ != nullptr) return absl::OkStatus();
   if (working_ == nullptr && WantsWorkingCopies()) {
-    CT_RETURN_IF_ERROR(MakeWorkingCopies({}, /*flat_gradients=*/false, nullptr));
+    std::vector<int> order;  // registration order, each adjacent set kept together
+    for (const std::vector<int>& unit : FlatUnits(/*reversed=*/false)) {
+      order.insert(order.end(), unit.begin(), unit.end());
+    }
+    CT_RETURN_IF_ERROR(MakeWorkingCopies(std::move(order), /*flat_gradients=*/false, nullptr));
   }
   if (working_ == nullptr) {
     CT_ASSIGN_OR_RETURN(optimizer_, factory(UniqueTrainableParameters(*model_)));
@@ -122,6 +126,12 @@ bool LocalEngine::WantsWorkingCopies() const {
     if (param.scalar_type() != at::kFloat) return false;
   }
   return true;
+}
+
+std::vector<std::vector<int>> LocalEngine::FlatUnits(bool reversed) const {
+  std::vector<std::string> names;
+  for (const auto& [name, param] : UniqueTrainableParameters(*model_)) names.push_back(name);
+  return FlatOrderUnits(names, model_->AdjacentParameterGroups(), reversed);
 }
 
 absl::Status LocalEngine::MakeWorkingCopies(std::vector<int> order, bool flat_gradients,

@@ -78,6 +78,9 @@ class LocalEngine : public Engine, public CapturableStep {
   // Whether PrepareForTraining keeps bf16 working copies: bf16, asked for, and every trainable
   // parameter fp32 (a model built in bf16 has nothing to copy).
   bool WantsWorkingCopies() const;
+  // The trainable parameters (UniqueTrainableParameters' indices) in units of the flat order:
+  // FlatOrderUnits of the model's AdjacentParameterGroups, walked forward or `reversed`.
+  std::vector<std::vector<int>> FlatUnits(bool reversed) const;
   // Makes the working copies in `order` (WorkingParameters::Create) and installs their hooks.
   absl::Status MakeWorkingCopies(std::vector<int> order, bool flat_gradients,
                                  std::function<void(int)> after_move);

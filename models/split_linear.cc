@@ -65,8 +65,8 @@ at::Tensor SideBySide(const variable_list& grads, const std::vector<int64_t>& si
 }
 
 // The blocks' weights as one [sum(sizes), in] matrix: the stacked weight itself, or per-block
-// weights that are consecutive rows of one buffer (as the local engine's bf16 working copies of
-// q/k/v and gate/up are); else undefined.
+// weights that are consecutive rows of one buffer (as the local and DDP engines' bf16 working
+// copies of DecoderLM's q/k/v and gate/up are); else undefined.
 at::Tensor StackedWeight(const variable_list& w) {
   if (w.size() == 1) return w[0];
   int64_t rows = 0;

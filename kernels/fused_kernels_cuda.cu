@@ -721,24 +721,37 @@ __device__ __forceinline__ void StoreChunk(T* p, const float (&v)[kChunk]) {
   }
 }
 
-// Row i's chunk of the rotary tables into c[i] and s[i]: copied from row i - 1's where the two
-// rows are heads of one token (the same position), loaded otherwise. A warp's consecutive rows
-// share a token unless they cross into the next one, so most rows load no table at all.
+// Whether row i of a warp's consecutive rows is a head of the same token as row i - 1 (the same
+// position), and so has the same rotary tables: true for most rows where a token has several
+// heads, never for one head (or a key/value head) per token.
+template <int kRows>
+__device__ __forceinline__ bool SameToken(const int64_t (&position)[kRows], int i) {
+  return i > 0 && position[i] == position[i - 1];
+}
+
+// Row i's chunk of the rotary tables into c[i] and s[i], unless SameToken: then
+// ShareRowTables copies row i - 1's when row i is computed. Copying there, not here, keeps the
+// loop that issues the rows' loads from waiting on a table load still in flight.
 template <bool kVector, int kRows, int kChunk>
-__device__ __forceinline__ void RowTables(const int64_t (&position)[kRows], int i,
-                                          const float* cos, const float* sin, int first,
-                                          float (&c)[kRows][kChunk], float (&s)[kRows][kChunk]) {
-  if (i > 0 && position[i] == position[i - 1]) {
-#pragma unroll
-    for (int k = 0; k < kChunk; ++k) {
-      c[i][k] = c[i - 1][k];
-      s[i][k] = s[i - 1][k];
-    }
-    return;
-  }
+__device__ __forceinline__ void LoadRowTables(const int64_t (&position)[kRows], int i,
+                                              const float* cos, const float* sin, int first,
+                                              float (&c)[kRows][kChunk],
+                                              float (&s)[kRows][kChunk]) {
+  if (SameToken(position, i)) return;
   const int64_t table = position[i] * (kChunk * kWarp) + first;
   LoadChunk<kVector>(cos + table, c[i]);
   LoadChunk<kVector>(sin + table, s[i]);
+}
+template <int kRows, int kChunk>
+__device__ __forceinline__ void ShareRowTables(const int64_t (&position)[kRows], int i,
+                                               float (&c)[kRows][kChunk],
+                                               float (&s)[kRows][kChunk]) {
+  if (!SameToken(position, i)) return;
+#pragma unroll
+  for (int k = 0; k < kChunk; ++k) {
+    c[i][k] = c[i - 1][k];
+    s[i][k] = s[i - 1][k];
+  }
 }
 
 // The same two kernels for head dims of kChunk * 32 (64, 96, 128, 256): lane l holds columns
@@ -749,7 +762,7 @@ __device__ __forceinline__ void RowTables(const int64_t (&position)[kRows], int 
 // of bf16 and 16 of fp32 a lane at head dim 128: one load instruction each, not four).
 // Each warp takes consecutive rows and issues all their loads before it computes: one row's
 // 256 bytes of x (bf16, head dim 128) in flight per warp left the memory system idle between
-// rows, and consecutive rows are heads of one token, whose tables are loaded once (RowTables).
+// rows, and consecutive rows are heads of one token, whose tables are loaded once (SameToken).
 template <int kChunk>
 constexpr int kForwardRows = kChunk <= 4 ? 4 : 2;  // 2 at head dim 256: registers
 
@@ -773,7 +786,7 @@ __global__ void QkNormRopeForwardChunkKernel(int64_t rows, int64_t seq, int64_t 
     if (row >= rows) break;
     position[i] = PositionOf(row, seq, heads);
     LoadChunk<kVector>(x + row * kDim + first, v[i]);
-    RowTables<kVector>(position, i, cos, sin, first, c, s);
+    LoadRowTables<kVector>(position, i, cos, sin, first, c, s);
   }
   float w[kChunk];
   if (weight != nullptr) {
@@ -786,6 +799,7 @@ __global__ void QkNormRopeForwardChunkKernel(int64_t rows, int64_t seq, int64_t 
   for (int i = 0; i < kRows; ++i) {
     const int64_t row = base + i;
     if (row >= rows) break;
+    ShareRowTables(position, i, c, s);
     if (weight != nullptr) {
       float squares = 0.f;
 #pragma unroll
@@ -839,7 +853,7 @@ __global__ void QkNormRopeBackwardChunkKernel(int64_t rows, int64_t seq, int64_t
       if (row >= rows) break;
       position[i] = PositionOf(row, seq, heads);
       LoadChunk<kVector>(dout + row * kDim + first, g[i]);
-      RowTables<kVector>(position, i, cos, sin, first, c, s);
+      LoadRowTables<kVector>(position, i, cos, sin, first, c, s);
       if (weight != nullptr) {
         LoadChunk<kVector>(x + row * kDim + first, xv[i]);
         r[i] = rstd[row];
@@ -849,6 +863,7 @@ __global__ void QkNormRopeBackwardChunkKernel(int64_t rows, int64_t seq, int64_t
     for (int i = 0; i < kRowsAtOnce; ++i) {
       const int64_t row = base + i;
       if (row >= rows) break;  // the whole warp: row depends on the warp only
+      ShareRowTables(position, i, c, s);
       float dy[kChunk];
 #pragma unroll
       for (int k = 0; k < kChunk; ++k) {
@@ -1492,10 +1507,11 @@ const char* LaunchQkNormRopeBackward(int64_t batch, int64_t seq, int64_t heads, 
   // One fp32 [head_dim] row for each warp of a block.
   const size_t warp_rows_bytes = kWarpsPerBlock * head_dim * sizeof(float);
   int64_t parts = 0;
-  // `kernel` over the rows with `smem` bytes of shared memory, as many blocks as are resident
-  // (parts), unless their partial dweight rows would not fit the workspace (parts stays 0).
-  auto launch = [&](auto kernel, size_t smem, auto... args) {
-    parts = ResidentBlocks(kernel, kBlock, smem, BlocksFor(rows));
+  // `kernel` over the rows, `warp_rows` a warp at a time, with `smem` bytes of shared memory:
+  // as many blocks as are resident or have rows (parts), unless their partial dweight rows
+  // would not fit the workspace (parts stays 0).
+  auto launch = [&](auto kernel, int64_t warp_rows, size_t smem, auto... args) {
+    parts = ResidentBlocks(kernel, kBlock, smem, BlocksFor(CeilDiv(rows, warp_rows)));
     if (weight != nullptr && parts * head_dim > workspace_floats) {
       parts = 0;
       return;
@@ -1517,18 +1533,20 @@ const char* LaunchQkNormRopeBackward(int64_t batch, int64_t seq, int64_t heads, 
           // Every row of dx starts on a 16-byte boundary when its first does and the pitch
           // keeps it so.
           if (Aligned16({dout, x, cos, sin, dx}) && dx_pitch * sizeof(TX) % 16 == 0) {
-            launch(QkNormRopeBackwardChunkKernel<true, kChunk, TO, TX, TW>, warp_rows_bytes,
-                   rows, seq, heads, d, xs, w, cos, sin, rstd, dxs, dx_pitch, workspace);
+            launch(QkNormRopeBackwardChunkKernel<true, kChunk, TO, TX, TW>, kRowsAtOnce,
+                   warp_rows_bytes, rows, seq, heads, d, xs, w, cos, sin, rstd, dxs, dx_pitch,
+                   workspace);
           } else {
-            launch(QkNormRopeBackwardChunkKernel<false, kChunk, TO, TX, TW>, warp_rows_bytes,
-                   rows, seq, heads, d, xs, w, cos, sin, rstd, dxs, dx_pitch, workspace);
+            launch(QkNormRopeBackwardChunkKernel<false, kChunk, TO, TX, TW>, kRowsAtOnce,
+                   warp_rows_bytes, rows, seq, heads, d, xs, w, cos, sin, rstd, dxs, dx_pitch,
+                   workspace);
           }
         });
         if (chunked) return;
         // The general kernels stage two rows a warp (dout * sin and dy).
         launch(head_dim <= 4 * kWarp ? QkNormRopeBackwardKernel<4, TO, TX, TW>
                                      : QkNormRopeBackwardKernel<16, TO, TX, TW>,
-               2 * warp_rows_bytes, rows, seq, heads, static_cast<int>(head_dim), d, xs, w, cos,
+               1, 2 * warp_rows_bytes, rows, seq, heads, static_cast<int>(head_dim), d, xs, w, cos,
                sin, rstd, dxs, dx_pitch, workspace);
       });
     });

@@ -118,8 +118,9 @@ class DecoderLM : public TrainableModel {
   // Qwen3DecoderLayer, Gemma2DecoderLayer or Gemma3DecoderLayer.
   std::vector<std::string> UnitClassAliases(const std::string& unit_class) const override;
   void SetGradientCheckpointing(bool enabled) override;
-  // Per layer, the q/k/v projections' weights and the gate/up projections' weights (none where
-  // a stacked qkv_proj or gate_up_proj is one weight already): each is read by one SplitLinear.
+  // Per layer, the q/k/v projections' weights and the gate/up projections' weights, each read
+  // by one SplitLinear. Where a stacked qkv_proj or gate_up_proj is one weight already (Phi-3)
+  // the names are not parameters, and the engines leave them out.
   std::vector<std::vector<std::string>> AdjacentParameterGroups() const override;
   // The norms, QK-norm + rotary and SwiGLU as fused CUDA kernels (eager on the CPU), and the
   // LM head fused with the loss (every device).

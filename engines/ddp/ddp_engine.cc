@@ -136,7 +136,8 @@ namespace {
 // The parameters in `units` (FlatOrderUnits, reversed: roughly the order backward produces
 // gradients), grouped into buckets of up to `cap_bytes` and of one dtype. A unit (the model's
 // adjacent set, which one backward node fills together) stays in one bucket: it starts a new one
-// where it would overflow the cap, and a bucket it alone exceeds holds it alone.
+// where it would overflow the cap, and a bucket it alone exceeds holds it alone. Only a change
+// of dtype inside a unit splits it (never with working copies: every master is fp32).
 std::vector<std::vector<int>> GroupIntoBuckets(const std::vector<at::Tensor>& params,
                                                const std::vector<std::vector<int>>& units,
                                                int64_t cap_bytes) {

@@ -1,6 +1,7 @@
 // Data parallel: every rank holds the whole model. Parameters and buffers are broadcast from
-// rank 0 when prepared. Gradients live in flat buckets (reverse order of registration, about
-// bucket_cap_mb each; each parameter's .grad is a view of its bucket), and a bucket is
+// rank 0 when prepared. Gradients live in flat buckets (reverse order of registration, each of
+// the model's AdjacentParameterGroups whole and in forward order, about bucket_cap_mb each;
+// each parameter's .grad is a view of its bucket), and a bucket is
 // all-reduced as soon as every gradient in it has been accumulated, from a hook on the
 // parameter's gradient accumulator, while the rest of backward still runs. Buckets are launched
 // in order on every rank and waited for once the whole backward has returned (in Backward(),

@@ -74,7 +74,7 @@ class CountingCommunicator : public Communicator {
 proto::MlpConfig SmallConfig() {
   proto::MlpConfig config;
   config.set_input_size(6);
-  config.set_hidden_size(8);  // blocks.0: 8x6 + 8; blocks.1: 8x8 + 8; head: 3x8 + 3
+  config.set_hidden_size(8);  // layers.0: 8x6 + 8; layers.1: 8x8 + 8; head: 3x8 + 3
   config.set_num_layers(2);
   config.set_num_classes(3);
   return config;
@@ -133,8 +133,8 @@ Batch RankBatch(int rank) {
 }
 
 TEST(DdpEngineTest, BucketsFollowReverseRegistrationOrderUpToTheCap) {
-  // 200 bytes per bucket: the head (27 floats = 108 bytes) and blocks.1's bias (32 bytes) share
-  // one; blocks.1's weight (256 bytes) exceeds the cap and sits alone; and so on.
+  // 200 bytes per bucket: the head (27 floats = 108 bytes) and layers.1's bias (32 bytes) share
+  // one; layers.1's weight (256 bytes) exceeds the cap and sits alone; and so on.
   ASSERT_TRUE(RunRanksAsThreads(2, [](int rank, c10::intrusive_ptr<c10d::Store> store) {
     auto s = Prepare(rank, store, 2, 200.0 / (1024 * 1024));
     if (!s.ok()) return s.status();

@@ -171,12 +171,45 @@ bool SideBySide(torch::nn::Module& model, const std::vector<std::string>& names)
   return true;
 }
 
+// A PairedMlp holding `init`'s values.
+std::shared_ptr<PairedMlp> CopyOf(PairedMlp& init) {
+  auto model = std::make_shared<PairedMlp>();
+  torch::NoGradGuard no_grad;
+  for (const auto& item : model->named_parameters()) {
+    item.value().copy_(init.named_parameters()[item.key()]);
+  }
+  return model;
+}
+
 // The model's adjacent set is one unit of the reversed order, placed where the walk from the
 // head first meets it (layers.1's weight) and kept in its own order, in one bucket even past the
 // cap; with bf16 working copies the two weights are consecutive in one buffer, under DDP and the
-// local engine alike, and a step reduces through the buckets as before.
+// local engine alike. Through those buckets, two ranks' SGD step equals the local engine's over
+// both batches, bit for bit (as Bf16WorkingCopiesEqualOneProcessAccumulatingBothBatches).
 TEST(DdpEngineTest, AnAdjacentSetStaysTogetherInItsOrderInBucketsAndWorkingCopies) {
   const std::vector<std::string> pair = {"layers.0.linear.weight", "layers.1.linear.weight"};
+  const std::vector<Batch> batches = {RankBatch(0), RankBatch(1)};
+  auto init = std::make_shared<PairedMlp>();
+  const auto step = [&](Engine& engine, PairedMlp& model,
+                        const std::vector<int>& ranks) -> absl::Status {
+    for (int r : ranks) {
+      torch::Tensor loss;
+      {
+        auto scope = engine.EnterForward();
+        loss = model.LossSum(model.Forward(batches[r]), batches[r]);
+      }
+      CT_RETURN_IF_ERROR(engine.Backward(loss));
+    }
+    return engine.OptimizerStep().status();
+  };
+  proto::LocalEngineConfig cpu;
+  cpu.set_device("cpu");
+  auto local = LocalEngine::Create(cpu, MixedPrecision::kBf16);
+  ASSERT_TRUE(local.ok()) << local.status();
+  std::shared_ptr<PairedMlp> want = CopyOf(*init);
+  ASSERT_TRUE((*local)->PrepareForTraining(want, Sgd()).ok());
+  EXPECT_TRUE(SideBySide(*want, pair)) << "the local engine's working copies";
+  ASSERT_TRUE(step(**local, *want, {0, 1}).ok());
   ASSERT_TRUE(RunRanksAsThreads(2, [&](int rank, c10::intrusive_ptr<c10d::Store> store) {
     auto comm = GlooCommunicator::Create(store, rank, 2, std::chrono::seconds(30));
     if (!comm.ok()) return comm.status();
@@ -185,32 +218,22 @@ TEST(DdpEngineTest, AnAdjacentSetStaysTogetherInItsOrderInBucketsAndWorkingCopie
     auto engine = DdpEngine::Create(config, MixedPrecision::kBf16, c10::Device(c10::kCPU),
                                     std::move(*comm));
     if (!engine.ok()) return engine.status();
-    auto model = std::make_shared<PairedMlp>();
+    std::shared_ptr<PairedMlp> model = CopyOf(*init);
     CT_RETURN_IF_ERROR((*engine)->PrepareForTraining(model, Sgd()));
-    const std::vector<std::vector<std::string>> want = {
+    const std::vector<std::vector<std::string>> buckets = {
         {"head.bias", "head.weight", "layers.1.linear.bias"},
         {"layers.0.linear.weight", "layers.1.linear.weight"},
         {"layers.0.linear.bias"}};
-    EXPECT_EQ((*engine)->BucketParameterNames(), want);
+    EXPECT_EQ((*engine)->BucketParameterNames(), buckets);
     EXPECT_EQ(model->named_parameters()[pair[0]].scalar_type(), torch::kBFloat16);
     EXPECT_TRUE(SideBySide(*model, pair)) << "DDP's working copies";
-    const Batch batch = RankBatch(rank);
-    torch::Tensor loss;
-    {
-      auto scope = (*engine)->EnterForward();
-      loss = model->LossSum(model->Forward(batch), batch);
+    CT_RETURN_IF_ERROR(step(**engine, *model, {rank}));
+    for (const auto& item : model->named_parameters()) {
+      EXPECT_TRUE(item.value().equal(want->named_parameters()[item.key()]))
+          << "rank " << rank << " " << item.key();
     }
-    CT_RETURN_IF_ERROR((*engine)->Backward(loss));
-    return (*engine)->OptimizerStep().status();
+    return absl::OkStatus();
   }).ok());
-  proto::LocalEngineConfig cpu;
-  cpu.set_device("cpu");
-  auto local = LocalEngine::Create(cpu, MixedPrecision::kBf16);
-  ASSERT_TRUE(local.ok()) << local.status();
-  auto model = std::make_shared<PairedMlp>();
-  ASSERT_TRUE((*local)->PrepareForTraining(model, Sgd()).ok());
-  EXPECT_TRUE(SideBySide(*model, pair)) << "the local engine's working copies";
-  EXPECT_FALSE(SideBySide(*model, {pair[1], pair[0]}));
 }
 
 TEST(DdpEngineTest, GradientsAreSummedAndNothingIsSentWithoutSync) {

@@ -721,73 +721,57 @@ __device__ __forceinline__ void StoreChunk(T* p, const float (&v)[kChunk]) {
   }
 }
 
-// Whether row i of a warp's consecutive rows is a head of the same token as row i - 1 (the same
-// position), and so has the same rotary tables: true for most rows where a token has several
-// heads, never for one head (or a key/value head) per token.
-template <int kRows>
-__device__ __forceinline__ bool SameToken(const int64_t (&position)[kRows], int i) {
-  return i > 0 && position[i] == position[i - 1];
-}
-
-// Row i's chunk of the rotary tables into c[i] and s[i], unless SameToken: then
-// ShareRowTables copies row i - 1's when row i is computed. Copying there, not here, keeps the
-// loop that issues the rows' loads from waiting on a table load still in flight.
-template <bool kVector, int kRows, int kChunk>
-__device__ __forceinline__ void LoadRowTables(const int64_t (&position)[kRows], int i,
-                                              const float* cos, const float* sin, int first,
-                                              float (&c)[kRows][kChunk],
-                                              float (&s)[kRows][kChunk]) {
-  if (SameToken(position, i)) return;
-  const int64_t table = position[i] * (kChunk * kWarp) + first;
-  LoadChunk<kVector>(cos + table, c[i]);
-  LoadChunk<kVector>(sin + table, s[i]);
-}
-template <int kRows, int kChunk>
-__device__ __forceinline__ void ShareRowTables(const int64_t (&position)[kRows], int i,
-                                               float (&c)[kRows][kChunk],
-                                               float (&s)[kRows][kChunk]) {
-  if (!SameToken(position, i)) return;
-#pragma unroll
-  for (int k = 0; k < kChunk; ++k) {
-    c[i][k] = c[i - 1][k];
-    s[i][k] = s[i - 1][k];
-  }
-}
-
 // The same two kernels for head dims of kChunk * 32 (64, 96, 128, 256): lane l holds columns
 // [l * kChunk, (l + 1) * kChunk) in registers, and the rotary partner of column j (j +- dim/2)
 // sits at the same index in lane l ^ 16, so one shuffle replaces the shared-memory staging and
 // every load of a row is issued at once (the loops above wait on memory three times a row).
 // With kVector a lane's chunk of a row and of the rotary tables moves in whole words (8 bytes
 // of bf16 and 16 of fp32 a lane at head dim 128: one load instruction each, not four).
-// Each warp takes consecutive rows and issues all their loads before it computes: one row's
-// 256 bytes of x (bf16, head dim 128) in flight per warp left the memory system idle between
-// rows, and consecutive rows are heads of one token, whose tables are loaded once (SameToken).
+// A warp takes `group` consecutive rows at a time (GroupRows: up to kMaxRows, dividing the
+// heads, so the group is heads of one token) and issues all their loads before it computes:
+// one row's 256 bytes of x (bf16, head dim 128) in flight per warp left the memory system idle
+// between rows, and the group's one chunk of the tables is loaded once.
 template <int kChunk>
 constexpr int kForwardRows = kChunk <= 4 ? 4 : 2;  // 2 at head dim 256: registers
+constexpr int kBackwardRows = 2;
+
+// The rows a warp takes at once: the largest of kMaxRows, kMaxRows / 2, ..., 1 that divides
+// heads. rows (B * T * heads) is then a multiple of it, and a group never crosses a token.
+int GroupRows(int64_t heads, int max_rows) {
+  int group = max_rows;
+  while (heads % group != 0) group /= 2;
+  return group;
+}
+
+// Rows [base, base + group) of a [rows, kChunk * 32] tensor into v[0..group), loads issued
+// together; the rest of v is left alone.
+template <bool kVector, int kMaxRows, int kChunk, typename T>
+__device__ __forceinline__ void LoadGroup(const T* x, int64_t base, int group, int first,
+                                          float (&v)[kMaxRows][kChunk]) {
+#pragma unroll
+  for (int i = 0; i < kMaxRows; ++i) {
+    if (i >= group) break;
+    LoadChunk<kVector>(x + (base + i) * (kChunk * kWarp) + first, v[i]);
+  }
+}
 
 template <bool kVector, int kChunk, typename TX, typename TW, typename TO>
-__global__ void QkNormRopeForwardChunkKernel(int64_t rows, int64_t seq, int64_t heads,
+__global__ void QkNormRopeForwardChunkKernel(int64_t rows, int64_t seq, int64_t heads, int group,
                                              const TX* x, const TW* weight, float eps,
                                              const float* cos, const float* sin, TO* out,
                                              float* rstd) {
   constexpr int kDim = kChunk * kWarp;
-  constexpr int kRows = kForwardRows<kChunk>;
+  constexpr int kMaxRows = kForwardRows<kChunk>;
   const int lane = threadIdx.x % kWarp;
   const int64_t base =
-      (static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp) * kRows;
+      (static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp) * group;
   if (base >= rows) return;  // the whole warp: base depends on the warp only
   const int first = lane * kChunk;
-  float v[kRows][kChunk], c[kRows][kChunk], s[kRows][kChunk];
-  int64_t position[kRows];
-#pragma unroll
-  for (int i = 0; i < kRows; ++i) {
-    const int64_t row = base + i;
-    if (row >= rows) break;
-    position[i] = PositionOf(row, seq, heads);
-    LoadChunk<kVector>(x + row * kDim + first, v[i]);
-    LoadRowTables<kVector>(position, i, cos, sin, first, c, s);
-  }
+  const int64_t table = PositionOf(base, seq, heads) * kDim + first;
+  float v[kMaxRows][kChunk], c[kChunk], s[kChunk];
+  LoadGroup<kVector>(x, base, group, first, v);
+  LoadChunk<kVector>(cos + table, c);
+  LoadChunk<kVector>(sin + table, s);
   float w[kChunk];
   if (weight != nullptr) {
 #pragma unroll
@@ -796,10 +780,9 @@ __global__ void QkNormRopeForwardChunkKernel(int64_t rows, int64_t seq, int64_t 
   // Lanes 0-15 hold the first half: rotate_half gives them -y[j + half], the others y[j - half].
   const float sign = lane < kWarp / 2 ? -1.f : 1.f;
 #pragma unroll
-  for (int i = 0; i < kRows; ++i) {
+  for (int i = 0; i < kMaxRows; ++i) {
+    if (i >= group) break;
     const int64_t row = base + i;
-    if (row >= rows) break;
-    ShareRowTables(position, i, c, s);
     if (weight != nullptr) {
       float squares = 0.f;
 #pragma unroll
@@ -813,83 +796,86 @@ __global__ void QkNormRopeForwardChunkKernel(int64_t rows, int64_t seq, int64_t 
 #pragma unroll
     for (int k = 0; k < kChunk; ++k) {
       const float partner = __shfl_xor_sync(0xffffffffu, v[i][k], kWarp / 2);
-      o[k] = v[i][k] * c[i][k] + sign * partner * s[i][k];
+      o[k] = v[i][k] * c[k] + sign * partner * s[k];
     }
     StoreChunk<kVector>(out + row * kDim + first, o);
   }
 }
 
-// The backward's rows per warp and step of its grid-stride loop: consecutive, all loaded before
-// any is computed, as in the forward.
-constexpr int kRowsAtOnce = 2;
+// One row of the backward: dx from dout (g), the rotary tables' chunk (c, s) and, with a
+// weight, x (xv) and its rstd (r); adds the row's share of dweight to acc.
+template <bool kVector, int kChunk, typename TX>
+__device__ __forceinline__ void BackwardRow(const float (&g)[kChunk], const float (&c)[kChunk],
+                                            const float (&s)[kChunk], const float (&xv)[kChunk],
+                                            float r, const float (&w)[kChunk], bool weighted,
+                                            float sign, TX* dxr, float (&acc)[kChunk]) {
+  // dy_j = dout_j cos_j + (j < half ? (dout sin)_{j+half} : -(dout sin)_{j-half})
+  float dy[kChunk];
+#pragma unroll
+  for (int k = 0; k < kChunk; ++k) {
+    const float partner = __shfl_xor_sync(0xffffffffu, g[k] * s[k], kWarp / 2);
+    dy[k] = g[k] * c[k] + sign * partner;
+  }
+  if (!weighted) {
+    StoreChunk<kVector>(dxr, dy);
+    return;
+  }
+  float dot = 0.f;
+#pragma unroll
+  for (int k = 0; k < kChunk; ++k) {
+    const float n = xv[k] * r;
+    dot += dy[k] * w[k] * n;
+    acc[k] += dy[k] * RoundTo<TX>(n);
+  }
+  dot = WarpSum(dot) / (kChunk * kWarp);
+  float out[kChunk];
+#pragma unroll
+  for (int k = 0; k < kChunk; ++k) out[k] = r * (dy[k] * w[k] - xv[k] * r * dot);
+  StoreChunk<kVector>(dxr, out);
+}
 
 template <bool kVector, int kChunk, typename TO, typename TX, typename TW>
 __global__ void QkNormRopeBackwardChunkKernel(int64_t rows, int64_t seq, int64_t heads,
-                                              const TO* dout, const TX* x, const TW* weight,
-                                              const float* cos, const float* sin,
-                                              const float* rstd, TX* dx, int64_t dx_pitch,
-                                              float* partials) {
+                                              int group, const TO* dout, const TX* x,
+                                              const TW* weight, const float* cos,
+                                              const float* sin, const float* rstd, TX* dx,
+                                              int64_t dx_pitch, float* partials) {
   extern __shared__ float shared[];  // [kWarpsPerBlock][kDim] dweight sums at the end
   constexpr int kDim = kChunk * kWarp;
   const int warp = threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
   const int first = lane * kChunk;
-  // dy_j = dout_j cos_j + (j < half ? (dout sin)_{j+half} : -(dout sin)_{j-half})
   const float sign = lane < kWarp / 2 ? 1.f : -1.f;
+  const bool weighted = weight != nullptr;
   float w[kChunk], acc[kChunk] = {};
-  if (weight != nullptr) {
+  if (weighted) {
 #pragma unroll
     for (int k = 0; k < kChunk; ++k) w[k] = Load(weight, first + k);
   }
-  const int64_t step = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock * kRowsAtOnce;
-  for (int64_t base = (static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp) * kRowsAtOnce;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock * group;
+  for (int64_t base = (static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp) * group;
        base < rows; base += step) {
-    float g[kRowsAtOnce][kChunk], xv[kRowsAtOnce][kChunk], c[kRowsAtOnce][kChunk],
-        s[kRowsAtOnce][kChunk], r[kRowsAtOnce];
-    int64_t position[kRowsAtOnce];
+    const int64_t table = PositionOf(base, seq, heads) * kDim + first;
+    float g[kBackwardRows][kChunk], xv[kBackwardRows][kChunk], c[kChunk], s[kChunk];
+    float r[kBackwardRows] = {};
+    LoadGroup<kVector>(dout, base, group, first, g);
+    LoadChunk<kVector>(cos + table, c);
+    LoadChunk<kVector>(sin + table, s);
+    if (weighted) {
+      LoadGroup<kVector>(x, base, group, first, xv);
 #pragma unroll
-    for (int i = 0; i < kRowsAtOnce; ++i) {
-      const int64_t row = base + i;
-      if (row >= rows) break;
-      position[i] = PositionOf(row, seq, heads);
-      LoadChunk<kVector>(dout + row * kDim + first, g[i]);
-      LoadRowTables<kVector>(position, i, cos, sin, first, c, s);
-      if (weight != nullptr) {
-        LoadChunk<kVector>(x + row * kDim + first, xv[i]);
-        r[i] = rstd[row];
+      for (int i = 0; i < kBackwardRows; ++i) {
+        if (i < group) r[i] = rstd[base + i];
       }
     }
 #pragma unroll
-    for (int i = 0; i < kRowsAtOnce; ++i) {
-      const int64_t row = base + i;
-      if (row >= rows) break;  // the whole warp: row depends on the warp only
-      ShareRowTables(position, i, c, s);
-      float dy[kChunk];
-#pragma unroll
-      for (int k = 0; k < kChunk; ++k) {
-        const float partner = __shfl_xor_sync(0xffffffffu, g[i][k] * s[i][k], kWarp / 2);
-        dy[k] = g[i][k] * c[i][k] + sign * partner;
-      }
-      TX* dxr = DxRow(dx, row, heads, kDim, dx_pitch) + first;
-      if (weight == nullptr) {
-        StoreChunk<kVector>(dxr, dy);
-        continue;
-      }
-      float dot = 0.f;
-#pragma unroll
-      for (int k = 0; k < kChunk; ++k) {
-        const float n = xv[i][k] * r[i];
-        dot += dy[k] * w[k] * n;
-        acc[k] += dy[k] * RoundTo<TX>(n);
-      }
-      dot = WarpSum(dot) / kDim;
-      float out[kChunk];
-#pragma unroll
-      for (int k = 0; k < kChunk; ++k) out[k] = r[i] * (dy[k] * w[k] - xv[i][k] * r[i] * dot);
-      StoreChunk<kVector>(dxr, out);
+    for (int i = 0; i < kBackwardRows; ++i) {
+      if (i >= group) break;
+      TX* dxr = DxRow(dx, base + i, heads, kDim, dx_pitch) + first;
+      BackwardRow<kVector>(g[i], c, s, xv[i], r[i], w, weighted, sign, dxr, acc);
     }
   }
-  if (weight == nullptr) return;
+  if (!weighted) return;
 #pragma unroll
   for (int k = 0; k < kChunk; ++k) shared[warp * kDim + first + k] = acc[k];
   __syncthreads();
@@ -1467,10 +1453,10 @@ const char* LaunchQkNormRopeForward(int64_t batch, int64_t seq, int64_t heads, i
         using TO = decltype(to);
         const bool chunked = WithChunk(head_dim, [&](auto chunk) {
           constexpr int kChunk = decltype(chunk)::value;
-          const int64_t warps = (rows + kForwardRows<kChunk> - 1) / kForwardRows<kChunk>;
+          const int group = GroupRows(heads, kForwardRows<kChunk>);
           auto run = [&](auto kernel) {
-            kernel<<<BlocksFor(warps), kBlock, 0, s>>>(
-                rows, seq, heads, static_cast<const TX*>(x), static_cast<const TW*>(weight),
+            kernel<<<BlocksFor(rows / group), kBlock, 0, s>>>(
+                rows, seq, heads, group, static_cast<const TX*>(x), static_cast<const TW*>(weight),
                 static_cast<float>(eps), cos, sin, static_cast<TO*>(out), rstd);
           };
           if (Aligned16({x, cos, sin, out})) {
@@ -1530,16 +1516,17 @@ const char* LaunchQkNormRopeBackward(int64_t batch, int64_t seq, int64_t heads, 
         auto* dxs = static_cast<TX*>(dx);
         const bool chunked = WithChunk(head_dim, [&](auto chunk) {
           constexpr int kChunk = decltype(chunk)::value;
+          const int group = GroupRows(heads, kBackwardRows);
           // Every row of dx starts on a 16-byte boundary when its first does and the pitch
           // keeps it so.
           if (Aligned16({dout, x, cos, sin, dx}) && dx_pitch * sizeof(TX) % 16 == 0) {
-            launch(QkNormRopeBackwardChunkKernel<true, kChunk, TO, TX, TW>, kRowsAtOnce,
-                   warp_rows_bytes, rows, seq, heads, d, xs, w, cos, sin, rstd, dxs, dx_pitch,
-                   workspace);
+            launch(QkNormRopeBackwardChunkKernel<true, kChunk, TO, TX, TW>, group,
+                   warp_rows_bytes, rows, seq, heads, group, d, xs, w, cos, sin, rstd, dxs,
+                   dx_pitch, workspace);
           } else {
-            launch(QkNormRopeBackwardChunkKernel<false, kChunk, TO, TX, TW>, kRowsAtOnce,
-                   warp_rows_bytes, rows, seq, heads, d, xs, w, cos, sin, rstd, dxs, dx_pitch,
-                   workspace);
+            launch(QkNormRopeBackwardChunkKernel<false, kChunk, TO, TX, TW>, group,
+                   warp_rows_bytes, rows, seq, heads, group, d, xs, w, cos, sin, rstd, dxs,
+                   dx_pitch, workspace);
           }
         });
         if (chunked) return;

@@ -735,8 +735,9 @@ template <int kChunk>
 constexpr int kForwardRows = kChunk <= 4 ? 4 : 2;  // 2 at head dim 256: registers
 constexpr int kBackwardRows = 2;
 
-// The rows a warp takes at once: the largest of kMaxRows, kMaxRows / 2, ..., 1 that divides
-// heads. rows (B * T * heads) is then a multiple of it, and a group never crosses a token.
+// The rows a warp takes at once: the largest power of two up to max_rows (itself a power of
+// two) that divides heads. rows (B * T * heads) is then a multiple of it, and a group never
+// crosses a token. Odd heads (one key/value head, say) get one row a warp.
 int GroupRows(int64_t heads, int max_rows) {
   int group = max_rows;
   while (heads % group != 0) group /= 2;

@@ -297,6 +297,7 @@ std::string DecoderLM::ConfigJson() const {
 
 std::vector<std::vector<std::string>> DecoderLM::AdjacentParameterGroups() const {
   std::vector<std::vector<std::string>> groups;
+  if (config_.fused_projections()) return groups;  // qkv_proj and gate_up_proj: one weight each
   for (size_t i = 0; i < layers_.size(); ++i) {
     const std::string layer = absl::StrCat("model.layers.", i, ".");
     auto weight = [&](const char* module) { return absl::StrCat(layer, module, ".weight"); };

@@ -119,8 +119,8 @@ class DecoderLM : public TrainableModel {
   std::vector<std::string> UnitClassAliases(const std::string& unit_class) const override;
   void SetGradientCheckpointing(bool enabled) override;
   // Per layer, the q/k/v projections' weights and the gate/up projections' weights, each read
-  // by one SplitLinear. Where a stacked qkv_proj or gate_up_proj is one weight already (Phi-3)
-  // the names are not parameters, and the engines leave them out.
+  // by one SplitLinear; none with fused_projections (Phi-3), whose qkv_proj and gate_up_proj
+  // are one weight each already.
   std::vector<std::vector<std::string>> AdjacentParameterGroups() const override;
   // The norms, QK-norm + rotary and SwiGLU as fused CUDA kernels (eager on the CPU), and the
   // LM head fused with the loss (every device).

@@ -124,7 +124,7 @@ TEST(DecoderTest, ParameterNamesAndShapesMatchHuggingFace) {
 }
 
 // Each layer's q/k/v weights and gate/up weights, named as the model names them, in the
-// forward's order; a model with stacked projections (Phi-3) has none of those names, so none.
+// forward's order; a model with stacked projections (Phi-3) has no such sets.
 TEST(DecoderTest, AdjacentParameterGroupsAreEachLayersQkvAndGateUpWeights) {
   proto::DecoderConfig qwen2 = Tiny();
   qwen2.set_qk_norm(false);
@@ -144,11 +144,7 @@ TEST(DecoderTest, AdjacentParameterGroupsAreEachLayersQkvAndGateUpWeights) {
     EXPECT_EQ(groups[3], (std::vector<std::string>{"model.layers.1.mlp.gate_proj.weight",
                                                     "model.layers.1.mlp.up_proj.weight"}));
   }
-  auto phi3 = Build(TinyPhi3());
-  const auto params = phi3->named_parameters();
-  for (const auto& group : phi3->AdjacentParameterGroups()) {
-    for (const std::string& name : group) EXPECT_FALSE(params.contains(name)) << name;
-  }
+  EXPECT_TRUE(Build(TinyPhi3())->AdjacentParameterGroups().empty());
 }
 
 // ---------------------------------------------------------------------------------------------

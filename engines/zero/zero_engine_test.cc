@@ -6,6 +6,7 @@
 #include "engines/zero/zero_engine.h"
 
 #include <gtest/gtest.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/optim/optimizer.h>
 #include <torch/optim/sgd.h>
 #include <torch/types.h>
@@ -357,7 +358,7 @@ class OddModel : public TrainableModel {
   torch::Tensor Forward(const Batch& batch) override {
     return Hooked(batch.inputs, [this](const torch::Tensor& x) {
       torch::Tensor total = torch::zeros({});
-      for (size_t i = 0; i < params_.size(); ++i) {
+      for (size_t i = 0; i < params_.size() - (use_last ? 0 : 1); ++i) {
         total = total + (i % 2 == 0 ? params_[i].sin().sum() : params_[i].square().sum());
       }
       return x * total;
@@ -367,6 +368,8 @@ class OddModel : public TrainableModel {
     return logits.sum();
   }
   int64_t CountLossTargets(const Batch& batch) const override { return batch.inputs.size(0); }
+
+  bool use_last = true;  // false: the last parameter gets no gradient
 
  private:
   std::vector<torch::Tensor> params_;
@@ -461,6 +464,60 @@ TEST_P(ZeroMemoryTest, BytesPerRankFollowTheFormulas) {
 INSTANTIATE_TEST_SUITE_P(Stages, ZeroMemoryTest,
                          ::testing::Combine(::testing::Values(1, 2), ::testing::Bool(),
                                             ::testing::Bool()));
+
+// On one rank stage 2 puts each gradient straight into its shard range: the shard is the only
+// gradient buffer during backward, and two steps (the first with two micro-batches, the second
+// with the last parameter unused, whose range holds the first step's gradient until it is
+// zeroed) clip and step exactly as stage 1, whose buckets take the reduce-scatter path.
+TEST(ZeroGradientsTest, OneRankStageTwoWritesStraightIntoTheShard) {
+  for (const bool bf16 : {false, true}) {
+    absl::Status s = RunRanksAsThreads(1, [&](int rank, auto store) -> absl::Status {
+      std::map<int, std::shared_ptr<OddModel>> models;
+      std::map<int, std::unique_ptr<ZeroEngine>> engines;
+      for (const int stage : {1, 2}) {
+        models[stage] = std::make_shared<OddModel>();
+        CT_ASSIGN_OR_RETURN(
+            std::shared_ptr<Communicator> comm,
+            Comm(rank, 1,
+                 c10::make_intrusive<c10d::PrefixStore>("stage" + std::to_string(stage), store)));
+        CT_ASSIGN_OR_RETURN(engines[stage],
+                            ZeroEngine::Create(Config(stage, false, 1000),
+                                               bf16 ? MixedPrecision::kBf16 : MixedPrecision::kNone,
+                                               c10::Device(c10::kCPU), comm));
+        CT_RETURN_IF_ERROR(engines[stage]->PrepareForTraining(models[stage], AdamWFactory()));
+      }
+      for (int step = 0; step < 2; ++step) {
+        std::map<int, double> norms;
+        for (const int stage : {1, 2}) {
+          ZeroEngine& engine = *engines[stage];
+          models[stage]->use_last = step == 0;
+          engine.SetGradientSync(step != 0);
+          CT_RETURN_IF_ERROR(TrainStep(engine, *models[stage], OddBatch()));
+          if (step == 0) {
+            engine.SetGradientSync(true);
+            CT_RETURN_IF_ERROR(TrainStep(engine, *models[stage], OddBatch()));
+          }
+          if (stage == 2) {
+            EXPECT_EQ(engine.Footprint().peak_gradient_buffer_bytes,
+                      4 * engine.layout()->local_numel)
+                << "step " << step << ": a bucket besides the shard";
+          }
+          CT_ASSIGN_OR_RETURN(const torch::Tensor norm, engine.ClipGradNorm(1.0));
+          norms[stage] = norm.item<double>();
+          CT_RETURN_IF_ERROR(engine.OptimizerStep().status());
+          engine.ZeroGrad();
+        }
+        EXPECT_EQ(norms[1], norms[2]) << "step " << step << (bf16 ? " bf16" : "");
+      }
+      for (const auto& item : models[1]->named_parameters()) {
+        const at::Tensor other = models[2]->named_parameters()[item.key()];
+        EXPECT_TRUE(torch::equal(item.value(), other)) << item.key() << (bf16 ? " bf16" : "");
+      }
+      return absl::OkStatus();
+    });
+    EXPECT_TRUE(s.ok()) << s;
+  }
+}
 
 // Stage 3 on the CPU over `world` ranks, prepared for training `model` with AdamW.
 template <typename Store>

@@ -19,6 +19,8 @@ ZeroGradients::ZeroGradients(const ZeroLayout& layout, std::vector<at::Tensor> p
       comm_(comm),
       device_(device),
       keep_full_(keep_full),
+      direct_(comm->size() == 1 && !keep_full && shard_place.device == device &&
+              !shard_place.reduce_squares),
       reduce_squares_(shard_place.reduce_squares) {
   const auto fp32 = torch::TensorOptions().dtype(at::kFloat).device(device_);
   shard_ = torch::zeros({layout_.local_numel}, torch::TensorOptions()
@@ -78,9 +80,19 @@ void ZeroGradients::OnGradient(int index) {
   const ZeroLayout::Param& p = layout_.params[index];
   {
     torch::NoGradGuard no_grad;
-    BucketBuffer(p.bucket)
-        .narrow(0, p.offset - layout_.buckets[p.bucket].begin, p.numel)
-        .add_(param.grad().reshape({-1}));
+    const at::Tensor grad = param.grad().reshape({-1});
+    if (direct_) {
+      at::Tensor into = ShardRange(p);
+      if (fresh_[p.bucket]) {
+        into.copy_(grad);
+      } else {
+        into.add_(grad);
+      }
+    } else {
+      BucketBuffer(p.bucket)
+          .narrow(0, p.offset - layout_.buckets[p.bucket].begin, p.numel)
+          .add_(grad);
+    }
   }
   param.mutable_grad() = at::Tensor();
   ready_[index] = true;
@@ -145,6 +157,13 @@ void ZeroGradients::AddSquaresLocked(const at::Tensor& reduced, bool fresh) {
 void ZeroGradients::LaunchReadyLocked() {
   while (next_launch_ < layout_.buckets.size() && pending_[next_launch_] == 0) {
     const int b = static_cast<int>(next_launch_++);
+    if (direct_) {
+      // The gradients are in the shard already; a parameter that got none this backward holds
+      // zeros there (its range may hold an earlier step's gradient).
+      if (fresh_[b]) ZeroMissingLocked(b);
+      fresh_[b] = false;
+      continue;
+    }
     absl::Status done = CompleteLocked();
     if (!done.ok() && error_.ok()) error_ = done;
     at::Tensor& input = BucketBuffer(b);
@@ -165,6 +184,18 @@ void ZeroGradients::LaunchReadyLocked() {
     work_ = std::move(*work);
     in_flight_ = b;
     SamplePeakLocked();
+  }
+}
+
+at::Tensor ZeroGradients::ShardRange(const ZeroLayout::Param& p) {
+  const ZeroLayout::Bucket& bucket = layout_.buckets[p.bucket];
+  return shard_.narrow(0, bucket.local_offset + (p.offset - bucket.begin), p.numel);
+}
+
+void ZeroGradients::ZeroMissingLocked(int b) {
+  torch::NoGradGuard no_grad;
+  for (const int index : layout_.buckets[b].params) {
+    if (!ready_[index]) ShardRange(layout_.params[index]).zero_();
   }
 }
 

@@ -14,6 +14,9 @@
 //   stage 2 (keep_full=false): a bucket's buffer exists from its first gradient until its
 //     reduce-scatter is done, and every micro-batch is reduced (DeepSpeed's ZeRO-2 does the
 //     same): no full gradient is ever kept, and synchronization off changes nothing.
+//     On one rank with the shard on the device the sum is the gradient itself: each gradient
+//     goes straight into its shard range (copied after Clear(), added after that) and no
+//     bucket is ever made, so the shard is all the gradient memory (one fp32 copy, not three).
 // Buckets are launched strictly in order on every rank; a bucket's reduce-scatter is
 // completed (Work::Wait, then added into shard()) before the next one is launched, so at most
 // one is in flight. Parameters that got no gradient in a backward count as zeros.
@@ -102,12 +105,15 @@ class ZeroGradients {
   void AddSquaresLocked(const at::Tensor& reduced, bool fresh);
   bool AllReducedLocked() const;
   at::Tensor& BucketBuffer(int b);
+  at::Tensor ShardRange(const ZeroLayout::Param& p);  // p's elements of shard() (one rank)
+  void ZeroMissingLocked(int b);  // zeros bucket b's parameters that got no gradient
 
   const ZeroLayout& layout_;
   std::vector<at::Tensor> params_;
   Communicator* comm_;
   c10::Device device_;
   bool keep_full_;
+  bool direct_;  // one rank, stage 2, shard on the device: gradients go into shard() directly
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
 
   std::mutex mu_;

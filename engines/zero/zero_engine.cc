@@ -369,6 +369,9 @@ std::vector<bool> ZeroEngine::StepCopyingBack() {
   const size_t buckets = layout_->buckets.size();
   std::vector<bool> copied(buckets, false);
   auto* reports = dynamic_cast<ReportsSteppedParameters*>(&zero_optimizer_->inner());
+  if (!offload_ && master_.defined() && working_ == at::kBFloat16 && reports != nullptr) {
+    return StepWritingWorkingCopies(*reports);
+  }
   if (!offload_ || !master_.defined() || reports == nullptr) {
     optimizer_->step();
     return copied;
@@ -389,6 +392,22 @@ std::vector<bool> ZeroEngine::StepCopyingBack() {
     copied[b] = true;
   });
   optimizer_->step();
+  return copied;
+}
+
+std::vector<bool> ZeroEngine::StepWritingWorkingCopies(ReportsSteppedParameters& reports) {
+  std::vector<int> unwritten(layout_->buckets.size(), 0);  // per bucket: pieces not written
+  for (const auto& [impl, piece] : pieces_) ++unwritten[piece.bucket];
+  absl::Cleanup forget = [&reports] { reports.WriteBf16CopiesInNextStep(nullptr); };
+  const bool asked = reports.WriteBf16CopiesInNextStep([this, &unwritten](const at::Tensor& piece) {
+    const PieceAt& at = FindPiece(piece);
+    --unwritten[at.bucket];
+    const int64_t within = at.local_offset - layout_->buckets[at.bucket].local_offset;
+    return OwnedRange(at.bucket).narrow(0, within, piece.numel());
+  });
+  optimizer_->step();
+  std::vector<bool> copied(unwritten.size(), false);
+  for (size_t b = 0; asked && b < copied.size(); ++b) copied[b] = unwritten[b] == 0;
   return copied;
 }
 

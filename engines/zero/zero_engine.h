@@ -123,6 +123,11 @@ class ZeroEngine : public LocalEngine {
   // `copied[b]`: the step put them there already).
   absl::Status AllGatherParameters(const std::vector<bool>& copied);
   std::vector<bool> StepCopyingBack();  // the buckets whose masters it copied into flat_
+  // The step on the device under bf16, with an optimizer that writes bf16 copies in its pass
+  // (the Trainer's AdamW on its CUDA kernels): it writes each piece's rounded value straight
+  // into the piece's place in flat_, so the masters need no second pass to be copied there.
+  // The buckets whose every piece it wrote.
+  std::vector<bool> StepWritingWorkingCopies(ReportsSteppedParameters& reports);
   bool RequestBf16Copies(ReportsSteppedParameters& reports, std::vector<int>& unwritten);
   const PieceAt& FindPiece(const at::Tensor& piece) const;  // one of the optimizer's tensors
   at::Tensor OwnedRange(int b) const;  // this rank's range of bucket b in flat_

@@ -92,10 +92,12 @@ class TwoMoments : public torch::optim::Optimizer, public CheckpointableOptimize
 // its CPU path; it steps every piece but the one named `skip` (a factory that leaves one out).
 class ReportingSgd : public torch::optim::Optimizer, public ReportsSteppedParameters {
  public:
-  ReportingSgd(std::vector<torch::Tensor> params, double lr)
+  // `copies` (may be null) counts the bf16 copies it wrote.
+  ReportingSgd(std::vector<torch::Tensor> params, double lr, std::shared_ptr<int> copies)
       : torch::optim::Optimizer({torch::optim::OptimizerParamGroup(std::move(params))},
                                 std::make_unique<torch::optim::SGDOptions>(lr)),
-        lr_(lr) {}
+        lr_(lr),
+        copies_(std::move(copies)) {}
   bool ReportEachParameterInNextStep(Callback callback) override {
     report_ = std::move(callback);
     return true;
@@ -115,7 +117,10 @@ class ReportingSgd : public torch::optim::Optimizer, public ReportsSteppedParame
     for (const at::Tensor& p : order) {
       if (p.grad().defined()) p.sub_(p.grad() * lr_);
       at::Tensor copy = copy_of ? copy_of(p) : at::Tensor();
-      if (copy.defined()) copy.copy_(p);
+      if (copy.defined()) {
+        copy.copy_(p);
+        if (copies_) ++*copies_;
+      }
       if (report) report(p);
     }
     return {};
@@ -123,18 +128,21 @@ class ReportingSgd : public torch::optim::Optimizer, public ReportsSteppedParame
 
  private:
   double lr_;
+  std::shared_ptr<int> copies_;
   Callback report_;
   Bf16CopyOf copy_of_;
 };
 
-OptimizerFactory ReportingSgdFactory(double lr, const std::string& skip = "") {
-  return [lr, skip](const NamedParameters& params)
+OptimizerFactory ReportingSgdFactory(double lr, const std::string& skip = "",
+                                     std::shared_ptr<int> copies = nullptr) {
+  return [lr, skip, copies](const NamedParameters& params)
              -> absl::StatusOr<std::unique_ptr<torch::optim::Optimizer>> {
     std::vector<torch::Tensor> tensors;
     for (const auto& [name, tensor] : params) {
       if (name != skip) tensors.push_back(tensor);
     }
-    return std::unique_ptr<torch::optim::Optimizer>(std::make_unique<ReportingSgd>(tensors, lr));
+    return std::unique_ptr<torch::optim::Optimizer>(
+        std::make_unique<ReportingSgd>(tensors, lr, copies));
   };
 }
 
@@ -706,10 +714,13 @@ TEST(Zero3MemoryTest, PeakGradientUnderAccumulationIsThePartitionPlusTwoGroups) 
 // last piece is stepped, from the bf16 copies the step wrote, and the result is the reference
 // step's; the working parameters are exactly the masters' bf16 rounding. A piece the factory
 // left out keeps its value (its bucket goes back from the masters instead).
+// The same without offload (one bucket, so a rank's range holds several pieces): the step
+// writes each piece's bf16 copy straight into its place in the working parameters, and a bucket
+// with a piece it did not write is copied from the masters.
 TEST(ZeroOffloadTest, BucketsGoBackFromTheStepsBf16Copies) {
   const std::vector<Batch> batches = {TiedBlocks::Inputs(3, 30), TiedBlocks::Inputs(3, 31)};
   const Reference want = Bf16SgdStep(batches, 0.5, 0.3);
-  for (int stage : {1, 2}) {
+  for (const auto [stage, offload] : {std::pair{1, true}, {2, true}, {1, false}, {2, false}}) {
     for (const std::string skip : {"", "b.b"}) {
       absl::Status s = RunRanksAsThreads(2, [&](int rank, auto store) -> absl::Status {
         auto model = std::make_shared<TiedBlocks>(1);
@@ -717,21 +728,27 @@ TEST(ZeroOffloadTest, BucketsGoBackFromTheStepsBf16Copies) {
             skip.empty() ? at::Tensor() : model->named_parameters()[skip].detach().clone();
         CT_ASSIGN_OR_RETURN(std::shared_ptr<Communicator> comm, Comm(rank, 2, store));
         CT_ASSIGN_OR_RETURN(
-            auto engine, ZeroEngine::Create(Config(stage, /*offload=*/true, 6),
-                                            MixedPrecision::kBf16, c10::Device(c10::kCPU), comm));
-        CT_RETURN_IF_ERROR(engine->PrepareForTraining(model, ReportingSgdFactory(0.5, skip)));
+            auto engine,
+            ZeroEngine::Create(Config(stage, offload, offload ? 6 : 1000), MixedPrecision::kBf16,
+                               c10::Device(c10::kCPU), comm));
+        auto copies = std::make_shared<int>(0);
+        CT_RETURN_IF_ERROR(
+            engine->PrepareForTraining(model, ReportingSgdFactory(0.5, skip, copies)));
         CT_RETURN_IF_ERROR(TrainStep(*engine, *model, batches[rank]));
         CT_RETURN_IF_ERROR(engine->ClipGradNorm(0.3).status());
         CT_RETURN_IF_ERROR(engine->OptimizerStep().status());
-        EXPECT_EQ(engine->Footprint().host_copy_bytes, 2 * engine->layout()->local_numel);
+        EXPECT_GT(*copies, 0) << "stage " << stage << " offload " << offload;
+        EXPECT_EQ(engine->Footprint().host_copy_bytes,
+                  offload ? 2 * engine->layout()->local_numel : 0);
         std::map<std::string, at::Tensor> working;
         for (const auto& item : model->named_parameters()) {
           working[item.key()] = item.value().detach().clone();
         }
         CT_RETURN_IF_ERROR(engine->ExposeMasterWeights());
         for (const auto& item : model->named_parameters()) {
-          const std::string where = "stage " + std::to_string(stage) + " skip '" + skip +
-                                    "' rank " + std::to_string(rank) + " " + item.key();
+          const std::string where = "stage " + std::to_string(stage) +
+                                    (offload ? " offload" : "") + " skip '" + skip + "' rank " +
+                                    std::to_string(rank) + " " + item.key();
           EXPECT_TRUE(torch::equal(working.at(item.key()), item.value().to(at::kBFloat16)))
               << where;
           const at::Tensor& wanted =

@@ -9,7 +9,7 @@
 #   NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
 #     ROWS="local:qwen3-0.6b:4:graphs" tools/gpu_baseline_check.sh
 # A row is engine:model:micro-batch[:graphs|:nofused][:config[:impl]] (engine zero1-3 is ours' ZeRO
-# stage beside PyTorch's fully_shard; config, one of TORCH_CONFIGS, is this row's one; graphs: ours replays its step as a CUDA
+# stage beside PyTorch's fully_shard, without resharding after the forward for stages 1-2; config, one of TORCH_CONFIGS, is this row's one; graphs: ours replays its step as a CUDA
 # graph, and the sweep adds compile's reduce-overhead; nofused: ours without its fused kernels,
 # for rows against DeepSpeed, whose model runs eagerly). SWEEP (comma-separated TORCH_CONFIGS of
 # bench_compare.py) replaces the default sweep, TORCH_CONFIG names one configuration to compare
@@ -108,9 +108,14 @@ for row in ${ROWS:-local:qwen3-0.6b:4:graphs}; do
   extra=()
   ours_engine="$engine"
   # zeroN: ours' ZeRO stage N beside PyTorch's fully_shard (DeepSpeed is not on the GPU host).
+  # Stages 1 and 2 keep whole parameters through the step, as fully_shard does with
+  # reshard_after_forward=False (FSDP's SHARD_GRAD_OP, its ZeRO-2), so they meet that one;
+  # ZERO_TORCH_ENGINE (e.g. fsdp2) names another.
   if [[ "$engine" =~ ^zero([123])$ ]]; then
     ours_engine=zero
-    extra+=(--zero_stage "${BASH_REMATCH[1]}" --torch_engine fsdp2)
+    zero_torch=fsdp2
+    [[ "${BASH_REMATCH[1]}" != 3 ]] && zero_torch="${ZERO_TORCH_ENGINE:-fsdp2_noreshard}"
+    extra+=(--zero_stage "${BASH_REMATCH[1]}" --torch_engine "$zero_torch")
   fi
   if [[ "$graphs" == graphs ]]; then
     extra+=(--ours_arg=--cuda_graphs)

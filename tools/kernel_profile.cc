@@ -300,8 +300,10 @@ std::string KernelProfile::StopAndFormat(int64_t steps) {
   std::vector<std::pair<double, std::string>> top;
   for (const auto& [name, ns] : kernels) top.push_back({ns, name});
   std::sort(top.rbegin(), top.rend());
+  // Forty, so the smaller kernels of the fused family show one by one, not only in its sum.
+  constexpr size_t kTopKernels = 40;
   out += "profile: top kernels (ms/step, family, name):\n";
-  for (size_t i = 0; i < top.size() && i < 15; ++i) {
+  for (size_t i = 0; i < top.size() && i < kTopKernels; ++i) {
     absl::StrAppendFormat(&out, "profile:   %7.2f  %-22s %s\n", MsPerStep(top[i].first, steps),
                           Family(top[i].second), top[i].second.substr(0, 110));
   }

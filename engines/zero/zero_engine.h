@@ -123,8 +123,8 @@ class ZeroEngine : public LocalEngine {
   // `copied[b]`: the step put them there already).
   absl::Status AllGatherParameters(const std::vector<bool>& copied);
   std::vector<bool> StepCopyingBack();  // the buckets whose masters it copied into flat_
-  // The step on the device under bf16, with an optimizer that writes bf16 copies in its pass
-  // (the Trainer's AdamW on its CUDA kernels): it writes each piece's rounded value straight
+  // The step without offload under bf16 (CUDA or CPU), with an optimizer that writes bf16
+  // copies in its pass (the Trainer's AdamW on its CUDA kernels or its CPU kernel): it writes each piece's rounded value straight
   // into the piece's place in flat_, so the masters need no second pass to be copied there.
   // The buckets whose every piece it wrote.
   std::vector<bool> StepWritingWorkingCopies(ReportsSteppedParameters& reports);

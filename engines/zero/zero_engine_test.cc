@@ -16,6 +16,7 @@
 #include <cmath>
 #include <functional>
 #include <map>
+#include <tuple>
 #include <string>
 #include <utility>
 #include <vector>
@@ -714,13 +715,17 @@ TEST(Zero3MemoryTest, PeakGradientUnderAccumulationIsThePartitionPlusTwoGroups) 
 // last piece is stepped, from the bf16 copies the step wrote, and the result is the reference
 // step's; the working parameters are exactly the masters' bf16 rounding. A piece the factory
 // left out keeps its value (its bucket goes back from the masters instead).
-// The same without offload (one bucket, so a rank's range holds several pieces): the step
-// writes each piece's bf16 copy straight into its place in the working parameters, and a bucket
-// with a piece it did not write is copied from the masters.
+// The same without offload (one bucket, so a rank's range holds several pieces, and buckets of
+// 6, so a bucket's range starts past 0): the step writes each piece's bf16 copy straight into
+// its place in the working parameters, and a bucket with a piece it did not write is copied
+// from the masters.
 TEST(ZeroOffloadTest, BucketsGoBackFromTheStepsBf16Copies) {
   const std::vector<Batch> batches = {TiedBlocks::Inputs(3, 30), TiedBlocks::Inputs(3, 31)};
   const Reference want = Bf16SgdStep(batches, 0.5, 0.3);
-  for (const auto [stage, offload] : {std::pair{1, true}, {2, true}, {1, false}, {2, false}}) {
+  // Without offload also a 6-element cap: several buckets, so a bucket's range starts past 0.
+  for (const auto [stage, offload, cap] :
+       {std::tuple{1, true, 6}, {2, true, 6}, {1, false, 1000}, {2, false, 1000}, {1, false, 6},
+        {2, false, 6}}) {
     for (const std::string skip : {"", "b.b"}) {
       absl::Status s = RunRanksAsThreads(2, [&](int rank, auto store) -> absl::Status {
         auto model = std::make_shared<TiedBlocks>(1);
@@ -729,7 +734,7 @@ TEST(ZeroOffloadTest, BucketsGoBackFromTheStepsBf16Copies) {
         CT_ASSIGN_OR_RETURN(std::shared_ptr<Communicator> comm, Comm(rank, 2, store));
         CT_ASSIGN_OR_RETURN(
             auto engine,
-            ZeroEngine::Create(Config(stage, offload, offload ? 6 : 1000), MixedPrecision::kBf16,
+            ZeroEngine::Create(Config(stage, offload, cap), MixedPrecision::kBf16,
                                c10::Device(c10::kCPU), comm));
         auto copies = std::make_shared<int>(0);
         CT_RETURN_IF_ERROR(
@@ -747,8 +752,9 @@ TEST(ZeroOffloadTest, BucketsGoBackFromTheStepsBf16Copies) {
         CT_RETURN_IF_ERROR(engine->ExposeMasterWeights());
         for (const auto& item : model->named_parameters()) {
           const std::string where = "stage " + std::to_string(stage) +
-                                    (offload ? " offload" : "") + " skip '" + skip + "' rank " +
-                                    std::to_string(rank) + " " + item.key();
+                                    (offload ? " offload" : "") + " cap " + std::to_string(cap) +
+                                    " skip '" + skip + "' rank " + std::to_string(rank) + " " +
+                                    item.key();
           EXPECT_TRUE(torch::equal(working.at(item.key()), item.value().to(at::kBFloat16)))
               << where;
           const at::Tensor& wanted =
@@ -766,6 +772,49 @@ TEST(ZeroOffloadTest, BucketsGoBackFromTheStepsBf16Copies) {
 // With offload, the clip's squared norm is summed on the device as each bucket is reduced: it
 // equals the host shard's while every bucket was reduced once, and is withdrawn when a second
 // micro-batch adds into the shard or someone writes the shard.
+// On one rank (stage 2, the shard on the device) each backward after Clear() rewrites the whole
+// shard: the parameters' ranges with their gradients (zeros for one that got none) and the
+// padding with zeros, whatever was there (a clip by a NaN norm leaves NaN everywhere).
+TEST(ZeroGradientsTest, OneRankRewritesTheWholeShardAfterAClear) {
+  absl::Status s = RunRanksAsThreads(1, [&](int rank, auto store) -> absl::Status {
+    CT_ASSIGN_OR_RETURN(std::shared_ptr<Communicator> comm, Comm(rank, 1, store));
+    torch::manual_seed(3);
+    std::vector<at::Tensor> params = {torch::randn({5, 3}).requires_grad_(),
+                                      torch::randn({7}).requires_grad_(),
+                                      torch::randn({3}).requires_grad_()};
+    const ZeroLayout layout = BuildZeroLayout({15, 7, 3}, 1, rank, /*bucket_numel=*/8, 4);
+    EXPECT_GT(layout.local_numel, 15 + 7 + 3);  // there is padding to rewrite
+    ZeroGradients grads(layout, params, comm.get(), c10::Device(c10::kCPU), /*keep_full=*/false,
+                        {c10::Device(c10::kCPU), false, /*reduce_squares=*/false});
+    grads.Install();
+    for (const bool use_last : {true, false}) {
+      grads.shard().fill_(std::nan(""));
+      grads.Clear();
+      grads.Begin(/*sync=*/true);
+      at::Tensor loss = params[0].sum(1).mul(params[1].narrow(0, 0, 5)).sum();
+      if (use_last) loss = loss + params[2].square().sum();
+      loss.backward();
+      CT_RETURN_IF_ERROR(grads.Finish(true));
+      const at::Tensor shard = grads.shard();
+      EXPECT_TRUE(torch::isfinite(shard).all().item<bool>()) << "use_last " << use_last;
+      torch::NoGradGuard no_grad;
+      const std::vector<at::Tensor> want = {
+          params[1].narrow(0, 0, 5).unsqueeze(1).expand({5, 3}),
+          torch::cat({params[0].sum(1), torch::zeros({2})}),
+          use_last ? 2 * params[2] : torch::zeros({3})};
+      at::Tensor expected = torch::zeros_like(shard);
+      for (size_t i = 0; i < params.size(); ++i) {
+        expected.narrow(0, layout.params[i].local_offset, layout.params[i].numel)
+            .copy_(want[i].reshape({-1}));
+      }
+      EXPECT_TRUE(torch::equal(shard, expected))
+          << "use_last " << use_last << ": " << shard << " vs " << expected;
+    }
+    return absl::OkStatus();
+  });
+  EXPECT_TRUE(s.ok()) << s;
+}
+
 TEST(ZeroGradientsTest, ReducedSquaresDescribeTheShardOrAreWithdrawn) {
   absl::Status s = RunRanksAsThreads(2, [&](int rank, auto store) -> absl::Status {
     CT_ASSIGN_OR_RETURN(std::shared_ptr<Communicator> comm, Comm(rank, 2, store));

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu_adamw.h"
@@ -36,6 +37,32 @@ ZeroGradients::ZeroGradients(const ZeroLayout& layout, std::vector<at::Tensor> p
   }
   pending_.assign(layout_.buckets.size(), 0);
   ready_.assign(params_.size(), false);
+  if (direct_) FindPadding();
+}
+
+void ZeroGradients::FindPadding() {
+  padding_.resize(layout_.buckets.size());
+  for (size_t b = 0; b < layout_.buckets.size(); ++b) {
+    const ZeroLayout::Bucket& bucket = layout_.buckets[b];
+    std::vector<std::pair<int64_t, int64_t>> spans;  // [begin, end) in the flat buffer
+    for (const int index : bucket.params) {
+      const ZeroLayout::Param& p = layout_.params[index];
+      spans.push_back({p.offset, p.offset + p.numel});
+    }
+    std::sort(spans.begin(), spans.end());
+    std::vector<int64_t> positions;  // in shard_
+    int64_t next = bucket.begin;  // the first element no span so far covers
+    spans.push_back({bucket.begin + bucket.numel, bucket.begin + bucket.numel});
+    for (const auto& [begin, end] : spans) {
+      for (int64_t x = next; x < begin; ++x) {
+        positions.push_back(bucket.local_offset + (x - bucket.begin));
+      }
+      next = std::max(next, end);
+    }
+    if (!positions.empty()) {
+      padding_[b] = torch::tensor(positions, torch::dtype(at::kLong)).to(device_);
+    }
+  }
 }
 
 ZeroGradients::~ZeroGradients() {
@@ -159,8 +186,9 @@ void ZeroGradients::LaunchReadyLocked() {
     const int b = static_cast<int>(next_launch_++);
     if (direct_) {
       // The gradients are in the shard already; a parameter that got none this backward holds
-      // zeros there (its range may hold an earlier step's gradient).
-      if (fresh_[b]) ZeroMissingLocked(b);
+      // zeros there (its range may hold an earlier step's gradient), and so does the padding
+      // (a clip by a NaN norm scales it to NaN, and the next norm would read that).
+      if (fresh_[b]) ZeroUnwrittenLocked(b);
       fresh_[b] = false;
       continue;
     }
@@ -192,11 +220,12 @@ at::Tensor ZeroGradients::ShardRange(const ZeroLayout::Param& p) {
   return shard_.narrow(0, bucket.local_offset + (p.offset - bucket.begin), p.numel);
 }
 
-void ZeroGradients::ZeroMissingLocked(int b) {
+void ZeroGradients::ZeroUnwrittenLocked(int b) {
   torch::NoGradGuard no_grad;
   for (const int index : layout_.buckets[b].params) {
     if (!ready_[index]) ShardRange(layout_.params[index]).zero_();
   }
+  if (padding_[b].defined()) shard_.index_fill_(0, padding_[b], 0.f);
 }
 
 absl::Status ZeroGradients::Finish(bool backward_ok) {

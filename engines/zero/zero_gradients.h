@@ -106,7 +106,9 @@ class ZeroGradients {
   bool AllReducedLocked() const;
   at::Tensor& BucketBuffer(int b);
   at::Tensor ShardRange(const ZeroLayout::Param& p);  // p's elements of shard() (one rank)
-  void ZeroMissingLocked(int b);  // zeros bucket b's parameters that got no gradient
+  // Zeros bucket b's parameters that got no gradient, and its padding (padding_[b]).
+  void ZeroUnwrittenLocked(int b);
+  void FindPadding();  // fills padding_
 
   const ZeroLayout& layout_;
   std::vector<at::Tensor> params_;
@@ -118,7 +120,10 @@ class ZeroGradients {
 
   std::mutex mu_;
   at::Tensor shard_;
-  std::vector<bool> fresh_;  // per bucket: its shard range holds nothing since Clear()
+  // Per bucket: nothing was reduced into its shard range since Clear() (direct_: its range
+  // holds this backward's copies, and stale values elsewhere, until the bucket is launched).
+  std::vector<bool> fresh_;
+  std::vector<at::Tensor> padding_;  // direct_: per bucket, the shard positions no parameter has
   bool reduce_squares_;
   at::Tensor squares_;         // [1] fp64 on the device: see ReducedSquares()
   bool squares_valid_ = true;  // since Clear(): no bucket accumulated, no ShardWritten()

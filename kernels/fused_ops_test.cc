@@ -341,10 +341,15 @@ TEST(FusedOpsTest, QkvNormRopeEqualsTwoQkNormRopes) {
 TEST(FusedOpsTest, LinearCrossEntropyMatchesReferenceOnTheGpu) {
   REQUIRE_KERNELS();
   torch::manual_seed(4);
-  const int64_t rows = 1000, hidden = 256;
-  // 50257: the row kernel's one-value path; 50304: its 16-byte path. Softcap 0: none; 1.5:
-  // Gemma 2's final cap, small enough against these logits (|z| up to about 4) to bend most.
-  for (const int64_t vocab : {int64_t{50257}, int64_t{50304}}) {
+  const int64_t hidden = 256;
+  // 50257: the one-block row kernel's one-value path. The cluster kernel (16-byte accesses, the
+  // row in shared memory) at 50304 (one block a row in bf16, two in fp32) and 151936 (Qwen's
+  // vocabulary: two in bf16, four in fp32); 819200 needs more than eight, so the one-block
+  // kernel's 16-byte path. Softcap 0: none; 1.5: Gemma 2's final cap, small enough against
+  // these logits (|z| up to about 4) to bend most.
+  for (const int64_t vocab :
+       {int64_t{50257}, int64_t{50304}, int64_t{151936}, int64_t{819200}}) {
+    const int64_t rows = vocab > 100000 ? 300 : 1000;
     at::Tensor targets = torch::randint(vocab, {rows}, torch::device(kCuda).dtype(at::kLong));
     targets.slice(0, 0, 100).fill_(-100);
     for (const at::ScalarType type : {at::kFloat, at::kBFloat16}) {
@@ -445,14 +450,21 @@ TEST(FusedOpsTest, ScaledCopyEqualsMulOut) {
                    .defined());
 }
 
+// 10 words: the one-block kernel; 16 (fp32, 16-byte accesses): the cluster kernel.
 TEST(FusedOpsTest, CrossEntropyRowsMarksTargetsOutsideTheVocabulary) {
   REQUIRE_KERNELS();
-  at::Tensor logits = torch::randn({3, 10}, torch::device(kCuda));
-  const at::Tensor targets = torch::tensor({1, -100, 10}, torch::device(kCuda).dtype(at::kLong));
-  const at::Tensor loss = CrossEntropyRowsInPlace(logits, targets, -100, false).cpu();
-  EXPECT_TRUE(std::isfinite(loss[0].item<float>()));
-  EXPECT_EQ(loss[1].item<float>(), 0.f);
-  EXPECT_TRUE(std::isnan(loss[2].item<float>())) << "target 10 of a 10-word vocabulary";
+  for (const int64_t vocab : {int64_t{10}, int64_t{16}}) {
+    at::Tensor logits = torch::randn({3, vocab}, torch::device(kCuda));
+    const at::Tensor targets =
+        torch::tensor({int64_t{1}, int64_t{-100}, vocab}, torch::device(kCuda).dtype(at::kLong));
+    const at::Tensor loss = CrossEntropyRowsInPlace(logits, targets, -100, false).cpu();
+    const std::string where = "vocab " + std::to_string(vocab);
+    EXPECT_NEAR(loss[0].item<float>(),
+                (torch::logsumexp(logits[0], 0) - logits[0][1]).item<float>(), 1e-5)
+        << where;
+    EXPECT_EQ(loss[1].item<float>(), 0.f) << where;
+    EXPECT_TRUE(std::isnan(loss[2].item<float>())) << where << ": a target past the vocabulary";
+  }
 }
 
 // ---- everywhere ----

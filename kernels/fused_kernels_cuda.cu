@@ -12,7 +12,9 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
+#include <cstdio>
 #include <initializer_list>
 #include <type_traits>
 
@@ -1063,6 +1065,7 @@ template <typename T>
 __global__ void __launch_bounds__(kRowBlock)
     CrossEntropyClusterKernel(int64_t vocab, int64_t part, T* logits, const int64_t* targets,
                               int64_t ignore_index, float softcap, float* loss, bool write_grad) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900  // clusters; the launcher checks the device
   namespace cg = cooperative_groups;
   constexpr int kWidth = kVec<T>;
   constexpr int kUnroll = 4;  // loads in flight per thread
@@ -1091,12 +1094,11 @@ __global__ void __launch_bounds__(kRowBlock)
       *reinterpret_cast<uint4*>(held + (j - begin)) = raw[u];
       float v[kWidth];
       LoadVec(reinterpret_cast<const T*>(&raw[u]), v);
-      float top = -INFINITY;
 #pragma unroll
-      for (int k = 0; k < kWidth; ++k) {
-        v[k] = Softcapped(v[k], softcap);
-        top = fmaxf(top, v[k]);
-      }
+      for (int k = 0; k < kWidth; ++k) v[k] = Softcapped(v[k], softcap);
+      float top = v[0];  // not -INFINITY: fmaxf drops NaN, and a NaN vector must reach the loss
+#pragma unroll
+      for (int k = 1; k < kWidth; ++k) top = fmaxf(top, v[k]);
       float sum = 0.f;
 #pragma unroll
       for (int k = 0; k < kWidth; ++k) sum += __expf(v[k] - top);
@@ -1141,6 +1143,7 @@ __global__ void __launch_bounds__(kRowBlock)
     }
     StoreVec(z + j, v);
   }
+#endif
 }
 
 // ---- soft-capped attention softmax ------------------------------------------------------
@@ -1453,15 +1456,31 @@ int ClusterBlocksPerRow(int64_t vocab) {
   return 0;
 }
 
+std::atomic<int64_t> cluster_fallbacks{0};  // CrossEntropyClusterFallbacks()
+
+// Whether the current device launches clusters (sm_90 and later).
+bool ClusterLaunch() {
+  int device = 0, major = 0;
+  return cudaGetDevice(&device) == cudaSuccess &&
+         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) ==
+             cudaSuccess &&
+         major >= 9;
+}
+
+// False (the error cleared) where the launch failed: the caller falls back to the one-block
+// kernel.
 template <typename T>
-const char* LaunchCrossEntropyCluster(int64_t rows, int64_t vocab, int blocks, T* logits,
-                                      const int64_t* targets, int64_t ignore_index, float softcap,
-                                      float* loss, bool write_grad, cudaStream_t stream) {
+bool LaunchCrossEntropyCluster(int64_t rows, int64_t vocab, int blocks, T* logits,
+                               const int64_t* targets, int64_t ignore_index, float softcap,
+                               float* loss, bool write_grad, cudaStream_t stream) {
   auto kernel = CrossEntropyClusterKernel<T>;
-  // Once per type, before any launch (and so before a CUDA graph captures one).
-  static const cudaError_t sized = cudaFuncSetAttribute(
-      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kClusterRowBytes));
-  if (sized != cudaSuccess) return cudaGetErrorString(sized);
+  // On every launch: the attribute belongs to the current device's context (no stream work, so
+  // allowed while a CUDA graph captures).
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(kClusterRowBytes)) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
   const int64_t part = ClusterPart<T>(vocab, blocks);
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(static_cast<unsigned>(rows * blocks));
@@ -1475,9 +1494,12 @@ const char* LaunchCrossEntropyCluster(int64_t rows, int64_t vocab, int blocks, T
   cluster.val.clusterDim.z = 1;
   config.attrs = &cluster;
   config.numAttrs = 1;
-  const cudaError_t launched = cudaLaunchKernelEx(&config, kernel, vocab, part, logits, targets,
-                                                  ignore_index, softcap, loss, write_grad);
-  return launched == cudaSuccess ? nullptr : cudaGetErrorString(launched);
+  if (cudaLaunchKernelEx(&config, kernel, vocab, part, logits, targets, ignore_index, softcap,
+                         loss, write_grad) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return true;
 }
 
 }  // namespace
@@ -1718,23 +1740,32 @@ const char* LaunchCrossEntropyRows(int64_t rows, int64_t vocab, void* logits, El
                                    const int64_t* targets, int64_t ignore_index, float softcap,
                                    float* loss, bool write_grad, void* stream) {
   if (rows == 0) return nullptr;
-  const char* error = nullptr;
   WithType(type, [&](auto t) {
     using T = decltype(t);
-    const int blocks = ClusterBlocksPerRow<T>(vocab);
-    if (blocks > 0 && Vectorizable<T>(vocab, {logits})) {
-      error = LaunchCrossEntropyCluster(rows, vocab, blocks, static_cast<T*>(logits), targets,
-                                        ignore_index, softcap, loss, write_grad,
-                                        static_cast<cudaStream_t>(stream));
-      return;
+    const bool vector = Vectorizable<T>(vocab, {logits});
+    // Without the gradient the one-block kernel reads a row once too.
+    const int blocks = write_grad && vector ? ClusterBlocksPerRow<T>(vocab) : 0;
+    if (blocks > 0 && ClusterLaunch()) {
+      if (LaunchCrossEntropyCluster(rows, vocab, blocks, static_cast<T*>(logits), targets,
+                                    ignore_index, softcap, loss, write_grad,
+                                    static_cast<cudaStream_t>(stream))) {
+        return;
+      }
+      if (cluster_fallbacks++ == 0) {
+        std::fprintf(stderr,
+                     "cross-entropy rows: the cluster kernel did not launch (%lld blocks a row); "
+                     "the one-block kernel runs instead\n",
+                     static_cast<long long>(blocks));
+      }
     }
-    auto kernel = Vectorizable<T>(vocab, {logits}) ? CrossEntropyRowsKernel<T, true>
-                                                   : CrossEntropyRowsKernel<T, false>;
+    auto kernel = vector ? CrossEntropyRowsKernel<T, true> : CrossEntropyRowsKernel<T, false>;
     kernel<<<rows, kRowBlock, 0, static_cast<cudaStream_t>(stream)>>>(
         vocab, static_cast<T*>(logits), targets, ignore_index, softcap, loss, write_grad);
   });
-  return error != nullptr ? error : LastError();
+  return LastError();
 }
+
+int64_t CrossEntropyClusterFallbacks() { return cluster_fallbacks.load(); }
 
 const char* LaunchSoftcapSoftmaxForward(int64_t rows, int64_t keys, int64_t queries,
                                         const void* scores, void* probs, ElementType type,

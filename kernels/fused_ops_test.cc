@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "base/torch_compat.h"
+#include "kernels/launchers.h"
 #include "kernels/linear_cross_entropy.h"
 
 namespace cpptrain {
@@ -343,12 +344,13 @@ TEST(FusedOpsTest, LinearCrossEntropyMatchesReferenceOnTheGpu) {
   torch::manual_seed(4);
   const int64_t hidden = 256;
   // 50257: the one-block row kernel's one-value path. The cluster kernel (16-byte accesses, the
-  // row in shared memory) at 50304 (one block a row in bf16, two in fp32) and 151936 (Qwen's
-  // vocabulary: two in bf16, four in fp32); 819200 needs more than eight, so the one-block
-  // kernel's 16-byte path. Softcap 0: none; 1.5: Gemma 2's final cap, small enough against
-  // these logits (|z| up to about 4) to bend most.
-  for (const int64_t vocab :
-       {int64_t{50257}, int64_t{50304}, int64_t{151936}, int64_t{819200}}) {
+  // row in shared memory; blocks a row in bf16 / fp32) at 50304 (1 / 2), 100008 (2 / 4, the
+  // last block's part shorter), 151936 (Qwen's vocabulary: 2 / 4) and 256000 (4 / 8); 819200
+  // needs more than eight, so the one-block kernel's 16-byte path. Softcap 0: none; 1.5: Gemma
+  // 2's final cap, small enough against these logits (|z| up to about 4) to bend most.
+  const int64_t fallbacks = CrossEntropyClusterFallbacks();
+  for (const int64_t vocab : {int64_t{50257}, int64_t{50304}, int64_t{100008}, int64_t{151936},
+                              int64_t{256000}, int64_t{819200}}) {
     const int64_t rows = vocab > 100000 ? 300 : 1000;
     at::Tensor targets = torch::randint(vocab, {rows}, torch::device(kCuda).dtype(at::kLong));
     targets.slice(0, 0, 100).fill_(-100);
@@ -376,6 +378,7 @@ TEST(FusedOpsTest, LinearCrossEntropyMatchesReferenceOnTheGpu) {
       }
     }
   }
+  EXPECT_EQ(CrossEntropyClusterFallbacks(), fallbacks) << "the cluster kernel did not launch";
 }
 
 // Gemma 2's soft-capped attention softmax against its eager reference in double: causal and
@@ -450,20 +453,33 @@ TEST(FusedOpsTest, ScaledCopyEqualsMulOut) {
                    .defined());
 }
 
-// 10 words: the one-block kernel; 16 (fp32, 16-byte accesses): the cluster kernel.
+// 10 words: the one-block kernel; 16 (fp32, 16-byte accesses): the one-block kernel without the
+// gradient, the cluster kernel with it. A row with a NaN vector has a NaN loss on both.
 TEST(FusedOpsTest, CrossEntropyRowsMarksTargetsOutsideTheVocabulary) {
   REQUIRE_KERNELS();
   for (const int64_t vocab : {int64_t{10}, int64_t{16}}) {
-    at::Tensor logits = torch::randn({3, vocab}, torch::device(kCuda));
-    const at::Tensor targets =
-        torch::tensor({int64_t{1}, int64_t{-100}, vocab}, torch::device(kCuda).dtype(at::kLong));
-    const at::Tensor loss = CrossEntropyRowsInPlace(logits, targets, -100, false).cpu();
-    const std::string where = "vocab " + std::to_string(vocab);
-    EXPECT_NEAR(loss[0].item<float>(),
-                (torch::logsumexp(logits[0], 0) - logits[0][1]).item<float>(), 1e-5)
-        << where;
-    EXPECT_EQ(loss[1].item<float>(), 0.f) << where;
-    EXPECT_TRUE(std::isnan(loss[2].item<float>())) << where << ": a target past the vocabulary";
+    for (const bool write_grad : {false, true}) {
+      const at::Tensor original = torch::randn({4, vocab}, torch::device(kCuda));
+      original[3].slice(0, 4, 8).fill_(std::nan(""));  // one whole 16-byte vector
+      at::Tensor logits = original.clone();
+      const at::Tensor targets = torch::tensor({int64_t{1}, int64_t{-100}, vocab, int64_t{0}},
+                                               torch::device(kCuda).dtype(at::kLong));
+      const at::Tensor loss = CrossEntropyRowsInPlace(logits, targets, -100, write_grad).cpu();
+      const std::string where =
+          "vocab " + std::to_string(vocab) + (write_grad ? " with the gradient" : "");
+      EXPECT_NEAR(loss[0].item<float>(),
+                  (torch::logsumexp(original[0], 0) - original[0][1]).item<float>(), 1e-5)
+          << where;
+      EXPECT_EQ(loss[1].item<float>(), 0.f) << where;
+      EXPECT_TRUE(std::isnan(loss[2].item<float>())) << where << ": a target past the vocabulary";
+      EXPECT_TRUE(std::isnan(loss[3].item<float>())) << where << ": NaN logits";
+      if (write_grad) {
+        const at::Tensor want = torch::softmax(original[0], 0) -
+                                torch::one_hot(torch::tensor(int64_t{1}), vocab).to(kCuda);
+        EXPECT_TRUE(torch::allclose(logits[0], want, 1e-5, 1e-6)) << where;
+        EXPECT_TRUE(torch::equal(logits[1], torch::zeros_like(logits[1]))) << where;
+      }
+    }
   }
 }
 

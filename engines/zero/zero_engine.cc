@@ -396,18 +396,20 @@ std::vector<bool> ZeroEngine::StepCopyingBack() {
 }
 
 std::vector<bool> ZeroEngine::StepWritingWorkingCopies(ReportsSteppedParameters& reports) {
-  std::vector<int> unwritten(layout_->buckets.size(), 0);  // per bucket: pieces not written
-  for (const auto& [impl, piece] : pieces_) ++unwritten[piece.bucket];
+  // The pieces whose copy was asked for, each once however often the optimizer asks.
+  std::unordered_set<const c10::TensorImpl*> written;
   absl::Cleanup forget = [&reports] { reports.WriteBf16CopiesInNextStep(nullptr); };
-  const bool asked = reports.WriteBf16CopiesInNextStep([this, &unwritten](const at::Tensor& piece) {
+  const bool asked = reports.WriteBf16CopiesInNextStep([this, &written](const at::Tensor& piece) {
     const PieceAt& at = FindPiece(piece);
-    --unwritten[at.bucket];
+    written.insert(piece.unsafeGetTensorImpl());
     const int64_t within = at.local_offset - layout_->buckets[at.bucket].local_offset;
     return OwnedRange(at.bucket).narrow(0, within, piece.numel());
   });
   optimizer_->step();
-  std::vector<bool> copied(unwritten.size(), false);
-  for (size_t b = 0; asked && b < copied.size(); ++b) copied[b] = unwritten[b] == 0;
+  std::vector<bool> copied(layout_->buckets.size(), asked);
+  for (const auto& [impl, piece] : pieces_) {
+    if (written.count(impl) == 0) copied[piece.bucket] = false;
+  }
   return copied;
 }
 

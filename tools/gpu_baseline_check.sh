@@ -9,7 +9,8 @@
 #   NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
 #     ROWS="local:qwen3-0.6b:4:graphs" tools/gpu_baseline_check.sh
 # A row is engine:model:micro-batch[:graphs|:nofused][:config[:impl]] (engine zero1-3 is ours' ZeRO
-# stage beside PyTorch's fully_shard, without resharding after the forward for stages 1-2; config, one of TORCH_CONFIGS, is this row's one; graphs: ours replays its step as a CUDA
+# stage beside PyTorch's fully_shard, without resharding after the forward for stages 1-2;
+# config, one of TORCH_CONFIGS, is this row's one; graphs: ours replays its step as a CUDA
 # graph, and the sweep adds compile's reduce-overhead; nofused: ours without its fused kernels,
 # for rows against DeepSpeed, whose model runs eagerly). SWEEP (comma-separated TORCH_CONFIGS of
 # bench_compare.py) replaces the default sweep, TORCH_CONFIG names one configuration to compare

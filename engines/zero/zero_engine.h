@@ -124,9 +124,9 @@ class ZeroEngine : public LocalEngine {
   absl::Status AllGatherParameters(const std::vector<bool>& copied);
   std::vector<bool> StepCopyingBack();  // the buckets whose masters it copied into flat_
   // The step without offload under bf16 (CUDA or CPU), with an optimizer that writes bf16
-  // copies in its pass (the Trainer's AdamW on its CUDA kernels or its CPU kernel): it writes each piece's rounded value straight
-  // into the piece's place in flat_, so the masters need no second pass to be copied there.
-  // The buckets whose every piece it wrote.
+  // copies in its pass (the Trainer's AdamW on its CUDA kernels or its CPU kernel): it writes
+  // each piece's rounded value straight into the piece's place in flat_, so the masters need no
+  // second pass to be copied there. The buckets whose every piece it wrote.
   std::vector<bool> StepWritingWorkingCopies(ReportsSteppedParameters& reports);
   bool RequestBf16Copies(ReportsSteppedParameters& reports, std::vector<int>& unwritten);
   const PieceAt& FindPiece(const at::Tensor& piece) const;  // one of the optimizer's tensors

@@ -44,21 +44,18 @@ void ZeroGradients::FindPadding() {
   padding_.resize(layout_.buckets.size());
   for (size_t b = 0; b < layout_.buckets.size(); ++b) {
     const ZeroLayout::Bucket& bucket = layout_.buckets[b];
-    std::vector<std::pair<int64_t, int64_t>> spans;  // [begin, end) in the flat buffer
+    std::vector<int64_t> positions;  // in shard_
+    // The gaps before each parameter (bucket.params is in flat order) and after the last.
+    int64_t next = bucket.begin;  // the first flat element past the parameters so far
+    auto gap_to = [&](int64_t end) {
+      for (; next < end; ++next) positions.push_back(bucket.local_offset + (next - bucket.begin));
+    };
     for (const int index : bucket.params) {
       const ZeroLayout::Param& p = layout_.params[index];
-      spans.push_back({p.offset, p.offset + p.numel});
+      gap_to(p.offset);
+      next = p.offset + p.numel;
     }
-    std::sort(spans.begin(), spans.end());
-    std::vector<int64_t> positions;  // in shard_
-    int64_t next = bucket.begin;  // the first element no span so far covers
-    spans.push_back({bucket.begin + bucket.numel, bucket.begin + bucket.numel});
-    for (const auto& [begin, end] : spans) {
-      for (int64_t x = next; x < begin; ++x) {
-        positions.push_back(bucket.local_offset + (x - bucket.begin));
-      }
-      next = std::max(next, end);
-    }
+    gap_to(bucket.begin + bucket.numel);
     if (!positions.empty()) {
       padding_[b] = torch::tensor(positions, torch::dtype(at::kLong)).to(device_);
     }

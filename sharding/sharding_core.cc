@@ -228,7 +228,8 @@ void ShardingCore::CountGradients() {
   int64_t bytes = 0;
   for (const auto& g : groups_) {
     for (const Group::Param& p : g->params) bytes += Bytes(p.param.grad()) + Bytes(p.stashed_grad);
-    bytes += Bytes(g->accumulated) + Bytes(g->reduce_in) + Bytes(g->reduce_out);
+    bytes += Bytes(g->accumulated) + Bytes(g->reduce_in);
+    if (!g->reduce_out.is_same(g->reduce_in)) bytes += Bytes(g->reduce_out);  // one rank: same
   }
   peak_gradient_bytes_ = std::max(peak_gradient_bytes_, bytes);
 }
@@ -252,6 +253,24 @@ at::Tensor FlatGatherInput(const Group& group, c10::Device device) {
   return input;
 }
 
+at::Tensor OnDevice(const at::Tensor& t, c10::Device device) {
+  return t.device() == device ? t : t.to(device, /*non_blocking=*/true);
+}
+
+// One shard rank: the full parameters are the shards, copied and cast into place on `device`
+// (offloaded shards cross in their own dtype first, as FlatGatherInput's do).
+void CopyShardsIntoFull(Group& group, c10::Device device) {
+  AllocateStorage(group.full);
+  if (group.layout == Group::Layout::kFlat) {
+    group.full.copy_(OnDevice(group.flat_shard, device), /*non_blocking=*/true);
+    return;
+  }
+  for (const Group::Param& p : group.params) {
+    group.full.narrow(0, p.offset, p.chunk_numel)
+        .copy_(OnDevice(p.shard, device), /*non_blocking=*/true);
+  }
+}
+
 }  // namespace
 
 absl::Status ShardingCore::Unshard(Group& group) {
@@ -260,7 +279,9 @@ absl::Status ShardingCore::Unshard(Group& group) {
   const int64_t s = group.segment_numel;
   return CatchTorch([&]() -> absl::Status {
     torch::NoGradGuard no_grad;
-    if (group.layout == Group::Layout::kFlat) {
+    if (world == 1) {
+      CopyShardsIntoFull(group, device());
+    } else if (group.layout == Group::Layout::kFlat) {
       // One all-gather of the flat shard straight into the full flat parameter.
       AllocateStorage(group.full);
       if (s > 0) {
@@ -272,10 +293,8 @@ absl::Status ShardingCore::Unshard(Group& group) {
           at::empty({world * s}, at::TensorOptions().dtype(group.param_dtype).device(device()));
       at::Tensor segment = out.narrow(0, mesh_.shard->rank() * s, s);
       for (const Group::Param& p : group.params) {
-        const at::Tensor source = p.shard.device() == out.device()
-                                      ? p.shard
-                                      : p.shard.to(out.device(), /*non_blocking=*/true);
-        segment.narrow(0, p.offset, p.chunk_numel).copy_(source, /*non_blocking=*/true);
+          segment.narrow(0, p.offset, p.chunk_numel)
+            .copy_(OnDevice(p.shard, out.device()), /*non_blocking=*/true);
       }
       // Every rank has the same segment size, so all skip an empty group alike.
       if (s > 0) {
@@ -296,14 +315,14 @@ absl::Status ShardingCore::WaitUnshard(Group& group) {
   group.gather_work.reset();
   if (!waited.ok()) {
     group.gather_out = at::Tensor();
-    if (group.layout == Group::Layout::kFlat) FreeStorage(group.full);
+    FreeStorage(group.full);
     group.state = Group::State::kSharded;
     return waited;
   }
   const int world = mesh_.shard->size();
   return CatchTorch([&] {
     torch::NoGradGuard no_grad;
-    if (group.layout == Group::Layout::kPerParameter) {
+    if (group.gather_out.defined()) {  // kPerParameter over several ranks: copy out
       AllocateStorage(group.full);
       const at::Tensor by_rank = group.gather_out.view({world, group.segment_numel});
       for (Group::Param& p : group.params) {
@@ -332,7 +351,7 @@ void ShardingCore::Reshard(Group& group) {
     if (!waited.ok() && hook_error_.ok()) hook_error_ = waited;
     group.gather_work.reset();
     group.gather_out = at::Tensor();
-    if (group.layout == Group::Layout::kFlat) FreeStorage(group.full);
+    FreeStorage(group.full);  // allocated for kFlat, and for one rank
     group.state = Group::State::kSharded;
     return;
   }
@@ -497,8 +516,12 @@ absl::Status ShardingCore::PostBackward(Group& group) {
       return absl::OkStatus();
     }
     if (s == 0) return absl::OkStatus();
-    at::Tensor out = at::empty({s}, in.options());
-    CT_ASSIGN_OR_RETURN(group.reduce_work, mesh_.shard->ReduceScatter(in, out, ReduceOp::kSum));
+    // One rank: `in` is the reduced segment, held as both until CompleteReduceScatter.
+    at::Tensor out = world == 1 ? in : at::empty({s}, in.options());
+    if (world > 1) {
+      CT_ASSIGN_OR_RETURN(group.reduce_work,
+                          mesh_.shard->ReduceScatter(in, out, ReduceOp::kSum));
+    }
     group.reduce_in = std::move(in);
     group.reduce_out = std::move(out);
     group.reduced = true;
@@ -516,8 +539,9 @@ absl::Status ShardingCore::PostBackward(Group& group) {
 // accumulates into the partition). Offloaded parts (a host copy) and HSDP (the all-reduce
 // over replicas comes first) are assigned by FinishBackward.
 absl::Status ShardingCore::CompleteReduceScatter(Group& group) {
-  if (group.reduce_work == nullptr) return absl::OkStatus();
-  absl::Status waited = group.reduce_work->Wait();  // the current stream waits
+  if (!group.reduce_in.defined()) return absl::OkStatus();  // none in flight (or done)
+  // The current stream waits; one rank issued none.
+  absl::Status waited = group.reduce_work ? group.reduce_work->Wait() : absl::OkStatus();
   group.reduce_work.reset();
   group.reduce_in = at::Tensor();
   if (!waited.ok()) {

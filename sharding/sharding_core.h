@@ -25,6 +25,10 @@
 // Streams: collectives are issued on the communicator's stream; Work::Wait makes the current
 // stream wait for them (Unshard issues, WaitUnshard waits; post-backward issues the
 // reduce-scatter, the next group's post-backward and FinishBackward wait).
+//
+// One shard rank: a gather or reduce-scatter over one rank would only copy, so none is issued.
+// Unshard copies (and casts) the shards straight into the full buffer, with no gather buffer,
+// and post-backward's packed gradients are the reduced segment itself.
 #ifndef CPPTRAIN_SHARDING_SHARDING_CORE_H_
 #define CPPTRAIN_SHARDING_SHARDING_CORE_H_
 

@@ -79,18 +79,19 @@ TEST(FlatShardTest, PiecesPartitionEachParameterAndGatherBack) {
   }
 }
 
-TEST(FlatShardTest, GradientsAreTheSumOverRanks) {
-  constexpr int kWorld = 3;
-  auto models = Replicas(kWorld, 2);
+// One rank copies its shard into place and takes its packed gradients as the reduced ones,
+// with no collective: the same sum over one rank.
+void ExpectGradientsSummedOverRanks(int world) {
+  auto models = Replicas(world, 2);
   torch::manual_seed(3);
   auto reference = Decoder(2);
   // The reference: every rank's batch through one unsharded model, gradients summed.
-  for (int r = 0; r < kWorld; ++r) {
+  for (int r = 0; r < world; ++r) {
     const Batch batch = TokenBatch(r);
     reference->LossSum(reference->Forward(batch), batch).backward();
   }
-  absl::Status s = RunRanksAsThreads(kWorld, [&](int rank, auto store) -> absl::Status {
-    CT_ASSIGN_OR_RETURN(ShardMesh mesh, Mesh(rank, kWorld, store));
+  absl::Status s = RunRanksAsThreads(world, [&](int rank, auto store) -> absl::Status {
+    CT_ASSIGN_OR_RETURN(ShardMesh mesh, Mesh(rank, world, store));
     DecoderLM& model = *models[rank];
     FlatShardOptions options;
     options.backward_prefetch = CoreOptions::BackwardPrefetch::kPost;
@@ -116,6 +117,12 @@ TEST(FlatShardTest, GradientsAreTheSumOverRanks) {
     return absl::OkStatus();
   });
   EXPECT_TRUE(s.ok()) << s;
+}
+
+TEST(FlatShardTest, GradientsAreTheSumOverRanks) { ExpectGradientsSummedOverRanks(3); }
+
+TEST(FlatShardTest, OneRankGathersAndReducesWithoutCollectives) {
+  ExpectGradientsSummedOverRanks(1);
 }
 
 TEST(FlatShardTest, TiedAcrossUnitsGoesToTheRoot) {

@@ -92,21 +92,22 @@ std::map<std::string, torch::Tensor> ReferenceGradients(int layers, const Batch&
   return grads;
 }
 
-void ExpectSummedGradients(bool reshard_after_forward, bool checkpointing) {
-  constexpr int kWorld = 2;
+// On one rank (`world` 1) nothing is gathered or reduce-scattered: the shards are copied into
+// the full buffers, so without resharding the peak is the shards and every full buffer.
+void ExpectSummedGradients(bool reshard_after_forward, bool checkpointing, int world = 2) {
   constexpr int kLayers = 3;
   const Batch batch = TokenBatch();
   const auto reference = ReferenceGradients(kLayers, batch);
-  auto models = Replicas(kWorld, kLayers);
-  absl::Status s = RunRanksAsThreads(kWorld, [&](int rank, auto store) -> absl::Status {
-    CT_ASSIGN_OR_RETURN(ShardMesh mesh, Mesh(rank, kWorld, store));
+  auto models = Replicas(world, kLayers);
+  absl::Status s = RunRanksAsThreads(world, [&](int rank, auto store) -> absl::Status {
+    CT_ASSIGN_OR_RETURN(ShardMesh mesh, Mesh(rank, world, store));
     DecoderLM& model = *models[rank];
     model.SetGradientCheckpointing(checkpointing);
     FullyShardOptions options;
     options.reshard_after_forward = reshard_after_forward;
     CT_ASSIGN_OR_RETURN(FullyShardedModel * sharded, FullyShard(model, mesh, options));
     // Three backwards: two without synchronization, then one with it. Each rank sees the same
-    // batch, so every chunk's gradient is 3 passes x 2 ranks x the reference.
+    // batch, so every chunk's gradient is 3 passes x the ranks x the reference.
     std::vector<int64_t> peaks;  // parameter storage per pass: freed every time, so equal
     for (int pass = 0; pass < 3; ++pass) {
       sharded->SetGradientSync(pass == 2);
@@ -127,13 +128,19 @@ void ExpectSummedGradients(bool reshard_after_forward, bool checkpointing) {
     CT_RETURN_IF_ERROR(
         Check(peaks[0] > sharded->shard_bytes() && peaks[0] == peaks[1] && peaks[1] == peaks[2],
               "peak parameter storage differs between passes"));
+    if (world == 1 && !reshard_after_forward) {
+      int64_t full = 0;
+      for (int64_t bytes : sharded->GroupFullBytes()) full += bytes;
+      CT_RETURN_IF_ERROR(Check(peaks[2] == sharded->shard_bytes() + full,
+                               "one rank held a gather buffer beside the full parameters"));
+    }
     for (const auto& item : model.named_parameters()) {
       const ShardInfo* info = sharded->Find(item.value());
       const torch::Tensor& grad = item.value().grad();
       CT_RETURN_IF_ERROR(Check(grad.defined() && grad.sizes() == item.value().sizes(),
                                "gradient of " + item.key() + " is not chunk-shaped"));
       const torch::Tensor expected =
-          reference.at(item.key()).narrow(0, info->row_begin, info->local_rows) * 6;
+          reference.at(item.key()).narrow(0, info->row_begin, info->local_rows) * (3 * world);
       CT_RETURN_IF_ERROR(Check(torch::allclose(grad, expected, 1e-4, 1e-6),
                                "gradient of " + item.key() + " differs"));
       CT_RETURN_IF_ERROR(
@@ -154,6 +161,14 @@ TEST(FullyShardTest, GradientsAreSummedChunksKeepingParametersAfterForward) {
 
 TEST(FullyShardTest, RecomputationGathersAgainInBackward) {
   ExpectSummedGradients(/*reshard_after_forward=*/true, /*checkpointing=*/true);
+}
+
+TEST(FullyShardTest, OneRankCopiesShardsIntoPlaceWithoutCollectives) {
+  ExpectSummedGradients(/*reshard_after_forward=*/false, /*checkpointing=*/false, /*world=*/1);
+}
+
+TEST(FullyShardTest, OneRankGathersAgainForRecomputation) {
+  ExpectSummedGradients(/*reshard_after_forward=*/true, /*checkpointing=*/true, /*world=*/1);
 }
 
 TEST(FullyShardTest, InferenceFreesEveryUnitAfterItsForward) {

@@ -7,14 +7,11 @@
 // per block; a lane walks the row in steps of 32, so a warp's loads are coalesced. Backward
 // kernels run a grid-stride loop over rows, each block writing its partial weight gradient to
 // its own row of a workspace, which a second kernel sums ("weight gradients in two stages").
-#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
-#include <cstdio>
 #include <initializer_list>
 #include <type_traits>
 
@@ -1071,81 +1068,6 @@ __global__ void CrossEntropyRowsKernel(int64_t vocab, T* logits, const int64_t* 
   }
 }
 
-// The same loss and gradient with the row held in shared memory: a cluster of `blocks` blocks
-// per row (cluster dimension x), block r holding elements [r * part, (r + 1) * part). The row is
-// read from global memory once, where the kernel above reads it twice (at the Qwen3 vocabulary
-// a row is 297 KiB in bf16, and with four such blocks an SM the second read misses the L2). The
-// blocks' (max, sum) pairs meet through distributed shared memory, each block combining them in
-// rank order, so every block has the same logsumexp. 16-byte accesses only (kVec<T> divides
-// vocab and part; the logits aligned).
-template <typename T>
-__global__ void __launch_bounds__(kRowBlock)
-    CrossEntropyClusterKernel(int64_t vocab, int64_t part, T* logits, const int64_t* targets,
-                              int64_t ignore_index, float softcap, float* loss, bool write_grad) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900  // clusters; the launcher checks the device
-  namespace cg = cooperative_groups;
-  constexpr int kWidth = kVec<T>;
-  constexpr int kUnroll = 4;  // loads in flight per thread
-  extern __shared__ __align__(16) unsigned char shared_row[];
-  T* held = reinterpret_cast<T*>(shared_row);
-  __shared__ float2 block_pair;
-  cg::cluster_group cluster = cg::this_cluster();
-  const int rank = static_cast<int>(cluster.block_rank());
-  const int blocks = static_cast<int>(cluster.num_blocks());
-  const int64_t row = blockIdx.x / blocks;
-  T* z = logits + row * vocab;
-  const int64_t begin = rank * part, end = min(vocab, begin + part);
-  const int64_t stride = static_cast<int64_t>(blockDim.x) * kWidth;
-  float m = -INFINITY, s = 0.f;
-  for (int64_t first = begin + threadIdx.x * kWidth; first < end; first += kUnroll * stride) {
-    uint4 raw[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t j = first + u * stride;
-      if (j < end) raw[u] = *reinterpret_cast<const uint4*>(z + j);
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t j = first + u * stride;
-      if (j >= end) break;
-      *reinterpret_cast<uint4*>(held + (j - begin)) = raw[u];
-      float v[kWidth];
-      LoadVec(reinterpret_cast<const T*>(&raw[u]), v);
-      FoldLogits(v, softcap, m, s);
-    }
-  }
-  BlockCombine(m, s);
-  if (threadIdx.x == 0) block_pair = make_float2(m, s);
-  const int64_t target = targets[row];
-  const bool counted = target != ignore_index;
-  const bool valid = target >= 0 && target < vocab;  // else the loss is NaN, as above
-  // Read before the cluster barrier, so before any block of the cluster writes the row.
-  float target_logit = 0.f;
-  if (rank == 0 && threadIdx.x == 0 && counted && valid) {
-    target_logit = Softcapped(Load(z, target), softcap);
-  }
-  cluster.sync();  // every block's pair is written; no block has written its part yet
-  m = -INFINITY;
-  s = 0.f;
-  for (int r = 0; r < blocks; ++r) {
-    const float2 pair = *cluster.map_shared_rank(&block_pair, r);
-    Combine(m, s, pair.x, pair.y);
-  }
-  cluster.sync();  // every block has read the others' pairs before any of them may exit
-  const float lse = m + logf(s);
-  if (rank == 0 && threadIdx.x == 0) {
-    loss[row] = !counted ? 0.f : valid ? lse - target_logit : NAN;
-  }
-  if (!write_grad) return;
-  for (int64_t j = begin + threadIdx.x * kWidth; j < end; j += stride) {
-    float v[kWidth];
-    LoadVec(held + (j - begin), v);
-    LogitGradients(v, j, target, lse, softcap, counted);
-    StoreVec(z + j, v);
-  }
-#endif
-}
-
 // ---- soft-capped attention softmax ------------------------------------------------------
 
 // Whether query t may attend to key j: causal, and within the window when window > 0.
@@ -1434,74 +1356,6 @@ __global__ void __launch_bounds__(kBlock) AdamWKernel(const AdamWLaunch launch, 
 constexpr const char* kSmallWorkspace =
     "the workspace holds fewer floats than NormBackwardWorkspaceFloats(rows, cols) asks for";
 
-// Shared memory a block of CrossEntropyClusterKernel may hold its part of a row in (below the
-// 227 KiB an sm_90 block may have, beside the kernel's static shared memory).
-constexpr int64_t kClusterRowBytes = 192 * 1024;
-
-// Elements of a row each block of a cluster holds: a multiple of the vector width.
-template <typename T>
-int64_t ClusterPart(int64_t vocab, int blocks) {
-  return CeilDiv(CeilDiv(vocab, blocks), kVec<T>) * kVec<T>;
-}
-
-// The fewest blocks (1, 2, 4 or 8: a portable cluster) whose parts of a row fit
-// kClusterRowBytes each; 0 where eight do not.
-template <typename T>
-int ClusterBlocksPerRow(int64_t vocab) {
-  for (int blocks = 1; blocks <= 8; blocks *= 2) {
-    if (ClusterPart<T>(vocab, blocks) * static_cast<int64_t>(sizeof(T)) <= kClusterRowBytes) {
-      return blocks;
-    }
-  }
-  return 0;
-}
-
-std::atomic<int64_t> cluster_fallbacks{0};  // CrossEntropyClusterFallbacks()
-
-// Whether the current device launches clusters (sm_90 and later).
-bool ClusterLaunch() {
-  int device = 0, major = 0;
-  return cudaGetDevice(&device) == cudaSuccess &&
-         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) ==
-             cudaSuccess &&
-         major >= 9;
-}
-
-// False (the error cleared) where the launch failed: the caller falls back to the one-block
-// kernel.
-template <typename T>
-bool LaunchCrossEntropyCluster(int64_t rows, int64_t vocab, int blocks, T* logits,
-                               const int64_t* targets, int64_t ignore_index, float softcap,
-                               float* loss, bool write_grad, cudaStream_t stream) {
-  auto kernel = CrossEntropyClusterKernel<T>;
-  // On every launch: the attribute belongs to the current device's context (no stream work, so
-  // allowed while a CUDA graph captures).
-  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(kClusterRowBytes)) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  const int64_t part = ClusterPart<T>(vocab, blocks);
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(rows * blocks));
-  config.blockDim = dim3(kRowBlock);
-  config.dynamicSmemBytes = static_cast<size_t>(part) * sizeof(T);
-  config.stream = stream;
-  cudaLaunchAttribute cluster = {};
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = static_cast<unsigned>(blocks);
-  cluster.val.clusterDim.y = 1;
-  cluster.val.clusterDim.z = 1;
-  config.attrs = &cluster;
-  config.numAttrs = 1;
-  if (cudaLaunchKernelEx(&config, kernel, vocab, part, logits, targets, ignore_index, softcap,
-                         loss, write_grad) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  return true;
-}
-
 }  // namespace
 
 int64_t NormBackwardWorkspaceFloats(int64_t rows, int64_t cols) {
@@ -1742,30 +1596,13 @@ const char* LaunchCrossEntropyRows(int64_t rows, int64_t vocab, void* logits, El
   if (rows == 0) return nullptr;
   WithType(type, [&](auto t) {
     using T = decltype(t);
-    const bool vector = Vectorizable<T>(vocab, {logits});
-    // Without the gradient the one-block kernel reads a row once too.
-    const int blocks = write_grad && vector ? ClusterBlocksPerRow<T>(vocab) : 0;
-    if (blocks > 0 && ClusterLaunch()) {
-      if (LaunchCrossEntropyCluster(rows, vocab, blocks, static_cast<T*>(logits), targets,
-                                    ignore_index, softcap, loss, write_grad,
-                                    static_cast<cudaStream_t>(stream))) {
-        return;
-      }
-      if (cluster_fallbacks++ == 0) {
-        std::fprintf(stderr,
-                     "cross-entropy rows: the cluster kernel did not launch (%lld blocks a row); "
-                     "the one-block kernel runs instead\n",
-                     static_cast<long long>(blocks));
-      }
-    }
-    auto kernel = vector ? CrossEntropyRowsKernel<T, true> : CrossEntropyRowsKernel<T, false>;
+    auto kernel = Vectorizable<T>(vocab, {logits}) ? CrossEntropyRowsKernel<T, true>
+                                                   : CrossEntropyRowsKernel<T, false>;
     kernel<<<rows, kRowBlock, 0, static_cast<cudaStream_t>(stream)>>>(
         vocab, static_cast<T*>(logits), targets, ignore_index, softcap, loss, write_grad);
   });
   return LastError();
 }
-
-int64_t CrossEntropyClusterFallbacks() { return cluster_fallbacks.load(); }
 
 const char* LaunchSoftcapSoftmaxForward(int64_t rows, int64_t keys, int64_t queries,
                                         const void* scores, void* probs, ElementType type,

@@ -525,8 +525,6 @@ at::Tensor ScaledCopy(const at::Tensor& x, const at::Tensor& scale, at::ScalarTy
 
 bool CudaKernelsBuilt() { return false; }
 
-int64_t CrossEntropyClusterFallbacks() { return 0; }  // launchers.h; no launches here
-
 at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps,
                    at::ScalarType out_dtype, bool fused) {
   return RmsNormReference(x, weight, eps);

@@ -94,11 +94,6 @@ const char* LaunchScaledCopy(int64_t n, const float* x, const float* scale, void
 const char* LaunchCrossEntropyRows(int64_t rows, int64_t vocab, void* logits, ElementType type,
                                    const int64_t* targets, int64_t ignore_index, float softcap,
                                    float* loss, bool write_grad, void* stream);
-// Launches of LaunchCrossEntropyRows whose cluster kernel (a row read once, held in shared
-// memory by a cluster of blocks) failed to launch, so that the one-block kernel ran instead,
-// since the process started (the first is also printed to stderr); 0 in builds without the
-// kernels (defined in fused_ops.cc there).
-int64_t CrossEntropyClusterFallbacks();
 
 // Gemma 2's attention softmax over scores [rows, keys] (one dtype), the row's query at
 // position row % queries: probs = softmax over the keys it attends to (causal; within `window`

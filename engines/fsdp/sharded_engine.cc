@@ -95,7 +95,8 @@ absl::StatusOr<torch::Tensor> ShardedEngine::ClipGradNorm(double max_norm) {
   return CatchTorch([&] {
     // The square root in double, as the host's std::sqrt of the fp32 sum.
     torch::Tensor norm = squares.reshape({}).to(at::kDouble).sqrt();
-    if (max_norm > 0) ScaleGradients(grads, ClipCoefficient(norm, max_norm));
+    // The fused step scales the local parts as it reads them: no pass of its own over them.
+    if (max_norm > 0) ClipOrDefer(grads, ClipCoefficient(norm, max_norm));
     return norm;
   });
 }

@@ -238,18 +238,16 @@ void ZeroEngine::CancelPendingScale() {
   scale_pending_ = false;
 }
 
-// The host shard (offload) scaled as ClipByNorm does, or the coefficient handed to the
-// optimizer's next step (engines/gradient_scaling.h), which saves a pass over the host gradients.
-void ZeroEngine::ClipShard(double norm, double max_norm) {
-  const double coefficient = ClipCoefficient(norm, max_norm);
-  if (coefficient >= 1.0) return;
+// The shard scaled by `coefficient` (a 0-dim float64 tensor: on the host for offload, else on
+// the device), or the coefficient handed to the optimizer's next step (engines/gradient_scaling.h),
+// which saves a pass over the shard.
+void ZeroEngine::ScaleShard(const at::Tensor& coefficient) {
   auto* scaling = dynamic_cast<ScalesGradientsInStep*>(&zero_optimizer_->inner());
-  if (scaling != nullptr &&
-      scaling->ScaleGradientsInNextStep(torch::scalar_tensor(coefficient, torch::kDouble))) {
+  if (scaling != nullptr && scaling->ScaleGradientsInNextStep(coefficient)) {
     scale_pending_ = true;
     return;
   }
-  ClipByNorm({grads_->shard()}, norm, max_norm);
+  ScaleGradients({grads_->shard()}, coefficient);
   grads_->ShardWritten();
 }
 
@@ -278,10 +276,7 @@ absl::StatusOr<torch::Tensor> ZeroEngine::ClipGradNorm(double max_norm) {
     CT_RETURN_IF_ERROR(work->Wait());  // the current stream waits; the host does not
     return CatchTorch([&] {
       torch::Tensor norm = squares.reshape({}).to(at::kDouble).sqrt();  // as std::sqrt would
-      if (max_norm > 0) {
-        ScaleGradients({grads_->shard()}, ClipCoefficient(norm, max_norm));
-        grads_->ShardWritten();
-      }
+      if (max_norm > 0) ScaleShard(ClipCoefficient(norm, max_norm));
       return norm;
     });
   }
@@ -289,7 +284,8 @@ absl::StatusOr<torch::Tensor> ZeroEngine::ClipGradNorm(double max_norm) {
   CT_RETURN_IF_ERROR(work->Synchronize());
   return CatchTorch([&] {
     const double norm = std::sqrt(squares.cpu().item<double>());
-    if (max_norm > 0) ClipShard(norm, max_norm);
+    const double coefficient = max_norm > 0 ? ClipCoefficient(norm, max_norm) : 1.0;
+    if (coefficient < 1.0) ScaleShard(torch::scalar_tensor(coefficient, torch::kDouble));
     if (offload_ && timed_steps_ < 2) {
       CT_LOG_RANK0(INFO) << "ZeRO offload clip: norm and clipping "
                          << std::chrono::duration<double, std::milli>(

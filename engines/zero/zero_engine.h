@@ -134,7 +134,7 @@ class ZeroEngine : public LocalEngine {
   // An error unless a synchronized backward filled the gradient shard since ZeroGrad.
   absl::Status CheckReduced() const;
   at::Tensor ShardSquares();
-  void ClipShard(double norm, double max_norm);
+  void ScaleShard(const at::Tensor& coefficient);  // now, or in the optimizer's next step
   void CancelPendingScale();
   absl::Status CheckNoStrayGradients() const;
 

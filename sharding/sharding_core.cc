@@ -277,7 +277,7 @@ absl::Status ShardingCore::Unshard(Group& group) {
   if (group.state != Group::State::kSharded) return absl::OkStatus();
   const int world = mesh_.shard->size();
   const int64_t s = group.segment_numel;
-  return CatchTorch([&]() -> absl::Status {
+  absl::Status status = CatchTorch([&]() -> absl::Status {
     torch::NoGradGuard no_grad;
     if (world == 1) {
       CopyShardsIntoFull(group, device());
@@ -293,7 +293,7 @@ absl::Status ShardingCore::Unshard(Group& group) {
           at::empty({world * s}, at::TensorOptions().dtype(group.param_dtype).device(device()));
       at::Tensor segment = out.narrow(0, mesh_.shard->rank() * s, s);
       for (const Group::Param& p : group.params) {
-          segment.narrow(0, p.offset, p.chunk_numel)
+        segment.narrow(0, p.offset, p.chunk_numel)
             .copy_(OnDevice(p.shard, out.device()), /*non_blocking=*/true);
       }
       // Every rank has the same segment size, so all skip an empty group alike.
@@ -306,6 +306,9 @@ absl::Status ShardingCore::Unshard(Group& group) {
     CountUnsharded();
     return absl::OkStatus();
   });
+  // A copy or gather that failed to start leaves the group sharded: nothing may stay allocated.
+  if (!status.ok() && group.state == Group::State::kSharded) FreeStorage(group.full);
+  return status;
 }
 
 absl::Status ShardingCore::WaitUnshard(Group& group) {

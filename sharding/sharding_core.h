@@ -276,7 +276,9 @@ struct ShardGroup {
   std::vector<ShardGroup*> backward_prefetch;
 
   State state = State::kSharded;
-  at::Tensor gather_out;  // kPerParameter: [W * S], rank-major, while the gather is in flight
+  // kPerParameter over several ranks: [W * S], rank-major, while the gather is in flight (one
+  // rank copies into `full` and issues no gather: both stay unset).
+  at::Tensor gather_out;
   std::unique_ptr<Work> gather_work;
   // [W * S]; kPerParameter: parameter-major, kFlat: the flat parameter. Its storage is freed
   // at reshard and allocated again at the next gather, so tensors autograd saved from the
@@ -285,7 +287,8 @@ struct ShardGroup {
   at::Tensor accumulated;  // [W * S] as reduced, reduce_dtype: gradients of unsynced passes
   at::Tensor reduce_in;    // [W * S]: the reduce-scatter's input, kept until it completes
   at::Tensor reduce_out;   // [S]: this rank's reduced gradients, once `reduced`
-  std::unique_ptr<Work> reduce_work;     // the reduce-scatter in flight
+  // The reduce-scatter in flight; one rank issues none (reduce_out is then reduce_in itself).
+  std::unique_ptr<Work> reduce_work;
   std::unique_ptr<Work> replicate_work;  // HSDP: the all-reduce over replicas in flight
   bool reduced = false;                  // reduce_out holds gradients still to hand out
   bool pre_backward_done = false;

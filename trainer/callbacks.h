@@ -81,9 +81,9 @@ class TrainerCallback {
   // Each non-final micro-batch.
   virtual void OnSubstepEnd(const CallbackContext&) {}
   // After clipping, before the optimizer step. An engine may hand the clip coefficient to the
-  // step instead of scaling the gradients (ZeRO-Offload; local and DDP with the Trainer's
-  // AdamW), so they can read unclipped here; under bf16 working copies the gradients are on
-  // the optimizer's parameters (the fp32 masters), not on the model's.
+  // step instead of scaling the gradients (every engine, with the Trainer's fused AdamW), so
+  // they can read unclipped here; under bf16 working copies the gradients are on the
+  // optimizer's parameters (the fp32 masters), not on the model's.
   virtual void OnPreOptimizerStep(const CallbackContext&) {}
   virtual void OnOptimizerStep(const CallbackContext&) {}
   // After the scheduler, zero-grad and global_step += 1.

@@ -22,7 +22,10 @@
 # architectures bench_torch.py's own decoder lacks: Qwen2, Gemma, Mistral, Phi-3; configurations
 # compiled-model, compiled-model-graphs and compiled-model-graphs-ddp); a row's impl field
 # (native or hf) overrides TORCH_IMPL for that row, so one call can hold both kinds of row.
-# Liger comes from .whl/ (carried; the device README's recipe).
+# Liger comes from .whl/ (carried; the device README's recipe). $OUT holds at most five files
+# (summary.txt, the JSON lines, profiles.txt, matmul_peak.json, baseline_logs.tgz), and the
+# device brings back eight: several runs of this script in one command share one OUT (the
+# summary, the lines and the profiles are appended; the last tarball holds every run's logs).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 final="${OUT:-/tmp/gpu_out}"

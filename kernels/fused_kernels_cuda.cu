@@ -999,40 +999,6 @@ __device__ __forceinline__ float Softcapped(float v, float softcap) {
   return softcap > 0.f ? softcap * tanhf(v / softcap) : v;
 }
 
-// Folds kWidth logits z (softcapped first, in place) into a running (max, sum of exp) pair.
-// The max starts from the first value, not -INFINITY: fmaxf drops NaN, and a NaN must reach
-// the loss.
-template <int kWidth>
-__device__ __forceinline__ void FoldLogits(float (&v)[kWidth], float softcap, float& m,
-                                           float& s) {
-#pragma unroll
-  for (int k = 0; k < kWidth; ++k) v[k] = Softcapped(v[k], softcap);
-  float top = v[0];
-#pragma unroll
-  for (int k = 1; k < kWidth; ++k) top = fmaxf(top, v[k]);
-  float sum = 0.f;
-#pragma unroll
-  for (int k = 0; k < kWidth; ++k) sum += __expf(v[k] - top);
-  Combine(m, s, top, sum);
-}
-
-// Overwrites the raw logits z of columns [j, j + kWidth) with d(loss)/dz: (softmax(c) -
-// onehot(target)) * dc/dz, zeros where the row is not counted.
-template <int kWidth>
-__device__ __forceinline__ void LogitGradients(float (&v)[kWidth], int64_t j, int64_t target,
-                                               float lse, float softcap, bool counted) {
-#pragma unroll
-  for (int k = 0; k < kWidth; ++k) {
-    float slope = 1.f;  // dc/dz
-    if (softcap > 0.f) {
-      const float t = tanhf(v[k] / softcap);
-      v[k] = softcap * t;
-      slope = 1.f - t * t;
-    }
-    v[k] = counted ? (__expf(v[k] - lse) - (j + k == target ? 1.f : 0.f)) * slope : 0.f;
-  }
-}
-
 // One block per row: loss[row] = logsumexp(c) - c[target] with c = Softcapped(z) (0 when
 // ignored, NaN when the target is outside [0, vocab)); with write_grad, z is overwritten by
 // d(loss)/dz = (softmax(c) - onehot(target)) * dc/dz (zeros when ignored), where dc/dz is
@@ -1047,7 +1013,15 @@ __global__ void CrossEntropyRowsKernel(int64_t vocab, T* logits, const int64_t* 
   for (int64_t j = threadIdx.x * kWidth; j < vocab; j += blockDim.x * kWidth) {
     float v[kWidth];
     LoadRun<kVector>(z + j, v);
-    FoldLogits(v, softcap, m, s);
+#pragma unroll
+    for (int k = 0; k < kWidth; ++k) v[k] = Softcapped(v[k], softcap);
+    float top = v[0];
+#pragma unroll
+    for (int k = 1; k < kWidth; ++k) top = fmaxf(top, v[k]);
+    float part = 0.f;
+#pragma unroll
+    for (int k = 0; k < kWidth; ++k) part += __expf(v[k] - top);
+    Combine(m, s, top, part);
   }
   BlockCombine(m, s);
   const float lse = m + logf(s);
@@ -1063,7 +1037,16 @@ __global__ void CrossEntropyRowsKernel(int64_t vocab, T* logits, const int64_t* 
   for (int64_t j = threadIdx.x * kWidth; j < vocab; j += blockDim.x * kWidth) {
     float v[kWidth];
     LoadRun<kVector>(z + j, v);
-    LogitGradients(v, j, target, lse, softcap, counted);
+#pragma unroll
+    for (int k = 0; k < kWidth; ++k) {
+      float slope = 1.f;  // dc/dz
+      if (softcap > 0.f) {
+        const float t = tanhf(v[k] / softcap);
+        v[k] = softcap * t;
+        slope = 1.f - t * t;
+      }
+      v[k] = counted ? (__expf(v[k] - lse) - (j + k == target ? 1.f : 0.f)) * slope : 0.f;
+    }
     StoreRun<kVector>(z + j, v);
   }
 }

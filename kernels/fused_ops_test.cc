@@ -19,7 +19,6 @@
 #include <vector>
 
 #include "base/torch_compat.h"
-#include "kernels/launchers.h"
 #include "kernels/linear_cross_entropy.h"
 
 namespace cpptrain {

@@ -242,19 +242,19 @@ std::vector<int64_t> ShardingCore::GroupFullBytes() const {
 
 namespace {
 
-// The gather's input for the flat layout: the flat shard itself when it is on the device in
-// the gather dtype (no copy-in), else a cast or transfer of it. Offloaded shards cross in
-// their own dtype first (a pinned, asynchronous copy) and are cast there: a cross-device cast
-// would run on the host and block.
-at::Tensor FlatGatherInput(const Group& group, c10::Device device) {
-  at::Tensor input = group.flat_shard;
-  if (input.device() != device) input = input.to(device, /*non_blocking=*/true);
-  if (input.scalar_type() != group.param_dtype) input = input.to(group.param_dtype);
-  return input;
-}
-
+// `t` itself on `device`, else a pinned, asynchronous transfer of it in its own dtype.
 at::Tensor OnDevice(const at::Tensor& t, c10::Device device) {
   return t.device() == device ? t : t.to(device, /*non_blocking=*/true);
+}
+
+// The gather's input for the flat layout: the flat shard itself when it is on the device in
+// the gather dtype (no copy-in), else a cast or transfer of it. Offloaded shards cross in
+// their own dtype first (OnDevice) and are cast there: a cross-device cast would run on the
+// host and block.
+at::Tensor FlatGatherInput(const Group& group, c10::Device device) {
+  at::Tensor input = OnDevice(group.flat_shard, device);
+  if (input.scalar_type() != group.param_dtype) input = input.to(group.param_dtype);
+  return input;
 }
 
 // One shard rank: the full parameters are the shards, copied and cast into place on `device`

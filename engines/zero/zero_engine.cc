@@ -145,6 +145,7 @@ absl::Status ZeroEngine::BuildOptimizer(const OptimizerFactory& factory) {
   NamedParameters named;
   std::vector<ZeroOptimizer::Piece> pieces;
   pieces_.clear();
+  pieces_in_order_.clear();
   CT_RETURN_IF_ERROR(CatchTorch([&] {
     torch::NoGradGuard no_grad;
     for (size_t i = 0; i < params_.size(); ++i) {
@@ -152,12 +153,11 @@ absl::Status ZeroEngine::BuildOptimizer(const OptimizerFactory& factory) {
       // Without a separate master the piece is the owned range of the parameter itself.
       at::Tensor data = master_.defined() ? master_.narrow(0, p.local_offset, p.own_numel)
                                           : flat_.narrow(0, p.offset + p.own_begin, p.own_numel);
-      at::Tensor grad = grads_->shard().narrow(0, p.local_offset, p.own_numel);
       at::Tensor piece = torch::empty({0}, data.options());
       piece.set_data(data);
       piece.set_requires_grad(true);
-      piece.mutable_grad() = grad;
       named.emplace_back(names_[i], piece);
+      pieces_in_order_.push_back(piece);
       pieces_[piece.unsafeGetTensorImpl()] = {p.bucket, p.local_offset};
       pieces.push_back({params_[i], piece, p.own_begin});
     }
@@ -167,7 +167,15 @@ absl::Status ZeroEngine::BuildOptimizer(const OptimizerFactory& factory) {
       std::make_unique<ZeroOptimizer>(std::move(inner), std::move(pieces), comm_.get(), device_);
   zero_optimizer_ = wrapped.get();
   optimizer_ = std::move(wrapped);
-  return absl::OkStatus();
+  auto* scaling = dynamic_cast<ScalesGradientsInStep*>(&zero_optimizer_->inner());
+  grads_->HoldBf16(scaling != nullptr && scaling->ReadsBf16Gradients());
+  return CatchTorch([&] { PointPiecesAtGradients(); });
+}
+
+void ZeroEngine::PointPiecesAtGradients() {
+  for (size_t i = 0; i < pieces_in_order_.size(); ++i) {
+    pieces_in_order_[i].mutable_grad() = grads_->OwnedGradient(static_cast<int>(i));
+  }
 }
 
 absl::Status ZeroEngine::PrepareForTraining(std::shared_ptr<TrainableModel> model,
@@ -197,7 +205,10 @@ absl::Status ZeroEngine::Backward(const torch::Tensor& loss) {
   absl::Status status = LocalEngine::Backward(loss);
   absl::Status finished = grads_->Finish(status.ok());
   if (!status.ok()) return status;
-  return finished;
+  CT_RETURN_IF_ERROR(finished);
+  // Held gradients are new tensors each backward (the shard's views stay where they are).
+  if (grads_->held()) return CatchTorch([&] { PointPiecesAtGradients(); });
+  return absl::OkStatus();
 }
 
 absl::Status ZeroEngine::CheckNoStrayGradients() const {
@@ -216,8 +227,11 @@ absl::Status ZeroEngine::CheckNoStrayGradients() const {
 // as the buckets were reduced, where it still describes the shard (not under fp16, whose unscale
 // wrote the shard since); else on the host through kernels/cpu_adamw.h's threaded pass (ATen's
 // norm of a 12 GB host tensor ran at 12 GB/s on the H200 host; ours, 300 ms), on the device as
-// a norm reduction (no temporary the size of the shard).
+// a norm reduction (no temporary the size of the shard). Held gradients: the local engine's norm.
 at::Tensor ZeroEngine::ShardSquares() {
+  if (grads_->held()) {
+    return GlobalNorm(grads_->OwnedGradients()).square().reshape({1}).to(device_);
+  }
   if (!scaler_) {
     at::Tensor reduced = grads_->ReducedSquares();
     if (reduced.defined()) return reduced;
@@ -247,7 +261,7 @@ void ZeroEngine::ScaleShard(const at::Tensor& coefficient) {
     scale_pending_ = true;
     return;
   }
-  ScaleGradients({grads_->shard()}, coefficient);
+  ScaleGradients(grads_->OwnedGradients(), coefficient);
   grads_->ShardWritten();
 }
 
@@ -545,6 +559,8 @@ absl::StatusOr<bool> ZeroEngine::OptimizerStep() {
 
 void ZeroEngine::ZeroGrad() {
   if (grads_ != nullptr) grads_->Clear();
+  // Held gradients are freed only once the pieces let go of them too.
+  if (grads_ != nullptr && grads_->held()) PointPiecesAtGradients();
   CancelPendingScale();  // a step skipped after the clip (fp16 overflow)
 }
 
@@ -552,6 +568,7 @@ void ZeroEngine::ResetOptimizer() {
   LocalEngine::ResetOptimizer();
   zero_optimizer_ = nullptr;  // the masters stay: they are the parameters' values
   pieces_.clear();
+  pieces_in_order_.clear();
   if (scaler_) scaler_.emplace(ZeroLossScalerOptions(config_));
 }
 

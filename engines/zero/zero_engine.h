@@ -7,7 +7,9 @@
 //   backward   gradients are moved into fp32 buckets by hooks and reduce-scattered into the
 //              owners as buckets complete (engines/zero/zero_gradients.h: stage 1 keeps the
 //              full gradient and accumulates unsynced micro-batches locally; stage 2 keeps
-//              none and reduces every micro-batch);
+//              none and reduces every micro-batch; stage 2 on one rank on the device holds
+//              each parameter's gradient as the local engine does, bf16 when the optimizer
+//              reads bf16 gradients, so it keeps no fp32 shard);
 //   clip       the global norm over every rank's owned gradients (one all-reduce);
 //   step       the owner updates its ranges, then every bucket is all-gathered back into the
 //              replicated parameters (allgather_bucket_size elements in flight at most).
@@ -130,6 +132,8 @@ class ZeroEngine : public LocalEngine {
   std::vector<bool> StepWritingWorkingCopies(ReportsSteppedParameters& reports);
   bool RequestBf16Copies(ReportsSteppedParameters& reports, std::vector<int>& unwritten);
   const PieceAt& FindPiece(const at::Tensor& piece) const;  // one of the optimizer's tensors
+  // Each piece's .grad becomes its parameter's owned gradient (ZeroGradients::OwnedGradient).
+  void PointPiecesAtGradients();
   at::Tensor OwnedRange(int b) const;  // this rank's range of bucket b in flat_
   // An error unless a synchronized backward filled the gradient shard since ZeroGrad.
   absl::Status CheckReduced() const;
@@ -158,6 +162,7 @@ class ZeroEngine : public LocalEngine {
   std::unique_ptr<ZeroGradients> grads_;
   ZeroOptimizer* zero_optimizer_ = nullptr;  // owned by optimizer_
   std::unordered_map<const c10::TensorImpl*, PieceAt> pieces_;  // the inner optimizer's tensors
+  std::vector<at::Tensor> pieces_in_order_;                     // the same, in params_ order
 };
 
 // LossScaler options from DeepSpeed's fp16 keys: loss_scale 0 is dynamic from

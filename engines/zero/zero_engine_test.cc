@@ -25,6 +25,7 @@
 #include "base/torch_compat.h"
 #include "base/torch_status.h"
 #include "engines/grad_utils.h"
+#include "engines/gradient_scaling.h"
 #include "engines/stepped_parameters.h"
 #include "engines/zero/zero3_engine.h"
 #include "engines/zero/zero_gradients.h"
@@ -474,12 +475,40 @@ INSTANTIATE_TEST_SUITE_P(Stages, ZeroMemoryTest,
                          ::testing::Combine(::testing::Values(1, 2), ::testing::Bool(),
                                             ::testing::Bool()));
 
-// On one rank stage 2 puts each gradient straight into its shard range: the shard is the only
-// gradient buffer during backward, and two steps (the first with two micro-batches, the second
-// with the last parameter unused, whose range holds the first step's gradient until it is
-// zeroed) clip and step exactly as stage 1, whose buckets take the reduce-scatter path.
-TEST(ZeroGradientsTest, OneRankStageTwoWritesStraightIntoTheShard) {
-  for (const bool bf16 : {false, true}) {
+// TwoMoments that reads bf16 gradients of its fp32 parameters as they are (widening each in its
+// step), as the Trainer's AdamW does on CUDA: ZeRO stage 2 on one rank then holds them in bf16.
+class Bf16ReadingMoments : public TwoMoments, public ScalesGradientsInStep {
+ public:
+  using TwoMoments::TwoMoments;
+  torch::Tensor step(LossClosure closure) override {
+    for (auto& p : param_groups()[0].params()) {
+      if (p.grad().defined()) p.mutable_grad() = p.grad().to(at::kFloat);
+    }
+    return TwoMoments::step(std::move(closure));
+  }
+  bool ScaleGradientsInNextStep(const at::Tensor& scale) override { return !scale.defined(); }
+  bool ReadsBf16Gradients() override { return true; }
+};
+
+OptimizerFactory MomentsFactory(bool reads_bf16) {
+  return [reads_bf16](const NamedParameters& params)
+             -> absl::StatusOr<std::unique_ptr<torch::optim::Optimizer>> {
+    std::vector<torch::Tensor> tensors;
+    for (const auto& item : params) tensors.push_back(item.second);
+    if (reads_bf16) return std::unique_ptr<torch::optim::Optimizer>(new Bf16ReadingMoments(tensors));
+    return std::unique_ptr<torch::optim::Optimizer>(new TwoMoments(tensors));
+  };
+}
+
+// On one rank stage 2 holds each parameter's gradient as its own tensor, with no bucket and no
+// shard: autograd's bf16 gradient itself when the optimizer reads bf16 (2 bytes a parameter),
+// else fp32 (4 bytes); a second micro-batch adds into fp32. Two steps (the first with two
+// micro-batches, the second with the last parameter unused, which then holds zeros) clip and
+// step as stage 1, whose buckets take the reduce-scatter path, and ZeroGrad lets go of them.
+TEST(ZeroGradientsTest, OneRankStageTwoHoldsEachGradient) {
+  for (const auto& [bf16, reads_bf16] :
+       std::vector<std::pair<bool, bool>>{{false, false}, {true, false}, {true, true}}) {
+    const std::string label = std::string(bf16 ? " bf16" : "") + (reads_bf16 ? " reads bf16" : "");
     absl::Status s = RunRanksAsThreads(1, [&](int rank, auto store) -> absl::Status {
       std::map<int, std::shared_ptr<OddModel>> models;
       std::map<int, std::unique_ptr<ZeroEngine>> engines;
@@ -493,8 +522,10 @@ TEST(ZeroGradientsTest, OneRankStageTwoWritesStraightIntoTheShard) {
                             ZeroEngine::Create(Config(stage, false, 1000),
                                                bf16 ? MixedPrecision::kBf16 : MixedPrecision::kNone,
                                                c10::Device(c10::kCPU), comm));
-        CT_RETURN_IF_ERROR(engines[stage]->PrepareForTraining(models[stage], AdamWFactory()));
+        CT_RETURN_IF_ERROR(
+            engines[stage]->PrepareForTraining(models[stage], MomentsFactory(reads_bf16)));
       }
+      const int64_t numel = OddModelNumel();
       for (int step = 0; step < 2; ++step) {
         std::map<int, double> norms;
         for (const int stage : {1, 2}) {
@@ -507,20 +538,28 @@ TEST(ZeroGradientsTest, OneRankStageTwoWritesStraightIntoTheShard) {
             CT_RETURN_IF_ERROR(TrainStep(engine, *models[stage], OddBatch()));
           }
           if (stage == 2) {
-            EXPECT_EQ(engine.Footprint().peak_gradient_buffer_bytes,
-                      4 * engine.layout()->local_numel)
-                << "step " << step << ": a bucket besides the shard";
+            const int64_t bytes = (reads_bf16 && step == 1 ? 2 : 4) * numel;
+            EXPECT_EQ(engine.Footprint().gradient_bytes, bytes) << "step " << step << label;
+            if (step == 0) {  // the peak since the engine was made
+              EXPECT_EQ(engine.Footprint().peak_gradient_buffer_bytes, bytes) << label;
+            }
           }
           CT_ASSIGN_OR_RETURN(const torch::Tensor norm, engine.ClipGradNorm(1.0));
           norms[stage] = norm.item<double>();
           CT_RETURN_IF_ERROR(engine.OptimizerStep().status());
           engine.ZeroGrad();
+          EXPECT_EQ(engine.Footprint().gradient_bytes, stage == 1 ? 8 * engine.layout()->total_numel : 0)
+              << "stage " << stage << " step " << step << label;
+          if (stage == 2) {
+            EXPECT_TRUE(Gradients(*engine.optimizer()).empty()) << "pieces still hold gradients";
+          }
         }
-        EXPECT_EQ(norms[1], norms[2]) << "step " << step << (bf16 ? " bf16" : "");
+        EXPECT_NEAR(norms[1], norms[2], 1e-6 * norms[1]) << "step " << step << label;
       }
       for (const auto& item : models[1]->named_parameters()) {
         const at::Tensor other = models[2]->named_parameters()[item.key()];
-        EXPECT_TRUE(torch::equal(item.value(), other)) << item.key() << (bf16 ? " bf16" : "");
+        EXPECT_TRUE(torch::allclose(item.value().to(at::kFloat), other.to(at::kFloat), 1e-5, 1e-6))
+            << item.key() << label;
       }
       return absl::OkStatus();
     });
@@ -772,47 +811,72 @@ TEST(ZeroOffloadTest, BucketsGoBackFromTheStepsBf16Copies) {
 // With offload, the clip's squared norm is summed on the device as each bucket is reduced: it
 // equals the host shard's while every bucket was reduced once, and is withdrawn when a second
 // micro-batch adds into the shard or someone writes the shard.
-// On one rank (stage 2, the shard on the device) each backward after Clear() rewrites the whole
-// shard: the parameters' ranges with their gradients (zeros for one that got none) and the
-// padding with zeros, whatever was there (a clip by a NaN norm leaves NaN everywhere).
-TEST(ZeroGradientsTest, OneRankRewritesTheWholeShardAfterAClear) {
-  absl::Status s = RunRanksAsThreads(1, [&](int rank, auto store) -> absl::Status {
-    CT_ASSIGN_OR_RETURN(std::shared_ptr<Communicator> comm, Comm(rank, 1, store));
-    torch::manual_seed(3);
-    std::vector<at::Tensor> params = {torch::randn({5, 3}).requires_grad_(),
-                                      torch::randn({7}).requires_grad_(),
-                                      torch::randn({3}).requires_grad_()};
-    const ZeroLayout layout = BuildZeroLayout({15, 7, 3}, 1, rank, /*bucket_numel=*/8, 4);
-    EXPECT_GT(layout.local_numel, 15 + 7 + 3);  // there is padding to rewrite
-    ZeroGradients grads(layout, params, comm.get(), c10::Device(c10::kCPU), /*keep_full=*/false,
-                        {c10::Device(c10::kCPU), false, /*reduce_squares=*/false});
-    grads.Install();
-    for (const bool use_last : {true, false}) {
-      grads.shard().fill_(std::nan(""));
-      grads.Clear();
-      grads.Begin(/*sync=*/true);
-      at::Tensor loss = params[0].sum(1).mul(params[1].narrow(0, 0, 5)).sum();
-      if (use_last) loss = loss + params[2].square().sum();
-      loss.backward();
-      CT_RETURN_IF_ERROR(grads.Finish(true));
-      const at::Tensor shard = grads.shard();
-      EXPECT_TRUE(torch::isfinite(shard).all().item<bool>()) << "use_last " << use_last;
+// On one rank (stage 2, on the device) the gradients are held per parameter and no shard is
+// made: a bf16 gradient stays bf16 only with HoldBf16(true); one that got none holds zeros of
+// the dtype autograd would have given it; a second backward adds into fp32; Clear() drops them.
+TEST(ZeroGradientsTest, OneRankHoldsEachGradientUntilAClear) {
+  for (const bool hold_bf16 : {false, true}) {
+    absl::Status s = RunRanksAsThreads(1, [&](int rank, auto store) -> absl::Status {
+      CT_ASSIGN_OR_RETURN(std::shared_ptr<Communicator> comm, Comm(rank, 1, store));
+      torch::manual_seed(3);
+      const auto bf16 = torch::TensorOptions().dtype(at::kBFloat16);
+      std::vector<at::Tensor> params = {torch::randn({5, 3}, bf16).requires_grad_(),
+                                        torch::randn({7}, bf16).requires_grad_(),
+                                        torch::randn({3}, bf16).requires_grad_()};
+      const ZeroLayout layout = BuildZeroLayout({15, 7, 3}, 1, rank, /*bucket_numel=*/8, 4);
+      ZeroGradients grads(layout, params, comm.get(), c10::Device(c10::kCPU),
+                          /*keep_full=*/false,
+                          {c10::Device(c10::kCPU), false, /*reduce_squares=*/false});
+      EXPECT_TRUE(grads.held());
+      EXPECT_FALSE(grads.shard().defined());
+      grads.HoldBf16(hold_bf16);
+      grads.Install();
+      const auto backward = [&](bool use_last) {
+        grads.Begin(/*sync=*/true);
+        at::Tensor loss = params[0].sum(1).mul(params[1].narrow(0, 0, 5)).sum();
+        if (use_last) loss = loss + params[2].square().sum();
+        loss.backward();
+        return grads.Finish(true);
+      };
       torch::NoGradGuard no_grad;
       const std::vector<at::Tensor> want = {
-          params[1].narrow(0, 0, 5).unsqueeze(1).expand({5, 3}),
-          torch::cat({params[0].sum(1), torch::zeros({2})}),
-          use_last ? 2 * params[2] : torch::zeros({3})};
-      at::Tensor expected = torch::zeros_like(shard);
-      for (size_t i = 0; i < params.size(); ++i) {
-        expected.narrow(0, layout.params[i].local_offset, layout.params[i].numel)
-            .copy_(want[i].reshape({-1}));
+          params[1].narrow(0, 0, 5).unsqueeze(1).expand({5, 3}).reshape({-1}),
+          torch::cat({params[0].sum(1), torch::zeros({2}, bf16)}), torch::zeros({3}, bf16)};
+      const at::ScalarType first = hold_bf16 ? at::kBFloat16 : at::kFloat;
+      for (const bool use_last : {false, true}) {
+        grads.Clear();
+        for (int i = 0; i < 3; ++i) EXPECT_FALSE(grads.OwnedGradient(i).defined());
+        EXPECT_EQ(grads.LiveBytes(), 0);
+        {
+          at::AutoGradMode enable(true);
+          CT_RETURN_IF_ERROR(backward(false));
+        }
+        for (int i = 0; i < 3; ++i) {
+          const at::Tensor held = grads.OwnedGradient(i);
+          EXPECT_EQ(held.scalar_type(), first) << i;
+          EXPECT_TRUE(torch::equal(held.to(at::kFloat), want[i].to(at::kFloat))) << i;
+          EXPECT_FALSE(params[i].grad().defined()) << i;
+        }
+        EXPECT_EQ(grads.OwnedGradients().size(), 3u);
+        EXPECT_EQ(grads.LiveBytes(), (hold_bf16 ? 2 : 4) * 25);
+        if (!use_last) continue;
+        {
+          at::AutoGradMode enable(true);
+          CT_RETURN_IF_ERROR(backward(true));  // a second micro-batch: the sums, in fp32
+        }
+        const at::Tensor last = 2 * params[2].to(at::kFloat);
+        for (int i = 0; i < 3; ++i) {
+          const at::Tensor held = grads.OwnedGradient(i);
+          EXPECT_EQ(held.scalar_type(), at::kFloat) << i;
+          const at::Tensor sum = i == 2 ? last : 2 * want[i].to(at::kFloat);
+          EXPECT_TRUE(torch::equal(held, sum)) << i << ": " << held << " vs " << sum;
+        }
+        EXPECT_EQ(grads.LiveBytes(), 4 * 25);
       }
-      EXPECT_TRUE(torch::equal(shard, expected))
-          << "use_last " << use_last << ": " << shard << " vs " << expected;
-    }
-    return absl::OkStatus();
-  });
-  EXPECT_TRUE(s.ok()) << s;
+      return absl::OkStatus();
+    });
+    EXPECT_TRUE(s.ok()) << s;
+  }
 }
 
 TEST(ZeroGradientsTest, ReducedSquaresDescribeTheShardOrAreWithdrawn) {

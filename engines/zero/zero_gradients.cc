@@ -20,14 +20,18 @@ ZeroGradients::ZeroGradients(const ZeroLayout& layout, std::vector<at::Tensor> p
       comm_(comm),
       device_(device),
       keep_full_(keep_full),
-      direct_(comm->size() == 1 && !keep_full && shard_place.device == device &&
-              !shard_place.reduce_squares),
+      held_(comm->size() == 1 && !keep_full && shard_place.device == device &&
+            !shard_place.reduce_squares),
       reduce_squares_(shard_place.reduce_squares) {
   const auto fp32 = torch::TensorOptions().dtype(at::kFloat).device(device_);
-  shard_ = torch::zeros({layout_.local_numel}, torch::TensorOptions()
-                                                   .dtype(at::kFloat)
-                                                   .device(shard_place.device)
-                                                   .pinned_memory(shard_place.pinned));
+  if (held_) {
+    held_grads_.resize(params_.size());
+  } else {
+    shard_ = torch::zeros({layout_.local_numel}, torch::TensorOptions()
+                                                     .dtype(at::kFloat)
+                                                     .device(shard_place.device)
+                                                     .pinned_memory(shard_place.pinned));
+  }
   fresh_.assign(layout_.buckets.size(), true);
   buckets_.resize(layout_.buckets.size());
   if (keep_full_) {
@@ -37,29 +41,6 @@ ZeroGradients::ZeroGradients(const ZeroLayout& layout, std::vector<at::Tensor> p
   }
   pending_.assign(layout_.buckets.size(), 0);
   ready_.assign(params_.size(), false);
-  if (direct_) FindPadding();
-}
-
-void ZeroGradients::FindPadding() {
-  padding_.resize(layout_.buckets.size());
-  for (size_t b = 0; b < layout_.buckets.size(); ++b) {
-    const ZeroLayout::Bucket& bucket = layout_.buckets[b];
-    std::vector<int64_t> positions;  // in shard_
-    // The gaps before each parameter (bucket.params is in flat order) and after the last.
-    int64_t next = bucket.begin;  // the first flat element past the parameters so far
-    auto gap_to = [&](int64_t end) {
-      for (; next < end; ++next) positions.push_back(bucket.local_offset + (next - bucket.begin));
-    };
-    for (const int index : bucket.params) {
-      const ZeroLayout::Param& p = layout_.params[index];
-      gap_to(p.offset);
-      next = p.offset + p.numel;
-    }
-    gap_to(bucket.begin + bucket.numel);
-    if (!positions.empty()) {
-      padding_[b] = torch::tensor(positions, torch::dtype(at::kLong)).to(device_);
-    }
-  }
 }
 
 ZeroGradients::~ZeroGradients() {
@@ -105,13 +86,8 @@ void ZeroGradients::OnGradient(int index) {
   {
     torch::NoGradGuard no_grad;
     const at::Tensor grad = param.grad().reshape({-1});
-    if (direct_) {
-      at::Tensor into = ShardRange(p);
-      if (fresh_[p.bucket]) {
-        into.copy_(grad);
-      } else {
-        into.add_(grad);
-      }
+    if (held_) {
+      HoldLocked(index, grad);
     } else {
       BucketBuffer(p.bucket)
           .narrow(0, p.offset - layout_.buckets[p.bucket].begin, p.numel)
@@ -125,8 +101,55 @@ void ZeroGradients::OnGradient(int index) {
   if (launching_) LaunchReadyLocked();
 }
 
+// The gradient as autograd made it (nobody else holds it: AccumulateGrad hands over its buffer
+// or a clone), unless it is a bf16 one the optimizer would not read; later ones add into fp32.
+void ZeroGradients::HoldLocked(int index, const at::Tensor& grad) {
+  at::Tensor& held = held_grads_[index];
+  if (held.defined()) held_bytes_ -= held.numel() * held.element_size();
+  if (!held.defined()) {
+    const bool as_made = grad.scalar_type() == at::kFloat ||
+                         (hold_bf16_ && grad.scalar_type() == at::kBFloat16);
+    held = as_made ? grad : grad.to(at::kFloat);
+  } else {
+    if (held.scalar_type() != at::kFloat) held = held.to(at::kFloat);
+    held.add_(grad);
+  }
+  held_bytes_ += held.numel() * held.element_size();
+}
+
+void ZeroGradients::HoldZerosLocked(int b) {
+  torch::NoGradGuard no_grad;
+  for (const int index : layout_.buckets[b].params) {
+    at::Tensor& held = held_grads_[index];
+    if (held.defined()) continue;
+    // What autograd would have made, as HoldLocked keeps it.
+    const bool bf16 = hold_bf16_ && params_[index].scalar_type() == at::kBFloat16;
+    held = torch::zeros({layout_.params[index].numel},
+                        torch::TensorOptions().dtype(bf16 ? at::kBFloat16 : at::kFloat).device(device_));
+    held_bytes_ += held.numel() * held.element_size();
+  }
+}
+
+at::Tensor ZeroGradients::OwnedGradient(int i) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (held_) return held_grads_[i];
+  const ZeroLayout::Param& p = layout_.params[i];
+  return shard_.narrow(0, p.local_offset, p.own_numel);
+}
+
+std::vector<at::Tensor> ZeroGradients::OwnedGradients() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!held_) return {shard_};
+  std::vector<at::Tensor> out;
+  for (const at::Tensor& held : held_grads_) {
+    if (held.defined()) out.push_back(held);
+  }
+  return out;
+}
+
 void ZeroGradients::SamplePeakLocked() {
-  int64_t bytes = shard_.numel() * shard_.element_size();
+  int64_t bytes = held_bytes_;
+  if (shard_.defined()) bytes += shard_.numel() * shard_.element_size();
   for (const at::Tensor& bucket : buckets_) {
     if (bucket.defined()) bytes += bucket.numel() * bucket.element_size();
   }
@@ -181,12 +204,10 @@ void ZeroGradients::AddSquaresLocked(const at::Tensor& reduced, bool fresh) {
 void ZeroGradients::LaunchReadyLocked() {
   while (next_launch_ < layout_.buckets.size() && pending_[next_launch_] == 0) {
     const int b = static_cast<int>(next_launch_++);
-    if (direct_) {
-      // The gradients are in the shard already; a parameter that got none this backward holds
-      // zeros there (its range may hold an earlier step's gradient), and so does the padding
-      // (a clip by a NaN norm scales it to NaN, and the next norm would read that).
-      if (fresh_[b]) ZeroUnwrittenLocked(b);
+    if (held_) {  // the gradients are held already; one that got none holds zeros
+      if (fresh_[b]) HoldZerosLocked(b);
       fresh_[b] = false;
+      SamplePeakLocked();
       continue;
     }
     absl::Status done = CompleteLocked();
@@ -210,19 +231,6 @@ void ZeroGradients::LaunchReadyLocked() {
     in_flight_ = b;
     SamplePeakLocked();
   }
-}
-
-at::Tensor ZeroGradients::ShardRange(const ZeroLayout::Param& p) {
-  const ZeroLayout::Bucket& bucket = layout_.buckets[p.bucket];
-  return shard_.narrow(0, bucket.local_offset + (p.offset - bucket.begin), p.numel);
-}
-
-void ZeroGradients::ZeroUnwrittenLocked(int b) {
-  torch::NoGradGuard no_grad;
-  for (const int index : layout_.buckets[b].params) {
-    if (!ready_[index]) ShardRange(layout_.params[index]).zero_();
-  }
-  if (padding_[b].defined()) shard_.index_fill_(0, padding_[b], 0.f);
 }
 
 absl::Status ZeroGradients::Finish(bool backward_ok) {
@@ -259,6 +267,8 @@ void ZeroGradients::Clear() {
       bucket = at::Tensor();
     }
   }
+  for (at::Tensor& held : held_grads_) held = at::Tensor();
+  held_bytes_ = 0;
   for (at::Tensor& p : params_) p.mutable_grad() = at::Tensor();
 }
 
@@ -285,7 +295,8 @@ void ZeroGradients::ShardWritten() {
 }
 
 int64_t ZeroGradients::LiveBytes() const {
-  int64_t bytes = shard_.numel() * shard_.element_size();
+  int64_t bytes = held_bytes_;
+  if (shard_.defined()) bytes += shard_.numel() * shard_.element_size();
   for (const at::Tensor& bucket : buckets_) {
     if (bucket.defined()) bytes += bucket.numel() * bucket.element_size();
   }

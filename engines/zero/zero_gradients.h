@@ -14,16 +14,20 @@
 //   stage 2 (keep_full=false): a bucket's buffer exists from its first gradient until its
 //     reduce-scatter is done, and every micro-batch is reduced (DeepSpeed's ZeRO-2 does the
 //     same): no full gradient is ever kept, and synchronization off changes nothing.
-//     On one rank with the shard on the device the sum is the gradient itself: each gradient
-//     goes straight into its shard range (copied after Clear(), added after that) and no
-//     bucket is ever made, so the shard is all the gradient memory (one fp32 copy, not three).
+//     On one rank with the shard on the device the sum is the gradient itself, so nothing is
+//     bucketed or reduced and no shard is made: each parameter's gradient is held as its own
+//     tensor (`held()`), as the local engine holds it. The first one since Clear() is the
+//     tensor autograd made, unless it is bf16 and the optimizer does not read bf16 gradients
+//     (HoldBf16(false)): then it is widened to fp32; a second micro-batch's is added into an
+//     fp32 copy. One micro-batch a step costs no pass over the gradients and, under bf16,
+//     2 bytes a parameter of gradient memory.
 // Buckets are launched strictly in order on every rank; a bucket's reduce-scatter is
 // completed (Work::Wait, then added into shard()) before the next one is launched, so at most
 // one is in flight. Parameters that got no gradient in a backward count as zeros.
 //
 //   ZeroGradients grads(layout, params, comm, device, /*keep_full=*/false, ShardOn(device));
 //   grads.Begin(sync);  loss.backward();  CT_RETURN_IF_ERROR(grads.Finish());
-//   ... grads.shard() holds the summed gradient of this rank's owned elements ...
+//   ... grads.OwnedGradient(i) holds the summed gradient of parameter i's owned elements ...
 //   grads.Clear();
 #ifndef CPPTRAIN_ENGINES_ZERO_ZERO_GRADIENTS_H_
 #define CPPTRAIN_ENGINES_ZERO_ZERO_GRADIENTS_H_
@@ -78,7 +82,19 @@ class ZeroGradients {
 
   // [layout.local_numel] fp32 where ShardPlace says: this rank's summed gradients once a
   // synchronized backward has finished (between Clear and then, its values are stale).
+  // Undefined when held().
   at::Tensor& shard() { return shard_; }
+  // One rank, stage 2, on the device: the gradients are held per parameter, not in shard().
+  bool held() const { return held_; }
+  // Whether a held bf16 gradient stays bf16 (the optimizer reads bf16 gradients of fp32
+  // parameters, engines/gradient_scaling.h) or is widened to fp32. Set between steps.
+  void HoldBf16(bool on) { hold_bf16_ = on; }
+  // The 1-d summed gradient of parameter i's owned elements: a view of shard(), or the held
+  // tensor (undefined until a backward since Clear() gave it one).
+  at::Tensor OwnedGradient(int i);
+  // The tensors holding this rank's owned gradients, to norm or scale: shard(), or every held
+  // gradient.
+  std::vector<at::Tensor> OwnedGradients();
   // Whether every bucket was reduced into shard() since Clear() (a synchronized backward).
   bool AllReduced();
   // [1] fp32 on the device: the sum of squares of shard() as it was reduced, when ShardPlace
@@ -88,10 +104,12 @@ class ZeroGradients {
   at::Tensor ReducedSquares();
   // Someone scaled or wrote shard(): ReducedSquares() no longer describes it.
   void ShardWritten();
-  // Bytes of gradient buffers alive now: buckets, shard(), and any parameter's .grad.
+  // Bytes of gradient buffers alive now: buckets, shard(), held gradients and any parameter's
+  // .grad.
   int64_t LiveBytes() const;
-  // The most bytes of buckets, shard() and reduce-scatter outputs alive at once since the
-  // last ResetPeak(), sampled after each gradient is bucketed and each bucket is launched.
+  // The most bytes of buckets, shard(), held gradients and reduce-scatter outputs alive at once
+  // since the last ResetPeak(), sampled after each gradient is bucketed or held and each bucket
+  // is launched.
   int64_t peak_buffer_bytes() const { return peak_buffer_bytes_; }
   void ResetPeak() { peak_buffer_bytes_ = 0; }
 
@@ -105,25 +123,26 @@ class ZeroGradients {
   void AddSquaresLocked(const at::Tensor& reduced, bool fresh);
   bool AllReducedLocked() const;
   at::Tensor& BucketBuffer(int b);
-  at::Tensor ShardRange(const ZeroLayout::Param& p);  // p's elements of shard() (one rank)
-  // Zeros bucket b's parameters that got no gradient, and its padding (padding_[b]).
-  void ZeroUnwrittenLocked(int b);
-  void FindPadding();  // fills padding_
+  void HoldLocked(int index, const at::Tensor& grad);  // held(): keeps or adds `grad`
+  // held(): the parameters of bucket b that got no gradient since Clear() get zeros.
+  void HoldZerosLocked(int b);
 
   const ZeroLayout& layout_;
   std::vector<at::Tensor> params_;
   Communicator* comm_;
   c10::Device device_;
   bool keep_full_;
-  bool direct_;  // one rank, stage 2, shard on the device: gradients go into shard() directly
+  bool held_;  // one rank, stage 2, on the device: gradients held per parameter (see the top)
+  bool hold_bf16_ = false;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
 
   std::mutex mu_;
   at::Tensor shard_;
-  // Per bucket: nothing was reduced into its shard range since Clear() (direct_: its range
-  // holds this backward's copies, and stale values elsewhere, until the bucket is launched).
+  // Per bucket: nothing was reduced into its shard range since Clear() (held_: its parameters
+  // that got no gradient have none held until the bucket is launched).
   std::vector<bool> fresh_;
-  std::vector<at::Tensor> padding_;  // direct_: per bucket, the shard positions no parameter has
+  std::vector<at::Tensor> held_grads_;  // held_: per parameter, 1-d; undefined until one comes
+  int64_t held_bytes_ = 0;
   bool reduce_squares_;
   at::Tensor squares_;         // [1] fp64 on the device: see ReducedSquares()
   bool squares_valid_ = true;  // since Clear(): no bucket accumulated, no ShardWritten()

@@ -504,6 +504,11 @@ absl::Status ShardingCore::PostBackward(Group& group) {
       CT_RETURN_IF_ERROR(CompleteReduceScatter(*last_reduced_));
     }
     const bool add = group.accumulated.defined();
+    if (full_grads && sync_ && !add && HoldsFullGradients(group)) {
+      HoldFullGradients(group);
+      CountGradients();
+      return absl::OkStatus();
+    }
     at::Tensor in = add ? group.accumulated
                         : at::empty({world * s},
                                     at::TensorOptions().dtype(group.reduce_dtype).device(device()));
@@ -534,6 +539,40 @@ absl::Status ShardingCore::PostBackward(Group& group) {
   }));
   Reshard(group);
   return absl::OkStatus();
+}
+
+bool ShardingCore::HoldsFullGradients(const Group& group) const {
+  return mesh_.shard->size() == 1 && mesh_.replicate == nullptr &&
+         std::all_of(group.params.begin(), group.params.end(),
+                     [&](const Group::Param& p) { return p.local.device() == device(); });
+}
+
+// Each full gradient becomes its local part's (the same elements at one rank), set aside until
+// Reshard gives it back as .grad: as autograd made it when it has the local part's dtype, or is
+// bf16 and hold_bf16_; else cast. Added to a gradient already there (in the local dtype), and
+// zeros for a parameter that got none, as the packed path gives it.
+void ShardingCore::HoldFullGradients(Group& group) {
+  for (Group::Param& p : group.params) {
+    at::Tensor grad = p.param.grad();
+    p.param.mutable_grad() = at::Tensor();
+    if (!p.param.requires_grad()) continue;
+    const at::ScalarType dtype = p.info.dtype;
+    if (!grad.defined()) {
+      grad = at::zeros(p.local.sizes(), p.local.options().dtype(dtype));
+    } else {
+      grad = grad.reshape(p.local.sizes());
+      const bool as_made = grad.scalar_type() == dtype ||
+                           (hold_bf16_ && grad.scalar_type() == at::kBFloat16 && dtype == at::kFloat);
+      if (!as_made) grad = grad.to(dtype);
+    }
+    at::Tensor& held = p.stashed_grad;
+    if (!held.defined()) {
+      held = std::move(grad);
+    } else {
+      if (held.scalar_type() != dtype) held = held.to(dtype);
+      held.add_(grad);
+    }
+  }
 }
 
 // Without replicas, a resharded group whose local parts live on the compute device takes its

@@ -27,8 +27,12 @@
 // reduce-scatter, the next group's post-backward and FinishBackward wait).
 //
 // One shard rank: a gather or reduce-scatter over one rank would only copy, so none is issued.
-// Unshard copies (and casts) the shards straight into the full buffer, with no gather buffer,
-// and post-backward's packed gradients are the reduced segment itself.
+// Unshard copies (and casts) the shards straight into the full buffer, with no gather buffer.
+// Without replicas, with the local parts on the device, a synchronized post-backward with
+// nothing accumulated hands each full gradient to its local part as autograd made it: in the
+// local part's dtype, or bf16 with HoldBf16Gradients (an optimizer that reads bf16 gradients
+// of fp32 parameters), else cast to it; nothing is packed, so under bf16 that costs no pass
+// and 2 bytes a parameter. Otherwise post-backward's packed gradients are the reduced segment.
 #ifndef CPPTRAIN_SHARDING_SHARDING_CORE_H_
 #define CPPTRAIN_SHARDING_SHARDING_CORE_H_
 
@@ -136,6 +140,9 @@ class ShardingCore : public ShardingAttachment {
   // group's backward), when the local parts live on the compute device and there are no
   // replicas; otherwise (offload, HSDP) at FinishBackward.
   void SetGradientSync(bool enabled) { sync_ = enabled; }
+  // One shard rank: whether a bf16 full gradient reaches an fp32 local part's .grad as it is
+  // (see the top). The engine sets it once its optimizer is built.
+  void HoldBf16Gradients(bool on) { hold_bf16_ = on; }
 
   // After backward: post-backward for groups no hook reached, then waits for every reduction
   // and leaves each parameter's .grad as its local part's gradient (added to what was there).
@@ -212,6 +219,9 @@ class ShardingCore : public ShardingAttachment {
   absl::Status WaitUnshard(ShardGroup& group);  // completes it; parameters become full
   void Reshard(ShardGroup& group);              // parameters become their local parts again
   absl::Status PostBackward(ShardGroup& group);
+  // One shard rank, no replicas, local parts on the device (see the top).
+  bool HoldsFullGradients(const ShardGroup& group) const;
+  void HoldFullGradients(ShardGroup& group);
   void Prefetch(const ShardGroup& group, int direction);
   torch::Tensor PreForward(ShardGroup& group, torch::Tensor input);
   torch::Tensor PostForward(ShardGroup& group, torch::Tensor output);
@@ -229,6 +239,7 @@ class ShardingCore : public ShardingAttachment {
   std::vector<ShardGroup*> forward_order_;  // recorded on the first forward
   bool order_recorded_ = false;
   bool sync_ = true;
+  bool hold_bf16_ = false;
   absl::Status hook_error_;  // a failure inside an autograd node, reported by FinishBackward
   int peak_unsharded_ = 0;
   int64_t peak_parameter_bytes_ = 0;

@@ -11,6 +11,7 @@
 #include "base/status.h"
 #include "base/torch_status.h"
 #include "engines/grad_utils.h"
+#include "engines/gradient_scaling.h"
 #include "engines/host_collectives.h"
 
 namespace cpptrain {
@@ -55,11 +56,18 @@ absl::Status ShardedEngine::PrepareForInference(std::shared_ptr<TrainableModel> 
   return absl::OkStatus();
 }
 
+absl::Status ShardedEngine::PrepareForTraining(std::shared_ptr<TrainableModel> model,
+                                               const OptimizerFactory& factory) {
+  CT_RETURN_IF_ERROR(LocalEngine::PrepareForTraining(std::move(model), factory));
+  auto* scaling = dynamic_cast<ScalesGradientsInStep*>(optimizer_.get());
+  core_->HoldBf16Gradients(scaling != nullptr && scaling->ReadsBf16Gradients());
+  return absl::OkStatus();
+}
+
 std::unique_ptr<ForwardScope> ShardedEngine::EnterForward() {
   TORCH_CHECK(core_ != nullptr, "FSDP: EnterForward before PrepareForInference");
   return std::make_unique<CoreForwardScope>(core_, LocalEngine::EnterForward(), &forward_error_);
 }
-
 
 absl::Status ShardedEngine::Backward(const torch::Tensor& loss) {
   if (core_ == nullptr) return absl::FailedPreconditionError("Backward before PrepareForTraining");

@@ -28,6 +28,10 @@ class ShardedEngine : public LocalEngine {
   // predict() work before any train(); again with the same model it does nothing, with
   // another it is an error (one engine per model).
   absl::Status PrepareForInference(std::shared_ptr<TrainableModel> model) final;
+  // Builds the optimizer over the local parts; one that reads bf16 gradients of fp32
+  // parameters gets them as they are on one shard rank (ShardingCore::HoldBf16Gradients).
+  absl::Status PrepareForTraining(std::shared_ptr<TrainableModel> model,
+                                  const OptimizerFactory& factory) override;
   std::unique_ptr<ForwardScope> EnterForward() override;
   absl::Status Backward(const torch::Tensor& loss) override;
   void SetGradientSync(bool enabled) override;

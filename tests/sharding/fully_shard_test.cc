@@ -8,6 +8,10 @@
 #include <torch/types.h>
 #include <torch/utils.h>
 
+#include <map>
+#include <string>
+#include <vector>
+
 #include "base/status.h"
 #include "base/torch_status.h"
 #include "module/testing/tied_blocks.h"
@@ -169,6 +173,74 @@ TEST(FullyShardTest, OneRankCopiesShardsIntoPlaceWithoutCollectives) {
 
 TEST(FullyShardTest, OneRankGathersAgainForRecomputation) {
   ExpectSummedGradients(/*reshard_after_forward=*/true, /*checkpointing=*/true, /*world=*/1);
+}
+
+// One rank, synchronized, nothing accumulated: each bf16 full gradient reaches its fp32 local
+// part as autograd made it with HoldBf16Gradients (2 bytes a parameter held), else widened
+// (the same values); a second synchronized backward adds into fp32, and an unsynchronized one
+// before it takes the packed path, with the same sums.
+TEST(FullyShardTest, OneRankHandsEachBf16GradientToItsLocalPart) {
+  constexpr int kLayers = 2;
+  const Batch batch = TokenBatch();
+  auto models = Replicas(2, kLayers);  // one per setting, both one-rank worlds
+  std::vector<std::map<std::string, torch::Tensor>> first(2), second(2);
+  std::vector<int64_t> peaks(2);
+  int64_t numel = 0;
+  for (const auto& item : models[0]->named_parameters()) numel += item.value().numel();
+  for (int hold = 0; hold < 2; ++hold) {
+    absl::Status s = RunRanksAsThreads(1, [&](int rank, auto store) -> absl::Status {
+      CT_ASSIGN_OR_RETURN(ShardMesh mesh, Mesh(rank, 1, store));
+      DecoderLM& model = *models[hold];
+      FullyShardOptions options;
+      options.param_dtype = at::kBFloat16;
+      options.reduce_dtype = at::kFloat;
+      CT_ASSIGN_OR_RETURN(FullyShardedModel * sharded, FullyShard(model, mesh, options));
+      sharded->HoldBf16Gradients(hold == 1);
+      for (const bool sync_first : {true, false}) {
+        for (const auto& item : model.named_parameters()) item.value().mutable_grad() = torch::Tensor();
+        sharded->ResetPeakUnsharded();
+        for (int pass = 0; pass < 2; ++pass) {
+          sharded->SetGradientSync(pass == 1 || sync_first);
+          CT_RETURN_IF_ERROR(sharded->BeginForward());
+          torch::Tensor loss = model.LossSum(model.Forward(batch), batch);
+          CT_RETURN_IF_ERROR(sharded->EndForward());
+          CT_RETURN_IF_ERROR(sharded->BeginBackward());
+          CT_RETURN_IF_ERROR(CatchTorch([&] { loss.backward(); }));
+          CT_RETURN_IF_ERROR(sharded->FinishBackward());
+          if (pass == 1 || !sync_first) continue;
+          peaks[hold] = sharded->peak_gradient_bytes();
+          for (const auto& item : model.named_parameters()) {
+            const torch::Tensor& grad = item.value().grad();
+            const at::ScalarType want = hold == 1 ? at::kBFloat16 : at::kFloat;
+            CT_RETURN_IF_ERROR(Check(grad.defined() && grad.scalar_type() == want &&
+                                         item.value().scalar_type() == at::kFloat,
+                                     "gradient of " + item.key() + " has the wrong dtype"));
+            first[hold][item.key()] = grad.to(at::kFloat).clone();  // fp32: not its own copy
+          }
+        }
+        for (const auto& item : model.named_parameters()) {
+          const torch::Tensor& grad = item.value().grad();
+          CT_RETURN_IF_ERROR(Check(grad.scalar_type() == at::kFloat,
+                                   "the sum of two passes of " + item.key() + " is not fp32"));
+          if (sync_first) {
+            second[hold][item.key()] = grad.clone();
+          } else {
+            CT_RETURN_IF_ERROR(Check(torch::equal(grad, second[hold][item.key()]),
+                                     "the packed path's sum of " + item.key() + " differs"));
+          }
+        }
+      }
+      return absl::OkStatus();
+    });
+    ASSERT_TRUE(s.ok()) << s;
+  }
+  for (const auto& [name, grad] : first[0]) {
+    EXPECT_TRUE(torch::equal(grad, first[1].at(name))) << name;
+    EXPECT_TRUE(torch::equal(2 * grad, second[1].at(name))) << name;
+  }
+  // Held: the bf16 gradients, at most all of them at once; widened: fp32 ones beside them.
+  EXPECT_LE(peaks[1], 2 * numel);
+  EXPECT_GE(peaks[0], 4 * numel);
 }
 
 TEST(FullyShardTest, InferenceFreesEveryUnitAfterItsForward) {

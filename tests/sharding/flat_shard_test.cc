@@ -79,8 +79,8 @@ TEST(FlatShardTest, PiecesPartitionEachParameterAndGatherBack) {
   }
 }
 
-// One rank copies its shard into place and takes its packed gradients as the reduced ones,
-// with no collective: the same sum over one rank.
+// One rank copies its shard into place and hands each full gradient to its piece (reshaped to
+// it, nothing packed), with no collective: the same sum over one rank.
 void ExpectGradientsSummedOverRanks(int world) {
   auto models = Replicas(world, 2);
   torch::manual_seed(3);

@@ -541,8 +541,12 @@ absl::Status ShardingCore::PostBackward(Group& group) {
   return absl::OkStatus();
 }
 
+// Not where a reduce_dtype narrower than fp32 and than the gradients would round them: the
+// packed path's rounding is what was asked for.
 bool ShardingCore::HoldsFullGradients(const Group& group) const {
-  return mesh_.shard->size() == 1 && mesh_.replicate == nullptr &&
+  const bool reduce_rounds = group.reduce_dtype != at::kFloat &&
+                             group.reduce_dtype != group.param_dtype;
+  return mesh_.shard->size() == 1 && mesh_.replicate == nullptr && !reduce_rounds &&
          std::all_of(group.params.begin(), group.params.end(),
                      [&](const Group::Param& p) { return p.local.device() == device(); });
 }
@@ -616,6 +620,10 @@ absl::Status ShardingCore::AssignReducedGradients(Group& g) {
                             .view(p.local.sizes())
                             .to(p.local.device(), p.info.dtype);
       if (p.param.grad().defined()) {
+        // A held gradient may be bf16 (HoldFullGradients): the sum is in the local dtype.
+        if (p.param.grad().scalar_type() != p.info.dtype) {
+          p.param.mutable_grad() = p.param.grad().to(p.info.dtype);
+        }
         p.param.mutable_grad().add_(grad);
       } else {
         p.param.mutable_grad() = grad;

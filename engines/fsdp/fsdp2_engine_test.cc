@@ -5,10 +5,12 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <torch/optim/sgd.h>
 #include <torch/types.h>
 
 #include "base/status.h"
 #include "base/torch_status.h"
+#include "engines/gradient_scaling.h"
 #include "engines/testing/engine_testing.h"
 #include "module/testing/tied_blocks.h"
 #include "sharding/gloo_communicator.h"
@@ -100,6 +102,64 @@ TEST(Fsdp2EngineTest, ZeroGradDropsWhatAnUnsyncedPassAccumulated) {
     return absl::OkStatus();
   });
   EXPECT_TRUE(s.ok()) << s;
+}
+
+// SGD that reads bf16 gradients of its fp32 parameters as they are (ScalesGradientsInStep), as
+// the Trainer's AdamW does on CUDA.
+class Bf16ReadingSgd : public torch::optim::SGD, public ScalesGradientsInStep {
+ public:
+  Bf16ReadingSgd(std::vector<torch::Tensor> params, double lr)
+      : torch::optim::SGD(std::move(params), torch::optim::SGDOptions(lr)) {}
+  torch::Tensor step(LossClosure closure) override {
+    for (auto& p : param_groups()[0].params()) {
+      if (p.grad().defined()) p.mutable_grad() = p.grad().to(at::kFloat);
+    }
+    return torch::optim::SGD::step(std::move(closure));
+  }
+  bool ScaleGradientsInNextStep(const at::Tensor& scale) override { return !scale.defined(); }
+  bool ReadsBf16Gradients() override { return true; }
+};
+
+// On one rank under bf16, PrepareForTraining tells the core whether its optimizer reads bf16
+// gradients: the local parts' gradients are bf16 for one that does, fp32 for one that does not,
+// and both step to the same parameters.
+TEST(Fsdp2EngineTest, OneRankHandsBf16GradientsToAnOptimizerThatReadsThem) {
+  const Batch batch = TiedBlocks::Inputs(3, 50);
+  std::vector<std::shared_ptr<TiedBlocks>> models = {std::make_shared<TiedBlocks>(1, false),
+                                                     std::make_shared<TiedBlocks>(1, false)};
+  for (int reads = 0; reads < 2; ++reads) {
+    absl::Status s = RunRanksAsThreads(1, [&](int rank, auto store) -> absl::Status {
+      CT_ASSIGN_OR_RETURN(std::unique_ptr<GlooCommunicator> comm,
+                          GlooCommunicator::Create(store, rank, 1, std::chrono::seconds(30)));
+      CT_ASSIGN_OR_RETURN(auto engine,
+                          Fsdp2Engine::Create(proto::FsdpConfig(), MixedPrecision::kBf16,
+                                              c10::Device(c10::kCPU),
+                                              ShardMesh{std::shared_ptr<Communicator>(std::move(comm)),
+                                                        nullptr}));
+      OptimizerFactory factory = testing::SgdFactory(0.5);
+      if (reads == 1) {
+        factory = [](const NamedParameters& params)
+            -> absl::StatusOr<std::unique_ptr<torch::optim::Optimizer>> {
+          std::vector<torch::Tensor> tensors;
+          for (const auto& item : params) tensors.push_back(item.second);
+          return std::unique_ptr<torch::optim::Optimizer>(new Bf16ReadingSgd(tensors, 0.5));
+        };
+      }
+      CT_RETURN_IF_ERROR(engine->PrepareForTraining(models[reads], factory));
+      CT_RETURN_IF_ERROR(TrainStep(*engine, *models[reads], batch));
+      for (const auto& item : models[reads]->named_parameters()) {
+        EXPECT_EQ(item.value().scalar_type(), at::kFloat) << item.key();
+        EXPECT_EQ(item.value().grad().scalar_type(), reads == 1 ? at::kBFloat16 : at::kFloat)
+            << item.key();
+      }
+      return engine->OptimizerStep().status();
+    });
+    ASSERT_TRUE(s.ok()) << s;
+  }
+  for (const auto& item : models[0]->named_parameters()) {
+    EXPECT_TRUE(torch::equal(item.value(), models[1]->named_parameters()[item.key()]))
+        << item.key();
+  }
 }
 
 // Shards both models with `options`, then asks ForShardedModel for an engine with `config`.

@@ -178,6 +178,10 @@ void ZeroEngine::PointPiecesAtGradients() {
   }
 }
 
+void ZeroEngine::ReleasePieceGradients() {
+  for (at::Tensor& piece : pieces_in_order_) piece.mutable_grad() = at::Tensor();
+}
+
 absl::Status ZeroEngine::PrepareForTraining(std::shared_ptr<TrainableModel> model,
                                             const OptimizerFactory& factory) {
   CT_RETURN_IF_ERROR(PrepareForInference(std::move(model)));
@@ -201,6 +205,9 @@ absl::Status ZeroEngine::PrepareForTraining(std::shared_ptr<TrainableModel> mode
 
 absl::Status ZeroEngine::Backward(const torch::Tensor& loss) {
   if (grads_ == nullptr) return absl::FailedPreconditionError("Backward before PrepareForTraining");
+  // A second micro-batch replaces held bf16 gradients by fp32 sums: the pieces must not keep
+  // the bf16 ones alive meanwhile.
+  if (grads_->held()) ReleasePieceGradients();
   grads_->Begin(sync_);
   absl::Status status = LocalEngine::Backward(loss);
   absl::Status finished = grads_->Finish(status.ok());
@@ -560,7 +567,7 @@ absl::StatusOr<bool> ZeroEngine::OptimizerStep() {
 void ZeroEngine::ZeroGrad() {
   if (grads_ != nullptr) grads_->Clear();
   // Held gradients are freed only once the pieces let go of them too.
-  if (grads_ != nullptr && grads_->held()) PointPiecesAtGradients();
+  if (grads_ != nullptr && grads_->held()) ReleasePieceGradients();
   CancelPendingScale();  // a step skipped after the clip (fp16 overflow)
 }
 

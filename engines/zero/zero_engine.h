@@ -134,6 +134,7 @@ class ZeroEngine : public LocalEngine {
   const PieceAt& FindPiece(const at::Tensor& piece) const;  // one of the optimizer's tensors
   // Each piece's .grad becomes its parameter's owned gradient (ZeroGradients::OwnedGradient).
   void PointPiecesAtGradients();
+  void ReleasePieceGradients();  // held gradients: only ZeroGradients keeps them
   at::Tensor OwnedRange(int b) const;  // this rank's range of bucket b in flat_
   // An error unless a synchronized backward filled the gradient shard since ZeroGrad.
   absl::Status CheckReduced() const;

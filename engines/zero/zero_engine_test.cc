@@ -526,6 +526,14 @@ TEST(ZeroGradientsTest, OneRankStageTwoHoldsEachGradient) {
             engines[stage]->PrepareForTraining(models[stage], MomentsFactory(reads_bf16)));
       }
       const int64_t numel = OddModelNumel();
+      // During a backward the pieces hold no gradient (a second micro-batch's fp32 sums replace
+      // the held bf16 gradients, which the pieces must not keep alive).
+      size_t piece_grads_in_backward = 0;
+      models[2]->named_parameters()["p0"].register_hook([&](const at::Tensor& grad) {
+        piece_grads_in_backward = std::max(piece_grads_in_backward,
+                                           Gradients(*engines[2]->optimizer()).size());
+        return grad;
+      });
       for (int step = 0; step < 2; ++step) {
         std::map<int, double> norms;
         for (const int stage : {1, 2}) {
@@ -556,6 +564,7 @@ TEST(ZeroGradientsTest, OneRankStageTwoHoldsEachGradient) {
         }
         EXPECT_NEAR(norms[1], norms[2], 1e-6 * norms[1]) << "step " << step << label;
       }
+      EXPECT_EQ(piece_grads_in_backward, 0u) << label;
       for (const auto& item : models[1]->named_parameters()) {
         const at::Tensor other = models[2]->named_parameters()[item.key()];
         EXPECT_TRUE(torch::allclose(item.value().to(at::kFloat), other.to(at::kFloat), 1e-5, 1e-6))

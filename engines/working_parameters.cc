@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/accumulate_gradient.h"
 
 namespace cpptrain {
 namespace {
@@ -176,14 +177,9 @@ void WorkingParameters::MoveGradient(int i) {
     if (first && gradients_.defined()) {
       master.mutable_grad() = GradientView(i);
       master.mutable_grad().copy_(param.grad());
-    } else if (first && keep_bf16_) {
-      master.mutable_grad() = param.grad();
-    } else if (first) {
-      master.mutable_grad() = param.grad().to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
-    } else if (master.grad().scalar_type() != at::kFloat) {  // the kept bf16 one: widen, add
-      master.mutable_grad() = master.grad().to(at::kFloat).add_(param.grad());
     } else {
-      master.mutable_grad().add_(param.grad());
+      if (first) master.mutable_grad() = at::Tensor();  // overwritten, not added to
+      AccumulateGradient(master.mutable_grad(), param.grad(), at::kFloat, keep_bf16_);
     }
     fresh_[i] = 0;
   }

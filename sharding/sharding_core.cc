@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/accumulate_gradient.h"
 #include "base/logging.h"
 #include "base/status.h"
 #include "base/torch_status.h"
@@ -560,22 +561,9 @@ void ShardingCore::HoldFullGradients(Group& group) {
     at::Tensor grad = p.param.grad();
     p.param.mutable_grad() = at::Tensor();
     if (!p.param.requires_grad()) continue;
-    const at::ScalarType dtype = p.info.dtype;
-    if (!grad.defined()) {
-      grad = at::zeros(p.local.sizes(), p.local.options().dtype(dtype));
-    } else {
-      grad = grad.reshape(p.local.sizes());
-      const bool as_made = grad.scalar_type() == dtype ||
-                           (hold_bf16_ && grad.scalar_type() == at::kBFloat16 && dtype == at::kFloat);
-      if (!as_made) grad = grad.to(dtype);
-    }
-    at::Tensor& held = p.stashed_grad;
-    if (!held.defined()) {
-      held = std::move(grad);
-    } else {
-      if (held.scalar_type() != dtype) held = held.to(dtype);
-      held.add_(grad);
-    }
+    grad = grad.defined() ? grad.reshape(p.local.sizes())
+                          : at::zeros(p.local.sizes(), p.local.options().dtype(p.info.dtype));
+    AccumulateGradient(p.stashed_grad, grad, p.info.dtype, hold_bf16_);
   }
 }
 
@@ -619,15 +607,8 @@ absl::Status ShardingCore::AssignReducedGradients(Group& g) {
       at::Tensor grad = g.reduce_out.narrow(0, p.local_offset, p.local.numel())
                             .view(p.local.sizes())
                             .to(p.local.device(), p.info.dtype);
-      if (p.param.grad().defined()) {
-        // A held gradient may be bf16 (HoldFullGradients): the sum is in the local dtype.
-        if (p.param.grad().scalar_type() != p.info.dtype) {
-          p.param.mutable_grad() = p.param.grad().to(p.info.dtype);
-        }
-        p.param.mutable_grad().add_(grad);
-      } else {
-        p.param.mutable_grad() = grad;
-      }
+      // Added to what is there, widened first when HoldFullGradients left it bf16.
+      AccumulateGradient(p.param.mutable_grad(), grad, p.info.dtype, /*keep_bf16=*/false);
     }
   });
 }

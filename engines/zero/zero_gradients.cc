@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/accumulate_gradient.h"
 #include "kernels/cpu_adamw.h"
 
 namespace cpptrain {
@@ -101,19 +102,12 @@ void ZeroGradients::OnGradient(int index) {
   if (launching_) LaunchReadyLocked();
 }
 
-// The gradient as autograd made it (nobody else holds it: AccumulateGrad hands over its buffer
-// or a clone), unless it is a bf16 one the optimizer would not read; later ones add into fp32.
+// Nobody else holds `grad` (AccumulateGrad hands over its buffer or a clone); the pieces the
+// optimizer steps are fp32.
 void ZeroGradients::HoldLocked(int index, const at::Tensor& grad) {
   at::Tensor& held = held_grads_[index];
   if (held.defined()) held_bytes_ -= held.numel() * held.element_size();
-  if (!held.defined()) {
-    const bool as_made = grad.scalar_type() == at::kFloat ||
-                         (hold_bf16_ && grad.scalar_type() == at::kBFloat16);
-    held = as_made ? grad : grad.to(at::kFloat);
-  } else {
-    if (held.scalar_type() != at::kFloat) held = held.to(at::kFloat);
-    held.add_(grad);
-  }
+  AccumulateGradient(held, grad, at::kFloat, hold_bf16_);
   held_bytes_ += held.numel() * held.element_size();
 }
 

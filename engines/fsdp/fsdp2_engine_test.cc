@@ -131,11 +131,10 @@ TEST(Fsdp2EngineTest, OneRankHandsBf16GradientsToAnOptimizerThatReadsThem) {
     absl::Status s = RunRanksAsThreads(1, [&](int rank, auto store) -> absl::Status {
       CT_ASSIGN_OR_RETURN(std::unique_ptr<GlooCommunicator> comm,
                           GlooCommunicator::Create(store, rank, 1, std::chrono::seconds(30)));
+      ShardMesh mesh{std::shared_ptr<Communicator>(std::move(comm)), nullptr};
       CT_ASSIGN_OR_RETURN(auto engine,
                           Fsdp2Engine::Create(proto::FsdpConfig(), MixedPrecision::kBf16,
-                                              c10::Device(c10::kCPU),
-                                              ShardMesh{std::shared_ptr<Communicator>(std::move(comm)),
-                                                        nullptr}));
+                                              c10::Device(c10::kCPU), std::move(mesh)));
       OptimizerFactory factory = testing::SgdFactory(0.5);
       if (reads == 1) {
         factory = [](const NamedParameters& params)

@@ -495,7 +495,9 @@ OptimizerFactory MomentsFactory(bool reads_bf16) {
              -> absl::StatusOr<std::unique_ptr<torch::optim::Optimizer>> {
     std::vector<torch::Tensor> tensors;
     for (const auto& item : params) tensors.push_back(item.second);
-    if (reads_bf16) return std::unique_ptr<torch::optim::Optimizer>(new Bf16ReadingMoments(tensors));
+    if (reads_bf16) {
+      return std::unique_ptr<torch::optim::Optimizer>(new Bf16ReadingMoments(tensors));
+    }
     return std::unique_ptr<torch::optim::Optimizer>(new TwoMoments(tensors));
   };
 }
@@ -556,7 +558,8 @@ TEST(ZeroGradientsTest, OneRankStageTwoHoldsEachGradient) {
           norms[stage] = norm.item<double>();
           CT_RETURN_IF_ERROR(engine.OptimizerStep().status());
           engine.ZeroGrad();
-          EXPECT_EQ(engine.Footprint().gradient_bytes, stage == 1 ? 8 * engine.layout()->total_numel : 0)
+          const int64_t kept = stage == 1 ? 8 * engine.layout()->total_numel : 0;
+          EXPECT_EQ(engine.Footprint().gradient_bytes, kept)
               << "stage " << stage << " step " << step << label;
           if (stage == 2) {
             EXPECT_TRUE(Gradients(*engine.optimizer()).empty()) << "pieces still hold gradients";

@@ -118,8 +118,9 @@ void ZeroGradients::HoldZerosLocked(int b) {
     if (held.defined()) continue;
     // What autograd would have made, as HoldLocked keeps it.
     const bool bf16 = hold_bf16_ && params_[index].scalar_type() == at::kBFloat16;
-    held = torch::zeros({layout_.params[index].numel},
-                        torch::TensorOptions().dtype(bf16 ? at::kBFloat16 : at::kFloat).device(device_));
+    const auto options =
+        torch::TensorOptions().dtype(bf16 ? at::kBFloat16 : at::kFloat).device(device_);
+    held = torch::zeros({layout_.params[index].numel}, options);
     held_bytes_ += held.numel() * held.element_size();
   }
 }

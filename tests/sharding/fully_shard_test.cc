@@ -205,7 +205,8 @@ TEST(FullyShardTest, OneRankHandsEachBf16GradientToItsLocalPart) {
   std::vector<int64_t> peaks(2);
   int64_t numel = 0;
   for (const auto& item : models[0]->named_parameters()) numel += item.value().numel();
-  const std::vector<std::vector<bool>> patterns = {{true, true}, {false, true}, {true, false, true}};
+  const std::vector<std::vector<bool>> patterns = {
+      {true, true}, {false, true}, {true, false, true}};
   for (int hold = 0; hold < 2; ++hold) {
     absl::Status s = RunRanksAsThreads(1, [&](int rank, auto store) -> absl::Status {
       CT_ASSIGN_OR_RETURN(ShardMesh mesh, Mesh(rank, 1, store));
@@ -242,7 +243,9 @@ TEST(FullyShardTest, OneRankHandsEachBf16GradientToItsLocalPart) {
     });
     ASSERT_TRUE(s.ok()) << s;
   }
-  for (const auto& [name, grad] : first[0]) EXPECT_TRUE(torch::equal(grad, first[1].at(name))) << name;
+  for (const auto& [name, grad] : first[0]) {
+    EXPECT_TRUE(torch::equal(grad, first[1].at(name))) << name;
+  }
   // Held: the bf16 gradients, at most all of them at once; widened: fp32 ones beside them.
   EXPECT_LE(peaks[1], 2 * numel);
   EXPECT_GE(peaks[0], 4 * numel);

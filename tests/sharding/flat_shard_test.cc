@@ -1,7 +1,8 @@
 // FlatShard with ranks as threads (Gloo over a HashStore): the flat layout (aligned starts,
 // padding to a multiple of the shard size, pieces that partition every parameter), full
 // values gathered back, gradients equal to the unsharded model's summed over ranks, weights
-// tied inside one unit and across units, and the errors for misuse.
+// tied inside one unit and across units, one rank handing bf16 gradients to fp32 pieces, and
+// the errors for misuse.
 #include "sharding/flat_shard.h"
 
 #include <gtest/gtest.h>
@@ -123,6 +124,20 @@ TEST(FlatShardTest, GradientsAreTheSumOverRanks) { ExpectGradientsSummedOverRank
 
 TEST(FlatShardTest, OneRankGathersAndReducesWithoutCollectives) {
   ExpectGradientsSummedOverRanks(1);
+}
+
+// ShardTestSetup's one-rank bf16 checks on the flat layout (FSDP1, ZeRO-3's).
+TEST(FlatShardTest, OneRankHandsEachBf16GradientToItsPiece) {
+  absl::Status s = shard_test::ExpectOneRankHandsBf16Gradients(
+      [](DecoderLM& model, ShardMesh mesh) -> absl::StatusOr<ShardingCore*> {
+        FlatShardOptions options;
+        options.param_dtype = at::kBFloat16;
+        options.reduce_dtype = at::kFloat;
+        CT_ASSIGN_OR_RETURN(FlatShardedModel * flat, FlatShard(model, mesh, options));
+        return flat;
+      },
+      TokenBatch(0));
+  EXPECT_TRUE(s.ok()) << s;
 }
 
 TEST(FlatShardTest, TiedAcrossUnitsGoesToTheRoot) {

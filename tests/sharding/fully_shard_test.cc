@@ -175,80 +175,20 @@ TEST(FullyShardTest, OneRankGathersAgainForRecomputation) {
   ExpectSummedGradients(/*reshard_after_forward=*/true, /*checkpointing=*/true, /*world=*/1);
 }
 
-// Passes of one backward each (the batch and parameters unchanged, so every pass's gradient
-// is the same g) on one rank, the gradients zeroed first; true: synchronized.
-absl::Status RunPasses(DecoderLM& model, FullyShardedModel& sharded, const Batch& batch,
-                       const std::vector<bool>& syncs) {
-  for (const auto& item : model.named_parameters()) item.value().mutable_grad() = torch::Tensor();
-  for (const bool sync : syncs) {
-    sharded.SetGradientSync(sync);
-    CT_RETURN_IF_ERROR(sharded.BeginForward());
-    torch::Tensor loss = model.LossSum(model.Forward(batch), batch);
-    CT_RETURN_IF_ERROR(sharded.EndForward());
-    CT_RETURN_IF_ERROR(sharded.BeginBackward());
-    CT_RETURN_IF_ERROR(CatchTorch([&] { loss.backward(); }));
-    CT_RETURN_IF_ERROR(sharded.FinishBackward());
-  }
-  return absl::OkStatus();
-}
+using shard_test::RunPasses;
 
-// One rank, synchronized, nothing accumulated: each bf16 full gradient reaches its fp32 local
-// part as autograd made it with HoldBf16Gradients (2 bytes a parameter held), else widened
-// (the same values). Sums come out fp32 and exact (k g) on every path: two synchronized passes,
-// an unsynchronized one then a synchronized one (the packed path), and synchronized,
-// unsynchronized, synchronized (the packed sum added to a held bf16 gradient).
+// ShardTestSetup's one-rank bf16 checks on the per-parameter layout.
 TEST(FullyShardTest, OneRankHandsEachBf16GradientToItsLocalPart) {
-  constexpr int kLayers = 2;
-  const Batch batch = TokenBatch();
-  auto models = Replicas(2, kLayers);  // one per setting, both one-rank worlds
-  std::vector<std::map<std::string, torch::Tensor>> first(2);
-  std::vector<int64_t> peaks(2);
-  int64_t numel = 0;
-  for (const auto& item : models[0]->named_parameters()) numel += item.value().numel();
-  const std::vector<std::vector<bool>> patterns = {
-      {true, true}, {false, true}, {true, false, true}};
-  for (int hold = 0; hold < 2; ++hold) {
-    absl::Status s = RunRanksAsThreads(1, [&](int rank, auto store) -> absl::Status {
-      CT_ASSIGN_OR_RETURN(ShardMesh mesh, Mesh(rank, 1, store));
-      DecoderLM& model = *models[hold];
-      FullyShardOptions options;
-      options.param_dtype = at::kBFloat16;
-      options.reduce_dtype = at::kFloat;
-      CT_ASSIGN_OR_RETURN(FullyShardedModel * sharded, FullyShard(model, mesh, options));
-      sharded->HoldBf16Gradients(hold == 1);
-      sharded->ResetPeakUnsharded();
-      CT_RETURN_IF_ERROR(RunPasses(model, *sharded, batch, {true}));
-      peaks[hold] = sharded->peak_gradient_bytes();
-      for (const auto& item : model.named_parameters()) {
-        const torch::Tensor& grad = item.value().grad();
-        const at::ScalarType want = hold == 1 ? at::kBFloat16 : at::kFloat;
-        CT_RETURN_IF_ERROR(Check(grad.defined() && grad.scalar_type() == want &&
-                                     item.value().scalar_type() == at::kFloat,
-                                 "gradient of " + item.key() + " has the wrong dtype"));
-        first[hold][item.key()] = grad.to(at::kFloat).clone();  // fp32: not its own copy
-      }
-      for (const std::vector<bool>& syncs : patterns) {
-        CT_RETURN_IF_ERROR(RunPasses(model, *sharded, batch, syncs));
-        const double passes = static_cast<double>(syncs.size());
-        for (const auto& item : model.named_parameters()) {
-          const torch::Tensor& grad = item.value().grad();
-          CT_RETURN_IF_ERROR(Check(grad.scalar_type() == at::kFloat,
-                                   "the sum of passes of " + item.key() + " is not fp32"));
-          CT_RETURN_IF_ERROR(Check(torch::equal(grad, passes * first[hold].at(item.key())),
-                                   "the sum of " + std::to_string(syncs.size()) + " passes of " +
-                                       item.key() + " differs"));
-        }
-      }
-      return absl::OkStatus();
-    });
-    ASSERT_TRUE(s.ok()) << s;
-  }
-  for (const auto& [name, grad] : first[0]) {
-    EXPECT_TRUE(torch::equal(grad, first[1].at(name))) << name;
-  }
-  // Held: the bf16 gradients, at most all of them at once; widened: fp32 ones beside them.
-  EXPECT_LE(peaks[1], 2 * numel);
-  EXPECT_GE(peaks[0], 4 * numel);
+  absl::Status s = shard_test::ExpectOneRankHandsBf16Gradients(
+      [](DecoderLM& model, ShardMesh mesh) -> absl::StatusOr<ShardingCore*> {
+        FullyShardOptions options;
+        options.param_dtype = at::kBFloat16;
+        options.reduce_dtype = at::kFloat;
+        CT_ASSIGN_OR_RETURN(FullyShardedModel * sharded, FullyShard(model, mesh, options));
+        return sharded;
+      },
+      TokenBatch());
+  EXPECT_TRUE(s.ok()) << s;
 }
 
 // A reduce_dtype narrower than the gradients still rounds them on one rank, as the reduction

@@ -1,6 +1,7 @@
 // What the FullyShard and FlatShard tests on the reference decoder set up alike: identical
-// tiny decoders for every rank, a Gloo shard mesh per rank thread, and a Check that turns a
-// failed condition into a rank's error.
+// tiny decoders for every rank, a Gloo shard mesh per rank thread, a Check that turns a
+// failed condition into a rank's error, passes of forward and backward, and the one-rank bf16
+// gradient checks both layouts pass.
 //
 //   auto models = shard_test::Replicas(3, /*layers=*/2);
 //   multi_rank::RunRanksAsThreads(3, [&](int rank, auto store) -> absl::Status {
@@ -14,6 +15,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -40,6 +42,22 @@ std::vector<std::shared_ptr<DecoderLM>> Replicas(int world, int layers);
 absl::StatusOr<ShardMesh> Mesh(int rank, int world, c10::intrusive_ptr<c10d::Store> store);
 
 using multi_rank::Check;
+
+// Passes of one backward each (the batch and parameters unchanged, so every pass's gradient
+// is the same g) on one rank, the gradients zeroed first; true: synchronized.
+absl::Status RunPasses(DecoderLM& model, ShardingCore& sharded, const Batch& batch,
+                       const std::vector<bool>& syncs);
+
+// Shards `model` over `mesh` (one rank) with bf16 compute and fp32 reduction, in the layout
+// under test.
+using ShardBf16 = std::function<absl::StatusOr<ShardingCore*>(DecoderLM& model, ShardMesh mesh)>;
+
+// One rank, synchronized, nothing accumulated: each bf16 full gradient reaches its fp32 local
+// part as autograd made it with HoldBf16Gradients (2 bytes a parameter held), else widened
+// (the same values). Sums come out fp32 and exact (k g) on every path: two synchronized passes,
+// an unsynchronized one then a synchronized one (the packed path), and synchronized,
+// unsynchronized, synchronized (the packed sum added to a held bf16 gradient).
+absl::Status ExpectOneRankHandsBf16Gradients(const ShardBf16& shard, const Batch& batch);
 
 }  // namespace shard_test
 }  // namespace cpptrain

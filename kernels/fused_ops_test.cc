@@ -571,10 +571,10 @@ double FittedScale(const at::Tensor& a, const at::Tensor& b) {
 // bf16 inputs under an upstream gradient of 1/3 (bf16 rounds it to 0.333984375, 2^-9 high):
 // the gradients scale in fp32, so their fitted scale against a third of the gradients under an
 // upstream 1 is 1 to well under that rounding; they equal the eager bf16 head's under the same
-// 1/3; and a second backward through the same graph adds the same gradients again. (Not against
-// an fp32 head: on a CPU without AVX-512 (an AVX2 AMD EPYC, 2026-12-06), LibTorch 1.13's bf16
-// GEMM accumulates in bf16 unless its second operand is transposed, 3% off fp32 over 700 terms
-// and biased low, in the eager head as in this one.)
+// 1/3; a second backward through the same graph adds the same gradients again, and a third
+// finds them released. (Not against an fp32 head: on a CPU without AVX-512 (an AVX2 AMD EPYC,
+// 2026-12-06), LibTorch 1.13's bf16 GEMM accumulates in bf16 unless its second operand is
+// transposed, 3% off fp32 over 700 terms and biased low, in the eager head as in this one.)
 TEST(FusedOpsTest, LinearCrossEntropyScalesBf16GradientsInFp32) {
   torch::manual_seed(9);
   const int64_t rows = 64, hidden = 96, vocab = 700;
@@ -611,6 +611,8 @@ TEST(FusedOpsTest, LinearCrossEntropyScalesBf16GradientsInFp32) {
   loss.backward();
   EXPECT_TRUE(leaves[0].grad().equal(once_h)) << "the second backward scaled twice";
   EXPECT_TRUE(leaves[1].grad().equal(once_w)) << "the second backward scaled twice";
+  // That backward did not retain the graph, so the saved fp32 gradients are gone.
+  EXPECT_THROW(loss.backward(), c10::Error) << "the saved gradients outlived the backward";
 }
 
 TEST(FusedOpsTest, LinearCrossEntropyWithoutGradientsAndWithNothingCounted) {

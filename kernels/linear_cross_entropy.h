@@ -13,8 +13,8 @@
 // them by the incoming gradient in fp32 and rounds once to the inputs' dtypes (the eager head
 // scales softmax - onehot in fp32 before rounding too). Keeping them fp32 costs 2 bytes per
 // weight element more than bf16 between forward and backward. The saved gradients are not
-// changed, so a second backward (retain_graph) gives the same gradients again. Works on every
-// device (ATen operations only).
+// changed, so a second backward (retain_graph) gives the same gradients again; a backward that
+// does not retain the graph lets go of them. Works on every device (ATen operations only).
 #ifndef CPPTRAIN_KERNELS_LINEAR_CROSS_ENTROPY_H_
 #define CPPTRAIN_KERNELS_LINEAR_CROSS_ENTROPY_H_
 

@@ -413,6 +413,11 @@ def table(records, a):
                   for x in (rs[0]["first_loss"], rs[0]["last_loss"])]
         print(f"| {side} | {engine} | {tps} | {mfu_causal} | {mfu_full} | {peak} | {host_peak} | "
               f"{losses[0]} | {losses[1]} |")
+    for side in ("ours", side_label(a)):  # where each side's peak is (the first run's)
+        phases = next((r.get("peak_by_phase_gib") for r in records if r["side"] == side), None)
+        if phases:
+            print(f"{side} peak GiB by phase: " +
+                  ", ".join(f"{name} {gib}" for name, gib in phases.items()))
     if medians[side_label(a)]:
         print(f"ours / {side_label(a)} (medians of tokens/s per GPU): "
               f"{medians['ours'] / medians[side_label(a)]:.3f}")

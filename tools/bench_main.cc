@@ -12,6 +12,9 @@
 //   ..._causal        = the same with 6 * layers * heads * head_dim * seq_len (its causal half)
 //   mfu_full_measured = TFLOP/s per GPU / --peak_tflops (a measured peak: tools/matmul_peak.py)
 //   mfu_causal_spec   = causal TFLOP/s per GPU / --spec_tflops (the datasheet's: 989)
+//   peak_memory_gib   = the largest rank's peak allocated device memory (CUDA), and
+//   peak_by_phase_gib   that peak per phase (tools/phase_peaks.h; setup, forward with the loss,
+//                       backward, step; null under --cuda_graphs), as bench_torch.py's
 // --engine=zero runs ZeRO stage --zero_stage (1, 2 or 3; DeepSpeed's defaults: 500M-element
 // buckets, stage 3 with stage3_param_persistence_threshold 100000, so a layer of a real model
 // is its own group), --zero_offload puts the optimizer on the host; the JSON line names it
@@ -38,6 +41,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <random>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -60,6 +64,7 @@
 #include "tools/bench_init_dir.h"
 #include "tools/bench_verification.h"
 #include "tools/kernel_profile.h"
+#include "tools/phase_peaks.h"
 #include "tools/repeated_flag.h"
 #include "trainer/trainer.h"
 
@@ -167,12 +172,18 @@ class BenchTrainer : public Trainer {
                std::string fault, int64_t vocab)
       : Trainer(std::move(args), std::move(model), std::move(data), nullptr, std::move(engine)),
         fault_(std::move(fault)),
-        vocab_(vocab) {}
+        vocab_(vocab),
+        peaks_([this] { return PeakAllocatedBytes(this->engine()->device()); },
+               [this] { ResetPeakMemory(this->engine()->device()); }) {}
 
   // Undefined before the step ran.
   const torch::Tensor& first_loss() const { return first_loss_; }
   const torch::Tensor& last_loss() const { return last_loss_; }
   const torch::Tensor& first_grad_norm() const { return first_grad_norm_; }
+  // Peak device memory by phase: setup (up to the first forward), forward (the loss included),
+  // backward, step (the optimizer step and the host work up to the next forward). Replayed
+  // CUDA graphs run no TrainingStep, so under cuda_graphs their steps count as "step".
+  PhasePeaks& phase_peaks() { return peaks_; }
   // [steps, grad_accum, micro_batch, seq_len] on the CPU.
   torch::Tensor TokenIds() const {
     const int64_t accum = args().gradient_accumulation_steps();
@@ -192,8 +203,24 @@ class BenchTrainer : public Trainer {
     for (const Batch& batch : micro_batches) inputs_.push_back(batch.inputs);
   }
 
+  absl::StatusOr<torch::Tensor> TrainingStep(const Batch& batch,
+                                             int64_t num_items_in_batch) override {
+    peaks_.Begin("forward");
+    absl::StatusOr<torch::Tensor> loss = Trainer::TrainingStep(batch, num_items_in_batch);
+    peaks_.Begin("step");
+    return loss;
+  }
+
   torch::Tensor ComputeLoss(TrainableModel& model, const Batch& batch,
                             int64_t num_items_in_batch) override {
+    torch::Tensor loss = FaultyLoss(model, batch, num_items_in_batch);
+    peaks_.Begin("backward");
+    return loss;
+  }
+
+ private:
+  torch::Tensor FaultyLoss(TrainableModel& model, const Batch& batch,
+                           int64_t num_items_in_batch) {
     if (fault_ == "other_tokens") {
       Batch other = batch;
       other.inputs = (batch.inputs + 1).remainder(vocab_);
@@ -206,9 +233,9 @@ class BenchTrainer : public Trainer {
     return loss;
   }
 
- private:
   std::string fault_;
   int64_t vocab_;
+  PhasePeaks peaks_;
   torch::Tensor first_loss_, last_loss_, first_grad_norm_;
   std::vector<torch::Tensor> inputs_;
 };
@@ -384,28 +411,43 @@ class JsonLine {
   std::string text_;
 };
 
-// The measured figures of a run: the slowest rank's time, the largest peaks.
+// The phases of BenchTrainer::phase_peaks, in the JSON line's order.
+constexpr const char* kPhases[] = {"setup", "forward", "backward", "step"};
+constexpr int kNumPhases = 4;
+
+// The measured figures of a run: the slowest rank's time, the largest peaks (the run's, and
+// each phase's over the ranks; -1 where unknown).
 struct Figures {
   double seconds = 0, peak_bytes = 0, host_peak_bytes = 0, graph_replays = 0;
+  double phase_peak_bytes[kNumPhases] = {-1, -1, -1, -1};
 };
 
 absl::StatusOr<Figures> GatherFigures(BenchTrainer& trainer, const StepTimer& timer,
                                       const TrainOutput& trained) {
   Engine& engine = *trainer.engine();
-  at::Tensor figures =
-      torch::tensor({timer.seconds(), static_cast<double>(PeakAllocatedBytes(engine.device())),
-                     static_cast<double>(HostPeakBytes())},
-                    torch::kFloat64);
+  PhasePeaks& peaks = trainer.phase_peaks();
+  peaks.Finish();
+  std::vector<double> values = {timer.seconds(), static_cast<double>(peaks.overall()),
+                                static_cast<double>(HostPeakBytes())};
+  for (const char* phase : kPhases) {
+    const auto it = peaks.by_phase().find(phase);
+    values.push_back(it == peaks.by_phase().end() ? -1.0 : static_cast<double>(it->second));
+  }
+  const int64_t n = static_cast<int64_t>(values.size());
+  at::Tensor figures = torch::tensor(values, torch::kFloat64);
   // Without collectives every rank reports its own figures (the ranks do the same work).
-  at::Tensor gathered = figures.view({1, 3});
+  at::Tensor gathered = figures.view({1, n});
   if (!absl::GetFlag(FLAGS_skip_collectives)) {
     CT_ASSIGN_OR_RETURN(gathered, engine.AllGather(figures));
-    gathered = gathered.view({engine.world_size(), 3});
+    gathered = gathered.view({engine.world_size(), n});
   }
   Figures out;
   out.seconds = gathered.select(1, 0).max().item<double>();
   out.peak_bytes = gathered.select(1, 1).max().item<double>();
   out.host_peak_bytes = gathered.select(1, 2).max().item<double>();
+  for (int i = 0; i < kNumPhases; ++i) {
+    out.phase_peak_bytes[i] = gathered.select(1, 3 + i).max().item<double>();
+  }
   const auto replays = trained.metrics.find("cuda_graph_replays");
   out.graph_replays = replays == trained.metrics.end() ? 0 : replays->second;
   return out;
@@ -425,6 +467,20 @@ absl::Status CheckTimedStepsReplayed(const Figures& f) {
       "(the step is captured after 2 eager steps all ranks agree on, and the first step has no "
       "vote yet): give --warmup of at least 4 (the log's cuda_graphs lines say why when no "
       "step was captured)"));
+}
+
+// {"setup": GiB, "forward": ..., "backward": ..., "step": ...}; null without the peaks (not
+// CUDA), or under cuda_graphs, where the replayed steps' forward and backward count as "step".
+std::string PhasePeaksJson(const Figures& f, bool cuda_graphs) {
+  if (f.peak_bytes < 0 || cuda_graphs) return "null";
+  std::string out;
+  for (int i = 0; i < kNumPhases; ++i) {
+    absl::StrAppend(&out, i == 0 ? "{" : ",", "\"", kPhases[i], "\":",
+                    f.phase_peak_bytes[i] < 0
+                        ? "null"
+                        : absl::StrFormat("%.2f", f.phase_peak_bytes[i] / (1 << 30)));
+  }
+  return out + "}";
 }
 
 // The run's JSON line (printed by rank 0).
@@ -464,6 +520,7 @@ std::string ResultLine(const proto::TrainingArguments& args, const proto::Decode
   // Peak memory is known on CUDA only (PeakAllocatedBytes is -1 elsewhere).
   line.Raw("peak_memory_gib",
            f.peak_bytes < 0 ? "null" : absl::StrFormat("%.2f", f.peak_bytes / (1 << 30)));
+  line.Raw("peak_by_phase_gib", PhasePeaksJson(f, args.cuda_graphs()));
   line.Fixed("host_peak_gib", f.host_peak_bytes / (1 << 30), 2);
   line.Number("first_loss", v.first_loss).Number("last_loss", v.last_loss);
   line.Number("first_grad_norm", v.first_grad_norm).Number("param_checksum", v.param_checksum);

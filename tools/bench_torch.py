@@ -41,7 +41,10 @@ ZeRO counterparts (tools/bench --engine=zero --set=args.zero.stage=N ...):
   fsdp2_offload: fsdp2 with fully_shard(offload_policy=CPUOffloadPolicy(pin_memory=True)); the
     AdamW steps the CPU shards (torch's fused CPU kernel where it has one, 2.4+).
 Every JSON line also carries zero_stage, offload_optimizer, offload_param (null where they do not
-apply) and host_peak_gib (the largest rank's peak resident set, getrusage).
+apply), host_peak_gib (the largest rank's peak resident set, getrusage) and peak_by_phase_gib
+(CUDA: the largest rank's peak allocated memory in each phase, as tools/bench's: setup up to the
+first forward, forward with the loss, backward, and the optimizer step with the host work up
+to the next forward; the largest is peak_memory_gib).
 
 --impl native: the Qwen3/Llama decoder of models/decoder.cc written here in plain PyTorch, its
 modules named as Hugging Face's. --impl hf: transformers' AutoModelForCausalLM from --init_dir.
@@ -819,7 +822,26 @@ def param_checksum(model, a):
     return sum(v.detach().double().square().sum().item() for v in values)
 
 
-def train(model, forward, opt, tokens, a, device):
+class PhasePeaks:
+    """Peak CUDA memory by phase, as tools/phase_peaks.h: begin() ends the phase running (its
+    peak: max_memory_allocated since the last begin) and resets the counter for the next."""
+
+    def __init__(self, device):
+        self.device, self.current, self.peaks = device, "setup", {}
+
+    def begin(self, phase):
+        self.finish()
+        self.current = phase
+
+    def finish(self):
+        if self.device.type != "cuda":
+            return
+        peak = torch.cuda.max_memory_allocated(self.device)
+        self.peaks[self.current] = max(self.peaks.get(self.current, 0), peak)
+        torch.cuda.reset_peak_memory_stats(self.device)
+
+
+def train(model, forward, opt, tokens, a, device, peaks):
     """Every step; returns the first and last step's loss and the first step's gradient norm
     before clipping (device tensors) and the seconds of the timed steps."""
     total = a.warmup + a.steps
@@ -849,17 +871,22 @@ def train(model, forward, opt, tokens, a, device):
                 ids = (ids + 1) % a.vocab_size
             if graphs:
                 torch.compiler.cudagraph_mark_step_begin()
+            peaks.begin("forward")
             if a.engine == "zero":
                 # The loss is already divided by the step's targets: no further 1/accum.
                 # DeepSpeed clips, steps and zeroes on the last micro-batch's step().
                 loss = micro_batch_loss(forward, model, ids, targets, a)
+                peaks.begin("backward")
                 model.backward(loss, scale_wrt_gas=False)
+                peaks.begin("step")
                 model.step()  # --inject_fault noop_optimizer: its learning rate is 0
             else:
                 with gradient_sync(model, a.engine, enabled=i + 1 == a.grad_accum):
                     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
                         loss = micro_batch_loss(forward, model, ids, targets, a)
+                    peaks.begin("backward")
                     loss.backward()
+                peaks.begin("step")
             # A CUDA graph's output is overwritten by its next replay: keep a copy.
             loss = loss.detach().clone()
             step_loss = loss if step_loss is None else step_loss + loss
@@ -901,14 +928,18 @@ def main():
         tokens = torch.randint(c["vocab_size"],
                                (a.warmup + a.steps, a.grad_accum, a.micro_batch, a.seq_len),
                                device=device, generator=gen)
-    first, last, first_norm, seconds = train(model, forward, opt, tokens, a, device)
+    peaks = PhasePeaks(device)  # setup: everything since the process started
+    first, last, first_norm, seconds = train(model, forward, opt, tokens, a, device, peaks)
     seconds = torch.tensor([seconds], device=device)
     dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
-    peak = None
+    peak, by_phase = None, None
     if device.type == "cuda":
-        peak_t = torch.tensor([torch.cuda.max_memory_allocated(device) / 2**30], device=device)
+        peaks.finish()
+        phases = ("setup", "forward", "backward", "step")
+        peak_t = torch.tensor([peaks.peaks.get(p, 0) / 2**30 for p in phases], device=device)
         dist.all_reduce(peak_t, op=dist.ReduceOp.MAX)
-        peak = round(peak_t.item(), 2)
+        by_phase = {p: round(v, 2) for p, v in zip(phases, peak_t.tolist())}
+        peak = round(peak_t.max().item(), 2)
     host_peak_t = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20],
                                device=device)  # ru_maxrss is in KiB on Linux
     dist.all_reduce(host_peak_t, op=dist.ReduceOp.MAX)
@@ -948,7 +979,7 @@ def main():
             "peak_tflops": a.peak_tflops, "spec_tflops": a.spec_tflops,
             "mfu_full_measured": round(tflops / a.peak_tflops, 4),
             "mfu_causal_spec": round(tflops_causal / a.spec_tflops, 4),
-            "peak_memory_gib": peak,
+            "peak_memory_gib": peak, "peak_by_phase_gib": by_phase,
             "first_loss": finite_or_none(losses[0].item()),
             "last_loss": finite_or_none(losses[1].item()),
             "first_grad_norm": finite_or_none(first_norm.item()),

@@ -40,4 +40,7 @@ for key in first_loss last_loss; do
   [[ "$(field "$defaults" "$key")" == "$(field "$step" "$key")" ]] ||
     { echo "FAIL: $key differs between cached tables and tables every step"; exit 1; }
 done
+# On the CPU there is no allocator peak: both memory fields say so.
+[[ "$(field "$defaults" peak_memory_gib)" == None && "$(field "$defaults" peak_by_phase_gib)" == None ]] ||
+  { echo "FAIL: peak memory (and by phase) on the CPU should be null: $defaults"; exit 1; }
 echo "PASS: bench_torch_smoke_test"

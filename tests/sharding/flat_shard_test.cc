@@ -129,13 +129,10 @@ TEST(FlatShardTest, OneRankGathersAndReducesWithoutCollectives) {
 // ShardTestSetup's one-rank bf16 checks on the flat layout (FSDP1, ZeRO-3's).
 TEST(FlatShardTest, OneRankHandsEachBf16GradientToItsPiece) {
   absl::Status s = shard_test::ExpectOneRankHandsBf16Gradients(
-      [](DecoderLM& model, ShardMesh mesh) -> absl::StatusOr<ShardingCore*> {
-        FlatShardOptions options;
-        options.param_dtype = at::kBFloat16;
-        options.reduce_dtype = at::kFloat;
-        CT_ASSIGN_OR_RETURN(FlatShardedModel * flat, FlatShard(model, mesh, options));
-        return flat;
-      },
+      shard_test::WithBf16Compute<FlatShardOptions>(
+          [](DecoderLM& model, ShardMesh mesh, const FlatShardOptions& options) {
+            return FlatShard(model, std::move(mesh), options);
+          }),
       TokenBatch(0));
   EXPECT_TRUE(s.ok()) << s;
 }

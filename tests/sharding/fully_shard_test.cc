@@ -180,13 +180,10 @@ using shard_test::RunPasses;
 // ShardTestSetup's one-rank bf16 checks on the per-parameter layout.
 TEST(FullyShardTest, OneRankHandsEachBf16GradientToItsLocalPart) {
   absl::Status s = shard_test::ExpectOneRankHandsBf16Gradients(
-      [](DecoderLM& model, ShardMesh mesh) -> absl::StatusOr<ShardingCore*> {
-        FullyShardOptions options;
-        options.param_dtype = at::kBFloat16;
-        options.reduce_dtype = at::kFloat;
-        CT_ASSIGN_OR_RETURN(FullyShardedModel * sharded, FullyShard(model, mesh, options));
-        return sharded;
-      },
+      shard_test::WithBf16Compute<FullyShardOptions>(
+          [](DecoderLM& model, ShardMesh mesh, const FullyShardOptions& options) {
+            return FullyShard(model, std::move(mesh), options);
+          }),
       TokenBatch());
   EXPECT_TRUE(s.ok()) << s;
 }

@@ -18,6 +18,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -58,6 +59,20 @@ using ShardBf16 = std::function<absl::StatusOr<ShardingCore*>(DecoderLM& model, 
 // an unsynchronized one then a synchronized one (the packed path), and synchronized,
 // unsynchronized, synchronized (the packed sum added to a held bf16 gradient).
 absl::Status ExpectOneRankHandsBf16Gradients(const ShardBf16& shard, const Batch& batch);
+
+// A ShardBf16 from a layout's `shard(model, mesh, options)`, Options' param_dtype bf16 and its
+// reduce_dtype fp32.
+template <typename Options, typename Shard>
+ShardBf16 WithBf16Compute(Shard shard) {
+  return [shard](DecoderLM& model, ShardMesh mesh) -> absl::StatusOr<ShardingCore*> {
+    Options options;
+    options.param_dtype = at::kBFloat16;
+    options.reduce_dtype = at::kFloat;
+    auto sharded = shard(model, std::move(mesh), options);
+    if (!sharded.ok()) return sharded.status();
+    return *sharded;
+  };
+}
 
 }  // namespace shard_test
 }  // namespace cpptrain

@@ -43,4 +43,30 @@ done
 # On the CPU there is no allocator peak: both memory fields say so.
 [[ "$(field "$defaults" peak_memory_gib)" == None && "$(field "$defaults" peak_by_phase_gib)" == None ]] ||
   { echo "FAIL: peak memory (and by phase) on the CPU should be null: $defaults"; exit 1; }
+# PhasePeaks over a counter that behaves as the CUDA caching allocator's (the real one needs a
+# GPU), the sequence and figures of tools/phase_peaks_test.cc.
+"$python" - "$script" <<'PY' || { echo "FAIL: bench_torch.py's PhasePeaks"; exit 1; }
+import importlib.util, sys, types
+spec = importlib.util.spec_from_file_location("bench_torch", sys.argv[1])
+bench = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(bench)
+c = {"current": 0, "peak": 0}
+def allocate(n):
+    c["current"] += n
+    c["peak"] = max(c["peak"], c["current"])
+def free(n):
+    c["current"] -= n
+bench.torch.cuda.max_memory_allocated = lambda device: c["peak"]
+bench.torch.cuda.reset_peak_memory_stats = lambda device: c.update(peak=c["current"])
+peaks = bench.PhasePeaks(types.SimpleNamespace(type="cuda"))
+allocate(100)
+for step in range(2):
+    peaks.begin("forward"); allocate(51 - step); allocate(30); free(30)
+    peaks.begin("backward"); allocate(20); free(51 - step)
+    peaks.begin("step"); allocate(5); free(5); free(20)
+peaks.finish()
+want = {"setup": 100, "forward": 181, "backward": 171, "step": 125}
+assert peaks.peaks == want, peaks.peaks
+print("PhasePeaks:", peaks.peaks)
+PY
 echo "PASS: bench_torch_smoke_test"

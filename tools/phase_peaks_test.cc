@@ -25,12 +25,12 @@ TEST(PhasePeaksTest, EachPhaseGetsItsOwnPeakAndTheLargestIsTheRuns) {
   c.Allocate(100);  // the model: setup
   for (int step = 0; step < 2; ++step) {
     peaks.Begin("forward");
-    c.Allocate(50 + step);  // activations, a little more in the second step
+    c.Allocate(51 - step);  // activations, a little less in the second step
     c.Allocate(30);         // a transient
     c.Free(30);
     peaks.Begin("backward");
     c.Allocate(20);  // gradients
-    c.Free(50 + step);
+    c.Free(51 - step);
     peaks.Begin("step");
     c.Allocate(5);
     c.Free(5);

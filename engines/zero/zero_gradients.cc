@@ -114,14 +114,11 @@ void ZeroGradients::HoldLocked(int index, const at::Tensor& grad) {
 void ZeroGradients::HoldZerosLocked(int b) {
   torch::NoGradGuard no_grad;
   for (const int index : layout_.buckets[b].params) {
-    at::Tensor& held = held_grads_[index];
-    if (held.defined()) continue;
-    // What autograd would have made, as HoldLocked keeps it.
-    const bool bf16 = hold_bf16_ && params_[index].scalar_type() == at::kBFloat16;
+    if (held_grads_[index].defined()) continue;
+    // What autograd would have made, held by HoldLocked's rule.
     const auto options =
-        torch::TensorOptions().dtype(bf16 ? at::kBFloat16 : at::kFloat).device(device_);
-    held = torch::zeros({layout_.params[index].numel}, options);
-    held_bytes_ += held.numel() * held.element_size();
+        torch::TensorOptions().dtype(params_[index].scalar_type()).device(device_);
+    HoldLocked(index, torch::zeros({layout_.params[index].numel}, options));
   }
 }
 

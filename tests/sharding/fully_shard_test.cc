@@ -26,6 +26,7 @@ using shard_test::Check;
 using shard_test::Decoder;
 using shard_test::Mesh;
 using shard_test::Replicas;
+using shard_test::RunPasses;
 
 Batch TokenBatch() {
   Batch batch;
@@ -174,8 +175,6 @@ TEST(FullyShardTest, OneRankCopiesShardsIntoPlaceWithoutCollectives) {
 TEST(FullyShardTest, OneRankGathersAgainForRecomputation) {
   ExpectSummedGradients(/*reshard_after_forward=*/true, /*checkpointing=*/true, /*world=*/1);
 }
-
-using shard_test::RunPasses;
 
 // ShardTestSetup's one-rank bf16 checks on the per-parameter layout.
 TEST(FullyShardTest, OneRankHandsEachBf16GradientToItsLocalPart) {

@@ -21,6 +21,12 @@ int64_t PeakAllocatedBytes(const at::Device& device) {
   return stats.allocated_bytes[0].peak;  // StatType::AGGREGATE
 }
 
+int64_t AllocatedBytes(const at::Device& device) {
+  if (!device.is_cuda()) return -1;
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
+  return stats.allocated_bytes[0].current;  // StatType::AGGREGATE
+}
+
 void ResetPeakMemory(const at::Device& device) {
   if (device.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(device.index());
 }
@@ -30,6 +36,7 @@ void SynchronizeDevice(const at::Device& device) {
 }
 #else
 int64_t PeakAllocatedBytes(const at::Device&) { return -1; }
+int64_t AllocatedBytes(const at::Device&) { return -1; }
 void ResetPeakMemory(const at::Device&) {}
 void SynchronizeDevice(const at::Device&) {}
 #endif
@@ -70,6 +77,12 @@ torch::optim::OptimizerParamState* FindOptimizerParamState(torch::optim::Optimiz
 void SetOptimizerParamState(torch::optim::Optimizer& optimizer, const at::Tensor& param,
                             std::unique_ptr<torch::optim::OptimizerParamState> state) {
   optimizer.state()[OptimizerStateKey(param)] = std::move(state);
+}
+
+at::Tensor AutocastComputeCopy(const at::Tensor& t) {
+  if (!t.defined() || !t.is_floating_point()) return t;
+  const at::DeviceType device = t.device().type();
+  return AutocastEnabled(device) ? t.to(AutocastDtype(device)) : t;
 }
 
 #if TORCH_VERSION_MAJOR >= 2

@@ -45,11 +45,17 @@ class AutocastGuard {
 // Whether autocast is on for `device_type`, and its low-precision dtype.
 bool AutocastEnabled(at::DeviceType device_type);
 at::ScalarType AutocastDtype(at::DeviceType device_type);
+// `t` in the dtype at::linear computes with under autocast: the autocast dtype for a floating
+// tensor while autocast is on for its device, else `t` itself (also when undefined).
+at::Tensor AutocastComputeCopy(const at::Tensor& t);
 
 // Peak bytes the caching allocator handed out on a CUDA `device` since the process started
 // (or the last ResetPeakMemory); -1 for other devices or builds without CUDA.
 int64_t PeakAllocatedBytes(const at::Device& device);
 void ResetPeakMemory(const at::Device& device);
+// Bytes the caching allocator has handed out on a CUDA `device` and not yet had back; -1 for
+// other devices or builds without CUDA.
+int64_t AllocatedBytes(const at::Device& device);
 // Blocks until `device` has finished all queued work (no-op on the CPU).
 void SynchronizeDevice(const at::Device& device);
 

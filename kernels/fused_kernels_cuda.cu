@@ -490,10 +490,12 @@ __device__ __forceinline__ void GatedGrad(float g, float u, float d, float& dg, 
 // dgate and dup of value i (row i / cols, column i % cols) go to row * pitch + column of their
 // outputs: pitch == cols writes them as gate and up are laid out; pitch == 2 * cols with dup =
 // dgate + cols writes them side by side in one [rows, 2 * cols] buffer, so the projection's
-// input gradient is one matmul over the stacked weights (models/split_linear.cc).
+// input gradient is one matmul over the stacked weights (models/split_linear.cc). A non-null
+// product gets act(gate) * up at value i, laid out as gate; it may be dout itself (each thread
+// reads its values of dout before it writes the same values of product).
 template <typename T, bool kVector, bool kGelu>
 __global__ void GatedBackwardKernel(int64_t n, int64_t cols, int64_t pitch, const T* gate,
-                                    const T* up, const T* dout, T* dgate, T* dup) {
+                                    const T* up, const T* dout, T* dgate, T* dup, T* product) {
   constexpr int kWidth = kVector ? kVec<T> : 1;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x * kWidth;
   for (int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kWidth; i < n;
@@ -508,11 +510,18 @@ __global__ void GatedBackwardKernel(int64_t n, int64_t cols, int64_t pitch, cons
       for (int k = 0; k < kVec<T>; ++k) GatedGrad<kGelu>(g[k], u[k], d[k], dg[k], du[k]);
       StoreVec(dgate + o, dg);
       StoreVec(dup + o, du);
+      if (product != nullptr) {
+#pragma unroll
+        for (int k = 0; k < kVec<T>; ++k) d[k] = Activation<kGelu>(g[k]) * u[k];
+        StoreVec(product + i, d);
+      }
     } else {
+      const float g = Load(gate, i), u = Load(up, i);
       float dg, du;
-      GatedGrad<kGelu>(Load(gate, i), Load(up, i), Load(dout, i), dg, du);
+      GatedGrad<kGelu>(g, u, Load(dout, i), dg, du);
       Store(dgate, o, dg);
       Store(dup, o, du);
+      if (product != nullptr) Store(product, i, Activation<kGelu>(g) * u);
     }
   }
 }
@@ -1425,14 +1434,16 @@ const char* LaunchGatedForward(int64_t n, const void* gate, const void* up, void
 
 const char* LaunchGatedBackward(int64_t n, int64_t cols, int64_t pitch, const void* gate,
                                 const void* up, const void* dout, void* dgate, void* dup,
-                                ElementType type, bool gelu_tanh, void* stream) {
+                                void* product, ElementType type, bool gelu_tanh, void* stream) {
   if (n == 0) return nullptr;
   WithType(type, [&](auto t) {
     using T = decltype(t);
-    auto kernel = GatedBackward<T>(n, cols, pitch, gelu_tanh, {gate, up, dout, dgate, dup});
+    auto kernel = GatedBackward<T>(n, cols, pitch, gelu_tanh,
+                                   {gate, up, dout, dgate, dup, product ? product : gate});
     kernel<<<ElementwiseBlocks(n), kBlock, 0, static_cast<cudaStream_t>(stream)>>>(
         n, cols, pitch, static_cast<const T*>(gate), static_cast<const T*>(up),
-        static_cast<const T*>(dout), static_cast<T*>(dgate), static_cast<T*>(dup));
+        static_cast<const T*>(dout), static_cast<T*>(dgate), static_cast<T*>(dup),
+        static_cast<T*>(product));
   });
   return LastError();
 }

@@ -29,6 +29,15 @@ at::Tensor GeGluReference(const at::Tensor& gate, const at::Tensor& up) {
   return at::gelu(gate, "tanh") * up;
 }
 
+GatedGradients GatedBackwardRecomputingReference(const at::Tensor& gate, const at::Tensor& up,
+                                                 const at::Tensor& dout, bool gelu_tanh) {
+  // The backward autograd runs for act(gate) * up: mul's gradients, then the activation's.
+  const at::Tensor act = gelu_tanh ? at::gelu(gate, "tanh") : at::silu(gate);
+  const at::Tensor dact = dout * up;
+  return {gelu_tanh ? at::gelu_backward(dact, gate, "tanh") : at::silu_backward(dact, gate),
+          dout * act, act * up};
+}
+
 at::Tensor SoftcapSoftmaxReference(const at::Tensor& scores, double scale, double softcap,
                                    int64_t window) {
   at::Tensor z = scores * scale;
@@ -181,7 +190,7 @@ class GatedFunction : public torch::autograd::Function<GatedFunction> {
     at::Tensor dgate = both.narrow(1, 0, cols).view(g.sizes());
     at::Tensor dup = both.narrow(1, cols, cols).view(u.sizes());
     Check(LaunchGatedBackward(g.numel(), cols, 2 * cols, g.data_ptr(), u.data_ptr(),
-                              dout.data_ptr(), dgate.data_ptr(), dup.data_ptr(),
+                              dout.data_ptr(), dgate.data_ptr(), dup.data_ptr(), nullptr,
                               TypeOf(g.scalar_type()), gelu_tanh, Stream()),
           gelu_tanh ? "GeGLU backward" : "SwiGLU backward");
     return {dgate, dup, at::Tensor()};
@@ -412,6 +421,24 @@ at::Tensor GeGlu(const at::Tensor& gate, const at::Tensor& up, bool fused) {
   return GatedFunction::apply(gate, up, true);
 }
 
+GatedGradients GatedBackwardRecomputing(const at::Tensor& gate, const at::Tensor& up,
+                                        const at::Tensor& dout, bool gelu_tanh, bool fused) {
+  if (!fused || !GatedApplies(gate, up) || gate.dim() != 2 || dout.sizes() != gate.sizes() ||
+      dout.scalar_type() != gate.scalar_type() || dout.device() != gate.device() ||
+      !gate.is_contiguous() || !up.is_contiguous() || !dout.is_contiguous()) {
+    return GatedBackwardRecomputingReference(gate, up, dout, gelu_tanh);
+  }
+  const c10::cuda::CUDAGuard guard(gate.device());
+  const int64_t rows = gate.size(0), cols = gate.size(1);
+  const at::Tensor both = at::empty({rows, 2 * cols}, gate.options());
+  at::Tensor dgate = both.narrow(1, 0, cols), dup = both.narrow(1, cols, cols);
+  Check(LaunchGatedBackward(gate.numel(), cols, 2 * cols, gate.data_ptr(), up.data_ptr(),
+                            dout.data_ptr(), dgate.data_ptr(), dup.data_ptr(), dout.data_ptr(),
+                            TypeOf(gate.scalar_type()), gelu_tanh, Stream()),
+        gelu_tanh ? "GeGLU backward" : "SwiGLU backward");
+  return {dgate, dup, dout};
+}
+
 at::Tensor SoftcapSoftmax(const at::Tensor& scores, double scale, double softcap, int64_t window,
                           bool fused) {
   // The kernel puts query t at row t of each [T, T] block: other shapes go to the reference,
@@ -542,6 +569,11 @@ at::Tensor SwiGlu(const at::Tensor& gate, const at::Tensor& up, bool fused) {
 
 at::Tensor GeGlu(const at::Tensor& gate, const at::Tensor& up, bool fused) {
   return GeGluReference(gate, up);
+}
+
+GatedGradients GatedBackwardRecomputing(const at::Tensor& gate, const at::Tensor& up,
+                                        const at::Tensor& dout, bool gelu_tanh, bool fused) {
+  return GatedBackwardRecomputingReference(gate, up, dout, gelu_tanh);
 }
 
 at::Tensor SoftcapSoftmax(const at::Tensor& scores, double scale, double softcap, int64_t window,

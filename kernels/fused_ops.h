@@ -47,6 +47,21 @@ at::Tensor SwiGluReference(const at::Tensor& gate, const at::Tensor& up);
 at::Tensor GeGlu(const at::Tensor& gate, const at::Tensor& up, bool fused);
 at::Tensor GeGluReference(const at::Tensor& gate, const at::Tensor& up);
 
+// SwiGlu's (GeGlu's with gelu_tanh) backward for a caller that kept gate and up but not the
+// product (models/gated_down.h): {dgate, dup, product}, with product = act(gate) * up as the
+// forward computed it. gate, up and dout: contiguous [rows, cols] of one dtype. The kernel
+// writes dgate and dup side by side in one [rows, 2 * cols] buffer (so the gate/up
+// projection's input gradient is one matmul: models/split_linear.h) and the product over dout,
+// which the caller must not need again. The reference computes what autograd would through
+// SwiGluReference (GeGluReference), leaving dout as it was.
+struct GatedGradients {
+  at::Tensor dgate, dup, product;
+};
+GatedGradients GatedBackwardRecomputing(const at::Tensor& gate, const at::Tensor& up,
+                                        const at::Tensor& dout, bool gelu_tanh, bool fused);
+GatedGradients GatedBackwardRecomputingReference(const at::Tensor& gate, const at::Tensor& up,
+                                                 const at::Tensor& dout, bool gelu_tanh);
+
 // x + delta in x's dtype (the residual stream keeps its dtype; delta's gradient comes back in
 // delta's). The reference is eager promotion: x + delta.
 at::Tensor ResidualAdd(const at::Tensor& x, const at::Tensor& delta, bool fused);

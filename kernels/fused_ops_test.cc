@@ -6,6 +6,7 @@
 #include "kernels/fused_ops.h"
 
 #include <gtest/gtest.h>
+#include <torch/autograd.h>
 #include <torch/cuda.h>
 #include <torch/types.h>
 #include <torch/utils.h>
@@ -226,6 +227,43 @@ TEST(FusedOpsTest, SwiGluAndGeGluMatchReference) {
         ExpectClose(fused, reference, type == at::kFloat ? 1e-5 : 1e-2,
                     std::string(gelu ? "GeGLU" : "SwiGLU") + " " + n + " " +
                         c10::toString(type));
+      }
+    }
+  }
+}
+
+// The backward that writes the product again (models/gated_down.h): its product is the forward
+// kernel's bit for bit, written over dout; dgate and dup are those of SwiGlu's (GeGlu's) own
+// backward bit for bit, side by side in one buffer. Aligned and misaligned rows.
+TEST(FusedOpsTest, GatedBackwardRecomputingWritesTheForwardsProduct) {
+  REQUIRE_KERNELS();
+  torch::manual_seed(12);
+  for (const bool gelu : {false, true}) {
+    for (const std::vector<int64_t>& shape : {std::vector<int64_t>{3, 1001}, {4, 3072}}) {
+      for (const at::ScalarType type : {at::kFloat, at::kBFloat16}) {
+        for (const bool misaligned : {false, true}) {
+          const std::string n = std::string(gelu ? "GeGLU " : "SwiGLU ") +
+                                c10::str(at::IntArrayRef(shape)) + " " + c10::toString(type) +
+                                (misaligned ? " misaligned" : "");
+          auto make = [&](double scale) {
+            const at::Tensor t = (scale * torch::randn(shape, torch::device(kCuda))).to(type);
+            return misaligned ? Misaligned(t) : t;
+          };
+          const at::Tensor gate = make(3).requires_grad_(), up = make(1).requires_grad_();
+          const at::Tensor dout = make(1);
+          const at::Tensor out = gelu ? GeGlu(gate, up, true) : SwiGlu(gate, up, true);
+          const auto want = torch::autograd::grad({out}, {gate, up}, {dout});
+          const at::Tensor scratch = misaligned ? Misaligned(dout) : dout.clone();
+          const GatedGradients got =
+              GatedBackwardRecomputing(gate.detach(), up.detach(), scratch, gelu, true);
+          EXPECT_TRUE(got.product.equal(out.detach())) << n;
+          EXPECT_EQ(got.product.data_ptr(), scratch.data_ptr()) << n << ": not written over dout";
+          EXPECT_TRUE(got.dgate.equal(want[0])) << n;
+          EXPECT_TRUE(got.dup.equal(want[1])) << n;
+          EXPECT_EQ(got.dup.data_ptr(),
+                    static_cast<char*>(got.dgate.data_ptr()) + shape[1] * got.dgate.element_size())
+              << n << ": dgate and dup not side by side";
+        }
       }
     }
   }
@@ -668,6 +706,27 @@ TEST(FusedOpsTest, WithoutKernelsTheFusedEntryPointsReturnTheReferences) {
       QkNormRopeReference(x * 2, w, 1e-6, emb.cos(), emb.sin(), at::kFloat)));
   EXPECT_TRUE(std::get<2>(qkv).is_same(v));
   EXPECT_FALSE(ScaledCopy(x, torch::ones({}), at::kBFloat16).defined());  // the CPU
+}
+
+// The recomputing backward's reference is autograd's backward of SwiGluReference
+// (GeGluReference), and the CPU takes it whatever `fused` says, leaving dout as it was.
+TEST(FusedOpsTest, GatedBackwardRecomputingReferenceIsAutogradsBackward) {
+  torch::manual_seed(13);
+  for (const bool gelu : {false, true}) {
+    const at::Tensor gate = (3 * torch::randn({5, 7})).requires_grad_();
+    const at::Tensor up = torch::randn({5, 7}).requires_grad_();
+    const at::Tensor dout = torch::randn({5, 7});
+    const at::Tensor out = gelu ? GeGluReference(gate, up) : SwiGluReference(gate, up);
+    const auto want = torch::autograd::grad({out}, {gate, up}, {dout});
+    const at::Tensor scratch = dout.clone();
+    const GatedGradients got =
+        GatedBackwardRecomputing(gate.detach(), up.detach(), scratch, gelu, true);
+    const std::string n = gelu ? "GeGLU" : "SwiGLU";
+    EXPECT_TRUE(got.product.equal(out.detach())) << n;
+    EXPECT_TRUE(got.dgate.equal(want[0])) << n;
+    EXPECT_TRUE(got.dup.equal(want[1])) << n;
+    EXPECT_TRUE(scratch.equal(dout)) << n;
+  }
 }
 
 // Rectangular scores have no defined query-to-key alignment here: refused, naming the shape,

@@ -52,9 +52,10 @@ const char* LaunchGatedForward(int64_t n, const void* gate, const void* up, void
 // dgate, dup from dout (all of the same type). gate, up and dout hold n / cols rows of cols
 // values; row r of dgate and of dup starts at r * pitch (pitch == cols: laid out as gate;
 // pitch == 2 * cols and dup == dgate + cols: side by side in one [rows, 2 * cols] buffer).
+// product, unless null, gets the forward's out again (laid out as gate); it may be dout.
 const char* LaunchGatedBackward(int64_t n, int64_t cols, int64_t pitch, const void* gate,
                                 const void* up, const void* dout, void* dgate, void* dup,
-                                ElementType type, bool gelu_tanh, void* stream);
+                                void* product, ElementType type, bool gelu_tanh, void* stream);
 
 // Qwen3's per-head RMSNorm (weight [head_dim]; skipped when weight is null) then the rotary
 // embedding, from x [B, T, H, D] (row-major) to out in the same row order (QkNormRope views it

@@ -271,6 +271,10 @@ void DecoderLM::SetFusedKernels(bool enabled) {
   norm_->set_fused_kernels(enabled);
 }
 
+void DecoderLM::SetRecomputeMlpProduct(bool enabled) {
+  for (const auto& layer : layers_) layer->mlp()->set_recompute_product(enabled);
+}
+
 void DecoderLM::SetGradientCheckpointing(bool enabled) {
   for (const auto& layer : layers_) layer->set_gradient_checkpointing(enabled);
 }

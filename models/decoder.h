@@ -129,6 +129,9 @@ class DecoderLM : public TrainableModel {
   // default: 4096 rows, at most 2^30 logits a chunk). Fewer, larger chunks read and write the
   // fp32 head weight gradient fewer times (once per chunk) and hold more logits at once.
   void set_loss_chunk_rows(int64_t rows) { loss_chunk_rows_ = rows; }
+  // With fused kernels: each layer's MLP keeps gate and up but not act(gate) * up for the
+  // backward, which writes the product again (SwiGluMlp::set_recompute_product). Off by default.
+  void SetRecomputeMlpProduct(bool enabled);
   // Row-seeded from the DecoderInit seed (whatever the mode the model was built with).
   absl::Status InitializeRows(const std::string& name, int64_t row_begin,
                               torch::Tensor rows) override;

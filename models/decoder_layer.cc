@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "base/torch_compat.h"
+#include "models/gated_down.h"
 #include "models/recompute.h"
 #include "models/split_linear.h"
 
@@ -365,6 +366,10 @@ torch::Tensor SwiGluMlp::Forward(const torch::Tensor& x) {
   const int64_t inter = down_proj_->weight.size(1);
   const std::vector<at::Tensor> gate_up =
       Projections(x, gate_up_proj_, {gate_proj_, up_proj_}, {inter, inter}, fused_);
+  if (fused_ && recompute_product_) {
+    return GatedDown(gate_up[0], gate_up[1], down_proj_->weight, down_proj_->bias, gelu_tanh_,
+                     true);
+  }
   return down_proj_->forward(Activate(gate_up[0], gate_up[1]));
 }
 

@@ -173,11 +173,15 @@ class SwiGluMlp : public torch::nn::Module {
   explicit SwiGluMlp(const proto::DecoderConfig& config);
   torch::Tensor Forward(const torch::Tensor& x);
   void set_fused_kernels(bool enabled) { fused_ = enabled; }
+  // With fused kernels: the activation and down_proj as one GatedDown node (models/gated_down.h),
+  // which keeps gate and up but not their product for the backward.
+  void set_recompute_product(bool enabled) { recompute_product_ = enabled; }
 
  private:
   at::Tensor Activate(const at::Tensor& gate, const at::Tensor& up) const;
 
   bool fused_ = false;
+  bool recompute_product_ = false;
   bool gelu_tanh_ = false;  // GeGLU (Gemma): eager, the fused kernel is SwiGLU's
   torch::nn::Linear gate_proj_{nullptr};
   torch::nn::Linear up_proj_{nullptr};
@@ -237,6 +241,7 @@ class DecoderLayer : public Unit {
   // (each falls back to its eager reference where it does not apply, e.g. on the CPU).
   void set_fused_kernels(bool enabled);
   const std::shared_ptr<Attention>& self_attn() const { return self_attn_; }
+  const std::shared_ptr<SwiGluMlp>& mlp() const { return mlp_; }
 
  private:
   torch::Tensor Body(const torch::Tensor& x, const RotaryTables& rope, const at::Tensor& mask,

@@ -823,9 +823,10 @@ std::vector<std::pair<std::string, proto::DecoderConfig>> FusedPathVariants() {
 // not, for each variant.
 // The loss and every gradient of `config` on the fused path against the eager one.
 // `packed`: each row holds two examples (position_ids restart at 0), so attention runs under
-// the packed block-diagonal mask on both paths.
+// the packed block-diagonal mask on both paths. `recompute`: the fused path's MLPs write their
+// products again in the backward (SetRecomputeMlpProduct).
 void ExpectFusedMatchesEager(const proto::DecoderConfig& config, bool bf16, bool packed,
-                             c10::Device device, const std::string& what) {
+                             bool recompute, c10::Device device, const std::string& what) {
   auto model = Build(config, /*seed=*/3);
   model->to(device);
   Batch batch;
@@ -839,6 +840,7 @@ void ExpectFusedMatchesEager(const proto::DecoderConfig& config, bool bf16, bool
   auto run = [&](bool fused, bool under_bf16) {
     model->zero_grad();
     model->SetFusedKernels(fused);
+    model->SetRecomputeMlpProduct(recompute);
     torch::Tensor loss;
     {
       std::optional<AutocastGuard> autocast;
@@ -902,10 +904,15 @@ TEST(DecoderTest, FusedKernelsMatchTheEagerPath) {
         for (const bool packed : {false, true}) {
           proto::DecoderConfig config = base;
           config.set_tie_word_embeddings(tied);
-          ExpectFusedMatchesEager(config, bf16, packed, device,
-                                  variant + (tied ? " tied" : " untied") +
-                                      (bf16 ? " bf16" : " fp32") + (packed ? " packed" : "") +
-                                      " on " + device.str());
+          const std::string what = variant + (tied ? " tied" : " untied") +
+                                   (bf16 ? " bf16" : " fp32") + (packed ? " packed" : "") +
+                                   " on " + device.str();
+          ExpectFusedMatchesEager(config, bf16, packed, false, device, what);
+          // The recomputed MLP product once per variant and precision (tied heads, unpacked).
+          if (tied && !packed) {
+            ExpectFusedMatchesEager(config, bf16, packed, true, device,
+                                    what + ", product recomputed");
+          }
         }
       }
     }

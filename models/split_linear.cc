@@ -14,13 +14,6 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// What at::linear would compute in under autocast: the autocast dtype for floating tensors.
-at::Tensor ComputeCopy(const at::Tensor& t) {
-  if (!t.defined() || !t.is_floating_point()) return t;
-  const at::DeviceType device = t.device().type();
-  return AutocastEnabled(device) ? t.to(AutocastDtype(device)) : t;
-}
-
 // Block i of `tensors` (weights or biases): rows [sum(sizes[:i]), + sizes[i]) of the one stacked
 // tensor, or tensors[i] whole when each block has its own.
 at::Tensor Block(const variable_list& tensors, const std::vector<int64_t>& sizes, size_t i) {
@@ -130,11 +123,11 @@ class SplitLinearFunction : public torch::autograd::Function<SplitLinearFunction
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, at::TensorList weights,
                                at::TensorList biases, std::vector<int64_t> sizes) {
     const bool has_bias = !biases.empty();
-    variable_list saved = {ComputeCopy(x)};
+    variable_list saved = {AutocastComputeCopy(x)};
     variable_list bias_copies;
     for (size_t i = 0; i < weights.size(); ++i) {
-      saved.push_back(ComputeCopy(weights[i]));
-      if (has_bias) bias_copies.push_back(ComputeCopy(biases[i]));
+      saved.push_back(AutocastComputeCopy(weights[i]));
+      if (has_bias) bias_copies.push_back(AutocastComputeCopy(biases[i]));
     }
     const variable_list w(saved.begin() + 1, saved.end());
     variable_list out;

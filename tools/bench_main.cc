@@ -104,6 +104,10 @@ ABSL_FLAG(bool, fused_kernels, true,
 ABSL_FLAG(int64_t, loss_chunk_rows, 0,
           "rows per chunk of the fused LM head + loss (0: 4096 rows, at most 2^30 logits); larger "
           "chunks move the fp32 head gradient fewer times and hold more logits");
+ABSL_FLAG(bool, recompute_mlp_product, false,
+          "each MLP keeps gate and up but not act(gate) * up for the backward, which writes it "
+          "again (DecoderLM::SetRecomputeMlpProduct; fused kernels only): one [tokens, "
+          "intermediate] tensor less a layer, one more write of it in the backward");
 ABSL_FLAG(int64_t, profile_steps, 0,
           "profile the last N timed steps and print device time per kernel family (CUDA; the "
           "profiled steps run slower, so the JSON line says profiled)");
@@ -504,6 +508,7 @@ std::string ResultLine(const proto::TrainingArguments& args, const proto::Decode
   line.Bool("fused_kernels", args.fused_kernels()).Bool("cuda_graphs", args.cuda_graphs());
   line.Fixed("graph_replays", f.graph_replays, 0);
   line.Int("loss_chunk_rows", absl::GetFlag(FLAGS_loss_chunk_rows));
+  line.Bool("recompute_mlp_product", absl::GetFlag(FLAGS_recompute_mlp_product));
   line.Int("profiled_steps", std::min(absl::GetFlag(FLAGS_profile_steps), steps));
   line.Bool("skip_collectives", absl::GetFlag(FLAGS_skip_collectives));
   line.Number("learning_rate", absl::GetFlag(FLAGS_learning_rate));
@@ -537,7 +542,8 @@ absl::StatusOr<std::shared_ptr<Dataset>> BenchTokens(int64_t samples, int64_t se
       absl::StrCat("--tokens=", kind, " is unknown: use markov (learnable) or random"));
 }
 
-absl::Status CheckLossChunkRows() {
+// The flags that tune the fused kernels: refused when they would change nothing.
+absl::Status CheckFusedKernelFlags() {
   const int64_t rows = absl::GetFlag(FLAGS_loss_chunk_rows);
   if (rows < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -547,6 +553,11 @@ absl::Status CheckLossChunkRows() {
     return absl::InvalidArgumentError(absl::StrCat(
         "--loss_chunk_rows=", rows, " chunks the fused LM head + loss, which "
         "--fused_kernels=false turns off: drop one of the two flags"));
+  }
+  if (absl::GetFlag(FLAGS_recompute_mlp_product) && !absl::GetFlag(FLAGS_fused_kernels)) {
+    return absl::InvalidArgumentError(
+        "--recompute_mlp_product changes the fused MLP, which --fused_kernels=false turns off: "
+        "drop one of the two flags");
   }
   return absl::OkStatus();
 }
@@ -566,7 +577,7 @@ absl::Status Run(const std::vector<std::string>& overrides) {
   CT_ASSIGN_OR_RETURN(DistributedEnv env, DistributedEnvFromEnvironment());
   InitLogging("bench", env.rank);
   CT_RETURN_IF_ERROR(CheckFault());
-  CT_RETURN_IF_ERROR(CheckLossChunkRows());
+  CT_RETURN_IF_ERROR(CheckFusedKernelFlags());
   const std::string model_name = absl::GetFlag(FLAGS_model);
   CT_ASSIGN_OR_RETURN(proto::DecoderConfig config, NamedDecoderConfig(model_name));
   const int64_t seq = absl::GetFlag(FLAGS_seq_len);
@@ -579,6 +590,7 @@ absl::Status Run(const std::vector<std::string>& overrides) {
   CT_ASSIGN_OR_RETURN(std::shared_ptr<DecoderLM> model,
                       BenchModel(init_dir, config, model_name, *engine));
   model->set_loss_chunk_rows(absl::GetFlag(FLAGS_loss_chunk_rows));
+  model->SetRecomputeMlpProduct(absl::GetFlag(FLAGS_recompute_mlp_product));
   const c10::Device device = engine->device();
   CT_ASSIGN_OR_RETURN(std::shared_ptr<Dataset> data,
                       BenchTokens(samples * engine->world_size(), seq, config.vocab_size()));

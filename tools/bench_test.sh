@@ -3,9 +3,9 @@
 # PyTorch's; that needs torch in Python and is run by hand: docs/BENCHMARKS.md): on the tiny
 # model in fp32 on the CPU, tools/bench --init_dir writes the model and token ids once, later
 # runs load them and get the same first and last loss (also with the fused loss in smaller
-# chunks, --loss_chunk_rows); DDP, FSDP2 and ZeRO 1/2/3 on 2 ranks get
-# the same losses as each other; a model of another shape is refused. On the CPU also on a CUDA host
-# (--use_cpu).
+# chunks, --loss_chunk_rows, and with the MLP product recomputed, --recompute_mlp_product);
+# DDP, FSDP2 and ZeRO 1/2/3 on 2 ranks get the same losses as each other; a model of another
+# shape is refused. On the CPU also on a CUDA host (--use_cpu).
 set -euo pipefail
 launch="$1"
 bench="$2"
@@ -65,6 +65,16 @@ expect_refused "--loss_chunk_rows=.*is negative" --model=tiny --use_cpu --warmup
   --loss_chunk_rows=-1
 expect_refused "--loss_chunk_rows=.*which --fused_kernels=false turns off" --model=tiny --use_cpu \
   --warmup=1 --steps=1 --loss_chunk_rows=5 --fused_kernels=false
+
+# The MLP that writes its product again in the backward trains as the one that keeps it.
+recomputed=$(bench_json 1 --engine=local --recompute_mlp_product)
+[[ "$(field recompute_mlp_product "$recomputed")" == true ]] ||
+  { echo "FAIL: the JSON line should record recompute_mlp_product true: $recomputed"; exit 1; }
+echo "MLP product recomputed: $(losses "$recomputed")"
+[[ "$(round "$(losses "$recomputed")")" == "$(round "$(losses "$first")")" ]] ||
+  { echo "FAIL: --recompute_mlp_product trained differently from the default"; exit 1; }
+expect_refused "--recompute_mlp_product changes the fused MLP" --model=tiny --use_cpu \
+  --warmup=1 --steps=1 --recompute_mlp_product --fused_kernels=false
 
 ddp=$(bench_json 2 --engine=ddp)
 fsdp2=$(bench_json 2 --engine=fsdp2)

@@ -92,6 +92,15 @@ for stage in 1 2 3; do
     { echo "FAIL: DDP and ZeRO-$stage trained differently from the same directory"; exit 1; }
 done
 
+# The recomputed MLP product where the parameters are freed after the forward and gathered
+# again for the backward.
+for engine in "--engine=fsdp2" "--engine=zero --zero_stage=3"; do
+  # shellcheck disable=SC2086  # the engine's flags are two words for ZeRO-3
+  recomputed=$(bench_json 2 $engine --recompute_mlp_product)
+  echo "2 ranks, $engine, product recomputed: $(losses "$recomputed")"
+  [[ "$(round "$(losses "$ddp")")" == "$(round "$(losses "$recomputed")")" ]] ||
+    { echo "FAIL: $engine with --recompute_mlp_product trained differently from DDP"; exit 1; }
+done
 expect_refused "--init_dir=$init holds another model than --model=demo" --model=demo \
   --warmup=1 --steps=1
 

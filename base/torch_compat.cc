@@ -80,7 +80,8 @@ void SetOptimizerParamState(torch::optim::Optimizer& optimizer, const at::Tensor
 }
 
 at::Tensor AutocastComputeCopy(const at::Tensor& t) {
-  if (!t.defined() || !t.is_floating_point()) return t;
+  // Autocast's own rule: floating tensors other than fp64 are cast.
+  if (!t.defined() || !t.is_floating_point() || t.scalar_type() == at::kDouble) return t;
   const at::DeviceType device = t.device().type();
   return AutocastEnabled(device) ? t.to(AutocastDtype(device)) : t;
 }

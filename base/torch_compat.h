@@ -46,7 +46,8 @@ class AutocastGuard {
 bool AutocastEnabled(at::DeviceType device_type);
 at::ScalarType AutocastDtype(at::DeviceType device_type);
 // `t` in the dtype at::linear computes with under autocast: the autocast dtype for a floating
-// tensor while autocast is on for its device, else `t` itself (also when undefined).
+// tensor other than fp64 while autocast is on for its device, else `t` itself (also when
+// undefined).
 at::Tensor AutocastComputeCopy(const at::Tensor& t);
 
 // Peak bytes the caching allocator handed out on a CUDA `device` since the process started

@@ -13,7 +13,8 @@
 // come back side by side in one buffer where the kernel runs, as SwiGlu's do. Under autocast
 // the inputs are cast as at::linear's would be, and the gradients come back in the inputs'
 // dtypes. gate, up: [..., intermediate] of one shape; weight [hidden, intermediate]; bias
-// [hidden] or undefined.
+// [hidden] or undefined. gate and up are held as given: a strided view keeps its whole base
+// alive, and the backward reads a contiguous copy (SplitLinear's outputs are contiguous).
 #ifndef CPPTRAIN_MODELS_GATED_DOWN_H_
 #define CPPTRAIN_MODELS_GATED_DOWN_H_
 

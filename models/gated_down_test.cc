@@ -110,6 +110,29 @@ TEST(GatedDownTest, UnderAutocastMatchesTheLinearAndGivesGradientsInTheLeavesDty
   }
 }
 
+// A frozen down_proj (weight and bias without gradients): gate and up still get theirs, the
+// weight and bias none.
+TEST(GatedDownTest, AFrozenWeightGetsNoGradientAndTheInputsStillDo) {
+  for (const Case& c : AllCases()) {
+    if (!c.bias) continue;
+    const auto cpu = torch::TensorOptions().dtype(at::kFloat);
+    std::vector<at::Tensor> leaves = Leaves(c, cpu);
+    leaves[2].requires_grad_(false);
+    leaves[3].requires_grad_(false);
+    GatedDown(leaves[0], leaves[1], leaves[2], leaves[3], c.gelu, c.fused).sum().backward();
+    std::vector<at::Tensor> want = Leaves(c, cpu);
+    at::linear(c.gelu ? kernels::GeGluReference(want[0], want[1])
+                      : kernels::SwiGluReference(want[0], want[1]),
+               want[2].detach(), want[3].detach())
+        .sum()
+        .backward();
+    EXPECT_FALSE(leaves[2].grad().defined()) << Name(c);
+    EXPECT_FALSE(leaves[3].grad().defined()) << Name(c);
+    EXPECT_TRUE(leaves[0].grad().allclose(want[0].grad(), 1e-6, 1e-7)) << Name(c);
+    EXPECT_TRUE(leaves[1].grad().allclose(want[1].grad(), 1e-6, 1e-7)) << Name(c);
+  }
+}
+
 TEST(GatedDownTest, RefusesShapesThatDoNotFit) {
   const at::Tensor gate = torch::randn({3, 8}), w = torch::randn({4, 8});
   EXPECT_THROW(GatedDown(gate, torch::randn({3, 7}), w, {}, false, false), c10::Error);
@@ -128,9 +151,13 @@ std::optional<std::string> WhyNoKernels() {
 TEST(GatedDownTest, OnTheGpuMatchesTheKernelPathAndHoldsNoProduct) {
   if (const std::optional<std::string> why = WhyNoKernels()) GTEST_SKIP() << *why;
   const auto bf16 = torch::TensorOptions().dtype(at::kBFloat16).device(torch::kCUDA, 0);
+  const auto f32 = bf16.dtype(at::kFloat);
   for (const Case& c : AllCases()) {
     if (!c.fused) continue;
     ExpectMatch(RunMlp(c, bf16, true), RunMlp(c, bf16, false), 1e-2, Name(c));
+    // fp32 gate and up (the kernels in fp32, the product cast for the bf16 matmul).
+    ExpectMatch(RunMlp(c, f32, true, at::kBFloat16), RunMlp(c, f32, false, at::kBFloat16), 1e-2,
+                Name(c) + ", fp32 leaves under bf16 autocast");
     // What stays allocated while the graph is alive, beyond the leaves and the output.
     auto held = [&](bool gated_down) {
       std::vector<at::Tensor> leaves = Leaves(c, bf16, 4096, 256);
@@ -146,6 +173,7 @@ TEST(GatedDownTest, OnTheGpuMatchesTheKernelPathAndHoldsNoProduct) {
       }
       return AllocatedBytes(leaves[0].device()) - before;
     };
+    held(false);  // once first, so the matmul library's workspaces exist before counting
     const int64_t product_bytes = 2 * 5 * 4096 * 2;
     EXPECT_EQ(held(false) - held(true), product_bytes) << Name(c);
   }

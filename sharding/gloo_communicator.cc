@@ -215,6 +215,18 @@ absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
                      " ms; did every rank call Create with the same store and size?): ",
                      pg.status().message()));
   }
+  // A barrier over the new connections, so no rank returns before every rank's are complete.
+  // Without it a rank that closed its communicator right after Create (a job whose first step
+  // fails before any collective) could cut a peer's connections while that peer was still
+  // completing them: its Create then failed with "Connection closed by peer" (seen once, in
+  // //engines/fsdp:fsdp_wrap_test's made-up-class case, whose ranks fail before any collective).
+  const absl::Status connected = CatchTorch([&] { (*pg)->barrier()->wait(); });
+  if (!connected.ok()) {
+    return absl::Status(connected.code(),
+                        absl::StrCat("Gloo: the barrier after connecting failed on rank ", rank,
+                                     " of ", size, " (a peer left during rendezvous?): ",
+                                     connected.message()));
+  }
   VLOG(1) << "Gloo communicator: rank " << rank << " of " << size << " on " << choice.Describe();
   return std::unique_ptr<GlooCommunicator>(new GlooCommunicator(*std::move(pg), rank, size));
 }

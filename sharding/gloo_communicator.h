@@ -47,10 +47,10 @@ GlooDeviceChoice ChooseGlooDevice(const std::function<const char*(const char*)>&
 class GlooCommunicator : public Communicator {
  public:
   // Joins the group of `size` ranks whose rendezvous keys live in `store` (give each group its
-  // own store, e.g. a c10d::PrefixStore). Blocks until every rank of the group has called
-  // Create, at most `timeout`; `timeout` also bounds every later collective. Sets SIGPIPE to
-  // SIG_IGN when it has the default action, so that a peer dying mid-write is an error status
-  // on this rank rather than a signal that kills it.
+  // own store, e.g. a c10d::PrefixStore). Blocks until every rank of the group has connected
+  // (a barrier closes it), at most `timeout`; `timeout` also bounds every later collective.
+  // Sets SIGPIPE to SIG_IGN when it has the default action, so that a peer dying mid-write is
+  // an error status on this rank rather than a signal that kills it.
   static absl::StatusOr<std::unique_ptr<GlooCommunicator>> Create(
       c10::intrusive_ptr<c10d::Store> store, int rank, int size, std::chrono::milliseconds timeout);
 

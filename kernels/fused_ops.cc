@@ -29,6 +29,10 @@ at::Tensor GeGluReference(const at::Tensor& gate, const at::Tensor& up) {
   return at::gelu(gate, "tanh") * up;
 }
 
+at::Tensor Gated(const at::Tensor& gate, const at::Tensor& up, bool gelu_tanh, bool fused) {
+  return gelu_tanh ? GeGlu(gate, up, fused) : SwiGlu(gate, up, fused);
+}
+
 GatedGradients GatedBackwardRecomputingReference(const at::Tensor& gate, const at::Tensor& up,
                                                  const at::Tensor& dout, bool gelu_tanh) {
   // The backward autograd runs for act(gate) * up: mul's gradients, then the activation's.
@@ -161,6 +165,24 @@ class RmsNormAndResidualFunction
   }
 };
 
+// The gated backward kernel over contiguous g, u and dout of one dtype: dgate and dup side by
+// side in one [rows, 2 * cols] buffer, returned as its two [rows, cols] halves, so the gate/up
+// projection's backward computes its input's gradient as one matmul (models/split_linear.cc).
+// A non-null `product` (it may be dout's data) also gets act(g) * u again.
+std::pair<at::Tensor, at::Tensor> GatedBackwardSideBySide(const at::Tensor& g,
+                                                          const at::Tensor& u,
+                                                          const at::Tensor& dout, void* product,
+                                                          bool gelu_tanh) {
+  const int64_t cols = g.dim() > 0 ? g.size(-1) : 1;
+  const at::Tensor both = at::empty({cols > 0 ? g.numel() / cols : 0, 2 * cols}, g.options());
+  at::Tensor dgate = both.narrow(1, 0, cols), dup = both.narrow(1, cols, cols);
+  Check(LaunchGatedBackward(g.numel(), cols, 2 * cols, g.data_ptr(), u.data_ptr(),
+                            dout.data_ptr(), dgate.data_ptr(), dup.data_ptr(), product,
+                            TypeOf(g.scalar_type()), gelu_tanh, Stream()),
+        gelu_tanh ? "GeGLU backward" : "SwiGLU backward");
+  return {dgate, dup};
+}
+
 // act(gate) * up: silu, or GELU's tanh approximation when gelu_tanh.
 class GatedFunction : public torch::autograd::Function<GatedFunction> {
  public:
@@ -183,17 +205,8 @@ class GatedFunction : public torch::autograd::Function<GatedFunction> {
     const bool gelu_tanh = ctx->saved_data["gelu_tanh"].toBool();
     const c10::cuda::CUDAGuard guard(g.device());
     const at::Tensor dout = grads[0].to(g.scalar_type()).contiguous();
-    // dgate and dup side by side in one buffer, [..., 2 * cols]: the gate/up projection's
-    // backward then computes its input's gradient as one matmul (models/split_linear.cc).
-    const int64_t cols = g.dim() > 0 ? g.size(-1) : 1;
-    const at::Tensor both = at::empty({cols > 0 ? g.numel() / cols : 0, 2 * cols}, g.options());
-    at::Tensor dgate = both.narrow(1, 0, cols).view(g.sizes());
-    at::Tensor dup = both.narrow(1, cols, cols).view(u.sizes());
-    Check(LaunchGatedBackward(g.numel(), cols, 2 * cols, g.data_ptr(), u.data_ptr(),
-                              dout.data_ptr(), dgate.data_ptr(), dup.data_ptr(), nullptr,
-                              TypeOf(g.scalar_type()), gelu_tanh, Stream()),
-          gelu_tanh ? "GeGLU backward" : "SwiGLU backward");
-    return {dgate, dup, at::Tensor()};
+    const auto [dgate, dup] = GatedBackwardSideBySide(g, u, dout, nullptr, gelu_tanh);
+    return {dgate.view(g.sizes()), dup.view(u.sizes()), at::Tensor()};
   }
 };
 
@@ -429,13 +442,7 @@ GatedGradients GatedBackwardRecomputing(const at::Tensor& gate, const at::Tensor
     return GatedBackwardRecomputingReference(gate, up, dout, gelu_tanh);
   }
   const c10::cuda::CUDAGuard guard(gate.device());
-  const int64_t rows = gate.size(0), cols = gate.size(1);
-  const at::Tensor both = at::empty({rows, 2 * cols}, gate.options());
-  at::Tensor dgate = both.narrow(1, 0, cols), dup = both.narrow(1, cols, cols);
-  Check(LaunchGatedBackward(gate.numel(), cols, 2 * cols, gate.data_ptr(), up.data_ptr(),
-                            dout.data_ptr(), dgate.data_ptr(), dup.data_ptr(), dout.data_ptr(),
-                            TypeOf(gate.scalar_type()), gelu_tanh, Stream()),
-        gelu_tanh ? "GeGLU backward" : "SwiGLU backward");
+  const auto [dgate, dup] = GatedBackwardSideBySide(gate, up, dout, dout.data_ptr(), gelu_tanh);
   return {dgate, dup, dout};
 }
 

@@ -47,6 +47,9 @@ at::Tensor SwiGluReference(const at::Tensor& gate, const at::Tensor& up);
 at::Tensor GeGlu(const at::Tensor& gate, const at::Tensor& up, bool fused);
 at::Tensor GeGluReference(const at::Tensor& gate, const at::Tensor& up);
 
+// GeGlu with gelu_tanh, else SwiGlu.
+at::Tensor Gated(const at::Tensor& gate, const at::Tensor& up, bool gelu_tanh, bool fused);
+
 // SwiGlu's (GeGlu's with gelu_tanh) backward for a caller that kept gate and up but not the
 // product (models/gated_down.h): {dgate, dup, product}, with product = act(gate) * up as the
 // forward computed it. gate, up and dout: contiguous [rows, cols] of one dtype. The kernel

@@ -370,13 +370,9 @@ torch::Tensor SwiGluMlp::Forward(const torch::Tensor& x) {
     return GatedDown(gate_up[0], gate_up[1], down_proj_->weight, down_proj_->bias, gelu_tanh_,
                      true);
   }
-  return down_proj_->forward(Activate(gate_up[0], gate_up[1]));
+  return down_proj_->forward(kernels::Gated(gate_up[0], gate_up[1], gelu_tanh_, fused_));
 }
 
-at::Tensor SwiGluMlp::Activate(const at::Tensor& gate, const at::Tensor& up) const {
-  if (gelu_tanh_) return kernels::GeGlu(gate, up, fused_);
-  return kernels::SwiGlu(gate, up, fused_);
-}
 
 // Registration order follows HF's LlamaDecoderLayer.__init__, so named_parameters() lists
 // parameters in the same order as Hugging Face does.

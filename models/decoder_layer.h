@@ -178,11 +178,9 @@ class SwiGluMlp : public torch::nn::Module {
   void set_recompute_product(bool enabled) { recompute_product_ = enabled; }
 
  private:
-  at::Tensor Activate(const at::Tensor& gate, const at::Tensor& up) const;
-
   bool fused_ = false;
   bool recompute_product_ = false;
-  bool gelu_tanh_ = false;  // GeGLU (Gemma): eager, the fused kernel is SwiGLU's
+  bool gelu_tanh_ = false;  // GeGLU (Gemma's gelu_pytorch_tanh), else SwiGLU
   torch::nn::Linear gate_proj_{nullptr};
   torch::nn::Linear up_proj_{nullptr};
   torch::nn::Linear down_proj_{nullptr};

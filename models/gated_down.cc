@@ -11,10 +11,6 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-at::Tensor Gated(const at::Tensor& gate, const at::Tensor& up, bool gelu_tanh, bool fused) {
-  return gelu_tanh ? kernels::GeGlu(gate, up, fused) : kernels::SwiGlu(gate, up, fused);
-}
-
 // Inputs: gate, up, weight, and a list of the bias or none (LibTorch 1.13's Function refuses
 // undefined tensor inputs, so "no bias" is no entry).
 class GatedDownFunction : public torch::autograd::Function<GatedDownFunction> {
@@ -24,7 +20,8 @@ class GatedDownFunction : public torch::autograd::Function<GatedDownFunction> {
                             bool fused) {
     const at::Tensor w = AutocastComputeCopy(weight);
     const at::Tensor b = bias.empty() ? at::Tensor() : AutocastComputeCopy(bias[0]);
-    const at::Tensor out = at::linear(AutocastComputeCopy(Gated(gate, up, gelu_tanh, fused)), w, b);
+    const at::Tensor product = kernels::Gated(gate, up, gelu_tanh, fused);
+    const at::Tensor out = at::linear(AutocastComputeCopy(product), w, b);
     ctx->save_for_backward({gate, up, w});
     ctx->saved_data["gelu_tanh"] = gelu_tanh;
     ctx->saved_data["fused"] = fused;

@@ -21,6 +21,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "base/logging.h"
 #include "base/status.h"
 #include "base/torch_status.h"
@@ -50,6 +51,9 @@ struct PeerWatchdog::Shared {
   bool store_closed = false;  // guarded by mu
   bool beats_done = false;   // guarded by mu
   bool abandoned = false;    // Stop stopped waiting for the beats thread; guarded by mu
+  bool draining = false;        // Stop awaits the others' finished marks; guarded by mu
+  bool peers_finished = false;  // every other rank has marked itself finished; guarded by mu
+  std::vector<int> unfinished;  // the ranks not yet finished at the last drain round; by mu
 };
 
 namespace {
@@ -59,6 +63,9 @@ namespace {
 std::string HeartbeatKey(int rank) {
   return absl::StrCat("cpptrain_peer_watchdog/heartbeat/", rank);
 }
+
+// How often the beats thread reads the others' counters while Stop drains.
+constexpr std::chrono::milliseconds kDrainPoll{10};
 
 // How long Stop waits for a store request in flight before leaving its thread behind.
 std::chrono::milliseconds StopWait(const PeerWatchdogOptions& options) {
@@ -117,6 +124,15 @@ void BeatAndRead(c10::intrusive_ptr<c10d::Store>& store, const PeerWatchdogOptio
   for (int r : sharding_internal::WatchedPeers(options.rank, options.world_size)) {
     counters[r] = store->add(HeartbeatKey(r), 0);
   }
+}
+
+// The ranks other than this one whose counters do not yet carry the finished mark.
+std::vector<int> UnfinishedPeers(c10d::Store& store, const PeerWatchdogOptions& options) {
+  std::vector<int> unfinished;
+  for (int r = 0; r < options.world_size; ++r) {
+    if (r != options.rank && store.add(HeartbeatKey(r), 0) < kFinishedMark) unfinished.push_back(r);
+  }
+  return unfinished;
 }
 
 [[noreturn]] void LogAndExit(const std::string& message) {
@@ -226,8 +242,13 @@ void PeerWatchdog::RunBeats(PeerWatchdogOptions options, std::shared_ptr<Shared>
   std::vector<int64_t> counters(options.world_size, 0);
   std::unique_lock<std::mutex> lock(shared->mu);
   while (!shared->stopping) {
+    const bool draining = shared->draining;
     lock.unlock();
-    const absl::Status status = CatchTorch([&] { BeatAndRead(store, options, counters); });
+    std::vector<int> unfinished;
+    const absl::Status status = CatchTorch([&] {
+      BeatAndRead(store, options, counters);
+      if (draining) unfinished = UnfinishedPeers(*store, options);
+    });
     const bool closed =
         !status.ok() && PortRefusesConnections(options.host, options.port, options.interval);
     if (!status.ok()) store.reset();  // a failed request leaves c10d's stream out of step
@@ -236,6 +257,11 @@ void PeerWatchdog::RunBeats(PeerWatchdogOptions options, std::shared_ptr<Shared>
     if (status.ok()) {
       shared->silence.RecordRound(WatchdogClock::now(), counters);
       shared->last_error.clear();
+      if (draining) {
+        shared->peers_finished = unfinished.empty();
+        shared->unfinished = std::move(unfinished);
+        if (shared->peers_finished) shared->cv.notify_all();
+      }
     } else {
       shared->last_error = std::string(status.message());
     }
@@ -243,7 +269,8 @@ void PeerWatchdog::RunBeats(PeerWatchdogOptions options, std::shared_ptr<Shared>
       shared->store_closed = true;
       break;
     }
-    shared->cv.wait_for(lock, options.interval, [&] { return shared->stopping; });
+    shared->cv.wait_for(lock, shared->draining ? kDrainPoll : options.interval,
+                        [&] { return shared->stopping || shared->draining != draining; });
   }
   if (!shared->store_closed) {
     lock.unlock();
@@ -251,6 +278,7 @@ void PeerWatchdog::RunBeats(PeerWatchdogOptions options, std::shared_ptr<Shared>
       if (!store) store = ConnectClient(options);
       store->add(HeartbeatKey(options.rank), kFinishedMark);
     });
+    store.reset();  // closed at once: the store's host may leave kDrainGrace after the mark
     lock.lock();
     if (shared->abandoned) return;
     if (!marked.ok()) VLOG(1) << "peer watchdog: cannot mark rank " << options.rank
@@ -304,11 +332,35 @@ PeerWatchdog::~PeerWatchdog() {
   Stop();
 }
 
+// Stop's drain: the beats thread reads every other rank's counter each kDrainPoll until all
+// carry the finished mark; the judge keeps watching meanwhile, so a rank that dies instead of
+// finishing still ends the job.
+void PeerWatchdog::AwaitPeersFinished() {
+  const std::chrono::milliseconds limit =
+      options_.drain_limit.count() > 0 ? options_.drain_limit : options_.timeout;
+  std::unique_lock<std::mutex> lock(shared_->mu);
+  shared_->draining = true;
+  shared_->cv.notify_all();
+  const bool finished = shared_->cv.wait_for(
+      lock, limit, [&] { return shared_->peers_finished || shared_->store_closed; });
+  const bool all = shared_->peers_finished;
+  const std::vector<int> unfinished = shared_->unfinished;
+  lock.unlock();
+  if (all) {
+    std::this_thread::sleep_for(kDrainGrace);
+  } else if (!finished) {
+    LOG(WARNING) << "peer watchdog on rank " << options_.rank << ": ranks ["
+                 << absl::StrJoin(unfinished, ", ") << "] have not finished within "
+                 << limit.count() << " ms of this rank's end; it stops hosting the store now";
+  }
+}
+
 void PeerWatchdog::Stop() {
   if (getpid() != owner_pid_) return;  // a forked child: the threads are its parent's
   std::lock_guard<std::mutex> stop_lock(stop_mu_);
   if (stopped_) return;
   stopped_ = true;
+  if (options_.drain_peers_at_stop) AwaitPeersFinished();
   {
     std::lock_guard<std::mutex> lock(shared_->mu);
     shared_->stopping = true;

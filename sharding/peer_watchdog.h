@@ -90,7 +90,18 @@ struct PeerWatchdogOptions {
   // Called once, on the watchdog's thread, with the line naming the silent ranks (or store).
   // Empty: log it as an error, flush the log, std::_Exit(kPeerSilentExitCode).
   std::function<void(const std::string& message)> on_silence;
+  // For the rank whose process hosts the store: Stop first waits, still watching, until every
+  // other rank has marked itself finished (at most drain_limit; zero: timeout), then
+  // kDrainGrace more, so the server outlives the others' clients. LibTorch 1.13's TCPStore
+  // client keeps a thread that ends its process (std::terminate) when the server's socket
+  // closes under it; ConnectStore sets this on rank 0 in builds against LibTorch 1.x.
+  bool drain_peers_at_stop = false;
+  std::chrono::milliseconds drain_limit{0};
 };
+
+// How long the store's host waits after the last finished mark: the time a rank takes from
+// its mark to closing the watchdog's own connection.
+inline constexpr std::chrono::milliseconds kDrainGrace{200};
 
 class PeerWatchdog {
  public:
@@ -105,7 +116,8 @@ class PeerWatchdog {
   PeerWatchdog(const PeerWatchdog&) = delete;
   PeerWatchdog& operator=(const PeerWatchdog&) = delete;
 
-  // Marks this rank finished in the store and joins the threads. Waits at most 2 s (or two
+  // With drain_peers_at_stop, first waits for the other ranks' finished marks (above). Then
+  // marks this rank finished in the store and joins the threads. Waits at most 2 s (or two
   // intervals, if longer) for a store request in flight; a thread still blocked after that
   // (the store's host is stopped) is left to end with the process. Idempotent; a no-op in a
   // forked child.
@@ -117,6 +129,8 @@ class PeerWatchdog {
   // The two threads' bodies; each holds `shared` so a thread left behind by Stop still has it.
   static void RunBeats(PeerWatchdogOptions options, std::shared_ptr<Shared> shared);
   static void RunJudge(PeerWatchdogOptions options, std::shared_ptr<Shared> shared);
+  // Stop's wait for the other ranks' finished marks (drain_peers_at_stop).
+  void AwaitPeersFinished();
 
   const PeerWatchdogOptions options_;
   const std::shared_ptr<Shared> shared_;

@@ -4,6 +4,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <map>
@@ -11,6 +12,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -214,6 +216,63 @@ TEST(PeerWatchdogTest, AStoreWhoseHostExitedEndsTheWatchQuietly) {
   store.reset();
   EXPECT_EQ(reports.Await(1, absl::Seconds(6)), std::nullopt);
   EXPECT_EQ(reports.Await(0, absl::Seconds(0)), std::nullopt);
+}
+
+// The store's host, draining at Stop, returns only after the others' finished marks and the
+// grace that lets their connections close.
+TEST(PeerWatchdogTest, TheStoresHostStopsAfterTheOthersFinished) {
+  auto store = HostStore();
+  Reports reports;
+  PeerWatchdogOptions options;
+  options.world_size = 3;
+  options.host = "127.0.0.1";
+  options.port = store->getPort();
+  options.timeout = milliseconds(5000);
+  options.on_silence = reports.Callback(0);
+  options.drain_peers_at_stop = true;
+  absl::StatusOr<std::unique_ptr<PeerWatchdog>> host = PeerWatchdog::Start(options);
+  ASSERT_TRUE(host.ok()) << host.status();
+  auto rank1 = StartRank(1, 3, store->getPort(), options.timeout, reports);
+  auto rank2 = StartRank(2, 3, store->getPort(), options.timeout, reports);
+  std::atomic<bool> others_stopped{false};
+  std::chrono::steady_clock::time_point others_at;
+  std::thread others([&] {
+    std::this_thread::sleep_for(milliseconds(400));
+    rank1->Stop();
+    rank2->Stop();
+    others_at = std::chrono::steady_clock::now();
+    others_stopped = true;
+  });
+  (*host)->Stop();
+  const auto host_at = std::chrono::steady_clock::now();
+  const bool stopped_before_host = others_stopped.load();
+  others.join();
+  EXPECT_TRUE(stopped_before_host) << "the host stopped before the others had finished";
+  EXPECT_GE(host_at - others_at, kDrainGrace - milliseconds(20));
+  EXPECT_EQ(reports.Await(0, absl::Seconds(0)), std::nullopt);
+}
+
+// A rank that never finishes holds the host at most drain_limit.
+TEST(PeerWatchdogTest, TheStoresHostWaitsAtMostTheDrainLimit) {
+  auto store = HostStore();
+  Reports reports;
+  PeerWatchdogOptions options;
+  options.world_size = 2;
+  options.host = "127.0.0.1";
+  options.port = store->getPort();
+  options.timeout = milliseconds(10000);
+  options.on_silence = reports.Callback(0);
+  options.drain_peers_at_stop = true;
+  options.drain_limit = milliseconds(300);
+  absl::StatusOr<std::unique_ptr<PeerWatchdog>> host = PeerWatchdog::Start(options);
+  ASSERT_TRUE(host.ok()) << host.status();
+  auto rank1 = StartRank(1, 2, store->getPort(), options.timeout, reports);
+  const auto start = std::chrono::steady_clock::now();
+  (*host)->Stop();
+  const auto waited = std::chrono::steady_clock::now() - start;
+  EXPECT_GE(waited, milliseconds(300));
+  EXPECT_LT(waited, milliseconds(3000));
+  rank1->Stop();
 }
 
 }  // namespace

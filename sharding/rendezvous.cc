@@ -10,6 +10,7 @@
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/version.h>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -419,14 +420,28 @@ absl::Status WaitForAllRanks(c10d::Store& store, const DistributedEnv& env,
 // from the watchdog's.
 class WatchedStore : public c10d::PrefixStore {
  public:
-  WatchedStore(c10::intrusive_ptr<c10d::Store> store, std::unique_ptr<PeerWatchdog> watchdog)
-      : c10d::PrefixStore("cpptrain", std::move(store)), watchdog_(std::move(watchdog)) {}
-  // Before the TCPStore goes (rank 0 hosts it): the finished mark is written to it.
-  ~WatchedStore() override { watchdog_->Stop(); }
+  WatchedStore(c10::intrusive_ptr<c10d::Store> store, std::unique_ptr<PeerWatchdog> watchdog,
+               bool hosts)
+      : c10d::PrefixStore("cpptrain", std::move(store)),
+        watchdog_(std::move(watchdog)),
+        hosts_(hosts) {}
+  // A rank that only connects closes its connection before its watchdog marks it finished;
+  // the host (rank 0) stops its watchdog, which may wait for those marks, before the server
+  // goes with this store, and its finished mark is written to it.
+  ~WatchedStore() override {
+    if (!hosts_) store_.reset();
+    watchdog_->Stop();
+  }
 
  private:
   std::unique_ptr<PeerWatchdog> watchdog_;
+  const bool hosts_;
 };
+
+// LibTorch 1.x's TCPStore client keeps a thread that ends its process when the server closes
+// under it (an uncaught "Connection reset by peer"), so rank 0 hosts the store until the other
+// ranks have closed theirs (PeerWatchdogOptions::drain_peers_at_stop). 2.x has no such thread.
+constexpr bool kStoreClientsDieWithTheirServer = TORCH_VERSION_MAJOR < 2;
 
 absl::StatusOr<std::unique_ptr<PeerWatchdog>> StartPeerWatchdog(
     const DistributedEnv& env, std::chrono::milliseconds peer_timeout) {
@@ -437,6 +452,7 @@ absl::StatusOr<std::unique_ptr<PeerWatchdog>> StartPeerWatchdog(
   options.port = env.master_port;
   options.store_host = "rank 0";
   options.timeout = peer_timeout;
+  options.drain_peers_at_stop = env.rank == 0 && kStoreClientsDieWithTheirServer;
   return PeerWatchdog::Start(std::move(options));
 }
 
@@ -557,7 +573,7 @@ absl::StatusOr<c10::intrusive_ptr<c10d::Store>> ConnectStore(const DistributedEn
   if (peer_timeout.count() == 0) return c10::intrusive_ptr<c10d::Store>(tcp);
   CT_ASSIGN_OR_RETURN(std::unique_ptr<PeerWatchdog> watchdog, StartPeerWatchdog(own, peer_timeout));
   return c10::intrusive_ptr<c10d::Store>(
-      c10::make_intrusive<WatchedStore>(std::move(tcp), std::move(watchdog)));
+      c10::make_intrusive<WatchedStore>(std::move(tcp), std::move(watchdog), own.rank == 0));
 }
 
 namespace {

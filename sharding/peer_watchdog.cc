@@ -52,8 +52,8 @@ struct PeerWatchdog::Shared {
   bool beats_done = false;   // guarded by mu
   bool abandoned = false;    // Stop stopped waiting for the beats thread; guarded by mu
   bool draining = false;        // Stop awaits the others' finished marks; guarded by mu
-  bool peers_finished = false;  // every other rank has marked itself finished; guarded by mu
-  std::vector<int> unfinished;  // the ranks not yet finished at the last drain round; by mu
+  bool peers_finished = false;  // every other rank finished or stopped beating; guarded by mu
+  std::vector<int> unfinished;  // the ranks awaited at the last drain round; guarded by mu
 };
 
 namespace {
@@ -126,14 +126,37 @@ void BeatAndRead(c10::intrusive_ptr<c10d::Store>& store, const PeerWatchdogOptio
   }
 }
 
-// The ranks other than this one whose counters do not yet carry the finished mark.
-std::vector<int> UnfinishedPeers(c10d::Store& store, const PeerWatchdogOptions& options) {
-  std::vector<int> unfinished;
-  for (int r = 0; r < options.world_size; ++r) {
-    if (r != options.rank && store.add(HeartbeatKey(r), 0) < kFinishedMark) unfinished.push_back(r);
+// The drain's view of the other ranks: which have yet to mark themselves finished and still
+// beat. A peer whose counter has not moved for three intervals no longer beats (its process
+// is gone or stopped): a gone process holds no connection, so it is not waited for.
+class DrainRounds {
+ public:
+  explicit DrainRounds(const PeerWatchdogOptions& options)
+      : options_(options), last_(options.world_size, -1), moved_(options.world_size) {}
+
+  // Reads every other rank's counter; returns the ranks still to wait for. Throws what c10d
+  // throws.
+  std::vector<int> Awaited(c10d::Store& store) {
+    const WatchdogClock::time_point now = WatchdogClock::now();
+    std::vector<int> awaited;
+    for (int r = 0; r < options_.world_size; ++r) {
+      if (r == options_.rank) continue;
+      const int64_t counter = store.add(HeartbeatKey(r), 0);
+      if (counter >= kFinishedMark) continue;
+      if (counter != last_[r]) {
+        last_[r] = counter;
+        moved_[r] = now;
+      }
+      if (now - moved_[r] < 3 * options_.interval) awaited.push_back(r);
+    }
+    return awaited;
   }
-  return unfinished;
-}
+
+ private:
+  const PeerWatchdogOptions& options_;
+  std::vector<int64_t> last_;
+  std::vector<WatchdogClock::time_point> moved_;
+};
 
 [[noreturn]] void LogAndExit(const std::string& message) {
   LOG(ERROR) << message;
@@ -240,6 +263,7 @@ absl::StatusOr<std::unique_ptr<PeerWatchdog>> PeerWatchdog::Start(PeerWatchdogOp
 void PeerWatchdog::RunBeats(PeerWatchdogOptions options, std::shared_ptr<Shared> shared) {
   c10::intrusive_ptr<c10d::Store> store;
   std::vector<int64_t> counters(options.world_size, 0);
+  DrainRounds drain(options);
   std::unique_lock<std::mutex> lock(shared->mu);
   while (!shared->stopping) {
     const bool draining = shared->draining;
@@ -247,7 +271,7 @@ void PeerWatchdog::RunBeats(PeerWatchdogOptions options, std::shared_ptr<Shared>
     std::vector<int> unfinished;
     const absl::Status status = CatchTorch([&] {
       BeatAndRead(store, options, counters);
-      if (draining) unfinished = UnfinishedPeers(*store, options);
+      if (draining) unfinished = drain.Awaited(*store);
     });
     const bool closed =
         !status.ok() && PortRefusesConnections(options.host, options.port, options.interval);

@@ -252,7 +252,7 @@ TEST(PeerWatchdogTest, TheStoresHostStopsAfterTheOthersFinished) {
   EXPECT_EQ(reports.Await(0, absl::Seconds(0)), std::nullopt);
 }
 
-// A rank that never finishes holds the host at most drain_limit.
+// A rank that beats but never finishes holds the host at most drain_limit.
 TEST(PeerWatchdogTest, TheStoresHostWaitsAtMostTheDrainLimit) {
   auto store = HostStore();
   Reports reports;
@@ -273,6 +273,28 @@ TEST(PeerWatchdogTest, TheStoresHostWaitsAtMostTheDrainLimit) {
   EXPECT_GE(waited, milliseconds(300));
   EXPECT_LT(waited, milliseconds(3000));
   rank1->Stop();
+}
+
+// A rank that does not beat (here: never started; in a job, a process gone) is not waited for
+// past three intervals.
+TEST(PeerWatchdogTest, TheStoresHostDoesNotWaitForARankThatStoppedBeating) {
+  auto store = HostStore();
+  Reports reports;
+  PeerWatchdogOptions options;
+  options.world_size = 2;
+  options.host = "127.0.0.1";
+  options.port = store->getPort();
+  options.timeout = milliseconds(20000);
+  options.interval = milliseconds(100);
+  options.on_silence = reports.Callback(0);
+  options.drain_peers_at_stop = true;
+  absl::StatusOr<std::unique_ptr<PeerWatchdog>> host = PeerWatchdog::Start(options);
+  ASSERT_TRUE(host.ok()) << host.status();
+  const auto start = std::chrono::steady_clock::now();
+  (*host)->Stop();
+  const auto waited = std::chrono::steady_clock::now() - start;
+  EXPECT_GE(waited, milliseconds(300));
+  EXPECT_LT(waited, milliseconds(5000));
 }
 
 }  // namespace

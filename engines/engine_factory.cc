@@ -3,6 +3,7 @@
 #include <torch/cuda.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <mutex>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
@@ -38,6 +39,14 @@ absl::StatusOr<c10::intrusive_ptr<c10d::Store>> NextEngineStore(const Distribute
   std::lock_guard<std::mutex> lock(mu);
   if (!store) {
     CT_ASSIGN_OR_RETURN(store, ConnectStore(env, timeout));
+    // Let go of at exit ahead of the static destructors: this handler runs before the one the
+    // peer watchdog registered inside ConnectStore, so each rank closes its store connection
+    // before its watchdog marks it finished, and rank 0 keeps hosting until then
+    // (sharding/rendezvous.h).
+    std::atexit([] {
+      std::lock_guard<std::mutex> lock(mu);
+      store.reset();
+    });
   }
   return c10::intrusive_ptr<c10d::Store>(
       c10::make_intrusive<c10d::PrefixStore>(absl::StrCat("engine_", created++), store));

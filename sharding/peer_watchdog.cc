@@ -305,8 +305,12 @@ void PeerWatchdog::RunBeats(PeerWatchdogOptions options, std::shared_ptr<Shared>
     store.reset();  // closed at once: the store's host may leave kDrainGrace after the mark
     lock.lock();
     if (shared->abandoned) return;
-    if (!marked.ok()) VLOG(1) << "peer watchdog: cannot mark rank " << options.rank
-                              << " finished: " << marked.message();
+    if (!marked.ok()) {
+      VLOG(1) << "peer watchdog: cannot mark rank " << options.rank
+              << " finished: " << marked.message();
+    } else {
+      VLOG(1) << "peer watchdog: marked rank " << options.rank << " finished";
+    }
   }
   shared->beats_done = true;
   shared->cv.notify_all();

@@ -429,7 +429,10 @@ class WatchedStore : public c10d::PrefixStore {
   // the host (rank 0) stops its watchdog, which may wait for those marks, before the server
   // goes with this store, and its finished mark is written to it.
   ~WatchedStore() override {
-    if (!hosts_) store_.reset();
+    if (!hosts_) {
+      store_.reset();
+      VLOG(1) << "ConnectStore: closed this rank's store connection";
+    }
     watchdog_->Stop();
   }
 

@@ -42,7 +42,9 @@ absl::StatusOr<c10::intrusive_ptr<c10d::Store>> NextEngineStore(const Distribute
     // Let go of at exit ahead of the static destructors: this handler runs before the one the
     // peer watchdog registered inside ConnectStore, so each rank closes its store connection
     // before its watchdog marks it finished, and rank 0 keeps hosting until then
-    // (sharding/rendezvous.h).
+    // (sharding/rendezvous.h's ConnectStore). It closes the connection only when nothing else
+    // (a Trainer still alive at exit) holds the store; otherwise the watchdog's handler marks
+    // the rank first, as before.
     std::atexit([] {
       std::lock_guard<std::mutex> lock(mu);
       store.reset();

@@ -64,8 +64,17 @@ std::string HeartbeatKey(int rank) {
   return absl::StrCat("cpptrain_peer_watchdog/heartbeat/", rank);
 }
 
-// How often the beats thread reads the others' counters while Stop drains.
-constexpr std::chrono::milliseconds kDrainPoll{10};
+// How often the beats thread reads the others' counters while Stop drains: every 10 ms, or
+// every world_size ms in large worlds, so the store's host answers at most about 1,000 such
+// reads a second beside the others' own requests.
+std::chrono::milliseconds DrainPoll(const PeerWatchdogOptions& options) {
+  return std::chrono::milliseconds(std::max(10, options.world_size));
+}
+
+// How long a peer's counter may stand still before the drain takes its process for gone.
+std::chrono::milliseconds GoneAfter(const PeerWatchdogOptions& options) {
+  return std::max(std::chrono::milliseconds(3000), 3 * options.interval);
+}
 
 // How long Stop waits for a store request in flight before leaving its thread behind.
 std::chrono::milliseconds StopWait(const PeerWatchdogOptions& options) {
@@ -127,8 +136,9 @@ void BeatAndRead(c10::intrusive_ptr<c10d::Store>& store, const PeerWatchdogOptio
 }
 
 // The drain's view of the other ranks: which have yet to mark themselves finished and still
-// beat. A peer whose counter has not moved for three intervals no longer beats (its process
-// is gone or stopped): a gone process holds no connection, so it is not waited for.
+// beat. A peer whose counter has not moved for GoneAfter since the drain began (or since it
+// last moved) no longer beats: its process is gone, and holds no connection, or is stopped,
+// and is not waited for either.
 class DrainRounds {
  public:
   explicit DrainRounds(const PeerWatchdogOptions& options)
@@ -147,7 +157,7 @@ class DrainRounds {
         last_[r] = counter;
         moved_[r] = now;
       }
-      if (now - moved_[r] < 3 * options_.interval) awaited.push_back(r);
+      if (now - moved_[r] < GoneAfter(options_)) awaited.push_back(r);
     }
     return awaited;
   }
@@ -179,10 +189,16 @@ LiveWatchdogs& Live() {
   return *live;
 }
 
+// Those that drain last: in a process holding several ranks (tests), the host's drain waits
+// for the others' finished marks.
 void StopAllAtExit() {
   LiveWatchdogs& live = Live();
   std::lock_guard<std::mutex> lock(live.mu);
-  for (PeerWatchdog* watchdog : live.live) watchdog->Stop();
+  for (bool draining : {false, true}) {
+    for (PeerWatchdog* watchdog : live.live) {
+      if (watchdog->DrainsPeersAtStop() == draining) watchdog->Stop();
+    }
+  }
 }
 
 void Register(PeerWatchdog* watchdog) {
@@ -293,7 +309,7 @@ void PeerWatchdog::RunBeats(PeerWatchdogOptions options, std::shared_ptr<Shared>
       shared->store_closed = true;
       break;
     }
-    shared->cv.wait_for(lock, shared->draining ? kDrainPoll : options.interval,
+    shared->cv.wait_for(lock, shared->draining ? DrainPoll(options) : options.interval,
                         [&] { return shared->stopping || shared->draining != draining; });
   }
   if (!shared->store_closed) {
@@ -360,9 +376,9 @@ PeerWatchdog::~PeerWatchdog() {
   Stop();
 }
 
-// Stop's drain: the beats thread reads every other rank's counter each kDrainPoll until all
-// carry the finished mark; the judge keeps watching meanwhile, so a rank that dies instead of
-// finishing still ends the job.
+// Stop's drain: the beats thread reads every other rank's counter each DrainPoll until each
+// carries the finished mark or has stood still for GoneAfter. The judge keeps watching
+// meanwhile (with a peer timeout under GoneAfter, a silent rank still ends the job).
 void PeerWatchdog::AwaitPeersFinished() {
   const std::chrono::milliseconds limit =
       options_.drain_limit.count() > 0 ? options_.drain_limit : options_.timeout;
@@ -373,13 +389,15 @@ void PeerWatchdog::AwaitPeersFinished() {
       lock, limit, [&] { return shared_->peers_finished || shared_->store_closed; });
   const bool all = shared_->peers_finished;
   const std::vector<int> unfinished = shared_->unfinished;
+  const std::string last_error = shared_->last_error;
   lock.unlock();
   if (all) {
     std::this_thread::sleep_for(kDrainGrace);
   } else if (!finished) {
     LOG(WARNING) << "peer watchdog on rank " << options_.rank << ": ranks ["
                  << absl::StrJoin(unfinished, ", ") << "] have not finished within "
-                 << limit.count() << " ms of this rank's end; it stops hosting the store now";
+                 << limit.count() << " ms of this rank's end; it stops hosting the store now"
+                 << (last_error.empty() ? "" : " (the store's last error: " + last_error + ")");
   }
 }
 

@@ -91,9 +91,9 @@ struct PeerWatchdogOptions {
   // Empty: log it as an error, flush the log, std::_Exit(kPeerSilentExitCode).
   std::function<void(const std::string& message)> on_silence;
   // For the rank whose process hosts the store: Stop first waits, still watching, until every
-  // other rank has marked itself finished or stopped beating for three intervals (a process
-  // gone), at most drain_limit (zero: timeout), then kDrainGrace more, so the server outlives
-  // the others' clients. LibTorch 1.13's TCPStore
+  // other rank has marked itself finished or its counter has stood still for 3 s (three
+  // intervals, if longer: a process gone), at most drain_limit (zero: timeout), then
+  // kDrainGrace more, so the server outlives the others' clients. LibTorch 1.13's TCPStore
   // client keeps a thread that ends its process (std::terminate) when the server's socket
   // closes under it; ConnectStore sets this on rank 0 in builds against LibTorch 1.x.
   bool drain_peers_at_stop = false;
@@ -123,6 +123,9 @@ class PeerWatchdog {
   // (the store's host is stopped) is left to end with the process. Idempotent; a no-op in a
   // forked child.
   void Stop();
+
+  // options.drain_peers_at_stop: the exit handler stops such watchdogs after the others.
+  bool DrainsPeersAtStop() const { return options_.drain_peers_at_stop; }
 
  private:
   struct Shared;

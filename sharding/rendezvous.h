@@ -85,6 +85,12 @@ absl::StatusOr<std::vector<int>> ParseSlurmTasksPerNode(absl::string_view value)
 // (15 s unless set; 0: none; a bad value is an error before connecting): while any rank is
 // silent that long, this process ends with exit code 75. The watchdog lives as long as the
 // returned store and marks this rank finished when the store is released (or at exit).
+// Letting go of the store in that order matters on LibTorch 1.x, whose TCPStore client ends
+// its process when the server closes under it: a rank other than 0 closes its connection
+// before its mark, and releasing rank 0's store (the server) blocks until every other rank's
+// mark is in (or its heartbeat has stood still 3 s), at most the peer timeout, plus 200 ms.
+// Hold the store until the job's work is done, and let go of it at exit before the watchdog's
+// own exit handler does (an exit handler registered after ConnectStore returns runs first).
 absl::StatusOr<c10::intrusive_ptr<c10d::Store>> ConnectStore(const DistributedEnv& env,
                                                              std::chrono::milliseconds timeout);
 

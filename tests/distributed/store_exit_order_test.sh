@@ -29,7 +29,8 @@ echo "3 ranks, 2 steps: exit $code"
 grep -E "closed this rank's store connection|marked rank [0-9] finished" <<<"$out"
 [[ $code == 0 ]] || { fail "the job ended with exit $code"; tail -n 20 <<<"$out"; }
 ! grep -q "terminate called" <<<"$out" || fail "a rank aborted (terminate called)"
-# Line number of the first line of rank $1 matching $2, or 0.
+! grep -q "have not finished within" <<<"$out" || fail "rank 0's wait for the others timed out"
+# Line number of the first line of rank $1 matching $2, or nothing.
 line_of() { grep -n "^\[rank $1\] .*$2" <<<"$out" | head -1 | cut -d: -f1 || true; }
 for r in 1 2; do
   closed=$(line_of "$r" "closed this rank's store connection")

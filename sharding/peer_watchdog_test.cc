@@ -147,8 +147,8 @@ class Reports {
   absl::Notification fired_[4];
 };
 
-std::unique_ptr<PeerWatchdog> StartRank(int rank, int world, int port, milliseconds timeout,
-                                        Reports& reports) {
+PeerWatchdogOptions RankOptions(int rank, int world, int port, milliseconds timeout,
+                                Reports& reports) {
   PeerWatchdogOptions options;
   options.rank = rank;
   options.world_size = world;
@@ -156,9 +156,25 @@ std::unique_ptr<PeerWatchdog> StartRank(int rank, int world, int port, milliseco
   options.port = port;
   options.timeout = timeout;
   options.on_silence = reports.Callback(rank);
+  return options;
+}
+
+std::unique_ptr<PeerWatchdog> Start(const PeerWatchdogOptions& options) {
   absl::StatusOr<std::unique_ptr<PeerWatchdog>> watchdog = PeerWatchdog::Start(options);
   EXPECT_TRUE(watchdog.ok()) << watchdog.status();
   return watchdog.ok() ? *std::move(watchdog) : nullptr;
+}
+
+std::unique_ptr<PeerWatchdog> StartRank(int rank, int world, int port, milliseconds timeout,
+                                        Reports& reports) {
+  return Start(RankOptions(rank, world, port, timeout, reports));
+}
+
+// Rank 0's options as ConnectStore gives them under LibTorch 1.x: it drains at Stop.
+PeerWatchdogOptions HostOptions(int world, int port, milliseconds timeout, Reports& reports) {
+  PeerWatchdogOptions options = RankOptions(0, world, port, timeout, reports);
+  options.drain_peers_at_stop = true;
+  return options;
 }
 
 TEST(PeerWatchdogTest, ASilentRankIsNamedByEveryOther) {
@@ -224,17 +240,11 @@ TEST(PeerWatchdogTest, AStoreWhoseHostExitedEndsTheWatchQuietly) {
 TEST(PeerWatchdogTest, TheStoresHostStopsAfterTheOthersFinished) {
   auto store = HostStore();
   Reports reports;
-  PeerWatchdogOptions options;
-  options.world_size = 3;
-  options.host = "127.0.0.1";
-  options.port = store->getPort();
-  options.timeout = milliseconds(5000);
-  options.on_silence = reports.Callback(0);
-  options.drain_peers_at_stop = true;
-  absl::StatusOr<std::unique_ptr<PeerWatchdog>> host = PeerWatchdog::Start(options);
-  ASSERT_TRUE(host.ok()) << host.status();
-  auto rank1 = StartRank(1, 3, store->getPort(), options.timeout, reports);
-  auto rank2 = StartRank(2, 3, store->getPort(), options.timeout, reports);
+  const milliseconds timeout(5000);
+  auto host = Start(HostOptions(3, store->getPort(), timeout, reports));
+  ASSERT_NE(host, nullptr);
+  auto rank1 = StartRank(1, 3, store->getPort(), timeout, reports);
+  auto rank2 = StartRank(2, 3, store->getPort(), timeout, reports);
   std::atomic<bool> others_stopping{false};
   std::chrono::steady_clock::time_point others_from;
   std::thread others([&] {
@@ -244,7 +254,7 @@ TEST(PeerWatchdogTest, TheStoresHostStopsAfterTheOthersFinished) {
     rank1->Stop();
     rank2->Stop();
   });
-  (*host)->Stop();
+  host->Stop();
   const auto host_at = std::chrono::steady_clock::now();
   // The host returned: both finished marks must be in the store already.
   for (int r : {1, 2}) {
@@ -263,19 +273,13 @@ TEST(PeerWatchdogTest, TheStoresHostStopsAfterTheOthersFinished) {
 TEST(PeerWatchdogTest, TheStoresHostWaitsAtMostTheDrainLimit) {
   auto store = HostStore();
   Reports reports;
-  PeerWatchdogOptions options;
-  options.world_size = 2;
-  options.host = "127.0.0.1";
-  options.port = store->getPort();
-  options.timeout = milliseconds(10000);
-  options.on_silence = reports.Callback(0);
-  options.drain_peers_at_stop = true;
+  PeerWatchdogOptions options = HostOptions(2, store->getPort(), milliseconds(10000), reports);
   options.drain_limit = milliseconds(300);
-  absl::StatusOr<std::unique_ptr<PeerWatchdog>> host = PeerWatchdog::Start(options);
-  ASSERT_TRUE(host.ok()) << host.status();
+  auto host = Start(options);
+  ASSERT_NE(host, nullptr);
   auto rank1 = StartRank(1, 2, store->getPort(), options.timeout, reports);
   const auto start = std::chrono::steady_clock::now();
-  (*host)->Stop();
+  host->Stop();
   const auto waited = std::chrono::steady_clock::now() - start;
   EXPECT_GE(waited, milliseconds(300));
   EXPECT_LT(waited, milliseconds(3000));
@@ -287,18 +291,12 @@ TEST(PeerWatchdogTest, TheStoresHostWaitsAtMostTheDrainLimit) {
 TEST(PeerWatchdogTest, TheStoresHostDoesNotWaitForARankThatStoppedBeating) {
   auto store = HostStore();
   Reports reports;
-  PeerWatchdogOptions options;
-  options.world_size = 2;
-  options.host = "127.0.0.1";
-  options.port = store->getPort();
-  options.timeout = milliseconds(20000);
+  PeerWatchdogOptions options = HostOptions(2, store->getPort(), milliseconds(20000), reports);
   options.interval = milliseconds(100);
-  options.on_silence = reports.Callback(0);
-  options.drain_peers_at_stop = true;
-  absl::StatusOr<std::unique_ptr<PeerWatchdog>> host = PeerWatchdog::Start(options);
-  ASSERT_TRUE(host.ok()) << host.status();
+  auto host = Start(options);
+  ASSERT_NE(host, nullptr);
   const auto start = std::chrono::steady_clock::now();
-  (*host)->Stop();
+  host->Stop();
   const auto waited = std::chrono::steady_clock::now() - start;
   EXPECT_GE(waited, milliseconds(3000));
   EXPECT_LT(waited, milliseconds(12000));

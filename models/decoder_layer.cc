@@ -373,7 +373,6 @@ torch::Tensor SwiGluMlp::Forward(const torch::Tensor& x) {
   return down_proj_->forward(kernels::Gated(gate_up[0], gate_up[1], gelu_tanh_, fused_));
 }
 
-
 // Registration order follows HF's LlamaDecoderLayer.__init__, so named_parameters() lists
 // parameters in the same order as Hugging Face does.
 DecoderLayer::DecoderLayer(const proto::DecoderConfig& config, int64_t layer_index)

@@ -142,7 +142,10 @@ void BeatAndRead(c10::intrusive_ptr<c10d::Store>& store, const PeerWatchdogOptio
 class DrainRounds {
  public:
   explicit DrainRounds(const PeerWatchdogOptions& options)
-      : options_(options), last_(options.world_size, -1), moved_(options.world_size) {}
+      : options_(options),
+        gone_after_(GoneAfter(options)),
+        last_(options.world_size, -1),
+        moved_(options.world_size) {}
 
   // Reads every other rank's counter; returns the ranks still to wait for. Throws what c10d
   // throws.
@@ -157,13 +160,14 @@ class DrainRounds {
         last_[r] = counter;
         moved_[r] = now;
       }
-      if (now - moved_[r] < GoneAfter(options_)) awaited.push_back(r);
+      if (now - moved_[r] < gone_after_) awaited.push_back(r);
     }
     return awaited;
   }
 
  private:
   const PeerWatchdogOptions& options_;
+  const std::chrono::milliseconds gone_after_;
   std::vector<int64_t> last_;
   std::vector<WatchdogClock::time_point> moved_;
 };
